@@ -90,6 +90,7 @@ from binder.model import (
 )
 from binder.modelstatus import StatusWriter, Write
 from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
+from binder.parking import park_node
 from binder.placement import Placement, Policy, place
 from binder.priorities import CLASS_NOT_FOUND
 from binder.proofs import proven, sign
@@ -114,11 +115,13 @@ from common.hosted import (
     HostedReplica,
     decode_hosted,
     encode_hosted,
+    encode_parked,
     host_label,
     host_name,
     host_template_annotation,
     hosted_models_annotation,
     loaded_condition,
+    parked_models_annotation,
     replica_uid,
     serves_label,
 )
@@ -267,6 +270,8 @@ class ModelController:
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
         self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
+        self._parked: dict[str, str] = {}
+        """Model uid -> the node of the host it is parked on at zero replicas (`binder.parking`)."""
         """Model uid -> its (ordinal, node, draining, files) the hosts were last made to
         serve."""
         self._roll_said: dict[str, str] = {}
@@ -531,6 +536,7 @@ class ModelController:
                 before = self._hosts_for.get(uid, frozenset())
                 await self._reconcile_hosts(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
+            self._parked.pop(uid, None)
             return False
         self._namespaces[uid] = model.namespace
         quota = self._quota(model)
@@ -567,6 +573,7 @@ class ModelController:
         await self._report_not_served(model, placed)
         await self._report_preemptions(model)
         await self._report_roll(model, roll)
+        self._park(model)
         hosted = self._as_hosted(model)
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
@@ -606,7 +613,46 @@ class ModelController:
                 hosted.add(
                     (ordinal, charged.node_name, draining, self._rollout.uri(model, ordinal))
                 )
+        if model.uid in self._parked:
+            hosted.add((-1, self._parked[model.uid], False, ""))  # -1: parked there
         return frozenset(hosted)
+
+    def _park(self, model: ModelInfo) -> None:
+        """Park `model` at zero replicas on a host of its namespace, or unpark it once a
+        replica of it is served (`binder.parking`)."""
+        nodes, served = [], False
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                nodes.append(charged.node_name)
+                served = served or (
+                    rid not in self._draining and self._served(model, charged.node_name).ready
+                )
+        node = park_node(
+            model,
+            current=self._parked.get(model.uid),
+            replica_nodes=nodes,
+            served=served,
+            hosts=self._ledger.hosts.get(model.namespace, {}),
+            keys=self._keys,
+        )
+        if node is None:
+            self._parked.pop(model.uid, None)
+        elif self._parked.get(model.uid) != node:
+            log.info("TritonModel %s is at zero replicas: parked on node %s.", model.key, node)
+            self._parked[model.uid] = node
+
+    def _parked_on(self, namespace: str, node: str) -> list[ModelInfo]:
+        """The namespace's models parked on its host on `node`."""
+        models = self._ledger.models
+        return sorted(
+            (
+                models[uid]
+                for uid in self._ledger.by_namespace.get(namespace, ())
+                if self._parked.get(uid) == node and uid in models
+            ),
+            key=lambda m: m.name,
+        )
 
     def _quota(self, model: ModelInfo) -> QuotaCheck | None:
         """The namespace's quotas on GPU memory, when a replica is to be placed."""
@@ -1069,6 +1115,9 @@ class ModelController:
         """Create, update or delete the namespace's hosts on `nodes` (None: every node) to
         serve the replicas charged there."""
         wanted = self._hosted(namespace)
+        for uid in self._ledger.by_namespace.get(namespace, ()):
+            if uid in self._parked:
+                wanted.setdefault(self._parked[uid], [])
         label = host_label(self._keys)
         there_now = self._ledger.hosts.get(namespace, {})
         for node, replicas in sorted(wanted.items()):
@@ -1104,13 +1153,17 @@ class ModelController:
             for key in labels:
                 if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
                     patch_labels[key] = None
-            annotation = hosted_models_annotation(self._keys)
             # The template annotation is written at creation only: it says what made the host.
-            annotations = {annotation: body["metadata"]["annotations"][annotation]}
+            annotations = {
+                key: body["metadata"]["annotations"].get(key)
+                for key in (
+                    hosted_models_annotation(self._keys),
+                    parked_models_annotation(self._keys),
+                )
+            }
             if (
                 any(labels.get(k) != v for k, v in patch_labels.items())
-                or (meta.get("annotations") or {}).get(annotation)
-                != body["metadata"]["annotations"][annotation]
+                or any((meta.get("annotations") or {}).get(k) != v for k, v in annotations.items())
                 or meta.get("ownerReferences") != body["metadata"]["ownerReferences"]
             ):
                 # One write: a replica leaves its Service as it is marked draining.
@@ -1270,6 +1323,19 @@ class ModelController:
                     storage_options=model.storage_options,
                 )
             )
+        annotations = {
+            hosted_models_annotation(self._keys): encode_hosted(hosted),
+            host_template_annotation(self._keys): self._template(node),
+        }
+        parked = self._parked_on(namespace, node)
+        for model in parked:
+            # The Service reaches the parked model's host, whose proxy holds its requests.
+            labels[serves_label(self._keys, model.name)] = "true"
+            owners.setdefault(model.uid, _owner(model, False))
+        if parked:
+            annotations[parked_models_annotation(self._keys)] = encode_parked(
+                m.name for m in parked
+            )
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -1277,10 +1343,7 @@ class ModelController:
                 "name": host_name(node),
                 "namespace": namespace,
                 "labels": labels,
-                "annotations": {
-                    hosted_models_annotation(self._keys): encode_hosted(hosted),
-                    host_template_annotation(self._keys): self._template(node),
-                },
+                "annotations": annotations,
                 "ownerReferences": list(owners.values()),
             },
             "spec": host_spec(

@@ -7,6 +7,9 @@ and is the only writer of what this module names on it:
 - annotation `<prefix>host-template`: the hash of the pod template it was made from;
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
   host's node (at most one replica of a model per node);
+- annotation `<prefix>parked-models`: a JSON list of the namespace's models at zero replicas
+  parked on the host (scale to zero: the host's proxy holds their requests until a replica is
+  ready);
 - label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
   Service selects), read from the agent's condition below; `"asleep"` (`SERVES_ASLEEP`, outside
   the Service) for an on-demand replica asleep there while another replica of the model is awake.
@@ -31,6 +34,7 @@ from common.contract import (
     SECRET_NAME,
     ContractError,
     Keys,
+    validate_model_id,
 )
 from common.storage import read_s3_options
 
@@ -91,6 +95,38 @@ def host_template_annotation(keys: Keys) -> str:
 def hosted_models_annotation(keys: Keys) -> str:
     """Host pod annotation: the JSON list of the replicas it serves (`HostedReplica`)."""
     return f"{keys.prefix}hosted-models"
+
+
+def parked_models_annotation(keys: Keys) -> str:
+    """Host pod annotation: the JSON list of the models of its namespace parked on it at zero
+    replicas (`encode_parked`), whose requests its proxy holds until a replica is ready here."""
+    return f"{keys.prefix}parked-models"
+
+
+def encode_parked(models: Iterable[str]) -> str:
+    """The parked-models annotation's value for `models`, sorted."""
+    return json.dumps(sorted(set(models)), separators=(",", ":"))
+
+
+def decode_parked(value: str, most: int) -> tuple[list[str], str]:
+    """The parked models of an annotation's value, at most `most`, and what is wrong with it
+    ("" when nothing is): a malformed value or an invalid model id parks nothing."""
+    if not value.strip():
+        return [], ""
+    try:
+        data = json.loads(value)
+    except ValueError as e:
+        return [], f"the parked-models annotation is not JSON ({e})"
+    if not isinstance(data, list) or not all(isinstance(m, str) for m in data):
+        return [], "the parked-models annotation is not a JSON list of model ids"
+    if len(data) > most:
+        return [], f"the parked-models annotation names {len(data)} models, more than {most}"
+    try:
+        for model in data:
+            validate_model_id(model)
+    except ContractError as e:
+        return [], f"the parked-models annotation: {e}"
+    return sorted(set(data)), ""
 
 
 def _qualified(keys: Keys, word: str, model: str) -> str:

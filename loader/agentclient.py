@@ -158,6 +158,8 @@ class HostedList:
 
     replicas: tuple[Hosted, ...]
     refused: tuple[str, ...]
+    parked: tuple[str, ...] = ()
+    """The models parked on the host at zero replicas: listed, their requests held."""
 
 
 class AgentClient:
@@ -262,6 +264,7 @@ class AgentClient:
         return HostedList(
             replicas=tuple(Hosted.from_proto(r) for r in reply.replicas),
             refused=tuple(reply.refused),
+            parked=tuple(reply.parked),
         )
 
     async def install(

@@ -15,6 +15,9 @@ Every poll asks the agent for the host's replicas (ListHosted) and, per model:
   "idleSeconds"}`, replaced whole), which the host's proxy serves. An on-demand replica the
   proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
   loaded here: its proxy wakes it on its next request.
+- parked (the binder's parked-models annotation: the model is at zero replicas and this host
+  is where its requests wait): listed as `{"model", "parked": true}` until a replica of it is
+  ready here, so that the proxy holds its requests meanwhile.
 - draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
   has taken the host out of its Service; requests routed before the endpoints caught up are
   answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
@@ -175,6 +178,8 @@ class Host:
         self._retry = Backoff(timing.load.backoff.initial, _RETRY_MAX_SECONDS)
         self._tracked: dict[str, _Tracked] = {}
         self._written: bytes | None = None
+        self._parked: tuple[str, ...] = ()
+        """The models parked on the host (scale to zero): listed with `parked` until ready."""
         self._stop_fetching = threading.Event()
         self._said: set[str] = set()
         self._agent_problem = ""
@@ -222,6 +227,9 @@ class Host:
                 "The agent does not serve this host's replica %s: it is not loaded here.",
                 refused,
             )
+        if listing.parked != self._parked:
+            self._parked = listing.parked
+            self._publish()
         self.decide(listing.replicas)
 
     def failures(self) -> tuple[LoadFailure, ...]:
@@ -459,6 +467,8 @@ class Host:
 
     def _publish(self) -> None:
         listed = [t.entry for _, t in sorted(self._tracked.items()) if t.published]
+        ready = {str(e["model"]) for e in listed}
+        listed += [{"model": m, "parked": True} for m in self._parked if m not in ready]
         data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"
         if data == self._written:
             return
