@@ -188,8 +188,12 @@ class Proxy:
     def park(self, served: Served) -> None:
         """Hold the requests of a model parked here at zero replicas (`proxy.parking`)."""
         limiter = served.limiter
+        self.residencies.remove(served.model_id)  # no sleeps or wakes: no replica here
         limiter.residency = self.parking.park(
-            served.model_id, lambda: limiter.queue_limit, self.settings.wake_timeout_seconds
+            served.model_id,
+            # Its queue limit, or the host's bound alone for a model without a limit.
+            lambda: limiter.queue_limit or MOST_WAITING,
+            self.settings.wake_timeout_seconds,
         )
 
     def on_demand(

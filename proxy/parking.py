@@ -10,9 +10,9 @@ on once the entry is served (`unpark`), or is answered 503 with Retry-After past
 --wake-timeout-seconds, never left hanging.
 
 Bounds: the host is its namespace's own pod, so it holds that namespace's requests only; at
-most the model's queue limit wait for one model, and at most `most_total` for all the host's
-parked models; past either a request is answered 503 with Retry-After at once. Pure asyncio:
-no I/O.
+most the model's queue limit (without a concurrency limit, the host's) wait for one model, and
+at most `most_total` for all the host's parked models; past either a request is answered 503
+with Retry-After at once. Pure asyncio: no I/O.
 """
 
 from __future__ import annotations

@@ -385,9 +385,7 @@ async def test_a_sleeping_replica_leaves_the_service_while_another_one_is_awake(
 
     asleep = ("False", "ModelSleeping", "model resnet is asleep")
     set_loaded(core, first, *asleep)
-    await eventually(
-        lambda: labels() == {first: "asleep", second: "true"}, what="awake first"
-    )
+    await eventually(lambda: labels() == {first: "asleep", second: "true"}, what="awake first")
     # Its awake peer's host no longer Ready (out of the endpoints): the sleeping one serves.
     set_loaded(core, second, "True", host_ready=False)
     await eventually(lambda: labels()[first] == "true", what="the sleeping one back in")
