@@ -311,7 +311,7 @@ class Authorizer:
                 refused.append(f"{replica.name}: {e}")
         return proven, refused
 
-    def parked(self, obj: JsonObject) -> tuple[list[str], str]:
+    def parked(self, obj: JsonObject) -> tuple[list[tuple[str, int]], str]:
         """The models a model host's annotation parks on it (no proof: parking loads nothing,
         it only has the namespace's own host hold requests for its own models), and what is
         wrong with the annotation ("" when nothing is); the caller has checked the host."""

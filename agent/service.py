@@ -297,7 +297,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 )
             )
         self._ok("ListHosted")
-        return agent_pb2.ListHostedResponse(replicas=replicas, refused=refused, parked=parked)
+        return agent_pb2.ListHostedResponse(
+            replicas=replicas,
+            refused=refused,
+            parked=[agent_pb2.HostedReplica(model_id=m, max_concurrency=c) for m, c in parked],
+        )
 
     async def ListGpus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         try:

@@ -1334,7 +1334,7 @@ class ModelController:
             owners.setdefault(model.uid, _owner(model, False))
         if parked:
             annotations[parked_models_annotation(self._keys)] = encode_parked(
-                m.name for m in parked
+                (m.name, m.concurrency) for m in parked
             )
         return {
             "apiVersion": "v1",

@@ -7,9 +7,9 @@ and is the only writer of what this module names on it:
 - annotation `<prefix>host-template`: the hash of the pod template it was made from;
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
   host's node (at most one replica of a model per node);
-- annotation `<prefix>parked-models`: a JSON list of the namespace's models at zero replicas
-  parked on the host (scale to zero: the host's proxy holds their requests until a replica is
-  ready);
+- annotation `<prefix>parked-models`: a JSON list (`{"model", "maxConcurrency"}`) of the
+  namespace's models at zero replicas parked on the host (scale to zero: the host's proxy holds
+  their requests until a replica is ready);
 - label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
   Service selects), read from the agent's condition below; `"asleep"` (`SERVES_ASLEEP`, outside
   the Service) for an on-demand replica asleep there while another replica of the model is awake.
@@ -103,30 +103,38 @@ def parked_models_annotation(keys: Keys) -> str:
     return f"{keys.prefix}parked-models"
 
 
-def encode_parked(models: Iterable[str]) -> str:
-    """The parked-models annotation's value for `models`, sorted."""
-    return json.dumps(sorted(set(models)), separators=(",", ":"))
+def encode_parked(models: Iterable[tuple[str, int]]) -> str:
+    """The parked-models annotation's value for `models` ((model, maxConcurrency)), sorted."""
+    entries = [{"model": m, "maxConcurrency": c} for m, c in sorted(set(models))]
+    return json.dumps(entries, separators=(",", ":"))
 
 
-def decode_parked(value: str, most: int) -> tuple[list[str], str]:
-    """The parked models of an annotation's value, at most `most`, and what is wrong with it
-    ("" when nothing is): a malformed value or an invalid model id parks nothing."""
+def decode_parked(value: str, most: int) -> tuple[list[tuple[str, int]], str]:
+    """The parked (model, maxConcurrency) of an annotation's value, at most `most`, and what is
+    wrong with it ("" when nothing is): a malformed value or an invalid model id parks
+    nothing."""
     if not value.strip():
         return [], ""
     try:
         data = json.loads(value)
     except ValueError as e:
         return [], f"the parked-models annotation is not JSON ({e})"
-    if not isinstance(data, list) or not all(isinstance(m, str) for m in data):
-        return [], "the parked-models annotation is not a JSON list of model ids"
+    if not isinstance(data, list):
+        return [], "the parked-models annotation is not a JSON list"
     if len(data) > most:
         return [], f"the parked-models annotation names {len(data)} models, more than {most}"
-    try:
-        for model in data:
+    found = {}
+    for entry in data:
+        model = entry.get("model") if isinstance(entry, dict) else None
+        limit = entry.get("maxConcurrency", 0) if isinstance(entry, dict) else None
+        if not isinstance(model, str) or isinstance(limit, bool) or not isinstance(limit, int):
+            return [], "a parked-models entry has no `model` or no whole `maxConcurrency`"
+        try:
             validate_model_id(model)
-    except ContractError as e:
-        return [], f"the parked-models annotation: {e}"
-    return sorted(set(data)), ""
+        except ContractError as e:
+            return [], f"the parked-models annotation: {e}"
+        found[model] = max(0, limit)
+    return sorted(found.items()), ""
 
 
 def _qualified(keys: Keys, word: str, model: str) -> str:

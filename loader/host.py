@@ -16,8 +16,8 @@ Every poll asks the agent for the host's replicas (ListHosted) and, per model:
   proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
   loaded here: its proxy wakes it on its next request.
 - parked (the binder's parked-models annotation: the model is at zero replicas and this host
-  is where its requests wait): listed as `{"model", "parked": true}` until a replica of it is
-  ready here, so that the proxy holds its requests meanwhile.
+  is where its requests wait): listed as `{"model", "maxConcurrency", "parked": true}` until a
+  replica of it is ready here, so that the proxy holds its requests meanwhile.
 - draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
   has taken the host out of its Service; requests routed before the endpoints caught up are
   answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
@@ -178,7 +178,7 @@ class Host:
         self._retry = Backoff(timing.load.backoff.initial, _RETRY_MAX_SECONDS)
         self._tracked: dict[str, _Tracked] = {}
         self._written: bytes | None = None
-        self._parked: tuple[str, ...] = ()
+        self._parked: tuple[tuple[str, int], ...] = ()
         """The models parked on the host (scale to zero): listed with `parked` until ready."""
         self._stop_fetching = threading.Event()
         self._said: set[str] = set()
@@ -468,7 +468,11 @@ class Host:
     def _publish(self) -> None:
         listed = [t.entry for _, t in sorted(self._tracked.items()) if t.published]
         ready = {str(e["model"]) for e in listed}
-        listed += [{"model": m, "parked": True} for m in self._parked if m not in ready]
+        listed += [
+            {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})
+            for m, c in self._parked
+            if m not in ready
+        ]
         data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"
         if data == self._written:
             return

@@ -222,5 +222,5 @@ class ListHostedResponse(_message.Message):
     PARKED_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[HostedReplica]
     refused: _containers.RepeatedScalarFieldContainer[str]
-    parked: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ..., refused: _Optional[_Iterable[str]] = ..., parked: _Optional[_Iterable[str]] = ...) -> None: ...
+    parked: _containers.RepeatedCompositeFieldContainer[HostedReplica]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ..., refused: _Optional[_Iterable[str]] = ..., parked: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ...) -> None: ...

@@ -32,7 +32,11 @@ def model(replicas: int, autoscaling: dict[str, Any] | None = AUTOSCALING) -> Mo
 
 
 def host(address: str, parked: list[str] | None = None) -> dict[str, Any]:
-    annotations = {} if parked is None else {parked_models_annotation(KEYS): encode_parked(parked)}
+    annotations = (
+        {}
+        if parked is None
+        else {parked_models_annotation(KEYS): encode_parked((m, 0) for m in parked)}
+    )
     return {"metadata": {"annotations": annotations}, "status": {"podIP": address}}
 
 
@@ -67,7 +71,13 @@ def test_a_new_leader_keeps_the_host_its_annotation_names_else_any_host() -> Non
 
 
 def test_a_malformed_or_oversized_parked_annotation_parks_nothing() -> None:
-    for value in ("{", '{"m": 1}', '["../x"]', "[1]"):
+    for value in (
+        "{",
+        '{"m": 1}',
+        '["m"]',
+        '[{"model": "../x"}]',
+        '[{"model": "m", "maxConcurrency": "2"}]',
+    ):
         bad = {"metadata": {"annotations": {parked_models_annotation(KEYS): value}}}
         assert parked_on(bad, KEYS) == []
 

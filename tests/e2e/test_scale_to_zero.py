@@ -3,13 +3,17 @@ a TritonModel at `minReplicas: 0` is scaled to zero by the built-in autoscaler a
 window without a request, its replica unloaded, and its model host stays behind its Service,
 the model parked there; its next request, sent through the Service's endpoint, waits on the
 host, is counted as demand, scales the model to one and is answered, with no failure. The time
-that first answer took is printed beside Triton's own load of the model."""
+that first answer took is printed beside Triton's own load of the model. Requests past the
+model's bound are answered 503 with Retry-After at once."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,6 +38,12 @@ MODEL = "add-one"
 KEYS = Keys()
 DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 LOAD_METRIC = "tritonshare_agent_load_duration_seconds_sum"
+BOUND = 10
+"""The requests a parked model holds: its queue, 10 x maxConcurrency."""
+BURST = BOUND + 3
+BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+).encode()
 
 
 @pytest.fixture
@@ -68,6 +78,19 @@ def infer(address: str, timeout: float = 60.0) -> list[float]:
         return answer
 
 
+def post(address: str, started: float) -> tuple[int, str | None, float]:
+    """One REST inference: its status, Retry-After and seconds since `started` when answered."""
+    request = urllib.request.Request(
+        f"http://{address}:9000/v2/models/{MODEL}/infer", data=BODY, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            assert json.loads(answer.read())["outputs"][0]["data"] == [2.0, 3.0, 4.0]
+            return answer.status, None, time.monotonic() - started
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Retry-After"), time.monotonic() - started
+
+
 def load_seconds(cluster: SimCluster) -> float:
     """The agent's total of Triton's model loads, seconds."""
     agent = cluster.agents[NODES[0].name]
@@ -87,6 +110,7 @@ def scale_to_zero_model(uri: str) -> dict[str, Any]:
             "storageUri": uri,
             "gpuMemory": "1Gi",
             "replicas": 1,
+            "maxConcurrency": 1,
             "autoscaling": {"target": 1, "minReplicas": 0, "maxReplicas": 1, "window": "6s"},
         },
     }
@@ -119,17 +143,27 @@ def test_a_tritonmodel_scaled_to_zero_serves_its_next_request_through_its_servic
         assert address == host.status.pod_ip
         wait_until("unloaded", lambda: not any(MODEL in m for m in _loaded(cluster)), 90)
 
-        # The next request waits on the host, wakes the model and is answered.
+        # The next requests wait on the host, wake the model and are answered; past the
+        # model's bound (maxConcurrency 1: a queue of 10) a client gets 503 with Retry-After
+        # at once, never a hang.
         before = load_seconds(cluster)
         started = time.monotonic()
-        assert infer(address) == [2.0, 3.0, 4.0]
-        first = time.monotonic() - started
+        with ThreadPoolExecutor(BURST) as pool:
+            answers = list(pool.map(lambda _: post(address, started), range(BURST)))
         load = load_seconds(cluster) - before
+        served = sorted(at for status, _, at in answers if status == 200)
+        refused = [(status, retry, at) for status, retry, at in answers if status != 200]
+        # One may come as the model is served, and take its slot rather than wait.
+        assert BOUND <= len(served) <= BOUND + 1, answers
+        assert len(refused) >= BURST - BOUND - 1, answers
+        assert {(s, r) for s, r, _ in refused} == {(503, "1")}, answers
+        assert all(at < 2.0 for _, _, at in refused), "refused at once"
+        first = served[0]
         print(
             f"first answer from zero {first:.2f} s = Triton's load {load:.2f} s + "
             f"{first - load:.2f} s"
         )
-        assert load > 0, "the model was loaded again for it"
+        assert load > 0, "the model was loaded again for them"
         assert _model(custom)["spec"]["replicas"] >= 1
         assert service.addresses() == [address]
         wait_until("unparked", lambda: parked_on(_host(core, NAMESPACE).to_dict(), KEYS) == [], 30)
