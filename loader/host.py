@@ -17,7 +17,8 @@ Every poll asks the agent for the host's replicas (ListHosted) and, per model:
   loaded here: its proxy wakes it on its next request.
 - parked (the binder's parked-models annotation: the model is at zero replicas and this host
   is where its requests wait): listed as `{"model", "maxConcurrency", "parked": true}` until a
-  replica of it is ready here, so that the proxy holds its requests meanwhile.
+  replica of it is ready here, so that the proxy holds its requests meanwhile; its files stay
+  under ROOT when its replica leaves, so that its wake fetches nothing.
 - draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
   has taken the host out of its Service; requests routed before the endpoints caught up are
   answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
@@ -439,8 +440,10 @@ class Host:
             log.info("The agent did not unload model %s for this host (%s).", model, e)
         else:
             log.info("Unloaded model %s: it left this host.", model)
-        shutil.rmtree(self._root / model, ignore_errors=True)
-        (self._root / SOURCES / model).unlink(missing_ok=True)
+        if all(model != parked for parked, _ in self._parked):
+            # A model parked here keeps its files: its wake fetches nothing again.
+            shutil.rmtree(self._root / model, ignore_errors=True)
+            (self._root / SOURCES / model).unlink(missing_ok=True)
         del self._tracked[model]
 
     def _adopt_published(self) -> None:

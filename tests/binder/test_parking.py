@@ -5,12 +5,15 @@ to one and keep it from zero while they wait."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
 
 from binder.autoscaler import Decider, Scaling
+from binder.autoscaling import Autoscaling
 from binder.model import ModelInfo, model_from_api
 from binder.parking import park_node, parked_on
-from binder.scaletargets import model_target
+from binder.scaletargets import Index, model_target
 from common.contract import Keys
 from common.hosted import encode_parked, parked_models_annotation
 
@@ -110,3 +113,29 @@ def test_requests_held_at_zero_scale_the_model_to_one_and_keep_it_from_zero() ->
     # Held at 9, 10 and 11: not back to zero while its request-seconds are in the window
     # (to 16), then zero again a whole window after.
     assert 0 not in history[:8] and history[8:] == [0, 0, 0], history
+
+
+def test_another_namespace_s_host_naming_the_model_is_no_source_of_its_demand() -> None:
+    """Attack: team-b parks a model named as team-a's on its own host and floods it: team-a's
+    model reads only team-a's hosts, so team-b wakes nothing but its own."""
+    ledger = SimpleNamespace(
+        models={"u1": model(0)},
+        hosts={
+            "team-a": {"n1": host("10.0.0.1", ["m"])},
+            "team-b": {"n1": host("10.0.9.9", ["m"]), "n2": host("10.0.9.8", ["m"])},
+        },
+    )
+    autoscaling = Autoscaling(
+        cast(Any, None),
+        cast(Any, ledger),
+        Index(KEYS.model_id),
+        leading=asyncio.Event(),
+        executor=cast(Any, None),
+        inbox=cast(Any, None),
+        period=1.0,
+        port=9002,
+        identity="test",
+        keys=KEYS,
+    )
+    [target] = autoscaling.targets()
+    assert target.sources == (("n1", "10.0.0.1", "m"),)
