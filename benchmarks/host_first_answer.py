@@ -172,17 +172,14 @@ def run(rounds: int) -> None:
         )
 
 
-def _in_triton(cluster: SimCluster) -> list[str]:
-    """The names Triton has READY now (its repository index, with the admin key)."""
-    assert cluster.triton is not None
-    request = urllib.request.Request(
-        f"http://{cluster.triton.http_url}/v2/repository/index",
-        data=b"{}",
-        headers={"tritonshare-admin-key": "local"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        return [m["name"] for m in json.loads(answer.read()) if m.get("state") == "READY"]
+def _unloads(cluster: SimCluster) -> float:
+    """Unloads the node's agent has done."""
+    agent = cluster.agents[NODES[0].name]
+    with urllib.request.urlopen(f"http://{agent.http}/metrics", timeout=5) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith("tritonshare_agent_unload_duration_seconds_count "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def run_from_zero(rounds: int) -> None:
@@ -213,10 +210,25 @@ def run_from_zero(rounds: int) -> None:
 
         firsts, loads = [], []
         for i in range(rounds):
+            unloads = _unloads(cluster)
             host = wait_until("the model parked at zero", parked_host, 180)
-            wait_until(
-                "unloaded", lambda: not any(n.startswith("zero") for n in _in_triton(cluster)), 120
-            )
+
+            def unloaded(before: float = unloads) -> bool:
+                return _unloads(cluster) > before
+
+            wait_until("unloaded", unloaded, 120)
+
+            def drained() -> bool:
+                """The agent's condition on the host no longer says the model is loaded."""
+                [host_pod] = core.list_namespaced_pod(
+                    NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
+                ).items
+                return not any(
+                    c.type == f"{KEYS.prefix}loaded-zero" and c.status == "True"
+                    for c in host_pod.status.conditions or []
+                )
+
+            wait_until("no longer loaded on the host", drained, 60)
             before = _load_seconds(cluster)
             firsts.append(_first_answer(lambda at=host: at, "zero", 120))
             loads.append(_load_seconds(cluster) - before)

@@ -24,13 +24,12 @@ import tritonclient.http as httpclient
 
 from binder.parking import parked_on
 from common.contract import Keys
-from common.hosted import serves_label
+from common.hosted import loaded_condition, serves_label
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
 from sim.service import Endpoints
 from sim.triton import TritonInstall
-from tests.e2e.test_short_form import _loaded
 from tests.e2e.test_tritonmodel_hosts import GROUP, PLURAL, VERSION, _host
 
 NAMESPACE = "team-a"
@@ -38,6 +37,7 @@ MODEL = "add-one"
 KEYS = Keys()
 DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 LOAD_METRIC = "tritonshare_agent_load_duration_seconds_sum"
+UNLOADS = "tritonshare_agent_unload_duration_seconds_count"
 BOUND = 10
 """The requests a parked model holds: its queue, 10 x maxConcurrency."""
 BURST = BOUND + 3
@@ -91,14 +91,27 @@ def post(address: str, started: float) -> tuple[int, str | None, float]:
         return e.code, e.headers.get("Retry-After"), time.monotonic() - started
 
 
-def load_seconds(cluster: SimCluster) -> float:
-    """The agent's total of Triton's model loads, seconds."""
+def agent_metric(cluster: SimCluster, name: str) -> float:
+    """A series of the node's agent without labels (0 while it has none)."""
     agent = cluster.agents[NODES[0].name]
     with urllib.request.urlopen(f"http://{agent.http}/metrics", timeout=5) as answer:
         for line in answer.read().decode().splitlines():
-            if line.startswith(LOAD_METRIC):
+            if line.startswith(name + " "):
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def loaded_here(core: Any) -> bool:
+    """Whether the agent's condition on the host says the model is loaded there."""
+    return any(
+        c.type == loaded_condition(KEYS, MODEL) and c.status == "True"
+        for c in _host(core, NAMESPACE).status.conditions or []
+    )
+
+
+def load_seconds(cluster: SimCluster) -> float:
+    """The agent's total of Triton's model loads, seconds."""
+    return agent_metric(cluster, LOAD_METRIC)
 
 
 def scale_to_zero_model(uri: str) -> dict[str, Any]:
@@ -141,7 +154,9 @@ def test_a_tritonmodel_scaled_to_zero_serves_its_next_request_through_its_servic
     with service:
         address = wait_until("the Service's endpoint", service.pick, 60)
         assert address == host.status.pod_ip
-        wait_until("unloaded", lambda: not any(MODEL in m for m in _loaded(cluster)), 90)
+        # Its replica drains from the host, is unloaded, and the agent says so on the host.
+        wait_until("unloaded", lambda: agent_metric(cluster, UNLOADS) >= 1, 90)
+        wait_until("no longer loaded on the host", lambda: not loaded_here(core), 30)
 
         # The next requests wait on the host, wake the model and are answered; past the
         # model's bound (maxConcurrency 1: a queue of 10) a client gets 503 with Retry-After
