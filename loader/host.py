@@ -229,7 +229,14 @@ class Host:
                 refused,
             )
         if listing.parked != self._parked:
-            self._parked = listing.parked
+            # A model unparked as its replica here is served stays listed parked until this
+            # loader lists it ready: never out of the models file in between.
+            parked = dict(listing.parked)
+            for model, limit in self._parked:
+                tracked = self._tracked.get(model)
+                if model not in parked and tracked is not None and not tracked.published:
+                    parked[model] = limit
+            self._parked = tuple(sorted(parked.items()))
             self._publish()
         self.decide(listing.replicas)
 
