@@ -25,7 +25,6 @@ Run: .venv/bin/python -m benchmarks.host_first_answer [--rounds 3] [--from-zero]
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -39,6 +38,7 @@ import tritonclient.http as httpclient
 
 from benchmarks import command_line
 from common.contract import Keys
+from common.hosted import decode_parked
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
@@ -204,7 +204,8 @@ def run_from_zero(rounds: int) -> None:
                 NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
             ).items
             for host in hosts:
-                if "zero" in json.loads((host.metadata.annotations or {}).get(parked, "[]")):
+                value = (host.metadata.annotations or {}).get(parked, "")
+                if ("zero", 0) in decode_parked(value, 100)[0]:
                     return str(host.status.pod_ip) if host.status.pod_ip else None
             return None
 
