@@ -31,7 +31,9 @@ the loop:
   agent's, on the host: `host_changed`) is True, or False only as asleep (ModelSleeping: the
   host's proxy wakes it on the next request), and that is not draining; awake first: a sleeping
   replica's label is `asleep` (outside the Service) while another replica of its model is awake,
-  so a request wakes one only when none is awake; deleted when its last replica leaves;
+  so a request wakes one only when none is awake; deleted when its last replica leaves, unless
+  a model of the namespace at zero replicas is parked there (`binder.parking`: named in
+  `<prefix>parked-models` and labelled to serve it, its requests held by the host's proxy);
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
   is loaded.
