@@ -272,6 +272,8 @@ class ModelController:
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
         self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
+        self._awake_seen: set[tuple[str, str]] = set()
+        """(model uid, node) where the model was last seen awake (`_awake_first`)."""
         self._parked: dict[str, str] = {}
         """Model uid -> the node of the host it is parked on at zero replicas (`binder.parking`)."""
         """Model uid -> its (ordinal, node, draining, files) the hosts were last made to
@@ -403,16 +405,26 @@ class ModelController:
         for pod, _ in self._ledger.state.pods_on(node):
             if pod.namespace == namespace and is_replica(pod.uid):
                 self.changed(pod.uid.rpartition("/")[0])
-                self._awake_first(pod.uid.rpartition("/")[0])
+                self._awake_first(pod.uid.rpartition("/")[0], node)
         self._wake.set()
 
-    def _awake_first(self, uid: str) -> None:
-        """The hosts of model `uid`'s other replicas are labelled again: whether a sleeping
-        one is in the Service depends on this one being awake (`_serves_value`)."""
+    def _awake_first(self, uid: str, node: str) -> None:
+        """When model `uid` woke or fell asleep (or stopped being served) on `node`, the hosts
+        of its other replicas are labelled again: whether a sleeping one is in the Service
+        depends on this one being awake (`_serves_value`)."""
         model = self._ledger.models.get(uid)
-        for rid in self._ledger.replica_uids(uid) if model is not None else ():
+        if model is None:
+            return
+        awake = self._awake(model, node)
+        if ((uid, node) in self._awake_seen) == awake:
+            return
+        if awake:
+            self._awake_seen.add((uid, node))
+        else:
+            self._awake_seen.discard((uid, node))
+        for rid in self._ledger.replica_uids(uid):
             charged = self._ledger.state.charged_pod(rid)
-            if charged is not None and model is not None:
+            if charged is not None:
                 self._hosts_seen.add((model.namespace, charged.node_name))
 
     def changed(self, uid: str) -> None:
@@ -539,6 +551,7 @@ class ModelController:
                 await self._reconcile_hosts(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
             self._parked.pop(uid, None)
+            self._awake_seen = {k for k in self._awake_seen if k[0] != uid}
             return False
         self._namespaces[uid] = model.namespace
         quota = self._quota(model)
