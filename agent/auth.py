@@ -35,7 +35,13 @@ from agent.kube import JsonObject, TokenReviewResult
 from agent.placement import PlacementVerifier, Proven
 from agent.pods import PodInfo, hosted_from_dict, is_host, pod_from_dict, replicas_from_dict
 from common.contract import Keys
-from common.hosted import HostedReplica, host_label, hosted_models_annotation
+from common.hosted import (
+    HostedReplica,
+    decode_parked,
+    host_label,
+    hosted_models_annotation,
+    parked_models_annotation,
+)
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
@@ -304,6 +310,14 @@ class Authorizer:
             except NotPlacedError as e:
                 refused.append(f"{replica.name}: {e}")
         return proven, refused
+
+    def parked(self, obj: JsonObject) -> tuple[list[tuple[str, int]], str]:
+        """The models a model host's annotation parks on it (no proof: parking loads nothing,
+        it only has the namespace's own host hold requests for its own models), and what is
+        wrong with the annotation ("" when nothing is); the caller has checked the host."""
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        value = annotations.get(parked_models_annotation(self.keys), "")
+        return decode_parked(str(value), max(1, self._max_hosted()))
 
 
 def _bounded(cache: dict[str, Any]) -> dict[str, Any]:

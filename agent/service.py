@@ -6,7 +6,7 @@ model it names, by its public id (a pod with a proven placement on this node; `a
 then finds the name the pod's model has in Triton and checks the pod owns it), or as the
 platform for listings, which name models as Triton does, or as a model host for ListHosted (its
 replicas whose proofs verify, each with its status, keeping what its loader reports it cannot
-load: `agent.loadfailures`); converts the request to domain values, and
+load: `agent.loadfailures`; and the models parked on it); converts the request to domain values, and
 converts AgentErrors to gRPC statuses through `agent.errors.grpc_code` only. A refusal that the
 pod's owner should see also becomes a Warning Event on the pod. LoadModel answers FAILED with
 Triton's reason rather than an RPC error when Triton rejects the model, as the proto documents.
@@ -259,6 +259,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             caller = await self._caller(context)
             host = await self.authorizer.host_of(caller)
             hosted, refused = self.authorizer.hosted(host)
+            parked, problem = self.authorizer.parked(host)
+            if problem:
+                refused.append(problem)
             if self.load_failures is not None:
                 self.load_failures.report(
                     caller.pod_uid,
@@ -294,7 +297,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 )
             )
         self._ok("ListHosted")
-        return agent_pb2.ListHostedResponse(replicas=replicas, refused=refused)
+        return agent_pb2.ListHostedResponse(
+            replicas=replicas,
+            refused=refused,
+            parked=[agent_pb2.HostedReplica(model_id=m, max_concurrency=c) for m, c in parked],
+        )
 
     async def ListGpus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         try:

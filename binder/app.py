@@ -179,6 +179,7 @@ class Binder:
             period=settings.autoscale_period_seconds,
             port=DEFAULT_PROXY_METRICS_PORT,
             identity=settings.identity,
+            keys=settings.keys,
         )
         self._informers: list[Informer] = []
 

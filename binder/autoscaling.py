@@ -39,9 +39,11 @@ from binder.cache import Informer, Ledger
 from binder.inbox import Inbox
 from binder.kube import Kube, now_rfc3339
 from binder.scaletargets import Index, Target, model_target
-from common.contract import PROXY_AUTOSCALING_PATH
+from common.contract import PROXY_AUTOSCALING_PATH, Keys
 
 log = logging.getLogger(__name__)
+
+DEFAULT_KEYS = Keys()
 
 CONDITION = "Autoscaling"
 GROUPS = {
@@ -88,6 +90,7 @@ class Autoscaling:
         period: float,
         port: int,
         identity: str,
+        keys: Keys = DEFAULT_KEYS,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
@@ -99,6 +102,7 @@ class Autoscaling:
         self.period = period
         self._port = port
         self._identity = identity
+        self._keys = keys
         self._monotonic = monotonic
         self._deciders: dict[str, Decider] = {}
         self._asked: dict[str, tuple[int, int]] = {}
@@ -148,7 +152,8 @@ class Autoscaling:
         found = [
             target
             for model in list(self._ledger.models.values())
-            if (target := model_target(model, hosts.get(model.namespace) or {})) is not None
+            if (target := model_target(model, hosts.get(model.namespace) or {}, self._keys))
+            is not None
         ]
         return [*found, *self.index.deployment_targets()]
 

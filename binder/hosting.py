@@ -29,8 +29,11 @@ the loop:
   `<prefix>hosted-models` (with what their proofs' claims need: model, model uid, ordinal, GPU,
   residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
   agent's, on the host: `host_changed`) is True, or False only as asleep (ModelSleeping: the
-  host's proxy wakes it on the next request), and that is not draining; deleted when its last
-  replica leaves;
+  host's proxy wakes it on the next request), and that is not draining; awake first: a sleeping
+  replica's label is `asleep` (outside the Service) while another replica of its model is awake,
+  so a request wakes one only when none is awake; deleted when its last replica leaves, unless
+  a model of the namespace at zero replicas is parked there (`binder.parking`: named in
+  `<prefix>parked-models` and labelled to serve it, its requests held by the host's proxy);
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
   is loaded.
@@ -89,6 +92,7 @@ from binder.model import (
 )
 from binder.modelstatus import StatusWriter, Write
 from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
+from binder.parking import park_node
 from binder.placement import Placement, Policy, place
 from binder.priorities import CLASS_NOT_FOUND
 from binder.proofs import proven, sign
@@ -107,16 +111,19 @@ from binder.rolling import (
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     LOAD_FAILURE_REASONS,
+    SERVES_ASLEEP,
     SLEEPING_REASON,
     HostedError,
     HostedReplica,
     decode_hosted,
     encode_hosted,
+    encode_parked,
     host_label,
     host_name,
     host_template_annotation,
     hosted_models_annotation,
     loaded_condition,
+    parked_models_annotation,
     replica_uid,
     serves_label,
 )
@@ -265,6 +272,10 @@ class ModelController:
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
         self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
+        self._awake_seen: set[tuple[str, str]] = set()
+        """(model uid, node) where the model was last seen awake (`_awake_first`)."""
+        self._parked: dict[str, str] = {}
+        """Model uid -> the node of the host it is parked on at zero replicas (`binder.parking`)."""
         """Model uid -> its (ordinal, node, draining, files) the hosts were last made to
         serve."""
         self._roll_said: dict[str, str] = {}
@@ -394,7 +405,27 @@ class ModelController:
         for pod, _ in self._ledger.state.pods_on(node):
             if pod.namespace == namespace and is_replica(pod.uid):
                 self.changed(pod.uid.rpartition("/")[0])
+                self._awake_first(pod.uid.rpartition("/")[0], node)
         self._wake.set()
+
+    def _awake_first(self, uid: str, node: str) -> None:
+        """When model `uid` woke or fell asleep (or stopped being served) on `node`, the hosts
+        of its other replicas are labelled again: whether a sleeping one is in the Service
+        depends on this one being awake (`_serves_value`)."""
+        model = self._ledger.models.get(uid)
+        if model is None:
+            return
+        awake = self._awake(model, node)
+        if ((uid, node) in self._awake_seen) == awake:
+            return
+        if awake:
+            self._awake_seen.add((uid, node))
+        else:
+            self._awake_seen.discard((uid, node))
+        for rid in self._ledger.replica_uids(uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                self._hosts_seen.add((model.namespace, charged.node_name))
 
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
@@ -519,6 +550,8 @@ class ModelController:
                 before = self._hosts_for.get(uid, frozenset())
                 await self._reconcile_hosts(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
+            self._parked.pop(uid, None)
+            self._awake_seen = {k for k in self._awake_seen if k[0] != uid}
             return False
         self._namespaces[uid] = model.namespace
         quota = self._quota(model)
@@ -555,6 +588,7 @@ class ModelController:
         await self._report_not_served(model, placed)
         await self._report_preemptions(model)
         await self._report_roll(model, roll)
+        self._park(model)
         hosted = self._as_hosted(model)
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
@@ -594,7 +628,46 @@ class ModelController:
                 hosted.add(
                     (ordinal, charged.node_name, draining, self._rollout.uri(model, ordinal))
                 )
+        if model.uid in self._parked:
+            hosted.add((-1, self._parked[model.uid], False, ""))  # -1: parked there
         return frozenset(hosted)
+
+    def _park(self, model: ModelInfo) -> None:
+        """Park `model` at zero replicas on a host of its namespace, or unpark it once a
+        replica of it is served (`binder.parking`)."""
+        nodes, served = [], False
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                nodes.append(charged.node_name)
+                served = served or (
+                    rid not in self._draining and self._served(model, charged.node_name).ready
+                )
+        node = park_node(
+            model,
+            current=self._parked.get(model.uid),
+            replica_nodes=nodes,
+            served=served,
+            hosts=self._ledger.hosts.get(model.namespace, {}),
+            keys=self._keys,
+        )
+        if node is None:
+            self._parked.pop(model.uid, None)
+        elif self._parked.get(model.uid) != node:
+            log.info("TritonModel %s is at zero replicas: parked on node %s.", model.key, node)
+            self._parked[model.uid] = node
+
+    def _parked_on(self, namespace: str, node: str) -> list[ModelInfo]:
+        """The namespace's models parked on its host on `node`."""
+        models = self._ledger.models
+        return sorted(
+            (
+                models[uid]
+                for uid in self._ledger.by_namespace.get(namespace, ())
+                if self._parked.get(uid) == node and uid in models
+            ),
+            key=lambda m: m.name,
+        )
 
     def _quota(self, model: ModelInfo) -> QuotaCheck | None:
         """The namespace's quotas on GPU memory, when a replica is to be placed."""
@@ -845,6 +918,36 @@ class ModelController:
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
 
+    def _awake(self, model: ModelInfo, node: str) -> bool:
+        """Whether `model` is loaded and not asleep on the namespace's host on `node`, and
+        that host is Ready (in the Service's endpoints)."""
+        host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
+        conditions = [
+            c for c in (host.get("status") or {}).get("conditions") or [] if isinstance(c, dict)
+        ]
+        wanted = {loaded_condition(self._keys, model.name), "Ready"}
+        return len([c for c in conditions if c.get("type") in wanted]) == 2 and all(
+            c.get("status") == "True" for c in conditions if c.get("type") in wanted
+        )
+
+    def _serves_value(self, model: ModelInfo, node: str) -> str:
+        """The `serves-<model>` label of a host where `model` is loaded: "true" (selected by
+        its Service) when awake there, or when asleep there and no other replica of it is awake
+        and not draining (awake first: a sleeping replica gets requests, and wakes, only while
+        no replica of its model is awake); else "asleep", outside the Service."""
+        if self._awake(model, node):
+            return "true"
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if (
+                charged is not None
+                and charged.node_name != node
+                and rid not in self._draining
+                and self._awake(model, charged.node_name)
+            ):
+                return SERVES_ASLEEP
+        return "true"
+
     def _served(self, model: ModelInfo, node: str) -> Loaded:
         """Whether `model` is served through its Service by the namespace's host on `node`:
         loaded there (`_loaded`), and the host pod Ready, so that its endpoint is (a new host's
@@ -1030,6 +1133,9 @@ class ModelController:
         """Create, update or delete the namespace's hosts on `nodes` (None: every node) to
         serve the replicas charged there."""
         wanted = self._hosted(namespace)
+        for uid in self._ledger.by_namespace.get(namespace, ()):
+            if uid in self._parked:
+                wanted.setdefault(self._parked[uid], [])
         label = host_label(self._keys)
         there_now = self._ledger.hosts.get(namespace, {})
         for node, replicas in sorted(wanted.items()):
@@ -1065,13 +1171,17 @@ class ModelController:
             for key in labels:
                 if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
                     patch_labels[key] = None
-            annotation = hosted_models_annotation(self._keys)
             # The template annotation is written at creation only: it says what made the host.
-            annotations = {annotation: body["metadata"]["annotations"][annotation]}
+            annotations = {
+                key: body["metadata"]["annotations"].get(key)
+                for key in (
+                    hosted_models_annotation(self._keys),
+                    parked_models_annotation(self._keys),
+                )
+            }
             if (
                 any(labels.get(k) != v for k, v in patch_labels.items())
-                or (meta.get("annotations") or {}).get(annotation)
-                != body["metadata"]["annotations"][annotation]
+                or any((meta.get("annotations") or {}).get(k) != v for k, v in annotations.items())
                 or meta.get("ownerReferences") != body["metadata"]["ownerReferences"]
             ):
                 # One write: a replica leaves its Service as it is marked draining.
@@ -1211,7 +1321,7 @@ class ModelController:
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
             if not draining and self._loaded(model, node).ready:
-                labels[serves_label(self._keys, model.name)] = "true"
+                labels[serves_label(self._keys, model.name)] = self._serves_value(model, node)
             owners.setdefault(model.uid, _owner(model, False))
             if model.storage_secret and not draining:
                 secrets.add(model.storage_secret)
@@ -1232,6 +1342,19 @@ class ModelController:
                     storage_options=model.storage_options,
                 )
             )
+        annotations = {
+            hosted_models_annotation(self._keys): encode_hosted(hosted),
+            host_template_annotation(self._keys): self._template(node),
+        }
+        parked = self._parked_on(namespace, node)
+        for model in parked:
+            # The Service reaches the parked model's host, whose proxy holds its requests.
+            labels[serves_label(self._keys, model.name)] = "true"
+            owners.setdefault(model.uid, _owner(model, False))
+        if parked:
+            annotations[parked_models_annotation(self._keys)] = encode_parked(
+                (m.name, m.concurrency) for m in parked
+            )
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -1239,10 +1362,7 @@ class ModelController:
                 "name": host_name(node),
                 "namespace": namespace,
                 "labels": labels,
-                "annotations": {
-                    hosted_models_annotation(self._keys): encode_hosted(hosted),
-                    host_template_annotation(self._keys): self._template(node),
-                },
+                "annotations": annotations,
                 "ownerReferences": list(owners.values()),
             },
             "spec": host_spec(

@@ -14,9 +14,12 @@ from typing import Any
 
 from binder.autoscaler import Scaling, ScalingError, scaling_from, scaling_from_annotations
 from binder.model import ModelInfo
+from binder.parking import parked_on
 from binder.podterms import LabelSelector, selector_from_api
+from common.contract import Keys
 
 KEDA_LABEL = "scaledobject.keda.sh/name"
+DEFAULT_KEYS = Keys()
 JsonObject = dict[str, Any]
 Owner = tuple[str, str]
 """(reason, message) of another autoscaler that owns an object's `scale`."""
@@ -63,9 +66,12 @@ def hpa_owner(hpa: Mapping[str, Any]) -> tuple[tuple[str, str, str, str], str, s
     return key, "HorizontalPodAutoscaler", f"HorizontalPodAutoscaler {meta.get('name')} scales it"
 
 
-def model_target(model: ModelInfo, hosts: Mapping[str, JsonObject]) -> Target | None:
+def model_target(
+    model: ModelInfo, hosts: Mapping[str, JsonObject], keys: Keys = DEFAULT_KEYS
+) -> Target | None:
     """A TritonModel with spec.autoscaling (`hosts`: its namespace's host pods by node); None
-    without it."""
+    without it. A host its model is parked on (`binder.parking`, at zero replicas) is a source
+    too: the requests it holds are the model's demand, which scales it up and keeps it up."""
     if model.autoscaling is None:
         return None
     scaling, problem = None, ""
@@ -79,6 +85,12 @@ def model_target(model: ModelInfo, hosts: Mapping[str, JsonObject]) -> Target | 
         if address:
             sources.append((node, address, model.name))
     ready = model.status.get("readyReplicas")
+    if not ready:  # parked only while no replica is served: the annotation read then alone
+        placed = {node for node, _, _ in model.placed.values()}
+        for node, host in sorted(hosts.items()):
+            address = _address(host)
+            if address and node not in placed and model.name in parked_on(host, keys):
+                sources.append((node, address, model.name))
     return Target(
         uid=model.uid,
         kind="TritonModel",

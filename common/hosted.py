@@ -8,8 +8,12 @@ and is the only writer of what this module names on it:
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
   host's node (at most one replica of a model per node), each with the TritonModel's name and,
   where its spec.modelName differs, `modelId`: the id its clients send;
+- annotation `<prefix>parked-models`: a JSON list (`{"model", "maxConcurrency"}`) of the
+  namespace's models at zero replicas parked on the host (scale to zero: the host's proxy holds
+  their requests until a replica is ready);
 - label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
-  Service selects), read from the agent's condition below.
+  Service selects), read from the agent's condition below; `"asleep"` (`SERVES_ASLEEP`, outside
+  the Service) for an on-demand replica asleep there while another replica of the model is awake.
 
 The agent reads the annotation, proves each replica's proof as it proves a pod's (the claim of a
 pod of uid `<model uid>/<replica>`, name `<model>/<replica>`, in the host's namespace, on the
@@ -94,6 +98,46 @@ def hosted_models_annotation(keys: Keys) -> str:
     return f"{keys.prefix}hosted-models"
 
 
+def parked_models_annotation(keys: Keys) -> str:
+    """Host pod annotation: the JSON list of the models of its namespace parked on it at zero
+    replicas (`encode_parked`), whose requests its proxy holds until a replica is ready here."""
+    return f"{keys.prefix}parked-models"
+
+
+def encode_parked(models: Iterable[tuple[str, int]]) -> str:
+    """The parked-models annotation's value for `models` ((model, maxConcurrency)), sorted."""
+    entries = [{"model": m, "maxConcurrency": c} for m, c in sorted(set(models))]
+    return json.dumps(entries, separators=(",", ":"))
+
+
+def decode_parked(value: str, most: int) -> tuple[list[tuple[str, int]], str]:
+    """The parked (model, maxConcurrency) of an annotation's value, at most `most`, and what is
+    wrong with it ("" when nothing is): a malformed value or an invalid model id parks
+    nothing."""
+    if not value.strip():
+        return [], ""
+    try:
+        data = json.loads(value)
+    except ValueError as e:
+        return [], f"the parked-models annotation is not JSON ({e})"
+    if not isinstance(data, list):
+        return [], "the parked-models annotation is not a JSON list"
+    if len(data) > most:
+        return [], f"the parked-models annotation names {len(data)} models, more than {most}"
+    found = {}
+    for entry in data:
+        model = entry.get("model") if isinstance(entry, dict) else None
+        limit = entry.get("maxConcurrency", 0) if isinstance(entry, dict) else None
+        if not isinstance(model, str) or isinstance(limit, bool) or not isinstance(limit, int):
+            return [], "a parked-models entry has no `model` or no whole `maxConcurrency`"
+        try:
+            validate_model_id(model)
+        except ContractError as e:
+            return [], f"the parked-models annotation: {e}"
+        found[model] = max(0, limit)
+    return sorted(found.items()), ""
+
+
 def _qualified(keys: Keys, word: str, model: str) -> str:
     """`<prefix><word>-<model>`; a label or condition name part has at most 63 characters, so a
     longer one keeps the model's first 40 and a hash of the whole."""
@@ -102,6 +146,10 @@ def _qualified(keys: Keys, word: str, model: str) -> str:
         digest = hashlib.sha256(model.encode()).hexdigest()[:15]
         name = f"{word}-{model[:40].rstrip('.-_')}-{digest}"
     return f"{keys.prefix}{name}"
+
+
+SERVES_ASLEEP = "asleep"
+"""The `serves-<model>` value of a host whose replica sleeps while another one is awake."""
 
 
 def serves_label(keys: Keys, model: str) -> str:

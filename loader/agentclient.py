@@ -158,6 +158,9 @@ class HostedList:
 
     replicas: tuple[Hosted, ...]
     refused: tuple[str, ...]
+    parked: tuple[tuple[str, int], ...] = ()
+    """The models parked on the host at zero replicas, each with its maxConcurrency: listed,
+    their requests held."""
 
 
 class AgentClient:
@@ -262,6 +265,7 @@ class AgentClient:
         return HostedList(
             replicas=tuple(Hosted.from_proto(r) for r in reply.replicas),
             refused=tuple(reply.refused),
+            parked=tuple((r.model_id, r.max_concurrency) for r in reply.parked),
         )
 
     async def install(

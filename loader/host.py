@@ -15,6 +15,10 @@ Every poll asks the agent for the host's replicas (ListHosted) and, per model:
   "idleSeconds"}`, replaced whole), which the host's proxy serves. An on-demand replica the
   proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
   loaded here: its proxy wakes it on its next request.
+- parked (the binder's parked-models annotation: the model is at zero replicas and this host
+  is where its requests wait): listed as `{"model", "maxConcurrency", "parked": true}` until a
+  replica of it is ready here, so that the proxy holds its requests meanwhile; its files stay
+  under ROOT when its replica leaves, so that its wake fetches nothing.
 - draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
   has taken the host out of its Service; requests routed before the endpoints caught up are
   answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
@@ -175,6 +179,8 @@ class Host:
         self._retry = Backoff(timing.load.backoff.initial, _RETRY_MAX_SECONDS)
         self._tracked: dict[str, _Tracked] = {}
         self._written: bytes | None = None
+        self._parked: tuple[tuple[str, int], ...] = ()
+        """The models parked on the host (scale to zero): listed with `parked` until ready."""
         self._stop_fetching = threading.Event()
         self._said: set[str] = set()
         self._agent_problem = ""
@@ -222,6 +228,16 @@ class Host:
                 "The agent does not serve this host's replica %s: it is not loaded here.",
                 refused,
             )
+        if listing.parked != self._parked:
+            # A model unparked as its replica here is served stays listed parked until this
+            # loader lists it ready: never out of the models file in between.
+            parked = dict(listing.parked)
+            for model, limit in self._parked:
+                tracked = self._tracked.get(model)
+                if model not in parked and tracked is not None and not tracked.published:
+                    parked[model] = limit
+            self._parked = tuple(sorted(parked.items()))
+            self._publish()
         self.decide(listing.replicas)
 
     def failures(self) -> tuple[LoadFailure, ...]:
@@ -431,8 +447,10 @@ class Host:
             log.info("The agent did not unload model %s for this host (%s).", model, e)
         else:
             log.info("Unloaded model %s: it left this host.", model)
-        shutil.rmtree(self._root / model, ignore_errors=True)
-        (self._root / SOURCES / model).unlink(missing_ok=True)
+        if all(model != parked for parked, _ in self._parked):
+            # A model parked here keeps its files: its wake fetches nothing again.
+            shutil.rmtree(self._root / model, ignore_errors=True)
+            (self._root / SOURCES / model).unlink(missing_ok=True)
         del self._tracked[model]
 
     def _adopt_published(self) -> None:
@@ -459,6 +477,12 @@ class Host:
 
     def _publish(self) -> None:
         listed = [t.entry for _, t in sorted(self._tracked.items()) if t.published]
+        ready = {str(e["model"]) for e in listed}
+        listed += [
+            {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})
+            for m, c in self._parked
+            if m not in ready
+        ]
         data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"
         if data == self._written:
             return

@@ -32,6 +32,7 @@ from proxy.grpc.grpcio import GrpcProxy
 from proxy.grpc.server import GrpcRelay
 from proxy.http1.listener import RestRelay
 from proxy.metrics import ProxyMetrics
+from proxy.parking import MOST_WAITING, Parking
 from proxy.policy.limiter import Limiter
 from proxy.readiness import OwnModel, Readiness
 from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_flags
@@ -85,7 +86,7 @@ class Proxy:
             self.grpc = GrpcRelay(settings, self.limiter, self.metrics, self.state, self.table)
         else:
             self.grpc = GrpcProxy(settings, self.limiter, self.metrics, self.state)
-        self.table.on_change = self.rest.forget_heads
+        self.table.on_change = self.table_changed
         self._agent_calls: AgentCalls | None = None
         """With the agent: sleeps and wakes the on-demand models (one channel for them all)."""
         if settings.agent_address and settings.token_file is not None:
@@ -95,6 +96,8 @@ class Proxy:
                 ),
                 settings.agent_timeout_seconds,
             )
+        self.parking = Parking(MOST_WAITING)
+        """The models parked on this host at zero replicas, and their waiting requests."""
         self.residencies = Residencies(
             None
             if settings.models_file is None or self._agent_calls is None
@@ -146,7 +149,7 @@ class Proxy:
             self.own_model,
             self.table.names,
             (lambda: reinstaller.reason) if reinstaller is not None else lambda: "",
-            self.residencies.asleep,
+            lambda model_id: self.residencies.asleep(model_id) or self.parking.asleep(model_id),
         )
         host, port = settings.listen_metrics
         self.metrics_server = HttpServer(
@@ -186,9 +189,23 @@ class Proxy:
         )
         model_id = entry.model
         metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
-        if entry.residency == RESIDENCY_ON_DEMAND:
+        served = Served(model_id, limiter, metrics, entry)
+        if entry.parked:
+            self.park(served)
+        elif entry.residency == RESIDENCY_ON_DEMAND:
             self.on_demand(model_id, entry.idle_seconds or settings.idle_seconds, limiter, metrics)
-        return Served(model_id, limiter, metrics, entry)
+        return served
+
+    def park(self, served: Served) -> None:
+        """Hold the requests of a model parked here at zero replicas (`proxy.parking`)."""
+        limiter = served.limiter
+        self.residencies.remove(served.model_id)  # no sleeps or wakes: no replica here
+        limiter.residency = self.parking.park(
+            served.model_id,
+            # Its queue limit, or the host's bound alone for a model without a limit.
+            lambda: limiter.queue_limit or MOST_WAITING,
+            self.settings.wake_timeout_seconds,
+        )
 
     def on_demand(
         self, model_id: str, idle_seconds: float, limiter: Limiter, metrics: ProxyMetrics
@@ -230,7 +247,19 @@ class Proxy:
         return residency
 
     def retuned(self, served: Served) -> None:
-        """A host model's line changed: an on-demand one takes its new idle time."""
+        """A host model's line changed: a parked one now served here lets its requests go on;
+        an on-demand one takes its new idle time."""
+        entry = served.entry
+        if entry.parked != self.parking.asleep(served.model_id):
+            if entry.parked:
+                self.park(served)
+                return
+            self.parking.unpark(served.model_id)
+            served.limiter.residency = None
+            if entry.residency == RESIDENCY_ON_DEMAND:
+                idle = entry.idle_seconds or self.settings.idle_seconds
+                self.on_demand(served.model_id, idle, served.limiter, served.metrics)
+            return
         residency = self.residencies.models.get(served.model_id)
         idle_seconds = served.entry.idle_seconds or self.settings.idle_seconds
         if residency is None or residency.policy.idle_seconds == idle_seconds:
@@ -240,9 +269,17 @@ class Proxy:
         )
         log.info("Model %s is now unloaded after %.0f s idle.", served.model_id, idle_seconds)
 
+    def table_changed(self) -> None:
+        """Models joined or left the host's table: the REST relay forgets its prepared heads,
+        and the requests of a parked model that left are answered (`Parking.unpark`)."""
+        self.rest.forget_heads()
+        for model_id in [m for m in self.parking.models if m not in self.table.names]:
+            self.parking.unpark(model_id, gone=True)
+
     def removed(self, served: Served) -> None:
         """A model left the host's table: no more sleeps or wakes of it from here."""
         self.residencies.remove(served.model_id)
+        self.parking.unpark(served.model_id, gone=True)
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Listen on the metrics, REST and gRPC ports; with --model-dir, watch the model."""

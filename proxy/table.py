@@ -2,12 +2,13 @@
 
 A model pod's proxy serves a table of one, built from --model-id; a model host's proxy reads its
 table from --models-file (written by the host's loader: a JSON list of objects, each with `model`,
-the public model id, and optionally `maxConcurrency`, `residency` and `idleSeconds`) and follows it
-as the file is replaced. Each entry has its own concurrency limit (its `maxConcurrency`, else the
-proxy's --container-concurrency) and queue (`policy.limiter`) and its own metrics
-(`metrics.ProxyMetrics`, labelled with its model id); the relays find a request's entry with one
-dict lookup (`served`), whatever the table's size. An `on-demand` entry gets its own residency
-(proxy.residency, made by the proxy's `make`), asleep after its `idleSeconds`.
+the public model id, and optionally `maxConcurrency`, `residency`, `idleSeconds` and `parked`)
+and follows it as the file is replaced. Each entry has its own concurrency limit (its
+`maxConcurrency`, else the proxy's --container-concurrency) and queue (`policy.limiter`) and its
+own metrics (`metrics.ProxyMetrics`, labelled with its model id); the relays find a request's
+entry with one dict lookup (`served`), whatever the table's size. An `on-demand` entry gets its
+own residency (proxy.residency, made by the proxy's `make`), asleep after its `idleSeconds`; a
+`parked` one (at zero replicas) holds its requests until it is served (proxy.parking).
 
 In the node gateway a model host's table names private names: each entry has the name Triton
 knows its replica by (`triton_name`), and the relays map the public id in a request, and in
@@ -57,6 +58,8 @@ class Entry:
     """Its on-demand idle time (seconds); 0: the proxy's --idle-seconds."""
     residency: str = RESIDENCY_ALWAYS
     """`always`, or `on-demand`: put to sleep when idle, woken by its next request."""
+    parked: bool = False
+    """At zero replicas, parked here: its requests wait until it is ready (`proxy.parking`)."""
 
 
 class Served:
@@ -129,8 +132,14 @@ def read_models(path: Path) -> list[Entry]:
             concurrency, idle_seconds, residency = serving_fields(entry)
         except ValueError as e:
             raise TableError(f"entry {number} of the models file {path}: {e}") from e
+        parked = entry.get("parked", False)
+        if not isinstance(parked, bool):
+            raise TableError(
+                f"entry {number} of the models file {path}: `parked` {parked!r} is not true or "
+                f"false"
+            )
         if name not in models:
-            models[name] = Entry(name, concurrency, idle_seconds, residency)
+            models[name] = Entry(name, concurrency, idle_seconds, residency, parked)
     return list(models.values())
 
 

@@ -373,6 +373,40 @@ async def test_an_on_demand_replica_asleep_stays_behind_its_service(
     assert [e.message.split(":")[0] for e in not_served(core)] == [f"replica 1 on node {failed}"]
 
 
+async def test_a_sleeping_replica_leaves_the_service_while_another_one_is_awake(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    first, second = (e["node"] for e in obj["status"]["placements"])
+
+    def labels() -> dict[str, str | None]:
+        return {n: h.metadata.labels.get(SERVES) for n, h in hosts(core).items()}
+
+    asleep = ("False", "ModelSleeping", "model resnet is asleep")
+    set_loaded(core, first, *asleep)
+    await eventually(lambda: labels() == {first: "asleep", second: "true"}, what="awake first")
+    # Its awake peer's host no longer Ready (out of the endpoints): the sleeping one serves.
+    set_loaded(core, second, "True", host_ready=False)
+    await eventually(lambda: labels()[first] == "true", what="the sleeping one back in")
+    set_loaded(core, second, "True")
+    await eventually(lambda: labels()[first] == "asleep", what="out again")
+    # Both asleep: both in the Service, and the first request wakes one.
+    set_loaded(core, second, *asleep)
+    await eventually(lambda: labels() == {first: "true", second: "true"}, what="both in")
+    set_loaded(core, second, "True")
+    await eventually(
+        lambda: labels() == {first: "asleep", second: "true"}, what="the woken one first"
+    )
+    assert status(custom)["readyReplicas"] == 2, "a sleeping replica still counts as ready"
+    # The awake one (the highest ordinal) scaled away, draining: the sleeping one serves.
+    scale(custom, 1)
+    await eventually(
+        lambda: labels().get(first) == "true" and labels().get(second) is None,
+        what="the sleeping one serves while the awake one drains",
+    )
+
+
 async def test_a_model_has_at_most_one_replica_per_node(
     nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:
