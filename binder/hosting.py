@@ -5,8 +5,8 @@ While this replica leads, a model the cache reports changed (`changed`) is recon
 loop: replicas past `spec.replicas` (those on previous files first, then the highest ordinals)
 leave (`_leave`); each missing replica is placed at the lowest free ordinal, while the
 namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place` (every rule a
-pod is placed by, `as_replica`, and one replica of a model per node), charged at once (assume)
-and signed (`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU
+pod is placed by, `as_replica`; several may share a node, a node without one preferred),
+charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU
 memory and residency, so a proof copied to another replica, model or node does not verify).
 Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls a step per
 reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailable 0). Then, off
@@ -77,7 +77,6 @@ from typing import Any
 
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
-from binder.filters import REASON_REPLICA_THERE
 from binder.hostpod import host_image, host_spec, mounted_secrets, template_hash
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
@@ -700,8 +699,6 @@ class ModelController:
         decision = place(state, replica, now=now, policy=self._policy)
         if not isinstance(decision, Placement):
             message = self._preemption.decide(model, ordinal, replica, decision, now)
-            if REASON_REPLICA_THERE in decision.reasons:
-                return f"replica {ordinal}: 1 replica per node: {message}"
             return f"replica {ordinal}: {message}"
         self._preemption.placed(replica.uid)
         proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
