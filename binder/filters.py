@@ -27,6 +27,7 @@ from binder.state import ClusterState, IntArray
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
+
 @dataclass
 class PodFilters:
     """The filters that look at other pods, for one decision. `passes` reads one node; `ok`

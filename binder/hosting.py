@@ -6,8 +6,9 @@ loop: replicas past `spec.replicas` (those on previous files first, then the hig
 leave (`_leave`); each missing replica is placed at the lowest free ordinal, while the
 namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place` (every rule a
 pod is placed by, `as_replica`; several may share a node, a node without one preferred),
-charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU
-memory and residency, so a proof copied to another replica, model or node does not verify).
+charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the
+model's uid, node, GPU, GPU memory and residency, so a proof copied to another replica, model
+or node does not verify).
 Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls a step per
 reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailable 0). Then, off
 the loop:
@@ -774,7 +775,7 @@ class ModelController:
         """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
         draining) until its host no longer has it loaded or the drain's bound passes
         (`_end_drains`); another is freed at once."""
-        if self._loaded(model, replica.node_name).ready:
+        if self._loaded(model, replica).ready:
             self._draining[replica.uid] = self._clock() + self._drain_seconds
             self._ledger.draining.add(replica.uid)
         else:
@@ -798,7 +799,7 @@ class ModelController:
                 self._undrain(rid)  # freed meanwhile (its node went away)
                 self._rollout.files.pop(rid, None)
                 continue
-            if not self._loaded(model, charged.node_name).ready:
+            if not self._loaded(model, charged).ready:
                 self._free(rid)
                 continue
             if now < self._draining[rid]:
@@ -817,10 +818,11 @@ class ModelController:
         self._draining.pop(rid, None)
         self._ledger.draining.discard(rid)
 
-    def _loaded(self, model: ModelInfo, node: str) -> Loaded:
-        """Whether the namespace's host on `node` serves `model` (the agent's loaded condition
-        True, or False only because the on-demand replica is asleep: the host's proxy wakes it
-        on the next request), and why not."""
+    def _loaded(self, model: ModelInfo, replica: PodInfo) -> Loaded:
+        """Whether the namespace's host on the replica's node serves it (the agent's loaded
+        condition of the replica True, or False only because the on-demand replica is asleep:
+        the host's proxy wakes it on the next request), and why not."""
+        node = replica.node_name
         host = self._ledger.hosts.get(model.namespace, {}).get(node)
         refused = self._refused_hosts.get((model.namespace, node))
         if host is None and refused:
@@ -829,7 +831,7 @@ class ModelController:
             return Loaded(False, "its model host is not created yet")
         if (host.get("metadata") or {}).get("deletionTimestamp"):
             return Loaded(False, "its model host is being deleted")
-        wanted = loaded_condition(self._keys, model.name)
+        wanted = loaded_condition(self._keys, model.name, _ordinal(replica))
         for condition in (host.get("status") or {}).get("conditions") or []:
             if isinstance(condition, dict) and condition.get("type") == wanted:
                 reason = str(condition.get("reason") or "NotLoaded")
@@ -839,14 +841,14 @@ class ModelController:
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
 
-    def _served(self, model: ModelInfo, node: str) -> Loaded:
-        """Whether `model` is served through its Service by the namespace's host on `node`:
-        loaded there (`_loaded`), and the host pod Ready, so that its endpoint is (a new host's
-        readiness probe passes seconds after its first model loads)."""
-        loaded = self._loaded(model, node)
+    def _served(self, model: ModelInfo, replica: PodInfo) -> Loaded:
+        """Whether the replica is served through its Service by the namespace's host on its
+        node: loaded there (`_loaded`), and the host pod Ready, so that its endpoint is (a new
+        host's readiness probe passes seconds after its first model loads)."""
+        loaded = self._loaded(model, replica)
         if not loaded.ready:
             return loaded
-        host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
+        host = self._ledger.hosts.get(model.namespace, {}).get(replica.node_name) or {}
         for condition in (host.get("status") or {}).get("conditions") or []:
             if isinstance(condition, dict) and condition.get("type") == "Ready":
                 if condition.get("status") == "True":
@@ -879,7 +881,7 @@ class ModelController:
         """A Warning Event on the model per replica and reason the agent gives for not serving
         it (once each, as the agent reports a model pod's)."""
         for ordinal, replica in sorted(placed.items()):
-            loaded = self._loaded(model, replica.node_name)
+            loaded = self._loaded(model, replica)
             if loaded.reason in ("", HOST_REFUSED):  # the refusal has its own Event
                 self._reported.pop(replica.uid, None)
                 continue
@@ -920,7 +922,7 @@ class ModelController:
         why_not: list[str] = []
         not_ready = "ReplicasNotReady"
         for ordinal, replica in sorted(placed.items()):
-            ready, why, agent_reason = self._served(model, replica.node_name)
+            ready, why, agent_reason = self._served(model, replica)
             if agent_reason == HOST_REFUSED:
                 not_ready = HOST_REFUSED
             elif agent_reason in LOAD_FAILURE_REASONS and not_ready == "ReplicasNotReady":
@@ -1131,7 +1133,7 @@ class ModelController:
             if other not in there_now:
                 return False
             for model, _, replica in replicas:
-                if replica.uid not in self._draining and not self._served(model, other).ready:
+                if replica.uid not in self._draining and not self._served(model, replica).ready:
                     return False
         return True
 
@@ -1204,7 +1206,7 @@ class ModelController:
         secrets = set()
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
-            if not draining and self._loaded(model, node).ready:
+            if not draining and self._loaded(model, replica).ready:
                 labels[serves_label(self._keys, model.name)] = "true"
             owners.setdefault(model.uid, _owner(model, False))
             if model.storage_secret and not draining:
@@ -1284,3 +1286,8 @@ class ModelController:
 
 def _uncounted(_: str) -> None:
     """The model controller keeps no count of its API writes."""
+
+
+def _ordinal(replica: PodInfo) -> int:
+    """The ordinal of a replica, from its uid (`<model uid>/<ordinal>`)."""
+    return int(replica.uid.rpartition("/")[2])
