@@ -183,7 +183,10 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
         ),
         what="the drained replica's condition",
     )
-    assert conditions(kube_api, "team-a")[loaded_condition(keys, "one", 0)] == ("True", "ModelReady")
+    assert conditions(kube_api, "team-a")[loaded_condition(keys, "one", 0)] == (
+        "True",
+        "ModelReady",
+    )
 
     # The binder takes replica two off the host: unloaded, its files and condition gone.
     set_hosted(kube_api, "team-a", [one])
@@ -433,14 +436,14 @@ async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
 
     # The loader's next report no longer names one (fixed, or loading again): pending again.
     await running.stub.ListHosted(
-        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no config")]),
+        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no config", 1)]),
         metadata=bearer(token),
     )
     await eventually(lambda: reads("team-a", loaded_one, "ModelPending"), what="one cleared")
     await eventually(lambda: reads("team-a", loaded_two, "ModelInvalid"), what="two's new cause")
     # A new cause of the same kind replaces the message.
     await running.stub.ListHosted(
-        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no version 1")]),
+        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no version 1", 1)]),
         metadata=bearer(token),
     )
     await eventually(
