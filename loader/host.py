@@ -298,9 +298,7 @@ class Host:
         for key, tracked in list(self._tracked.items()):
             if tracked.ordinal is not None or tracked.job is not None or tracked.leaving:
                 continue
-            free = sorted(
-                k for k in wanted if k[0] == tracked.model and k not in self._tracked
-            )
+            free = sorted(k for k in wanted if k[0] == tracked.model and k not in self._tracked)
             if free:
                 del self._tracked[key]
                 tracked.ordinal = free[0][1]

@@ -276,8 +276,8 @@ class ReplicaWatch:
     A replica is its ordinal: created when the model's `spec.replicas` first asks for it, placed
     when `status.placements` names its node, loaded when the agent's `loaded-<model>_<ordinal>`
     condition on that node's host is True, ready when the host is in the model's Service (its
-    `serves-<model>` label and Ready), and its first answer from the host's address after that. A replica asked
-    for again after a scale-down is a new one (`replica N (2)`)."""
+    `serves-<model>` label and Ready), and its first answer from the host's address after that.
+    A replica asked for again after a scale-down is a new one (`replica N (2)`)."""
 
     def __init__(
         self, api: kubernetes.client.ApiClient, namespace: str, model: str, targets: Path
