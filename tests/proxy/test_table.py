@@ -13,10 +13,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from proxy.app import Proxy
-from proxy.residency import ASLEEP
-from proxy.settings import parse_settings
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
+from proxy.residency import ASLEEP
+from proxy.settings import parse_settings
 from proxy.table import Entry, ModelTable, Served, TableError, read_models
 
 
