@@ -54,7 +54,8 @@ delay another namespace's by one of theirs. A model with a replica that fits now
 kube-scheduler's pods do: retried on a cluster change once its backoff (doubling from
 --backoff-initial, at most EVENT_BACKOFF_MAX_SECONDS) has passed, else after its whole wait (up to
 --backoff-max). A reconcile costs O(nodes + replicas placed) whatever spec.replicas says: the
-placements stop at the first refusal and the rest is counted, never listed. A namespace whose new
+placements stop at the first refusal, or after PLACEMENTS_PER_TURN (the model's next turn comes
+after the other namespaces'), and the rest is counted, never listed. A namespace whose new
 host waits for its old one on the node to be gone, a model whose roll waits, and one whose
 reconcile failed are tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
 charges the replicas whose proofs in status verify, and places the others again; a new leader
@@ -126,6 +127,10 @@ from common.placement import KeyRing
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
+PLACEMENTS_PER_TURN = 100
+"""The most replicas one model's turn places; a model wanting more has another turn after the
+other namespaces' (replicas may share nodes, so a scaled model is bounded by GPU memory, not by
+the node count: a turn's cost stays bounded whatever spec.replicas says)."""
 """How often a model whose roll waits, or whose reconcile failed, is tried again."""
 EVENT_BACKOFF_MAX_SECONDS = 10.0
 """The longest backoff of a refused model before a cluster change retries it (kube-scheduler's
@@ -257,6 +262,8 @@ class ModelController:
         """The model being reconciled, and whether it changed meanwhile."""
         self._retry: set[str] = set()
         """Models tried again every RETRY_SECONDS (a roll that waits, a reconcile that failed)."""
+        self._unfinished: set[str] = set()
+        """Models whose last turn placed PLACEMENTS_PER_TURN and wants more (`turn`)."""
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}
         """Model uid -> the refusal last reported (an Event only when it changes)."""
@@ -489,6 +496,7 @@ class ModelController:
                 self._retry.add(uid)
                 refused = False
             current, self._current = self._current, None
+            self._unfinished.discard(uid)  # `changed` keeps it queued
             if current[1]:
                 continue  # changed meanwhile: its turn comes again
             if refused:
@@ -616,6 +624,8 @@ class ModelController:
         placed, refusal, _, _ = self._place(model)
         if refusal:
             self._queue.backoff(uid)
+        elif uid in self._unfinished:
+            self._unfinished.discard(uid)  # its next turn after the other namespaces'
         else:
             self._queue.remove(uid)
         return model, len(placed), refusal
@@ -645,6 +655,7 @@ class ModelController:
         if old and model.replicas:
             wanted = Missing(model.uid, placed, missing.count, self._rollout.surge_uid(model))
         self._preemption.forget(model.uid, wanted, self._draining)
+        turn_left = PLACEMENTS_PER_TURN
         for ordinal in missing.ordinals(self._kept(model)):
             rid = replica_uid(model.uid, ordinal)
             charged = state.charged_pod(rid)
@@ -662,9 +673,14 @@ class ModelController:
             if refusal:
                 self._preemption.take_room(rid)  # its held room given up: it waits its turn
                 continue
+            if turn_left == 0:
+                self._unfinished.add(model.uid)
+                self.changed(model.uid)
+                break
             outcome = self._place_one(model, ordinal, quota)
             if isinstance(outcome, PodInfo):
                 placed[ordinal] = outcome
+                turn_left -= 1
             else:
                 refusal = outcome
                 missing.stop_at(ordinal)  # the rest only counted, but held rooms and drains

@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks.model_hosts import add, controller, tritonmodel
 from binder.cache import Ledger
+from binder.hosting import PLACEMENTS_PER_TURN
 from binder.kube import Kube
 from binder.model import lease_expiry, node_from_api
 from binder.modelstatus import StatusWriter, Write
@@ -248,3 +249,21 @@ async def test_status_writes_keep_the_latest_and_take_turns_by_namespace() -> No
         ("event", "fits nowhere"),
     ]
     assert len(sent) == 201 and not failed
+
+
+def test_a_model_of_many_small_replicas_places_a_bounded_number_per_turn() -> None:
+    """Replicas may share nodes, so a scaled model is bounded by GPU memory: each of its turns
+    places at most PLACEMENTS_PER_TURN, and another namespace's model has its turn between."""
+    state = ClusterState(reserve=0)
+    state.set_node(node_from_api(node_obj("n0", [1024 * GI]), KEYS))
+    state.set_lease("n0", lease_expiry(lease_obj("n0", time.time())))
+    ledger = Ledger(state)
+    models = controller(ledger)
+    add(ledger, models, tritonmodel("attacker", "bomb", 10**9, GI // 4))
+    add(ledger, models, tritonmodel("team-b", "small", 1, GI))
+    took = models.turn()
+    assert took is not None and took[1] == PLACEMENTS_PER_TURN and not took[2]
+    took = models.turn()
+    assert took is not None and took[0].name == "small" and took[1] == 1
+    took = models.turn()
+    assert took is not None and took[0].name == "bomb" and took[1] == 2 * PLACEMENTS_PER_TURN
