@@ -9,8 +9,8 @@ that Secret and URI is not served, its host's loader says why, and the store nev
 token from it. A TritonModel whose storageUri is a 404 at the store says so (its Ready
 condition FetchFailed, naming the node and the 404, and an Event) until its storageUri is fixed,
 then is Ready. A roll to new files on the one node surges in place (a surge replica beside the
-old one, on the same host), and the answers through the Service move to the new files'. Scaling to 0 through
-the `scale` subresource drains and unloads the replica and removes the host."""
+old one, on the same host), and the answers through the Service move to the new files'. Scaling
+to 0 through the `scale` subresource drains and unloads the replica and removes the host."""
 
 from __future__ import annotations
 
