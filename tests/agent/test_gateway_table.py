@@ -75,7 +75,7 @@ def test_a_hosts_several_replicas_of_a_model_are_reached_through_one_loaded_not_
     then the lowest ordinal; so a surge in place takes over once loaded, from a draining one
     at once."""
     host, ip = "tritonshare-host-1", "10.1.0.7"
-    loaded = {"model_loaded": ("True", "ModelReady")}
+    loaded = ("True", "ModelReady")
 
     def chosen(*owners: Proven) -> str:
         callers, left_out = callers_of({f"{p.pod.name}-private": p for p in owners})
@@ -83,12 +83,14 @@ def test_a_hosts_several_replicas_of_a_model_are_reached_through_one_loaded_not_
         [row] = callers
         return row.triton_name
 
-    old = replica("resnet", host, ip, ordinal=3, **loaded)
+    old = replica("resnet", host, ip, ordinal=3, model_loaded=loaded)
     surge = replica("resnet", host, ip, ordinal=5)
     assert chosen(old, surge) == "resnet/3-private", "the surge still loading"
-    surge = replica("resnet", host, ip, ordinal=5, **loaded)
+    surge = replica("resnet", host, ip, ordinal=5, model_loaded=loaded)
     assert chosen(old, surge) == "resnet/3-private"
-    leaving = replica("resnet", host, ip, ordinal=3, deleting=True, draining=True, **loaded)
+    leaving = replica(
+        "resnet", host, ip, ordinal=3, deleting=True, draining=True, model_loaded=loaded
+    )
     assert chosen(leaving, surge) == "resnet/5-private", "the drained one at once"
     assert chosen(leaving, replica("resnet", host, ip, ordinal=5)) == "resnet/3-private", (
         "still the only one loaded"
