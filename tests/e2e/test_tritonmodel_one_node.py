@@ -107,7 +107,6 @@ def test_three_replicas_on_one_node_serve_and_roll_in_place_without_a_failed_req
             wait_until("a new answer", lambda: NEW in client.since(done), 30)
         finally:
             client.stop()
-    print("TIMES", rolled_at, done, [round(f[0] - rolled_at, 2) for f in client.failures])
     assert [f for f in client.failures if f[0] >= rolled_at] == [], client.failures[:5]
     assert client.failures == [], client.failures[:5]
     events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={MODEL}")
