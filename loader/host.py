@@ -1,18 +1,21 @@
 """A model host's loader: follows the host's replicas, as the agent lists them, until stopped.
 
-Every poll asks the agent for the host's replicas (ListHosted) and, per model:
+Every poll asks the agent for the host's replicas (ListHosted) and, per replica (several of one
+model may share the host, each with its own files, GPU and private name in Triton):
 
 - a replica new here (or that failed, once its backoff is over): its files are fetched from its
-  storage URI into ROOT/<model> (loader/fetch.py: s3://, gs://, https://, with its storage Secret
+  storage URI into ROOT/<model>.<ordinal> (loader/fetch.py: s3://, gs://, https://, with its storage Secret
   and s3-* settings: loader/credentials.py; kept while the URI stays the same, so a restarted loader
   fetches nothing again), then the SAME flow a model pod's loader runs (loading.py: GetModel,
-  InstallKept or InstallModel, LoadModel, wait READY) with the model id = the replica's model; at
+  InstallKept or InstallModel, LoadModel, wait READY) with the model id = the replica's model,
+  each call naming the replica's ordinal; at
   most `parallel` at once. A failure is logged with its reason and retried with backoff; it never
   stops the others. Each ListHosted reports the replicas failing now, with a reason named after the
   cause (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
   replica's loaded condition, so the TritonModel says why.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
-  "idleSeconds"}`, replaced whole), which the host's proxy serves. An on-demand replica the
+  "idleSeconds"}`, replaced whole; a model once, however many of its replicas are ready), which
+  the host's proxy serves. An on-demand replica the
   proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
   loaded here: its proxy wakes it on its next request.
 - draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
@@ -499,22 +502,13 @@ class Host:
         self._publish()
 
     def _publish(self) -> None:
-        """Write the models file: one entry per model with a replica ready here, its
-        `maxConcurrency` the sum of its ready replicas' (the proxy's limit for the model; 0, the
-        proxy's default, when one has none)."""
+        """Write the models file: one entry per model with a replica ready here (its line; the
+        replicas of a model share the model's settings). The node gateway reaches one replica
+        of a model at a time, so the model's limit is one replica's `maxConcurrency`."""
         merged: dict[str, dict[str, object]] = {}
         for _, t in sorted(self._tracked.items(), key=_order):
-            if not t.published:
-                continue
-            entry = merged.get(t.model)
-            if entry is None:
-                merged[t.model] = dict(t.entry)
-                continue
-            limits = entry.get("maxConcurrency", 0), t.entry.get("maxConcurrency", 0)
-            if isinstance(limits[0], int) and isinstance(limits[1], int) and all(limits):
-                entry["maxConcurrency"] = limits[0] + limits[1]
-            else:
-                entry.pop("maxConcurrency", None)
+            if t.published:
+                merged.setdefault(t.model, t.entry)
         listed = list(merged.values())
         data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"
         if data == self._written:
