@@ -4,9 +4,9 @@ Every poll asks the agent for the host's replicas (ListHosted) and, per replica 
 model may share the host, each with its own files, GPU and private name in Triton):
 
 - a replica new here (or that failed, once its backoff is over): its files are fetched from its
-  storage URI into ROOT/<model>.<ordinal> (loader/fetch.py: s3://, gs://, https://, with its storage Secret
-  and s3-* settings: loader/credentials.py; kept while the URI stays the same, so a restarted loader
-  fetches nothing again), then the SAME flow a model pod's loader runs (loading.py: GetModel,
+  storage URI into ROOT/<model>.<ordinal> (loader/fetch.py: s3://, gs://, https://, with its
+  storage Secret and s3-* settings: loader/credentials.py; kept while the URI stays the same, so a
+  restarted loader fetches nothing again), then the SAME flow a model pod's loader runs (loading.py: GetModel,
   InstallKept or InstallModel, LoadModel, wait READY) with the model id = the replica's model,
   each call naming the replica's ordinal; at
   most `parallel` at once. A failure is logged with its reason and retried with backoff; it never
