@@ -6,12 +6,12 @@ model may share the host, each with its own files, GPU and private name in Trito
 - a replica new here (or that failed, once its backoff is over): its files are fetched from its
   storage URI into ROOT/<model>.<ordinal> (loader/fetch.py: s3://, gs://, https://, with its
   storage Secret and s3-* settings: loader/credentials.py; kept while the URI stays the same, so a
-  restarted loader fetches nothing again), then the SAME flow a model pod's loader runs (loading.py: GetModel,
-  InstallKept or InstallModel, LoadModel, wait READY) with the model id = the replica's model,
-  each call naming the replica's ordinal; at
-  most `parallel` at once. A failure is logged with its reason and retried with backoff; it never
-  stops the others. Each ListHosted reports the replicas failing now, with a reason named after the
-  cause (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
+  restarted loader fetches nothing again), then the SAME flow a model pod's loader runs
+  (loading.py: GetModel, InstallKept or InstallModel, LoadModel, wait READY) with the model id =
+  the replica's model, each call naming the replica's ordinal; at most `parallel` at once. A
+  failure is logged with its reason and retried with backoff; it never stops the others. Each
+  ListHosted reports the replicas failing now, with a reason named after the cause
+  (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
   replica's loaded condition, so the TritonModel says why.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
   "idleSeconds"}`, replaced whole; a model once, however many of its replicas are ready), which
