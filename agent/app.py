@@ -384,7 +384,7 @@ class Agent:
         model, replica, _ = name.rpartition("/")
         if replica:
             host = host_name(self.settings.node_name)
-            condition = loaded_condition(self.settings.keys, model)
+            condition = loaded_condition(self.settings.keys, model, int(replica))
             await self.kube.set_pod_condition(namespace, host, condition, "False", reason, message)
             return
         condition = self.settings.keys.model_loaded

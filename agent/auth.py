@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from agent.errors import NotPlacedError, PermissionDeniedError, UnauthenticatedError
 from agent.kube import JsonObject, TokenReviewResult
 from agent.placement import PlacementVerifier, Proven
-from agent.pods import PodInfo, hosted_from_dict, is_host, pod_from_dict, replicas_from_dict
+from agent.pods import PodInfo, hosted_from_dict, is_host, pod_from_dict
 from common.contract import Keys
 from common.hosted import (
     HostedReplica,
@@ -209,13 +209,15 @@ class Authorizer:
                 f"({', '.join(sorted(self.platform_accounts)) or 'none configured'}) may"
             )
 
-    async def authorize_model(self, caller: Caller, model_id: str) -> Proven:
-        """The caller's pod (or, for a model host, its replica of `model_id`) with its proven
-        placement, if it may act on `model_id` on this node; else PermissionDeniedError (a
-        NotPlacedError when the proof is what fails)."""
+    async def authorize_model(
+        self, caller: Caller, model_id: str, replica: int | None = None
+    ) -> Proven:
+        """The caller's pod (or, for a model host, its replica `replica` of `model_id`; None:
+        its only one) with its proven placement, if it may act on `model_id` on this node; else
+        PermissionDeniedError (a NotPlacedError when the proof is what fails)."""
         obj, pod = await self._own_pod(caller)
         if is_host(obj, self.keys):
-            return self._replica(obj, pod.key, model_id)
+            return self._replica(obj, pod.key, model_id, replica)
         if pod.model_id != model_id:
             raise PermissionDeniedError(
                 f"pod {pod.key} is annotated {self.keys.model_id}={pod.model_id!r}; it may act "
@@ -277,22 +279,27 @@ class Authorizer:
             raise PermissionDeniedError(f"pod {pod.key} has terminated ({pod.phase})")
         return obj, pod
 
-    def _replica(self, obj: JsonObject, key: str, model_id: str) -> Proven:
-        """The model host's replica of `model_id`, proven; else PermissionDeniedError."""
-        replicas, problem = replicas_from_dict(obj, self.keys, self._max_hosted())
+    def _replica(self, obj: JsonObject, key: str, model_id: str, ordinal: int | None) -> Proven:
+        """The model host's replica `ordinal` of `model_id` (None: its only one), proven; else
+        PermissionDeniedError. Each replica's proof binds its ordinal, so a forged ordinal, or
+        an entry copied under another, does not verify."""
+        hosted, problem = hosted_from_dict(obj, self.keys, self._max_hosted())
         if problem:
             raise PermissionDeniedError(problem)
-        mine = [r for r in replicas if r.model_id == model_id]
+        mine = [r for e, r in hosted if e.model == model_id]
+        named = "" if ordinal is None else f" {ordinal}"
+        if ordinal is not None:
+            mine = [r for e, r in hosted if e.model == model_id and e.replica == ordinal]
         if not mine:
             raise PermissionDeniedError(
-                f"model host {key} serves no replica of model {model_id!r} on this node (its "
-                f"annotation {hosted_models_annotation(self.keys)} names none); it may act only "
-                f"on the replicas the binder placed on it"
+                f"model host {key} serves no replica{named} of model {model_id!r} on this node "
+                f"(its annotation {hosted_models_annotation(self.keys)} names none); it may act "
+                f"only on the replicas the binder placed on it"
             )
         if len(mine) > 1:
             raise PermissionDeniedError(
-                f"model host {key} names {len(mine)} replicas of model {model_id!r}; a host "
-                f"serves at most one replica of a model"
+                f"model host {key} names {len(mine)} replicas{named} of model {model_id!r}; "
+                f"say which replica (its ordinal), and name each replica once"
             )
         return self._verifier.prove(mine[0])
 

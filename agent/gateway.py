@@ -6,8 +6,11 @@ entry carries that name (`tritonName`) when it is the pod's private one; a model
 private names is served under its public id, and its entry carries none. A pod on the host
 network shares the node's address, as does anything else on the node, so it never qualifies; nor
 does an address two pods claim at once (both are left out: an address that names two pods names
-none). A model host is one caller per replica it serves (`agent.pods`): one row per (address,
-model), each with the host as its pod and the replica's uid and private name. The table is
+none). A model host is one caller per model it serves (`agent.pods`): one row per (address,
+model), each with the host as its pod and a replica's uid and private name; of several replicas
+of the model there, a loaded one, not draining first, of lowest ordinal (`_preferred`), so a
+surge beside the old replica takes over once loaded, and a draining one's requests go to another
+loaded one at once (its own in flight finish before its loader unloads it). The table is
 rewritten as soon as the pods or the owners change (coalesced to one write per event-loop turn)
 and at least every `refresh_seconds`, which is how the gateway knows the agent is alive. Until
 the agent has listed the node's pods it writes nothing, so after an agent restart the gateway
@@ -25,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.placement import Proven
+from agent.pods import PodInfo
 from common.callers import Caller, CallerTable, write_table
 
 log = logging.getLogger(__name__)
@@ -34,6 +38,8 @@ def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
     """The callers among the proven owners (by their models' names in Triton), and why the
     others are left out (for the log)."""
     candidates: dict[str, list[tuple[str, Caller]]] = {}
+    best: dict[tuple[str, str, str], tuple[PodInfo, Caller]] = {}
+    """A host's row per model: its preferred replica's."""
     left_out = []
     for name, proven in sorted(owners.items()):
         pod = proven.pod
@@ -43,7 +49,15 @@ def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
             continue
         private = "" if name == pod.model_id else name
         caller = Caller(pod.pod_ip, pod.model_id, pod.object_key, pod.uid, pod.concurrency, private)
+        key = (pod.pod_ip, pod.object_uid, pod.model_id)
+        if pod.host and key in best and _preferred(best[key][0]) <= _preferred(pod):
+            continue
+        if pod.host:
+            best[key] = (pod, caller)
+            continue
         candidates.setdefault(pod.pod_ip, []).append((pod.object_uid, caller))
+    for (address, host_uid, _), (_, caller) in sorted(best.items()):
+        candidates.setdefault(address, []).append((host_uid, caller))
     callers: list[Caller] = []
     for address, claimants in sorted(candidates.items()):
         pods = {uid for uid, _ in claimants}
@@ -56,6 +70,13 @@ def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
             names = ", ".join(sorted({c.pod for _, c in claimants}))
             left_out.append(f"address {address} is claimed by several pods ({names})")
     return callers, left_out
+
+
+def _preferred(replica: PodInfo) -> tuple[bool, bool, int]:
+    """Orders a host's replicas of one model, the one to reach first: loaded (its loaded
+    condition True), not draining, lowest ordinal."""
+    loaded = replica.model_loaded[0] == "True"
+    return not loaded, replica.deleting, int(replica.uid.rpartition("/")[2])
 
 
 class CallerPublisher:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from agent.placement import Proven
 from agent.pods import PodInfo
-from common.hosted import load_failure
+from common.hosted import load_failure, replica_name
 
 REMEMBERED_HOSTS = 1_000
 """Hosts whose reports are kept (more than a node has pods: a replaced host's report stays until
@@ -39,14 +39,17 @@ class LoadFailures:
         self._by_host: dict[str, dict[str, LoadFailure]] = {}
 
     def report(
-        self, host_uid: str, hosted: Iterable[Proven], failures: Iterable[tuple[str, str, str]]
+        self,
+        host_uid: str,
+        hosted: Iterable[Proven],
+        failures: Iterable[tuple[str, int, str, str]],
     ) -> None:
-        """Replace host `host_uid`'s report with `failures` ((model id, reason, message)), kept
-        for the host's proven replicas `hosted` that are not draining."""
-        replicas = {p.pod.model_id: p.pod.uid for p in hosted if not p.pod.draining}
+        """Replace host `host_uid`'s report with `failures` ((model id, ordinal, reason,
+        message)), kept for the host's proven replicas `hosted` that are not draining."""
+        replicas = {p.pod.name: p.pod.uid for p in hosted if not p.pod.draining}
         kept: dict[str, LoadFailure] = {}
-        for model_id, reason, message in failures:
-            uid = replicas.get(model_id)
+        for model_id, ordinal, reason, message in failures:
+            uid = replicas.get(replica_name(model_id, ordinal))
             if uid is not None:
                 kept[uid] = LoadFailure(*load_failure(reason, message))
         if not kept:

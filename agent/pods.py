@@ -28,6 +28,7 @@ from common.hosted import (
     host_name,
     hosted_models_annotation,
     loaded_condition,
+    loaded_prefix,
 )
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -179,7 +180,7 @@ def hosted_from_dict(
         )
     hosted = []
     for entry in entries:
-        condition = loaded_condition(keys, entry.model)
+        condition = loaded_condition(keys, entry.model, entry.replica)
         replica = replace(
             host,
             name=entry.replica_name,
@@ -205,7 +206,7 @@ def hosted_from_dict(
 def stale_conditions(obj: Mapping[str, Any], keys: Keys, replicas: list[PodInfo]) -> list[str]:
     """The loaded conditions on a model host whose replica is no longer in its annotation."""
     status = obj.get("status") or {}
-    prefix = loaded_condition(keys, "")
+    prefix = loaded_prefix(keys)
     wanted = {replica.condition_type for replica in replicas}
     return sorted(
         str(c.get("type"))

@@ -129,7 +129,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 )
             header = first.header
             manifest = build_manifest(header.model_id, entries_from_proto(header.manifest))
-            pod = await self.authorizer.authorize_model(caller, header.model_id)
+            pod = await self.authorizer.authorize_model(caller, header.model_id, _ordinal(header))
             if pod.pod.running and self.on_reinstall is not None:
                 # Its loader is long done: its proxy reinstalls a model the node lost.
                 self.on_reinstall(pod)
@@ -164,7 +164,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         try:
             caller = await self._caller(context)
             manifest = build_manifest(request.model_id, entries_from_proto(request.manifest))
-            pod = await self.authorizer.authorize_model(caller, request.model_id)
+            pod = await self.authorizer.authorize_model(caller, request.model_id, _ordinal(request))
             if pod.pod.running and self.on_reinstall is not None:
                 self.on_reinstall(pod)
             result = await self.models.install_kept(request.model_id, manifest, pod)
@@ -191,7 +191,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         caller = None
         try:
             caller = await self._caller(context)
-            pod = await self.authorizer.authorize_model(caller, request.model_id)
+            pod = await self.authorizer.authorize_model(caller, request.model_id, _ordinal(request))
             status = await self.models.load(request.model_id, pod)
         except AgentError as e:
             return self._fail(context, "LoadModel", e, caller)
@@ -202,7 +202,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         caller = None
         try:
             caller = await self._caller(context)
-            pod = await self.authorizer.authorize_model(caller, request.model_id)
+            pod = await self.authorizer.authorize_model(caller, request.model_id, _ordinal(request))
             if request.idle:
                 # The pod's proxy found its model idle: asleep, not gone (`Models.sleep_for`).
                 status = await self.models.sleep_for(pod)
@@ -236,7 +236,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 # The platform names a model as Triton does (ListModels lists those names).
                 status = await self.models.status(request.model_id)
             else:
-                owner = await self.authorizer.authorize_model(caller, request.model_id)
+                owner = await self.authorizer.authorize_model(
+                    caller, request.model_id, _ordinal(request)
+                )
                 status = await self.models.status_for(owner)
         except AgentError as e:
             return self._fail(context, "GetModel", e, caller)
@@ -266,7 +268,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 self.load_failures.report(
                     caller.pod_uid,
                     (proven for _, proven in hosted),
-                    ((f.model_id, f.reason, f.message) for f in request.failures),
+                    ((f.model_id, f.replica, f.reason, f.message) for f in request.failures),
                 )
             statuses = await asyncio.gather(
                 *(self.models.status_for(proven) for _, proven in hosted),
@@ -344,3 +346,8 @@ async def _chunks(request_iterator: AsyncIterator[Any]) -> AsyncIterator[Chunk]:
 
 def add_to_server(service: AgentService, server: grpc.aio.Server) -> None:
     agent_pb2_grpc.add_AgentServicer_to_server(service, server)
+
+
+def _ordinal(request: Any) -> int | None:
+    """The replica a model host's request names (None: the host's only one of the model)."""
+    return int(request.replica) if request.HasField("replica") else None

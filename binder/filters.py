@@ -1,7 +1,7 @@
 """kube-scheduler's filters and scores that look at the other pods, in its order, for one pod:
 NodePorts and NodeResourcesFit (`binder.fit`), PodTopologySpread (`binder.spread`) and
-InterPodAffinity (`binder.interpod`); for a TritonModel replica, before them, one replica of a
-model per node (two on one host would share its proxy and serve nothing more).
+InterPodAffinity (`binder.interpod`). Replicas of one model may share a node, as pods of one
+model id may (each has its own private name in Triton); placement prefers a node without one.
 
 `PodFilters` is what placement reads: which nodes pass all four (a mask over every node), why
 each node that fails does (the first failing plugin's reasons, as kube-scheduler reports them),
@@ -27,8 +27,6 @@ from binder.state import ClusterState, IntArray
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
-REASON_REPLICA_THERE = "node(s) already hold a replica of the model"
-
 
 @dataclass
 class PodFilters:
@@ -39,8 +37,6 @@ class PodFilters:
     pod: PodInfo
     spread: dict[int, str] = field(default_factory=dict)
     affinity: dict[int, str] = field(default_factory=dict)
-    replica: frozenset[int] = frozenset()
-    """For a TritonModel replica: the nodes that hold one of its model already."""
     _fit: BoolArray | None = None
     _ok: BoolArray | None = None
     _passed: dict[int, bool] = field(default_factory=dict)
@@ -58,7 +54,7 @@ class PodFilters:
         InterPodAffinity all pass."""
         if self._ok is None:
             ok = self.fit.copy()
-            for rejected in (self.replica, self.spread, self.affinity):
+            for rejected in (self.spread, self.affinity):
                 if rejected:
                     ok[np.fromiter(rejected, np.int64, len(rejected))] = False
             self._ok = ok
@@ -71,8 +67,7 @@ class PodFilters:
         passed = self._passed.get(i)
         if passed is None:
             passed = self._passed[i] = (
-                i not in self.replica
-                and i not in self.spread
+                i not in self.spread
                 and i not in self.affinity
                 and fits_node(self.state, self.pod, i)
             )
@@ -84,8 +79,6 @@ class PodFilters:
         reasons = node_fit_reasons(self.state, self.pod, self.state.names[i])
         if reasons:
             return reasons
-        if i in self.replica:
-            return [REASON_REPLICA_THERE]
         if i in self.spread:
             return [self.spread[i]]
         if i in self.affinity:
@@ -106,9 +99,4 @@ class PodFilters:
 
 
 def pod_filters(state: ClusterState, pod: PodInfo) -> PodFilters:
-    replica = (
-        frozenset(state.model_nodes(pod.model_key))
-        if pod.host is not None and pod.model_id
-        else frozenset()
-    )
-    return PodFilters(state, pod, spread_filter(state, pod), affinity_filter(state, pod), replica)
+    return PodFilters(state, pod, spread_filter(state, pod), affinity_filter(state, pod))

@@ -5,9 +5,10 @@ While this replica leads, a model the cache reports changed (`changed`) is recon
 loop: replicas past `spec.replicas` (those on previous files first, then the highest ordinals)
 leave (`_leave`); each missing replica is placed at the lowest free ordinal, while the
 namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place` (every rule a
-pod is placed by, `as_replica`, and one replica of a model per node), charged at once (assume)
-and signed (`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU
-memory and residency, so a proof copied to another replica, model or node does not verify).
+pod is placed by, `as_replica`; several may share a node, a node without one preferred),
+charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the
+model's uid, node, GPU, GPU memory and residency, so a proof copied to another replica, model
+or node does not verify).
 Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls a step per
 reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailable 0). Then, off
 the loop:
@@ -56,7 +57,8 @@ delay another namespace's by one of theirs. A model with a replica that fits now
 kube-scheduler's pods do: retried on a cluster change once its backoff (doubling from
 --backoff-initial, at most EVENT_BACKOFF_MAX_SECONDS) has passed, else after its whole wait (up to
 --backoff-max). A reconcile costs O(nodes + replicas placed) whatever spec.replicas says: the
-placements stop at the first refusal and the rest is counted, never listed. A namespace whose new
+placements stop at the first refusal, or after PLACEMENTS_PER_TURN (the model's next turn comes
+after the other namespaces'), and the rest is counted, never listed. A namespace whose new
 host waits for its old one on the node to be gone, a model whose roll waits, and one whose
 reconcile failed are tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
 charges the replicas whose proofs in status verify, and places the others again; a new leader
@@ -80,7 +82,6 @@ from typing import Any
 
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
-from binder.filters import REASON_REPLICA_THERE
 from binder.hostpod import host_image, host_spec, mounted_secrets, template_hash
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
@@ -133,6 +134,10 @@ from common.placement import KeyRing
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
+PLACEMENTS_PER_TURN = 100
+"""The most replicas one model's turn places; a model wanting more has another turn after the
+other namespaces' (replicas may share nodes, so a scaled model is bounded by GPU memory, not by
+the node count: a turn's cost stays bounded whatever spec.replicas says)."""
 """How often a model whose roll waits, or whose reconcile failed, is tried again."""
 EVENT_BACKOFF_MAX_SECONDS = 10.0
 """The longest backoff of a refused model before a cluster change retries it (kube-scheduler's
@@ -264,6 +269,8 @@ class ModelController:
         """The model being reconciled, and whether it changed meanwhile."""
         self._retry: set[str] = set()
         """Models tried again every RETRY_SECONDS (a roll that waits, a reconcile that failed)."""
+        self._unfinished: set[str] = set()
+        """Models whose last turn placed PLACEMENTS_PER_TURN and wants more (`turn`)."""
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}
         """Model uid -> the refusal last reported (an Event only when it changes)."""
@@ -520,6 +527,7 @@ class ModelController:
                 self._retry.add(uid)
                 refused = False
             current, self._current = self._current, None
+            self._unfinished.discard(uid)  # `changed` keeps it queued
             if current[1]:
                 continue  # changed meanwhile: its turn comes again
             if refused:
@@ -641,7 +649,7 @@ class ModelController:
             if charged is not None:
                 nodes.append(charged.node_name)
                 served = served or (
-                    rid not in self._draining and self._served(model, charged.node_name).ready
+                    rid not in self._draining and self._served(model, charged).ready
                 )
         node = park_node(
             model,
@@ -689,6 +697,8 @@ class ModelController:
         placed, refusal, _, _ = self._place(model)
         if refusal:
             self._queue.backoff(uid)
+        elif uid in self._unfinished:
+            self._unfinished.discard(uid)  # its next turn after the other namespaces'
         else:
             self._queue.remove(uid)
         return model, len(placed), refusal
@@ -718,6 +728,7 @@ class ModelController:
         if old and model.replicas:
             wanted = Missing(model.uid, placed, missing.count, self._rollout.surge_uid(model))
         self._preemption.forget(model.uid, wanted, self._draining)
+        turn_left = PLACEMENTS_PER_TURN
         for ordinal in missing.ordinals(self._kept(model)):
             rid = replica_uid(model.uid, ordinal)
             charged = state.charged_pod(rid)
@@ -735,9 +746,14 @@ class ModelController:
             if refusal:
                 self._preemption.take_room(rid)  # its held room given up: it waits its turn
                 continue
+            if turn_left == 0:
+                self._unfinished.add(model.uid)
+                self.changed(model.uid)
+                break
             outcome = self._place_one(model, ordinal, quota)
             if isinstance(outcome, PodInfo):
                 placed[ordinal] = outcome
+                turn_left -= 1
             else:
                 refusal = outcome
                 missing.stop_at(ordinal)  # the rest only counted, but held rooms and drains
@@ -776,8 +792,6 @@ class ModelController:
         decision = place(state, replica, now=now, policy=self._policy)
         if not isinstance(decision, Placement):
             message = self._preemption.decide(model, ordinal, replica, decision, now)
-            if REASON_REPLICA_THERE in decision.reasons:
-                return f"replica {ordinal}: 1 replica per node: {message}"
             return f"replica {ordinal}: {message}"
         self._preemption.placed(replica.uid)
         proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
@@ -853,7 +867,7 @@ class ModelController:
         """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
         draining) until its host no longer has it loaded or the drain's bound passes
         (`_end_drains`); another is freed at once."""
-        if self._loaded(model, replica.node_name).ready:
+        if self._loaded(model, replica).ready:
             self._draining[replica.uid] = self._clock() + self._drain_seconds
             self._ledger.draining.add(replica.uid)
         else:
@@ -877,7 +891,7 @@ class ModelController:
                 self._undrain(rid)  # freed meanwhile (its node went away)
                 self._rollout.files.pop(rid, None)
                 continue
-            if not self._loaded(model, charged.node_name).ready:
+            if not self._loaded(model, charged).ready:
                 self._free(rid)
                 continue
             if now < self._draining[rid]:
@@ -896,10 +910,11 @@ class ModelController:
         self._draining.pop(rid, None)
         self._ledger.draining.discard(rid)
 
-    def _loaded(self, model: ModelInfo, node: str) -> Loaded:
-        """Whether the namespace's host on `node` serves `model` (the agent's loaded condition
-        True, or False only because the on-demand replica is asleep: the host's proxy wakes it
-        on the next request), and why not."""
+    def _loaded(self, model: ModelInfo, replica: PodInfo) -> Loaded:
+        """Whether the namespace's host on the replica's node serves it (the agent's loaded
+        condition of the replica True, or False only because the on-demand replica is asleep:
+        the host's proxy wakes it on the next request), and why not."""
+        node = replica.node_name
         host = self._ledger.hosts.get(model.namespace, {}).get(node)
         refused = self._refused_hosts.get((model.namespace, node))
         if host is None and refused:
@@ -908,7 +923,7 @@ class ModelController:
             return Loaded(False, "its model host is not created yet")
         if (host.get("metadata") or {}).get("deletionTimestamp"):
             return Loaded(False, "its model host is being deleted")
-        wanted = loaded_condition(self._keys, model.name)
+        wanted = loaded_condition(self._keys, model.name, _ordinal(replica))
         for condition in (host.get("status") or {}).get("conditions") or []:
             if isinstance(condition, dict) and condition.get("type") == wanted:
                 reason = str(condition.get("reason") or "NotLoaded")
@@ -919,16 +934,23 @@ class ModelController:
         return Loaded(False, "not loaded on its model host yet")
 
     def _awake(self, model: ModelInfo, node: str) -> bool:
-        """Whether `model` is loaded and not asleep on the namespace's host on `node`, and
-        that host is Ready (in the Service's endpoints)."""
+        """Whether a replica of `model` is loaded and not asleep on the namespace's host on
+        `node`, and that host is Ready (in the Service's endpoints)."""
         host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
-        conditions = [
-            c for c in (host.get("status") or {}).get("conditions") or [] if isinstance(c, dict)
-        ]
-        wanted = {loaded_condition(self._keys, model.name), "Ready"}
-        return len([c for c in conditions if c.get("type") in wanted]) == 2 and all(
-            c.get("status") == "True" for c in conditions if c.get("type") in wanted
-        )
+        status = {
+            c.get("type"): c.get("status")
+            for c in (host.get("status") or {}).get("conditions") or []
+            if isinstance(c, dict)
+        }
+        if status.get("Ready") != "True":
+            return False
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None and charged.node_name == node:
+                wanted = loaded_condition(self._keys, model.name, _ordinal(charged))
+                if status.get(wanted) == "True":
+                    return True
+        return False
 
     def _serves_value(self, model: ModelInfo, node: str) -> str:
         """The `serves-<model>` label of a host where `model` is loaded: "true" (selected by
@@ -948,14 +970,14 @@ class ModelController:
                 return SERVES_ASLEEP
         return "true"
 
-    def _served(self, model: ModelInfo, node: str) -> Loaded:
-        """Whether `model` is served through its Service by the namespace's host on `node`:
-        loaded there (`_loaded`), and the host pod Ready, so that its endpoint is (a new host's
-        readiness probe passes seconds after its first model loads)."""
-        loaded = self._loaded(model, node)
+    def _served(self, model: ModelInfo, replica: PodInfo) -> Loaded:
+        """Whether the replica is served through its Service by the namespace's host on its
+        node: loaded there (`_loaded`), and the host pod Ready, so that its endpoint is (a new
+        host's readiness probe passes seconds after its first model loads)."""
+        loaded = self._loaded(model, replica)
         if not loaded.ready:
             return loaded
-        host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
+        host = self._ledger.hosts.get(model.namespace, {}).get(replica.node_name) or {}
         for condition in (host.get("status") or {}).get("conditions") or []:
             if isinstance(condition, dict) and condition.get("type") == "Ready":
                 if condition.get("status") == "True":
@@ -988,7 +1010,7 @@ class ModelController:
         """A Warning Event on the model per replica and reason the agent gives for not serving
         it (once each, as the agent reports a model pod's)."""
         for ordinal, replica in sorted(placed.items()):
-            loaded = self._loaded(model, replica.node_name)
+            loaded = self._loaded(model, replica)
             if loaded.reason in ("", HOST_REFUSED):  # the refusal has its own Event
                 self._reported.pop(replica.uid, None)
                 continue
@@ -1029,7 +1051,7 @@ class ModelController:
         why_not: list[str] = []
         not_ready = "ReplicasNotReady"
         for ordinal, replica in sorted(placed.items()):
-            ready, why, agent_reason = self._served(model, replica.node_name)
+            ready, why, agent_reason = self._served(model, replica)
             if agent_reason == HOST_REFUSED:
                 not_ready = HOST_REFUSED
             elif agent_reason in LOAD_FAILURE_REASONS and not_ready == "ReplicasNotReady":
@@ -1247,7 +1269,7 @@ class ModelController:
             if other not in there_now:
                 return False
             for model, _, replica in replicas:
-                if replica.uid not in self._draining and not self._served(model, other).ready:
+                if replica.uid not in self._draining and not self._served(model, replica).ready:
                     return False
         return True
 
@@ -1320,7 +1342,7 @@ class ModelController:
         secrets = set()
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
-            if not draining and self._loaded(model, node).ready:
+            if not draining and self._loaded(model, replica).ready:
                 labels[serves_label(self._keys, model.name)] = self._serves_value(model, node)
             owners.setdefault(model.uid, _owner(model, False))
             if model.storage_secret and not draining:
@@ -1411,3 +1433,8 @@ class ModelController:
 
 def _uncounted(_: str) -> None:
     """The model controller keeps no count of its API writes."""
+
+
+def _ordinal(replica: PodInfo) -> int:
+    """The ordinal of a replica, from its uid (`<model uid>/<ordinal>`)."""
+    return int(replica.uid.rpartition("/")[2])

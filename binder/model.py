@@ -167,11 +167,11 @@ REVISION_LABELS = ("pod-template-hash", "controller-revision-hash")
 
 
 class ModelKey(NamedTuple):
-    """What the binder keeps to one pod per node: one revision of one model id of a namespace.
+    """What the binder spreads over nodes: one revision of one model id of a namespace.
 
-    Replicas of one revision never share a node (they would load the same model twice into one
-    Triton), while a rollout's new revision may join the old one, and another namespace's model
-    of the same id never collides. Pods with no revision label are one revision ("")."""
+    Pods and replicas of one revision prefer a node without one (each has its own private name
+    in Triton, so they may share one), and another namespace's model of the same id never
+    counts. Pods with no revision label are one revision ("")."""
 
     namespace: str
     model_id: str
@@ -242,8 +242,8 @@ class PodInfo:
     (`binder.podindex`); `resources` is then the replica's own share. None for a pod, which
     takes its own slot and its requests."""
     model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
-    """The (namespace, model id, revision) of which a node takes at most one pod; made once
-    here, as placement reads it for every decision."""
+    """The (namespace, model id, revision) placement spreads over nodes; made once here, as
+    placement reads it for every decision."""
 
     @property
     def asked(self) -> int:

@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from binder.classes import ConstraintClass
-from binder.filters import REASON_REPLICA_THERE, PodFilters, pod_filters
+from binder.filters import PodFilters, pod_filters
 from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.interpod import REASON_AFFINITY as REASON_AFFINITY_RULES
 from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
@@ -617,7 +617,7 @@ def fits_on(state: ClusterState, pod: PodInfo, node: str, now: float) -> bool:
     return _feasible(state, pod, cls, pod_filters(state, pod), i, now)
 
 
-UNRESOLVABLE = frozenset({REASON_MISSING_LABEL, REASON_AFFINITY_RULES, REASON_REPLICA_THERE})
+UNRESOLVABLE = frozenset({REASON_MISSING_LABEL, REASON_AFFINITY_RULES})
 """Pod filter reasons no other pod's leaving can cure (kube-scheduler's
 UnschedulableAndUnresolvable): preemption skips those nodes."""
 

@@ -77,14 +77,14 @@ class Rollout:
         ledger: Ledger,
         policy: Policy,
         *,
-        loaded: Callable[[ModelInfo, str], Loaded],
+        loaded: Callable[[ModelInfo, PodInfo], Loaded],
         place_one: Callable[[ModelInfo, int, QuotaCheck | None], PodInfo | str],
         leave: Callable[[ModelInfo, PodInfo], None],
         holds: Callable[[str], bool],
         draining: Collection[str],
     ) -> None:
-        """`loaded(model, node)`: whether the model's host on the node serves it through its
-        Service (loaded there, the host Ready);
+        """`loaded(model, replica)`: whether the replica's host serves it through its Service
+        (loaded there, the host Ready);
         `place_one(model, ordinal, quota)`: the replica placed, or why not; `leave(model,
         replica)`: it drains or is freed; `holds(rid)`: its preemption holds a room for it;
         `draining`: the replicas draining (the controller's)."""
@@ -125,7 +125,7 @@ class Rollout:
         """The ordinals of `placed` on files other than spec.storageUri, in the order they
         leave: those not served first (a surge on files since replaced), then the highest."""
         old = [o for o in placed if self.uri(model, o) != model.storage_uri]
-        return sorted(old, key=lambda o: (self._loaded(model, placed[o].node_name).ready, -o))
+        return sorted(old, key=lambda o: (self._loaded(model, placed[o]).ready, -o))
 
     def step(
         self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int], quota: QuotaCheck | None
@@ -207,7 +207,7 @@ class Rollout:
     def _waits_for_new(self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int]) -> bool:
         """Whether a replica on the new files is not served yet (the roll waits for it)."""
         return any(
-            not self._loaded(model, replica.node_name).ready
+            not self._loaded(model, replica).ready
             for ordinal, replica in placed.items()
             if ordinal not in old
         )
@@ -226,7 +226,7 @@ class Rollout:
         for ordinal, replica in sorted(placed.items()):
             if ordinal in old:
                 continue
-            loaded = self._loaded(model, replica.node_name)
+            loaded = self._loaded(model, replica)
             if loaded.ready:
                 continue
             where = f"replica {ordinal} on node {replica.node_name}"

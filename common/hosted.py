@@ -6,18 +6,20 @@ and is the only writer of what this module names on it:
 - label `<prefix>model-host: "true"`;
 - annotation `<prefix>host-template`: the hash of the pod template it was made from;
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
-  host's node (at most one replica of a model per node), each with the TritonModel's name and,
-  where its spec.modelName differs, `modelId`: the id its clients send;
+  host's node (several replicas of one model may share it, each with its own GPU and proof), each
+  with the TritonModel's name and, where its spec.modelName differs, `modelId`: the id its
+  clients send;
 - annotation `<prefix>parked-models`: a JSON list (`{"model", "maxConcurrency"}`) of the
   namespace's models at zero replicas parked on the host (scale to zero: the host's proxy holds
   their requests until a replica is ready);
-- label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
-  Service selects), read from the agent's condition below; `"asleep"` (`SERVES_ASLEEP`, outside
-  the Service) for an on-demand replica asleep there while another replica of the model is awake.
+- label `<prefix>serves-<model>: "true"` for each model with a replica loaded, ready and not
+  draining there (what the model's Service selects), read from the agent's conditions below;
+  `"asleep"` (`SERVES_ASLEEP`, outside the Service) for an on-demand model asleep there while
+  another replica of the model is awake.
 
 The agent reads the annotation, proves each replica's proof as it proves a pod's (the claim of a
 pod of uid `<model uid>/<replica>`, name `<model>/<replica>`, in the host's namespace, on the
-host's node) and writes, on the host pod, the condition `<prefix>loaded-<model>` per replica: True
+host's node) and writes, on the host pod, the condition `<prefix>loaded-<model>_<replica>`: True
 when Triton serves it there. None of it is proof of anything by itself: a tenant can edit its own
 namespace's pods, so only the signed proof decides.
 """
@@ -158,10 +160,16 @@ def serves_label(keys: Keys, model: str) -> str:
     return _qualified(keys, "serves", model)
 
 
-def loaded_condition(keys: Keys, model: str) -> str:
-    """The host pod condition the agent writes for its replica of `model`: True when Triton
-    serves it there (as a model pod's `<prefix>ModelLoaded`)."""
-    return _qualified(keys, "loaded", model)
+def loaded_condition(keys: Keys, model: str, replica: int) -> str:
+    """The host pod condition the agent writes for replica `replica` of `model`: True when
+    Triton serves it there (as a model pod's `<prefix>ModelLoaded`). `_` is in no TritonModel's
+    name, so no two replicas' conditions share a name."""
+    return _qualified(keys, "loaded", f"{model}_{replica}")
+
+
+def loaded_prefix(keys: Keys) -> str:
+    """What every loaded condition's type begins with."""
+    return f"{keys.prefix}loaded-"
 
 
 SLEEPING_REASON = "ModelSleeping"

@@ -9,6 +9,7 @@ LoaderError or a TransientError. Must not retry or decide what to do next (loadi
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -149,6 +150,8 @@ class LoadFailure:
     model_id: str
     reason: str
     message: str
+    replica: int = 0
+    """The replica's ordinal."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,15 @@ class AgentClient:
             ],
         )
         self._stub = agent_pb2_grpc.AgentStub(self._channel)
+        self.replica: int | None = None
+        """For a model host: the replica (ordinal) every model call names; None: a model pod's
+        own model, or a host's only replica of it."""
+
+    def for_replica(self, ordinal: int) -> AgentClient:
+        """This client (the same channel) acting for the host's replica `ordinal`."""
+        view = copy.copy(self)
+        view.replica = ordinal
+        return view
 
     async def close(self) -> None:
         """Close the channel; pending calls are cancelled."""
@@ -212,7 +224,7 @@ class AgentClient:
 
     async def get_model(self, model_id: str, time_limit: float) -> ModelStatus:
         """The agent's view of `model_id`; NOT_FOUND reads as ABSENT."""
-        request = agent_pb2.GetModelRequest(model_id=model_id)
+        request = agent_pb2.GetModelRequest(model_id=model_id, replica=self.replica)
         try:
             reply = await self._stub.GetModel(
                 request, metadata=self._metadata(), timeout=time_limit
@@ -225,7 +237,7 @@ class AgentClient:
 
     async def load(self, model_id: str, time_limit: float) -> ModelStatus:
         """Ask the agent to load an installed model; it answers once READY or FAILED."""
-        request = agent_pb2.LoadModelRequest(model_id=model_id)
+        request = agent_pb2.LoadModelRequest(model_id=model_id, replica=self.replica)
         try:
             reply = await self._stub.LoadModel(
                 request, metadata=self._metadata(), timeout=time_limit
@@ -236,7 +248,7 @@ class AgentClient:
 
     async def unload(self, model_id: str, time_limit: float) -> ModelStatus:
         """Ask the agent to unload the model and remove its files; it answers once they are gone."""
-        request = agent_pb2.UnloadModelRequest(model_id=model_id)
+        request = agent_pb2.UnloadModelRequest(model_id=model_id, replica=self.replica)
         try:
             reply = await self._stub.UnloadModel(
                 request, metadata=self._metadata(), timeout=time_limit
@@ -252,7 +264,9 @@ class AgentClient:
         agent the replicas it fails to load now (`failures`)."""
         request = agent_pb2.ListHostedRequest(
             failures=[
-                agent_pb2.LoadFailure(model_id=f.model_id, reason=f.reason, message=f.message)
+                agent_pb2.LoadFailure(
+                    model_id=f.model_id, reason=f.reason, message=f.message, replica=f.replica
+                )
                 for f in failures
             ]
         )
@@ -277,8 +291,7 @@ class AgentClient:
         """
         counter = _StreamTally()
         header = agent_pb2.InstallHeader(
-            model_id=model.model_id,
-            manifest=manifest.to_proto(),
+            model_id=model.model_id, manifest=manifest.to_proto(), replica=self.replica
         )
         requests = self._install_requests(header, model, manifest, counter)
         try:
@@ -314,7 +327,9 @@ class AgentClient:
     ) -> InstallResult | None:
         """Ask the agent to install the model from files the node kept for this namespace;
         None when it keeps none (or predates kept files): then the files are sent."""
-        header = agent_pb2.InstallHeader(model_id=model_id, manifest=manifest.to_proto())
+        header = agent_pb2.InstallHeader(
+            model_id=model_id, manifest=manifest.to_proto(), replica=self.replica
+        )
         try:
             reply = await self._stub.InstallKept(
                 header, metadata=self._metadata(), timeout=time_limit

@@ -1,18 +1,21 @@
 """A model host's loader: follows the host's replicas, as the agent lists them, until stopped.
 
-Every poll asks the agent for the host's replicas (ListHosted) and, per model:
+Every poll asks the agent for the host's replicas (ListHosted) and, per replica (several of one
+model may share the host, each with its own files, GPU and private name in Triton):
 
 - a replica new here (or that failed, once its backoff is over): its files are fetched from its
-  storage URI into ROOT/<model> (loader/fetch.py: s3://, gs://, https://, with its storage Secret
-  and s3-* settings: loader/credentials.py; kept while the URI stays the same, so a restarted loader
-  fetches nothing again), then the SAME flow a model pod's loader runs (loading.py: GetModel,
-  InstallKept or InstallModel, LoadModel, wait READY) with the model id = the replica's model; at
-  most `parallel` at once. A failure is logged with its reason and retried with backoff; it never
-  stops the others. Each ListHosted reports the replicas failing now, with a reason named after the
-  cause (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
+  storage URI into ROOT/<model>.<ordinal> (loader/fetch.py: s3://, gs://, https://, with its
+  storage Secret and s3-* settings: loader/credentials.py; kept while the URI stays the same, so a
+  restarted loader fetches nothing again), then the SAME flow a model pod's loader runs
+  (loading.py: GetModel, InstallKept or InstallModel, LoadModel, wait READY) with the model id =
+  the replica's model, each call naming the replica's ordinal; at most `parallel` at once. A
+  failure is logged with its reason and retried with backoff; it never stops the others. Each
+  ListHosted reports the replicas failing now, with a reason named after the cause
+  (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
   replica's loaded condition, so the TritonModel says why.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
-  "idleSeconds"}`, replaced whole), which the host's proxy serves. An on-demand replica the
+  "idleSeconds"}`, replaced whole; a model once, however many of its replicas are ready), which
+  the host's proxy serves. An on-demand replica the
   proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
   loaded here: its proxy wakes it on its next request.
 - parked (the binder's parked-models annotation: the model is at zero replicas and this host
@@ -83,7 +86,9 @@ _RETRY_MAX_SECONDS = 60.0
 
 
 class HostAgent(Agent, Protocol):
-    """The agent calls a host's loader needs: a model pod's, and ListHosted."""
+    """The agent calls a host's loader needs: a model pod's, for one replica, and ListHosted."""
+
+    def for_replica(self, ordinal: int) -> Agent: ...
 
     async def list_hosted(
         self, time_limit: float, failures: tuple[LoadFailure, ...] = ()
@@ -127,9 +132,11 @@ class HostTiming:
 
 @dataclass
 class _Tracked:
-    """What this loader knows and does about one model."""
+    """What this loader knows and does about one replica."""
 
     model: str
+    ordinal: int | None
+    """None: listed by an earlier run (the models file names no ordinal), not yet matched."""
     uri: str | None
     """The storage URI its files come from; None: listed by an earlier run, not yet confirmed."""
     entry: dict[str, object]
@@ -143,6 +150,17 @@ class _Tracked:
     reason: str = ""
     cause: str = ""
     """The reason the agent is told for the last failure (`common.hosted.LOAD_FAILURE_REASONS`)."""
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        return (self.model, self.ordinal)
+
+    @property
+    def name(self) -> str:
+        """Its directory's name under ROOT and its name in logs: `<model>.<ordinal>` (every
+        name ends in its own ordinal, so no two replicas share one), or the model id while its
+        ordinal is not known."""
+        return self.model if self.ordinal is None else f"{self.model}.{self.ordinal}"
 
 
 class Host:
@@ -177,7 +195,7 @@ class Host:
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         self._retry = Backoff(timing.load.backoff.initial, _RETRY_MAX_SECONDS)
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[tuple[str, int | None], _Tracked] = {}
         self._written: bytes | None = None
         self._parked: tuple[tuple[str, int], ...] = ()
         """The models parked on the host (scale to zero): listed with `parked` until ready."""
@@ -203,7 +221,7 @@ class Host:
 
     def ready_models(self) -> list[str]:
         """The models listed in the models file now."""
-        return sorted(t.model for t in self._tracked.values() if t.published)
+        return sorted({t.model for t in self._tracked.values() if t.published})
 
     async def poll(self) -> None:
         """One look at the host's replicas, and what follows from it."""
@@ -233,8 +251,8 @@ class Host:
             # loader lists it ready: never out of the models file in between.
             parked = dict(listing.parked)
             for model, limit in self._parked:
-                tracked = self._tracked.get(model)
-                if model not in parked and tracked is not None and not tracked.published:
+                mine = [t for t in self._tracked.values() if t.model == model]
+                if model not in parked and mine and not any(t.published for t in mine):
                     parked[model] = limit
             self._parked = tuple(sorted(parked.items()))
             self._publish()
@@ -244,9 +262,11 @@ class Host:
         """The replicas whose last load failed and that are not served, with why (within
         LOAD_FAILURE_REPORT_CHARS, so that the call is never too big for the agent)."""
         found, left = [], LOAD_FAILURE_REPORT_CHARS
-        for _, t in sorted(self._tracked.items()):
+        for _, t in sorted(self._tracked.items(), key=_order):
             if t.failures and not t.ready and not t.leaving:
-                failure = LoadFailure(t.model, *load_failure(t.cause, t.reason))
+                failure = LoadFailure(
+                    t.model, *load_failure(t.cause, t.reason), replica=t.ordinal or 0
+                )
                 left -= len(failure.model_id) + len(failure.message) + len(failure.reason)
                 if left < 0:
                     break
@@ -255,10 +275,16 @@ class Host:
 
     def decide(self, replicas: tuple[Hosted, ...]) -> None:
         """Start what the replicas call for, and list the ready models."""
-        wanted = {r.model_id: r for r in replicas if not r.draining and self._named(r.model_id)}
+        wanted: dict[tuple[str, int | None], Hosted] = {
+            (r.model_id, r.replica): r
+            for r in replicas
+            if not r.draining and self._named(r.model_id)
+        }
+        self._match_adopted(wanted)
         now = self._clock()
-        for model, tracked in list(self._tracked.items()):
-            replica = wanted.get(model)
+        for key, tracked in list(self._tracked.items()):
+            model = tracked.name
+            replica = wanted.get(key)
             if replica is not None:
                 tracked.entry = _entry(replica)
             moved = replica is not None and tracked.uri not in (None, replica.storage_uri)
@@ -276,13 +302,26 @@ class Host:
                     if lost:
                         log.warning("The node lost model %s: loading it again.", model)
                     self._start_load(tracked, replica)
-        for model, replica in wanted.items():
-            if model not in self._tracked:
-                tracked = self._tracked[model] = _Tracked(
-                    model, replica.storage_uri, _entry(replica)
+        for key, replica in wanted.items():
+            if key not in self._tracked:
+                tracked = self._tracked[key] = _Tracked(
+                    replica.model_id, replica.replica, replica.storage_uri, _entry(replica)
                 )
                 self._start_load(tracked, replica)
         self._publish()
+
+    def _match_adopted(self, wanted: dict[tuple[str, int | None], Hosted]) -> None:
+        """An entry an earlier run listed (its ordinal unknown) becomes a replica of its model
+        the agent lists and this run does not track yet, confirmed by the same flow; with none,
+        it leaves."""
+        for key, tracked in list(self._tracked.items()):
+            if tracked.ordinal is not None or tracked.job is not None or tracked.leaving:
+                continue
+            free = sorted(k for k in wanted if k[0] == tracked.model and k not in self._tracked)
+            if free:
+                del self._tracked[key]
+                tracked.ordinal = free[0][1]
+                self._tracked[tracked.key] = tracked
 
     def _named(self, model: str) -> bool:
         """Whether `model` is a model id, safe as a name under ROOT (the agent checks it too)."""
@@ -305,7 +344,7 @@ class Host:
         tracked.ready = False
         log.info(
             "Model %s is leaving this host (%s): %s.",
-            tracked.model,
+            tracked.name,
             why,
             f"served {self._timing.unroute_seconds:g} s more, then removed from the models "
             f"file and unloaded {self._timing.drain_seconds:g} s later"
@@ -325,15 +364,15 @@ class Host:
             except Exception:
                 # A bug, not a model's failure (those are handled where they happen): say it;
                 # the next poll starts over for this model.
-                log.exception("The work on model %s has failed.", tracked.model)
+                log.exception("The work on model %s has failed.", tracked.name)
                 tracked.leaving = tracked.ready = tracked.published = False
             finally:
                 tracked.job = None
 
-        tracked.job = asyncio.create_task(guarded(), name=f"model {tracked.model}")
+        tracked.job = asyncio.create_task(guarded(), name=f"model {tracked.name}")
 
     async def _bring_up(self, tracked: _Tracked, replica: Hosted) -> None:
-        model = tracked.model
+        model = tracked.name
         try:
             async with self._slots:
                 outcome = await self._load(model, replica)
@@ -359,6 +398,7 @@ class Host:
         self._publish()
 
     async def _load(self, model: str, replica: Hosted) -> Outcome:
+        """Fetch (into ROOT/`model`, the replica's own name) and load the replica."""
         directory = self._root / model
         uri, secret = replica.storage_uri, replica.storage_secret
         if not self._fetched(model, uri):
@@ -382,10 +422,11 @@ class Host:
             (self._root / SOURCES / model).write_text(uri, encoding="utf-8")
             log.info("Model %s: %s.", model, said)
         checked = await asyncio.to_thread(
-            validate_model_directory, directory, model, self._max_bytes
+            validate_model_directory, directory, replica.model_id, self._max_bytes
         )
         manifest = await asyncio.to_thread(build_manifest, checked.files)
-        loading = Loading(self._agent, checked, manifest, self._timing.load, clock=self._clock)
+        agent = self._agent.for_replica(replica.replica)
+        loading = Loading(agent, checked, manifest, self._timing.load, clock=self._clock)
         return await loading.run()
 
     def _fetched(self, model: str, uri: str) -> bool:
@@ -404,7 +445,7 @@ class Host:
         tracked.reason = reason
         log.error(
             "Model %s is not served by this host: %s. Trying again in %.1f s (failure %d).",
-            tracked.model,
+            tracked.name,
             reason,
             delay,
             tracked.failures,
@@ -423,17 +464,20 @@ class Host:
             await asyncio.sleep(min(left, self._timing.drain_check_seconds))
 
     async def _drain(self, tracked: _Tracked, was_published: bool) -> None:
-        model = tracked.model
+        model = tracked.name
+        agent: Agent = (
+            self._agent if tracked.ordinal is None else self._agent.for_replica(tracked.ordinal)
+        )
         if was_published:
             await asyncio.sleep(self._timing.unroute_seconds)
             tracked.published = False
             self._publish()
-            await self._drained(model)
+            await self._drained(tracked.model)
         try:
-            await self._agent.unload(model, self._timing.call_seconds)
+            await agent.unload(tracked.model, self._timing.call_seconds)
         except TransientError as e:
             try:
-                status = await self._agent.get_model(model, self._timing.call_seconds)
+                status = await agent.get_model(tracked.model, self._timing.call_seconds)
             except (LoaderError, TransientError):
                 status = None
             if status is None or status.state is not ModelState.ABSENT:
@@ -447,11 +491,11 @@ class Host:
             log.info("The agent did not unload model %s for this host (%s).", model, e)
         else:
             log.info("Unloaded model %s: it left this host.", model)
-        if all(model != parked for parked, _ in self._parked):
+        if all(tracked.model != parked for parked, _ in self._parked):
             # A model parked here keeps its files: its wake fetches nothing again.
             shutil.rmtree(self._root / model, ignore_errors=True)
             (self._root / SOURCES / model).unlink(missing_ok=True)
-        del self._tracked[model]
+        del self._tracked[tracked.key]
 
     def _adopt_published(self) -> None:
         """Keep listing what an earlier run of this loader listed, until confirmed or gone."""
@@ -464,24 +508,30 @@ class Host:
             self._written = data  # rewritten only once it changes
         for entry in entries if isinstance(entries, list) else []:
             model = entry.get("model") if isinstance(entry, dict) else None
-            if isinstance(model, str) and model not in self._tracked:
-                self._tracked[model] = _Tracked(
-                    model, None, dict(entry), ready=True, published=True
+            if isinstance(model, str) and (model, None) not in self._tracked:
+                self._tracked[(model, None)] = _Tracked(
+                    model, None, None, dict(entry), ready=True, published=True
                 )
         if self._tracked:
             log.info(
                 "Still listing %s from before this loader started, until the agent confirms them.",
-                ", ".join(sorted(self._tracked)),
+                ", ".join(sorted(model for model, _ in self._tracked)),
             )
         self._publish()
 
     def _publish(self) -> None:
-        listed = [t.entry for _, t in sorted(self._tracked.items()) if t.published]
-        ready = {str(e["model"]) for e in listed}
+        """Write the models file: one entry per model with a replica ready here (its line; the
+        replicas of a model share the model's settings). The node gateway reaches one replica
+        of a model at a time, so the model's limit is one replica's `maxConcurrency`."""
+        merged: dict[str, dict[str, object]] = {}
+        for _, t in sorted(self._tracked.items(), key=_order):
+            if t.published:
+                merged.setdefault(t.model, t.entry)
+        listed = list(merged.values())
         listed += [
             {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})
             for m, c in self._parked
-            if m not in ready
+            if m not in merged
         ]
         data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"
         if data == self._written:
@@ -496,6 +546,12 @@ class Host:
         if key not in self._said:
             self._said.add(key)
             log.warning(message, *args)
+
+
+def _order(item: tuple[tuple[str, int | None], _Tracked]) -> tuple[str, int]:
+    """Tracked replicas by model, then ordinal (an adopted entry first)."""
+    model, ordinal = item[0]
+    return model, -1 if ordinal is None else ordinal
 
 
 def _cause(e: LoaderError | TransientError) -> str:

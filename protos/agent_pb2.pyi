@@ -41,12 +41,14 @@ class Manifest(_message.Message):
     def __init__(self, files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ...) -> None: ...
 
 class InstallHeader(_message.Message):
-    __slots__ = ("model_id", "manifest")
+    __slots__ = ("model_id", "manifest", "replica")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     manifest: Manifest
-    def __init__(self, model_id: _Optional[str] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ...) -> None: ...
+    replica: int
+    def __init__(self, model_id: _Optional[str] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class FileChunk(_message.Message):
     __slots__ = ("path", "offset", "data")
@@ -105,24 +107,30 @@ class ModelStatus(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., gpu_index: _Optional[int] = ..., pod: _Optional[str] = ..., triton_name: _Optional[str] = ..., residency: _Optional[str] = ..., sleeping: _Optional[bool] = ...) -> None: ...
 
 class LoadModelRequest(_message.Message):
-    __slots__ = ("model_id",)
+    __slots__ = ("model_id", "replica")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model_id: str
-    def __init__(self, model_id: _Optional[str] = ...) -> None: ...
+    replica: int
+    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class UnloadModelRequest(_message.Message):
-    __slots__ = ("model_id", "idle")
+    __slots__ = ("model_id", "idle", "replica")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     IDLE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     idle: bool
-    def __init__(self, model_id: _Optional[str] = ..., idle: _Optional[bool] = ...) -> None: ...
+    replica: int
+    def __init__(self, model_id: _Optional[str] = ..., idle: _Optional[bool] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
-    __slots__ = ("model_id",)
+    __slots__ = ("model_id", "replica")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model_id: str
-    def __init__(self, model_id: _Optional[str] = ...) -> None: ...
+    replica: int
+    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -169,14 +177,16 @@ class ListGpusResponse(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ...) -> None: ...
 
 class LoadFailure(_message.Message):
-    __slots__ = ("model_id", "reason", "message")
+    __slots__ = ("model_id", "reason", "message", "replica")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     reason: str
     message: str
-    def __init__(self, model_id: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    replica: int
+    def __init__(self, model_id: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class ListHostedRequest(_message.Message):
     __slots__ = ("failures",)

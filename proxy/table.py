@@ -256,14 +256,28 @@ class ModelTable:
             if since is None:
                 continue
             if served.limiter.held == 0 or now - since >= self.drain_seconds:
-                del self.models[name]
-                del self.served[name.encode()]
-                self.private.pop(name, None)
-                self.private_encoded.pop(served.public, None)
-                served.metrics.forget()
-                if self.on_remove is not None:
-                    self.on_remove(served)
+                self._remove(name, served)
                 log.info("Model %s is drained: removed from the table.", name)
+
+    def retire(self, names: set[str]) -> None:
+        """Remove these draining entries at once, in flight or not, so that their models'
+        next entries are made anew (in the node gateway: another replica of the model behind
+        the same id, under its own private name); the requests in flight finish on the entry
+        they hold. Without it, an entry wanted back while requests are in flight would come
+        back as it was."""
+        for name in sorted(names):
+            served = self.models.get(name)
+            if served is not None and served.draining_since is not None:
+                self._remove(name, served)
+
+    def _remove(self, name: str, served: Served) -> None:
+        del self.models[name]
+        del self.served[name.encode()]
+        self.private.pop(name, None)
+        self.private_encoded.pop(served.public, None)
+        served.metrics.forget()
+        if self.on_remove is not None:
+            self.on_remove(served)
 
     def reread(self, path: Path) -> None:
         """Follow the models file: read it again when its identity changed (inode, size,

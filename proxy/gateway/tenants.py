@@ -243,6 +243,9 @@ class Tenant:
                 model,
             )
         table.set_models([Entry(model) for model in sorted(kept)])
+        # A changed row (another replica of the model, say) is served by a new entry, even
+        # while the old one has requests in flight.
+        table.retire({model for model in rows if model in self.members and model not in kept})
         self.rows = dict(rows)
         table.set_models([Entry(model) for model in sorted(rows)])
         for model, row in rows.items():

@@ -274,10 +274,10 @@ class ReplicaWatch:
     serves every replica of the namespace on its node, each series labelled by `model`).
 
     A replica is its ordinal: created when the model's `spec.replicas` first asks for it, placed
-    when `status.placements` names its node, loaded when the agent's `loaded-<model>` condition on
-    that node's host is True, ready when the host is in the model's Service (its `serves-<model>`
-    label and Ready), and its first answer from the host's address after that. A replica asked
-    for again after a scale-down is a new one (`replica N (2)`)."""
+    when `status.placements` names its node, loaded when the agent's `loaded-<model>_<ordinal>`
+    condition on that node's host is True, ready when the host is in the model's Service (its
+    `serves-<model>` label and Ready), and its first answer from the host's address after that.
+    A replica asked for again after a scale-down is a new one (`replica N (2)`)."""
 
     def __init__(
         self, api: kubernetes.client.ApiClient, namespace: str, model: str, targets: Path
@@ -350,9 +350,8 @@ class ReplicaWatch:
 
     def _refresh(self, now: float) -> None:
         """Note what each live replica's host shows (lock held)."""
-        loaded_type = loaded_condition(KEYS, self.model)
         serves = serves_label(KEYS, self.model)
-        for name in self._live.values():
+        for ordinal, name in self._live.items():
             host = self._hosts.get(self._nodes.get(name, ""))
             if host is None:
                 continue
@@ -362,7 +361,7 @@ class ReplicaWatch:
                 for c in (host.get("status") or {}).get("conditions") or []
                 if c.get("status") == "True"
             }
-            if loaded_type in true:
+            if loaded_condition(KEYS, self.model, ordinal) in true:
                 times.phases.setdefault("loaded", now)
             labels = host["metadata"].get("labels") or {}
             if labels.get(serves) == "true" and "Ready" in true:

@@ -59,12 +59,42 @@ def test_callers_are_pods_with_an_address_of_their_own() -> None:
     assert any("10.1.0.9" in reason and "team/twin1" in reason for reason in left_out)
 
 
-def replica(model: str, host: str, ip: str, namespace: str = "team") -> Proven:
+def replica(
+    model: str, host: str, ip: str, namespace: str = "team", ordinal: int = 0, **fields: Any
+) -> Proven:
     info = PodInfo(
-        namespace, f"{model}/0", f"uid-{model}/0", NODE, "tritonshare", "Running", model, "GPU-1",
-        pod_ip=ip, host_ip="10.0.0.1", host=host, host_uid=f"uid-{host}",
+        namespace, f"{model}/{ordinal}", f"uid-{model}/{ordinal}", NODE, "tritonshare", "Running",
+        model, "GPU-1", pod_ip=ip, host_ip="10.0.0.1", host=host, host_uid=f"uid-{host}",
+        **fields,
     )  # fmt: skip
     return Proven(info, 1024**3)
+
+
+def test_a_hosts_several_replicas_of_a_model_are_reached_through_one_loaded_not_draining() -> None:
+    """The gateway maps a host's model to one private name: a loaded one, not draining first,
+    then the lowest ordinal; so a surge in place takes over once loaded, from a draining one
+    at once."""
+    host, ip = "tritonshare-host-1", "10.1.0.7"
+    loaded = ("True", "ModelReady")
+
+    def chosen(*owners: Proven) -> str:
+        callers, left_out = callers_of({f"{p.pod.name}-private": p for p in owners})
+        assert not left_out
+        [row] = callers
+        return row.triton_name
+
+    old = replica("resnet", host, ip, ordinal=3, model_loaded=loaded)
+    surge = replica("resnet", host, ip, ordinal=5)
+    assert chosen(old, surge) == "resnet/3-private", "the surge still loading"
+    surge = replica("resnet", host, ip, ordinal=5, model_loaded=loaded)
+    assert chosen(old, surge) == "resnet/3-private"
+    leaving = replica(
+        "resnet", host, ip, ordinal=3, deleting=True, draining=True, model_loaded=loaded
+    )
+    assert chosen(leaving, surge) == "resnet/5-private", "the drained one at once"
+    assert chosen(leaving, replica("resnet", host, ip, ordinal=5)) == "resnet/3-private", (
+        "still the only one loaded"
+    )
 
 
 def test_a_hosts_replicas_are_one_row_each_at_its_address() -> None:

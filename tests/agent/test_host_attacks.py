@@ -244,3 +244,39 @@ async def test_a_replicas_owner_record_lives_while_its_host_names_it_with_a_vali
     body = {"metadata": {"annotations": {"tritonshare.io/hosted-models": encode_hosted([])}}}
     core_v1(kube_api).patch_namespaced_pod(host_name(NODE), "team-a", body)
     assert not await pods.owner_alive(record)
+
+
+async def test_several_replicas_of_a_model_each_act_only_as_placed(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kube: KubeClient
+) -> None:
+    """Two replicas of one model on a host: each call names its ordinal and acts as that
+    replica; an entry copied under another ordinal (a forged slot) does not verify, and an
+    entry listed twice makes its slot ambiguous, so it is refused rather than doubled."""
+    first, second = replica("team-a", "resnet", GPU), replica("team-a", "resnet", GPU, ordinal=1)
+    make_host(kube_api, "team-a", [first, second])
+    auth = authorizer(kube)
+    host = await caller(auth, apiserver, "team-a", host_name(NODE))
+    assert (await auth.authorize_model(host, "resnet", 0)).uid == first.replica_uid
+    assert (await auth.authorize_model(host, "resnet", 1)).uid == second.replica_uid
+    assert replica_triton_name(first, "team-a") != replica_triton_name(second, "team-a")
+    with pytest.raises(PermissionDeniedError, match="say which replica"):
+        await auth.authorize_model(host, "resnet")
+    with pytest.raises(PermissionDeniedError, match="serves no replica 2 of model 'resnet'"):
+        await auth.authorize_model(host, "resnet", 2)
+
+    forged = replace(first, replica=2)  # replica 0's proof under a slot never placed
+    twice = [first, first, second, forged]
+    core_v1(kube_api).patch_namespaced_pod(
+        host_name(NODE),
+        "team-a",
+        {"metadata": {"annotations": {"tritonshare.io/hosted-models": encode_hosted(twice)}}},
+    )
+    with pytest.raises(NotPlacedError):
+        await auth.authorize_model(host, "resnet", 2)
+    with pytest.raises(PermissionDeniedError, match="names 2 replicas 0 of model 'resnet'"):
+        await auth.authorize_model(host, "resnet", 0)
+    pods = node_pods(kube)
+    pods.replace(listed(kube_api))
+    proven = sorted(p.key for p in pods.all_proven())
+    assert proven.count("team-a/resnet/0") <= 1 and "team-a/resnet/2" not in proven
+    assert len(proven) <= 2, "never more replicas than placed"

@@ -85,14 +85,14 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     keys = Keys()
     await eventually(
         lambda: (
-            conditions(kube_api, "team-a").get(loaded_condition(keys, "two"))
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "two", 1))
             == ("False", "ModelPending")
         ),
         what="replica two pending on the host",
     )
     await eventually(
         lambda: (
-            conditions(kube_api, "team-a").get(loaded_condition(keys, "three"))
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "three", 0))
             == ("False", "PlacementChanged")
         ),
         what="the copied entry refused on the host",
@@ -134,7 +134,8 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     def loaded() -> bool:
         found = conditions(kube_api, "team-a")
         return all(
-            found.get(loaded_condition(keys, m)) == ("True", "ModelReady") for m in ["one", "two"]
+            found.get(loaded_condition(keys, m, i)) == ("True", "ModelReady")
+            for i, m in enumerate(["one", "two"])
         )
 
     await eventually(loaded, what="both replicas' loaded conditions True on the host")
@@ -159,7 +160,7 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     )
     # Nothing of the copy reaches the namespace it was copied from.
     assert not any("team-a" in message for _, message in host_events(kube_api, "team-b"))
-    assert conditions(kube_api, "team-b")[loaded_condition(keys, "three")] == (
+    assert conditions(kube_api, "team-b")[loaded_condition(keys, "three", 0)] == (
         "False",
         "ModelPending",
     )
@@ -177,12 +178,15 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     # Its condition tells the binder it is unloaded and may leave the host.
     await eventually(
         lambda: (
-            conditions(kube_api, "team-a").get(loaded_condition(keys, "two"))
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "two", 1))
             == ("False", "ModelDrained")
         ),
         what="the drained replica's condition",
     )
-    assert conditions(kube_api, "team-a")[loaded_condition(keys, "one")] == ("True", "ModelReady")
+    assert conditions(kube_api, "team-a")[loaded_condition(keys, "one", 0)] == (
+        "True",
+        "ModelReady",
+    )
 
     # The binder takes replica two off the host: unloaded, its files and condition gone.
     set_hosted(kube_api, "team-a", [one])
@@ -199,8 +203,8 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     )
     await eventually(
         lambda: (
-            loaded_condition(keys, "two") not in conditions(kube_api, "team-a")
-            and loaded_condition(keys, "three") not in conditions(kube_api, "team-a")
+            loaded_condition(keys, "two", 1) not in conditions(kube_api, "team-a")
+            and loaded_condition(keys, "three", 0) not in conditions(kube_api, "team-a")
         ),
         what="the conditions of the replicas that left removed",
     )
@@ -348,7 +352,7 @@ async def test_a_host_sleeps_and_wakes_only_its_on_demand_replicas(
     keys = Keys()
     await eventually(
         lambda: (
-            conditions(kube_api, "team-a").get(loaded_condition(keys, "lazy"))
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "lazy", 0))
             == ("False", "ModelSleeping")
         ),
         what="the asleep replica's condition",
@@ -372,8 +376,8 @@ def condition_of(
     return None
 
 
-def failure(model: str, reason: str, message: str) -> agent_pb2.LoadFailure:
-    return agent_pb2.LoadFailure(model_id=model, reason=reason, message=message)
+def failure(model: str, reason: str, message: str, replica: int = 0) -> agent_pb2.LoadFailure:
+    return agent_pb2.LoadFailure(model_id=model, reason=reason, message=message, replica=replica)
 
 
 async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
@@ -395,8 +399,8 @@ async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
     make_host(kube_api, "team-a", [one, two], pod_ip=ADDRESS)
     token = apiserver.mint_token("team-a", HOST)
     keys = Keys()
-    loaded_one, loaded_two = loaded_condition(keys, "one"), loaded_condition(keys, "two")
-    victims = loaded_condition(keys, "victim")
+    loaded_one, loaded_two = loaded_condition(keys, "one", 0), loaded_condition(keys, "two", 1)
+    victims = loaded_condition(keys, "victim", 0)
 
     def reads(namespace: str, condition_type: str, reason: str) -> bool:
         found = condition_of(kube_api, namespace, condition_type)
@@ -407,7 +411,7 @@ async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
         agent_pb2.ListHostedRequest(
             failures=[
                 failure("one", "FetchFailed", "https://store/one.tgz answered HTTP 404 Not Found"),
-                failure("two", "AllReplicasReady", "line one\nline two " + "x" * 5000),
+                failure("two", "AllReplicasReady", "line one\nline two " + "x" * 5000, 1),
                 failure("victim", "FetchFailed", "forged by team-a"),
                 failure("nobody", "FetchFailed", "no such replica"),
             ]
@@ -428,18 +432,18 @@ async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
     # Another namespace's replica and a model the host does not serve are untouched.
     assert reads("team-b", victims, "ModelPending")
     assert host_events(kube_api, "team-b") == []
-    assert loaded_condition(keys, "nobody") not in conditions(kube_api, "team-a")
+    assert loaded_condition(keys, "nobody", 0) not in conditions(kube_api, "team-a")
 
     # The loader's next report no longer names one (fixed, or loading again): pending again.
     await running.stub.ListHosted(
-        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no config")]),
+        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no config", 1)]),
         metadata=bearer(token),
     )
     await eventually(lambda: reads("team-a", loaded_one, "ModelPending"), what="one cleared")
     await eventually(lambda: reads("team-a", loaded_two, "ModelInvalid"), what="two's new cause")
     # A new cause of the same kind replaces the message.
     await running.stub.ListHosted(
-        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no version 1")]),
+        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no version 1", 1)]),
         metadata=bearer(token),
     )
     await eventually(

@@ -36,9 +36,9 @@ def test_a_report_counts_only_for_the_hosts_own_replicas_and_replaces_the_last()
         "host-a",
         [mine, leaving],
         [
-            ("mine", "Whatever", "line one\nline two " + "x" * 1000),
-            ("leaving", "FetchFailed", "gone"),
-            ("theirs", "FetchFailed", "forged"),
+            ("mine", 0, "Whatever", "line one\nline two " + "x" * 1000),
+            ("leaving", 0, "FetchFailed", "gone"),
+            ("theirs", 0, "FetchFailed", "forged"),
         ],
     )
     failure = kept.of(mine.pod)
@@ -47,7 +47,7 @@ def test_a_report_counts_only_for_the_hosts_own_replicas_and_replaces_the_last()
     assert kept.of(leaving.pod) is None and kept.of(other_host.pod) is None
     # Same replica uid on another host (a copied entry) reads nothing of this host's report.
     assert kept.of(replace(mine.pod, host_uid="host-b")) is None
-    kept.report("host-a", [mine], [("mine", "FetchFailed", "HTTP 403")])
+    kept.report("host-a", [mine], [("mine", 0, "FetchFailed", "HTTP 403")])
     assert kept.of(mine.pod) == LoadFailure("FetchFailed", "HTTP 403")
     kept.report("host-a", [mine], [])
     assert kept.of(mine.pod) is None
@@ -56,8 +56,10 @@ def test_a_report_counts_only_for_the_hosts_own_replicas_and_replaces_the_last()
 def test_the_hosts_remembered_are_bounded() -> None:
     kept = LoadFailures()
     first = replica("m", host_uid="host-0")
-    kept.report("host-0", [first], [("m", "FetchFailed", "404")])
+    kept.report("host-0", [first], [("m", 0, "FetchFailed", "404")])
     for n in range(1, loadfailures.REMEMBERED_HOSTS + 1):
-        kept.report(f"host-{n}", [replica("m", host_uid=f"host-{n}")], [("m", "FetchFailed", "x")])
+        kept.report(
+            f"host-{n}", [replica("m", host_uid=f"host-{n}")], [("m", 0, "FetchFailed", "x")]
+        )
     assert kept.of(first.pod) is None, "forgotten; the host reports again at its next poll"
     assert len(kept._by_host) <= loadfailures.REMEMBERED_HOSTS

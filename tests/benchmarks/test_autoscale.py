@@ -74,7 +74,7 @@ def _host(node: str, loaded: bool = False, ready: bool = False) -> dict[str, Any
     keys = Keys()
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     if loaded:
-        conditions.append({"type": loaded_condition(keys, "scaler"), "status": "True"})
+        conditions.append({"type": loaded_condition(keys, "scaler", 0), "status": "True"})
     labels = {serves_label(keys, "scaler"): "true"} if ready else {}
     return {
         "metadata": {"name": f"host-{node}", "labels": labels},

@@ -18,7 +18,6 @@ from common.hosted import (
     decode_hosted,
     host_name,
     host_storage_problem,
-    loaded_condition,
 )
 from tests.binder import test_tritonmodels
 from tests.binder.objects import GI
@@ -30,6 +29,7 @@ from tests.binder.test_tritonmodels import (
     VERSION,
     hosts,
     kubelet_removes_deleted,
+    loaded_types,
     model,
     placed,
     read,
@@ -68,8 +68,9 @@ def ready_with(custom: Any, name: str, reason: str) -> dict[str, Any]:
 def loaded(core: Any, node: str, *models: str) -> None:
     """What the agent writes on the host on `node` once it serves `models`."""
     conditions = [
-        {"type": loaded_condition(KEYS, m), "status": "True", "reason": "ModelReady"}
+        {"type": loaded, "status": "True", "reason": "ModelReady"}
         for m in models
+        for loaded in loaded_types(core, node, m)
     ] + [HOST_READY]
     core.patch_namespaced_pod_status(
         host_name(node),

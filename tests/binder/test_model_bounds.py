@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks.model_hosts import add, controller, tritonmodel
 from binder.cache import Ledger
+from binder.hosting import PLACEMENTS_PER_TURN
 from binder.kube import Kube
 from binder.model import lease_expiry, node_from_api
 from binder.modelstatus import StatusWriter, Write
@@ -73,7 +74,10 @@ async def test_a_scale_past_the_maximum_is_refused_and_the_maximum_delays_no_one
     custom: Any,  # noqa: F811
     core: Any,
 ) -> None:
-    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("bomb", 1))
+    # 10Gi: a GPU of 16Gi each, so the bomb's placed replicas leave room for the newcomer.
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, model("bomb", 1, "10Gi")
+    )
     for replicas in (12_000_000, 10**9, MAXIMUM + 1):
         with pytest.raises(kubernetes.client.ApiException) as refused:
             scale(custom, "bomb", replicas)
@@ -92,7 +96,7 @@ async def test_a_scale_past_the_maximum_is_refused_and_the_maximum_delays_no_one
         return condition.get("status") == "False" and status(custom, "bomb")["replicas"] == 3
 
     await eventually(bomb_refused, what="the scaled model's 3 replicas placed, the rest refused")
-    assert "1 replica per node" in placed_condition(custom, "bomb")["message"]
+    assert "Insufficient GPU memory" in placed_condition(custom, "bomb")["message"]
 
     core.create_namespace({"metadata": {"name": "team-b"}})
     assert await newcomer_placed(custom) < 3.0, "placed within about a second, not after retries"
@@ -167,14 +171,14 @@ async def test_a_namespace_of_unplaceable_models_delays_another_by_a_turn(
 
 def test_a_model_of_a_billion_replicas_costs_what_its_placed_ones_do() -> None:
     """A CRD without the maximum (an older one, or edited) must not let a scale bomb in: the
-    reconcile places one replica per node, counts the rest, and lists none of them."""
+    reconcile places what fits (a GPU each), counts the rest, and lists none of them."""
     state = ClusterState(reserve=0)
     for i in range(3):
         state.set_node(node_from_api(node_obj(f"n{i}", [16 * GI]), KEYS))
         state.set_lease(f"n{i}", lease_expiry(lease_obj(f"n{i}", time.time())))
     ledger = Ledger(state)
     models = controller(ledger)
-    bomb = tritonmodel("attacker", "bomb", 10**9, GI)
+    bomb = tritonmodel("attacker", "bomb", 10**9, 10 * GI)
     add(ledger, models, bomb)
     tracemalloc.start()
     try:
@@ -186,7 +190,7 @@ def test_a_model_of_a_billion_replicas_costs_what_its_placed_ones_do() -> None:
         tracemalloc.stop()
     assert took is not None and again is not None
     assert took[1] == again[1] == 3
-    assert "replica 3: 1 replica per node" in took[2]
+    assert "replica 3: 0/3 nodes are available" in took[2]
     assert peak < 4 << 20, f"{peak} bytes held for a model of 10^9 replicas"
 
 
@@ -246,3 +250,21 @@ async def test_status_writes_keep_the_latest_and_take_turns_by_namespace() -> No
         ("event", "fits nowhere"),
     ]
     assert len(sent) == 201 and not failed
+
+
+def test_a_model_of_many_small_replicas_places_a_bounded_number_per_turn() -> None:
+    """Replicas may share nodes, so a scaled model is bounded by GPU memory: each of its turns
+    places at most PLACEMENTS_PER_TURN, and another namespace's model has its turn between."""
+    state = ClusterState(reserve=0)
+    state.set_node(node_from_api(node_obj("n0", [1024 * GI]), KEYS))
+    state.set_lease("n0", lease_expiry(lease_obj("n0", time.time())))
+    ledger = Ledger(state)
+    models = controller(ledger)
+    add(ledger, models, tritonmodel("attacker", "bomb", 10**9, GI // 4))
+    add(ledger, models, tritonmodel("team-b", "small", 1, GI))
+    took = models.turn()
+    assert took is not None and took[1] == PLACEMENTS_PER_TURN and not took[2]
+    took = models.turn()
+    assert took is not None and took[0].name == "small" and took[1] == 1
+    took = models.turn()
+    assert took is not None and took[0].name == "bomb" and took[1] == 2 * PLACEMENTS_PER_TURN

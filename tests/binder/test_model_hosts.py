@@ -5,7 +5,7 @@ model's readyReplicas, Ready condition and ReplicaNotServed Events follow the ag
 condition on it (written here as the agent writes it, a strategic-merge patch of pods/status),
 without placing anything again; a replica scaled away drains (out of the Service in
 the same write that marks it draining) and leaves once no longer loaded, or after the drain's
-bound; a model has at most one replica per node."""
+bound; replicas of a model spread over nodes, then share them."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from tests.binder.test_tritonmodels import (
     SERVES,
     VERSION,
     hosts,
+    loaded_types,
     model,
     placed,
     read,
@@ -42,7 +43,6 @@ from webhook.settings import Settings as WebhookSettings
 
 KEYS = Keys()
 NODES = ("n1", "n2", "n3")
-LOADED = loaded_condition(KEYS, "resnet")
 READY_FILE = "/var/run/tritonshare/host/ready.json"
 
 # The simulated API server serving the chart's CRDs, and the custom objects client.
@@ -68,15 +68,19 @@ def set_loaded(
     reason: str = "ModelReady",
     message: str = "",
     host_ready: bool = True,
+    replicas: tuple[int, ...] | None = None,
 ) -> None:
     """What the agent writes on the host for its replica of resnet (and the kubelet: the host
-    Ready, unless `host_ready` is False)."""
-    condition = {"type": LOADED, "status": status, "reason": reason, "message": message}
+    Ready, unless `host_ready` is False): of each replica there, or of those `replicas`."""
+    conditions = [
+        {"type": t, "status": status, "reason": reason, "message": message}
+        for t in loaded_types(core, node, "resnet", replicas=replicas)
+    ]
     ready = {**HOST_READY, "status": "True" if host_ready else "False"}
     core.patch_namespaced_pod_status(
         host_name(node),
         "default",
-        {"status": {"conditions": [condition, ready]}},
+        {"status": {"conditions": [*conditions, ready]}},
         _content_type="application/strategic-merge-patch+json",
     )
 
@@ -102,10 +106,12 @@ def scale(custom: Any, replicas: int) -> None:
     )
 
 
-async def all_loaded(custom: Any, core: Any, replicas: int) -> dict[str, Any]:
+async def all_loaded(
+    custom: Any, core: Any, replicas: int, gpu_memory: str = "2Gi"
+) -> dict[str, Any]:
     """resnet placed with `replicas`, each loaded on its host and behind the Service."""
     custom.create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, model("resnet", replicas)
+        GROUP, VERSION, "default", PLURAL, model("resnet", replicas, gpu_memory)
     )
     obj: dict[str, Any] = await eventually(
         lambda: placed(custom, "resnet", replicas), what="placed"
@@ -407,26 +413,16 @@ async def test_a_sleeping_replica_leaves_the_service_while_another_one_is_awake(
     )
 
 
-async def test_a_model_has_at_most_one_replica_per_node(
+async def test_replicas_of_a_model_spread_over_nodes_then_share_them(
     nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:
     await make_binder()
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 4))
-
-    def refused() -> str:
-        for condition in status(custom).get("conditions") or []:
-            if condition["type"] == "Placed" and condition["status"] == "False":
-                return str(condition["message"])
-        return ""
-
-    message = await eventually(refused, what="replica 3 refused")
-    assert message == (
-        "replica 3: 1 replica per node: 0/3 nodes are available: "
-        "3 node(s) already hold a replica of the model."
-    )
-    assert status(custom)["replicas"] == 3
+    await eventually(lambda: status(custom).get("replicas") == 4, what="4 replicas placed")
     by_node = await eventually(lambda: len(hosts(core)) == 3 and hosts(core), what="3 hosts")
-    assert [len(hosted(h)) for h in by_node.values()] == [1, 1, 1]
+    assert sorted(len(hosted(h)) for h in by_node.values()) == [1, 1, 2]
+    nodes_of = [p["node"] for p in status(custom)["placements"]]
+    assert len(set(nodes_of[:3])) == 3, "a node without one first"
 
 
 async def test_a_host_deleted_takes_every_model_on_it_out_of_ready(
@@ -439,7 +435,11 @@ async def test_a_host_deleted_takes_every_model_on_it_out_of_ready(
     [host] = (await eventually(lambda: hosts(core), what="the host")).values()
     await eventually(lambda: len(hosted(hosts(core)["n1"])) == 2, what="both on the host")
     for name in ("bert", "resnet"):
-        condition = {"type": loaded_condition(KEYS, name), "status": "True", "reason": "ModelReady"}
+        condition = {
+            "type": loaded_condition(KEYS, name, 0),
+            "status": "True",
+            "reason": "ModelReady",
+        }
         core.patch_namespaced_pod_status(
             host.metadata.name,
             "default",
@@ -554,7 +554,8 @@ async def test_a_hosts_load_failure_is_the_models_ready_reason_with_one_event_pe
     token = apiserver.service_account_token("team-b", "default")
     other_node = other["status"]["placements"][0]["node"]
     with client_with_token(apiserver, token) as tenant_api:
-        forged = {"status": {"conditions": [{"type": LOADED, "status": "True", "reason": "X"}]}}
+        types = loaded_types(core, other_node, "resnet", "team-b")
+        forged = {"status": {"conditions": [{"type": t, "status": "True"} for t in types]}}
         kubernetes.client.CoreV1Api(tenant_api).patch_namespaced_pod_status(
             host_name(other_node), "team-b", forged
         )

@@ -150,7 +150,7 @@ async def test_with_no_room_for_a_surge_each_replica_is_replaced_in_turn_and_an_
 ) -> None:
     add_node(kube_api, "n1", [16 * GI])
     await make_binder()
-    await all_loaded(custom, core, 1)
+    await all_loaded(custom, core, 1, "10Gi")  # no room for a second beside it
 
     roll_to(custom, NEW_URI)
     # The only node holds the replica: it drains (out of the Service) ...
@@ -175,6 +175,37 @@ async def test_with_no_room_for_a_surge_each_replica_is_replaced_in_turn_and_an_
     await eventually(lambda: progressing(custom).get("reason") == "NewFilesServed", what="done")
     [entry] = status(custom)["placements"]
     assert entry["storageUri"] == NEW_URI
+    assert status(custom)["readyReplicas"] == 1
+
+
+async def test_a_roll_on_one_node_surges_in_place_and_drains_the_old_once_the_surge_serves(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    await all_loaded(custom, core, 1)
+    roll_to(custom, NEW_URI)
+
+    def listed() -> list[tuple[int, str, bool]]:
+        entries = hosted(hosts(core)["n1"])
+        return [(e["replica"], e["storageUri"], bool(e.get("draining"))) for e in entries]
+
+    old_uri = listed()[0][1]
+    await eventually(lambda: len(listed()) == 2, what="the surge beside the old replica")
+    assert listed() == [(0, old_uri, False), (1, NEW_URI, False)]
+    assert hosts(core)["n1"].metadata.labels.get(SERVES) == "true", "the old one serves"
+    set_loaded(core, "n1", "False", "ModelNotLoaded", "loading", replicas=(1,))
+    await eventually(
+        lambda: "replica 1 on node" in progressing(custom).get("message", ""), what="waiting"
+    )
+    assert listed() == [(0, old_uri, False), (1, NEW_URI, False)], "nothing drains yet"
+    set_loaded(core, "n1", "True", replicas=(1,))
+    await eventually(lambda: listed()[0][2], what="the old replica draining")
+    assert hosts(core)["n1"].metadata.labels.get(SERVES) == "true", "the surge serves"
+    assert not events(core, "RollingWithoutSurge")
+    set_loaded(core, "n1", "False", "ModelNotLoaded", "unloaded", replicas=(0,))
+    await eventually(lambda: progressing(custom).get("reason") == "NewFilesServed", what="done")
+    await eventually(lambda: listed() == [(1, NEW_URI, False)], what="the old one gone")
     assert status(custom)["readyReplicas"] == 1
 
 
@@ -236,7 +267,7 @@ async def test_with_room_neither_for_a_surge_nor_a_replacement_nothing_leaves_un
 ) -> None:
     add_node(kube_api, "n1", [16 * GI])
     await make_binder()
-    await all_loaded(custom, core, 1)
+    await all_loaded(custom, core, 1, "10Gi")  # no room for a second beside it
     # New files that need more GPU memory than the node has, even with the replica gone.
     custom.patch_namespaced_custom_object(
         GROUP,

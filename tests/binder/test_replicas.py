@@ -220,13 +220,29 @@ def test_the_index_and_the_whole_class_scan_judge_replicas_alike(seed: int) -> N
     assert {"placed", "Too many pods", "Insufficient cpu"} <= outcomes
 
 
-def test_a_model_has_one_replica_per_node_where_its_pods_may_share_one() -> None:
+def test_replicas_of_a_model_share_a_node_once_every_node_has_one() -> None:
     state = cluster(node("n1"), node("n2"))
+    # kube-scheduler's default spreading: a node without one first.
     assert {on(state, replica(f"r{i}", model="m")) for i in range(2)} == {"n1", "n2"}
-    refused = put(state, replica("r2", model="m"))
+    assert on(state, replica("r2", model="m")) in ("n1", "n2")
+
+
+def test_three_replicas_of_one_model_on_a_one_node_four_gpu_cluster() -> None:
+    state = cluster(node("n1", gpus=4))
+    placed = []
+    for i in range(3):
+        decision = put(state, replica(f"r{i}", model="m", mem="60Gi"))
+        assert isinstance(decision, Placement), decision
+        placed.append((decision.node, decision.gpu.uuid))
+    assert {n for n, _ in placed} == {"n1"}
+    assert len({g for _, g in placed}) == 3, "60Gi each: a GPU of its own"
+    assert state.pods.pod_count("n1") == 1, "one host serves all three"
+
+
+def test_a_model_that_asks_one_replica_per_node_keeps_it() -> None:
+    state = cluster(node("n1", gpus=4))
+    labels = {"team": "x"}
+    assert on(state, replica("r0", model="m", labels=labels, spec_extra=ANTI)) == "n1"
+    refused = put(state, replica("r1", model="m", labels=labels, spec_extra=ANTI))
     assert isinstance(refused, Unschedulable)
-    assert refused.reasons == {"node(s) already hold a replica of the model": 2}
-    assert on(state, replica("r2", model="other")) in ("n1", "n2"), "another model fits"
-    # Model pods of the same model id only prefer another node.
-    pod = pod_from_api(pod_obj("p", namespace="a", model="m"), KEYS)
-    assert isinstance(place(state, pod, now=NOW), Placement)
+    assert refused.reasons == {"node(s) didn't match pod anti-affinity rules": 1}

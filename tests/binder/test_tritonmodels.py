@@ -14,7 +14,8 @@ import kubernetes.client
 import pytest
 
 from binder.app import Binder
-from common.hosted import host_name
+from common.contract import Keys
+from common.hosted import host_name, loaded_condition
 from common.placement import ProofError, pod_claim
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
@@ -109,6 +110,24 @@ def hosts(core: Any) -> dict[str, Any]:
     """Host pods in `default` by node."""
     pods = core.list_namespaced_pod("default", label_selector="tritonshare.io/model-host=true")
     return {p.spec.node_name: p for p in pods.items if not p.metadata.deletion_timestamp}
+
+
+def loaded_types(
+    core: Any,
+    node: str,
+    model: str,
+    namespace: str = "default",
+    replicas: tuple[int, ...] | None = None,
+) -> list[str]:
+    """The loaded conditions the agent writes on the host on `node` for `model`'s replicas
+    there (or those of them in `replicas`)."""
+    host = core.read_namespaced_pod(host_name(node), namespace)
+    entries = json.loads((host.metadata.annotations or {}).get(HOSTED) or "[]")
+    return [
+        loaded_condition(Keys(), model, e["replica"])
+        for e in entries
+        if e["model"] == model and (replicas is None or e["replica"] in replicas)
+    ]
 
 
 def kubelet_removes_deleted(core: Any) -> None:

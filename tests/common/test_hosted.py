@@ -82,9 +82,9 @@ def test_an_empty_annotation_is_no_replica() -> None:
 
 def test_names_fit_a_label_and_condition_name_part() -> None:
     assert serves_label(KEYS, "resnet") == "tritonshare.io/serves-resnet"
-    assert loaded_condition(KEYS, "resnet") == "tritonshare.io/loaded-resnet"
+    assert loaded_condition(KEYS, "resnet", 2) == "tritonshare.io/loaded-resnet_2"
     long = "m" * 128
-    for name in (serves_label(KEYS, long), loaded_condition(KEYS, long)):
+    for name in (serves_label(KEYS, long), loaded_condition(KEYS, long, 9)):
         part = name.removeprefix("tritonshare.io/")
         assert len(part) <= 63 and part[-1].isalnum()
     assert serves_label(KEYS, long) != serves_label(KEYS, long[:-1] + "n")

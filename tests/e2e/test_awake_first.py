@@ -29,6 +29,8 @@ NAMESPACE = "team-a"
 MODEL = "add-one"
 KEYS = Keys()
 SERVES = serves_label(KEYS, MODEL)
+# The agent's loaded condition of any replica of the model on a host.
+LOADED = loaded_condition(KEYS, MODEL, 0).removesuffix("0")
 
 
 @pytest.fixture
@@ -49,7 +51,7 @@ def _hosts(core: Any) -> dict[str, Any]:
 
 def _asleep(host: Any) -> bool:
     return any(
-        c.type == loaded_condition(KEYS, MODEL) and c.reason == "ModelSleeping"
+        c.type.startswith(LOADED) and c.reason == "ModelSleeping"
         for c in host.status.conditions or []
     )
 

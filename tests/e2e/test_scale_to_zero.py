@@ -44,6 +44,8 @@ BURST = BOUND + 3
 BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
 ).encode()
+# The agent's loaded condition of any replica of the model on a host.
+LOADED = loaded_condition(KEYS, MODEL, 0).removesuffix("0")
 
 
 @pytest.fixture
@@ -104,7 +106,7 @@ def agent_metric(cluster: SimCluster, name: str) -> float:
 def loaded_here(core: Any) -> bool:
     """Whether the agent's condition on the host says the model is loaded there."""
     return any(
-        c.type == loaded_condition(KEYS, MODEL) and c.status == "True"
+        c.type.startswith(LOADED) and c.status == "True"
         for c in _host(core, NAMESPACE).status.conditions or []
     )
 

@@ -59,7 +59,7 @@ def _model(custom: Any) -> dict[str, Any]:
 def _loaded_reason(core: Any) -> str:
     host = _host(core, NAMESPACE)
     for condition in (host.status.conditions or []) if host is not None else []:
-        if condition.type == loaded_condition(KEYS, MODEL):
+        if condition.type == loaded_condition(KEYS, MODEL, 0):
             return str(condition.reason)
     return ""
 

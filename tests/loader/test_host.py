@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,7 @@ import pytest
 from agent.gate import SMALL_MESSAGE_BYTES
 from common.manifest import entries_from_proto, manifest_digest
 from loader.agentclient import AgentClient
+from loader.credentials import StorageCredential
 from loader.errors import FetchError
 from loader.host import Fetch, Host, HostTiming, fetch_off_loop
 from loader.loading import Timing
@@ -220,11 +221,11 @@ class Counted:
         directory: Path,
         size: int,
         stop: threading.Event,
-        headers: Mapping[str, str],
+        credential: StorageCredential,
     ) -> str:
         self.calls.append(uri)
         assert self.allowed, f"{uri} was fetched again"
-        return await fetch_off_loop(uri, directory, size, stop, headers)
+        return await fetch_off_loop(uri, directory, size, stop, credential)
 
 
 @contextlib.asynccontextmanager
@@ -307,7 +308,7 @@ async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_lim
         ]
         assert servicer.models["add_one"][0] == agent_pb2.MODEL_STATE_READY
         assert not (tmp_path / "escaped").exists(), "no model id names a path outside ROOT"
-        assert (tmp_path / "models" / "add_one" / "1" / "model.py").is_file()
+        assert (tmp_path / "models" / "add_one.0" / "1" / "model.py").is_file()
         # A limit changed on the TritonModel reaches the proxy's table with no reload.
         servicer.replicas["add_one"].max_concurrency = 5
         await until(lambda: listed(tmp_path)[0].get("maxConcurrency") == 5, "the new limit")
@@ -452,7 +453,7 @@ async def test_new_files_replace_the_old_after_a_drain(
         await until(lambda: servicer.count("LoadModel", "add_one") == 2, "loaded again")
         await until(lambda: names(tmp_path) == ["add_one"], "listed again")
         assert servicer.count("UnloadModel", "add_one") == 1
-        assert (tmp_path / "models" / ".sources" / "add_one").read_text() == v2
+        assert (tmp_path / "models" / ".sources" / "add_one.0").read_text() == v2
     assert servicer.models["add_one"][1] == first, "the same files: the same digest"
 
 
@@ -513,8 +514,8 @@ async def test_a_replica_the_agent_forgot_is_deleted_even_if_it_cannot_be_unload
         await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
         del servicer.replicas["add_one"]
         await until(lambda: servicer.count("UnloadModel", "add_one") == 1, "unload asked")
-        await until(lambda: not (tmp_path / "models" / "add_one").exists(), "files deleted")
-        assert not (tmp_path / "models" / ".sources" / "add_one").exists()
+        await until(lambda: not (tmp_path / "models" / "add_one.0").exists(), "files deleted")
+        assert not (tmp_path / "models" / ".sources" / "add_one.0").exists()
         assert names(tmp_path) == []
 
 

@@ -13,9 +13,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from proxy.app import Proxy
+from proxy.metrics import ProxyMetrics
+from proxy.policy.limiter import Limiter
 from proxy.residency import ASLEEP
 from proxy.settings import parse_settings
-from proxy.table import Entry, TableError, read_models
+from proxy.table import Entry, ModelTable, Served, TableError, read_models
 
 
 def _write(path: Path, entries: list[dict[str, object]]) -> None:
@@ -137,3 +139,27 @@ async def test_a_host_starts_with_no_models_file_and_serves_it_once_written(
     _write(table, [{"model": "small"}])
     proxy.table.reread(table)
     assert proxy.table.names == {"small"}
+
+
+def test_an_entry_retired_in_flight_comes_back_under_its_new_private_name() -> None:
+    """The node gateway's table of a host whose model moved to another replica (another
+    private name) while a request is in flight: the old entry is retired at once (its request
+    finishes on the entry it holds) and the model's next entry takes the new name."""
+    names = {"m": "m-replica-0"}
+    removed: list[str] = []
+
+    def make(entry: Entry) -> Served:
+        limiter = Limiter(4, 4, 1.0)
+        return Served(entry.model, limiter, ProxyMetrics(limiter, entry.model), entry, names["m"])
+
+    table = ModelTable(make, drain_seconds=30.0, on_remove=lambda s: removed.append(s.model_id))
+    table.set_models([Entry("m")])
+    old = table.models["m"]
+    assert old.limiter.try_acquire()  # a request in flight
+    table.set_models([])
+    names["m"] = "m-replica-1"
+    table.retire({"m"})
+    table.set_models([Entry("m")])
+    assert removed == ["m"] and table.models["m"] is not old
+    assert table.private == {"m": "m-replica-1"}
+    assert old.private == b"m-replica-0", "the request in flight keeps its replica"
