@@ -286,10 +286,10 @@ class Authorizer:
         hosted, problem = hosted_from_dict(obj, self.keys, self._max_hosted())
         if problem:
             raise PermissionDeniedError(problem)
-        mine = [r for e, r in hosted if e.model == model_id]
+        mine = [r for e, r in hosted if e.model_id == model_id]
         named = "" if ordinal is None else f" {ordinal}"
         if ordinal is not None:
-            mine = [r for e, r in hosted if e.model == model_id and e.replica == ordinal]
+            mine = [r for e, r in hosted if e.model_id == model_id and e.replica == ordinal]
         if not mine:
             raise PermissionDeniedError(
                 f"model host {key} serves no replica{named} of model {model_id!r} on this node "

@@ -70,11 +70,11 @@ def _model(replicas: int, placed: dict[int, str]) -> dict[str, Any]:
     return {"spec": {"replicas": replicas}, "status": {"placements": placements}}
 
 
-def _host(node: str, loaded: bool = False, ready: bool = False) -> dict[str, Any]:
+def _host(node: str, loaded: bool = False, ready: bool = False, replica: int = 0) -> dict[str, Any]:
     keys = Keys()
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     if loaded:
-        conditions.append({"type": loaded_condition(keys, "scaler", 0), "status": "True"})
+        conditions.append({"type": loaded_condition(keys, "scaler", replica), "status": "True"})
     labels = {serves_label(keys, "scaler"): "true"} if ready else {}
     return {
         "metadata": {"name": f"host-{node}", "labels": labels},
@@ -97,8 +97,8 @@ def test_a_tritonmodel_replica_is_timed_from_its_placement_and_its_hosts_conditi
     watch._host_seen("ADDED", _host("n2"))
     watch.answered("127.1.0.2", 1e12)
     assert set(watch.pods[new].phases) == {"placed"}, "no answer before it is in the Service"
-    watch._host_seen("MODIFIED", _host("n2", loaded=True))
-    watch._host_seen("MODIFIED", _host("n2", loaded=True, ready=True))
+    watch._host_seen("MODIFIED", _host("n2", loaded=True, replica=1))
+    watch._host_seen("MODIFIED", _host("n2", loaded=True, ready=True, replica=1))
     watch.answered("127.1.0.2", 1e12)
     phases = watch.pods[new].since_created()
     assert phases["placed"] <= phases["loaded"] <= phases["ready"] <= phases["first answer"]
