@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (whole files each, tests/parallel.py); 0 runs in one process.
-PYTEST_WORKERS ?= 2
+# Three on two cores: the suite waits on real servers far more than it computes.
+PYTEST_WORKERS ?= 3
 
 .PHONY: demo sim-up sim-down test lint types imports unit proto proto-check native clean venv
 
