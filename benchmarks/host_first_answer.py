@@ -102,13 +102,19 @@ def _first_answer(address: Any, model: str, limit: float) -> float:
     raise TimeoutError(f"{model} did not answer within {limit:.0f} s")
 
 
-def _load_seconds(cluster: SimCluster) -> float:
+def _agent_metric(cluster: SimCluster, name: str) -> float:
+    """The node's agent's series `name` (unlabelled) as it reads now; 0 before its first."""
     agent = cluster.agents[NODES[0].name]
     with urllib.request.urlopen(f"http://{agent.http}/metrics", timeout=5) as answer:
         for line in answer.read().decode().splitlines():
-            if line.startswith(LOAD_METRIC):
+            if line.startswith(f"{name} "):
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def _load_seconds(cluster: SimCluster) -> float:
+    """Seconds the node's agent has spent loading models into Triton."""
+    return _agent_metric(cluster, LOAD_METRIC)
 
 
 def run(rounds: int) -> None:
@@ -174,12 +180,7 @@ def run(rounds: int) -> None:
 
 def _unloads(cluster: SimCluster) -> float:
     """Unloads the node's agent has done."""
-    agent = cluster.agents[NODES[0].name]
-    with urllib.request.urlopen(f"http://{agent.http}/metrics", timeout=5) as answer:
-        for line in answer.read().decode().splitlines():
-            if line.startswith("tritonshare_agent_unload_duration_seconds_count "):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return _agent_metric(cluster, "tritonshare_agent_unload_duration_seconds_count")
 
 
 def run_from_zero(rounds: int) -> None:
