@@ -125,5 +125,5 @@ def test_only_on_demand_models_with_replicas_to_spare_and_a_capacity_are_read() 
 def test_a_host_with_two_replicas_of_the_model_is_read_once() -> None:
     placed = {0: ("a", "GPU-a", "p"), 1: ("a", "GPU-a", "p"), 2: ("b", "GPU-b", "p")}
     found = replace(model(replicas=3), placed=placed)
-    hosts = {"a": {"status": {"podIP": "10.0.0.1"}}, "b": {"status": {}}}
+    hosts: dict[str, dict[str, Any]] = {"a": {"status": {"podIP": "10.0.0.1"}}, "b": {}}
     assert list(host_sources(found, hosts)) == [("a", "10.0.0.1", "m")]
