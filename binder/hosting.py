@@ -461,8 +461,8 @@ class ModelController:
             if self._room.observe(uid, now, counters, awake, room):
                 flipped.append(uid)
                 log.info(
-                    "The awake replicas of TritonModel %s hold %.1f requests for room for "
-                    "%g: its sleeping replicas are %s.",
+                    "The awake replicas of TritonModel %s held %.1f requests over the last "
+                    "read, against room for %g: its sleeping replicas are %s.",
                     model.key,
                     self._room.busy(uid),
                     room * len(awake),
