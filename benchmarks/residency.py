@@ -29,7 +29,8 @@ model, for the wake latency and the always model's p99 while others wake against
 The closing line:
 
     residency: GPUs all-always X, with the tail on-demand Y (R.Rx fewer); SHAPE nodes as pods,
-    bound by B (all-always) and T (tail); wake p50/p99 A/B s; always p99 C.Cx alone
+    bound by B (all-always) and T (tail); wake p50/p99 A/B s (Triton's own load L/M s);
+    always p99 C.Cx alone
 
 `--quick` shrinks both halves (300 models, half an hour replayed; 2 on-demand models, 2 rounds).
 
@@ -284,7 +285,12 @@ def main() -> None:
                     alone_seconds=args.alone_seconds,
                 )
             p50, p99, ratio = residency_live.report(result)
-            live_figures = f"; wake p50/p99 {p50:.2f}/{p99:.2f} s; always p99 {ratio:.1f}x alone"
+            # Triton's own load beside the wake: the difference is tritonshare's overhead.
+            loads = [residency_live.percentile(result.triton_loads, q) for q in (0.5, 0.99)]
+            live_figures = (
+                f"; wake p50/p99 {p50:.2f}/{p99:.2f} s (Triton's own load {loads[0]:.2f}/"
+                f"{loads[1]:.2f} s); always p99 {ratio:.1f}x alone"
+            )
         print(
             f"residency: GPUs all-always {base_gpus}, with the tail on-demand {tail_gpus} "
             f"({base_gpus / tail_gpus:.1f}x fewer); {args.node_shape} nodes as {args.as_}, "

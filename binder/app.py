@@ -180,6 +180,7 @@ class Binder:
             port=DEFAULT_PROXY_METRICS_PORT,
             identity=settings.identity,
             keys=settings.keys,
+            on_load=self.models.observe_load,
         )
         self._informers: list[Informer] = []
 

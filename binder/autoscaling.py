@@ -10,7 +10,9 @@ once, all side by side, with a timeout under the period: one request per pod per
 many models a host serves, and O(1) work a model to decide. The proxy counts queued requests too,
 as Knative's queue-proxy does, which the node gateway (past the queue) would not see. Addresses
 come from the binder's pod watch (the ledger's hosts; model pods through `Index.apply_pod`); no
-Prometheus in between.
+Prometheus in between. The same read serves awake first (`binder.room`): the hosts of every
+on-demand TritonModel with replicas to spare and a capacity are read too, and their held seconds
+handed to the model controller (`on_load`), so one request per host a period serves both.
 
 One owner of `scale` at a time: an object an autoscaling/v2 HorizontalPodAutoscaler targets
 (KEDA's ScaledObject makes one) is left to it. A TritonModel's `Autoscaling` condition says who
@@ -38,7 +40,8 @@ from binder.autoscaler import Decider, Decision, Scaling
 from binder.cache import Informer, Ledger
 from binder.inbox import Inbox
 from binder.kube import Kube, now_rfc3339
-from binder.scaletargets import Index, Target, model_target
+from binder.room import needs_room
+from binder.scaletargets import Index, Target, host_sources, model_target
 from common.contract import PROXY_AUTOSCALING_PATH, Keys
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,10 @@ GROUPS = {
     "Deployment": ("apps", "v1", "deployments"),
 }
 Counts = Mapping[str, list[float]]
+Source = tuple[str, str, str]
+"""(source, address, model): `Target.sources`."""
+Readings = Mapping[str, Mapping[str, float]]
+"""Model uid -> source (node) -> the seconds its requests were held there (cumulative)."""
 Report = tuple[str, str, str]
 """(status, reason, message) of who scales a target."""
 MAX_ANSWER_BYTES = 1 << 20
@@ -92,6 +99,7 @@ class Autoscaling:
         identity: str,
         keys: Keys = DEFAULT_KEYS,
         monotonic: Callable[[], float] = time.monotonic,
+        on_load: Callable[[float, Readings], None] | None = None,
     ) -> None:
         self._kube = kube
         self._ledger = ledger
@@ -104,6 +112,8 @@ class Autoscaling:
         self._identity = identity
         self._keys = keys
         self._monotonic = monotonic
+        self._on_load = on_load
+        """Told each tick the held seconds of the models `binder.room` reads."""
         self._deciders: dict[str, Decider] = {}
         self._asked: dict[str, tuple[int, int]] = {}
         """Target uid -> (replicas last asked, the generation then), until the cache shows it."""
@@ -179,8 +189,12 @@ class Autoscaling:
                 await self._report(target, ("True", "BuiltIn", describe(target.scaling)))
                 scaled.append((target, target.scaling))
         self._forget({target.uid for target, _ in scaled}, {t.uid for t in targets})
-        if not scaled:
-            return
+        hosts = self._ledger.hosts
+        room = [
+            (model.uid, list(host_sources(model, hosts.get(model.namespace) or {})))
+            for model in list(self._ledger.models.values())
+            if self._on_load is not None and needs_room(model)
+        ]
         addresses = sorted(
             {
                 address
@@ -189,10 +203,13 @@ class Autoscaling:
                     : max(target.replicas, target.ready) + MAX_SOURCES_EXTRA
                 ]
             }
+            | {address for _, sources in room for _, address, _ in sources}
         )
         answers = await asyncio.gather(*(self._read(session, a) for a in addresses))
         counts = dict(zip(addresses, answers, strict=True))
         now = self._monotonic()
+        if self._on_load is not None and self._leading.is_set():
+            self._on_load(now, _held(room, counts))
         for target, scaling in scaled:
             column = 0 if scaling.metric == "concurrency" else 1
             counters: dict[str, float] = {}
@@ -351,6 +368,18 @@ class Autoscaling:
             {"conditions": conditions},
         ):
             self._written[target.uid] = (wanted, self._monotonic())
+
+
+def _held(room: list[tuple[str, list[Source]]], counts: Mapping[str, Counts]) -> Readings:
+    """The held seconds of each model read for room, by source (none from a proxy not read)."""
+    readings: dict[str, dict[str, float]] = {}
+    for uid, sources in room:
+        found = readings[uid] = {}
+        for source, address, model in sources:
+            entry = (counts.get(address) or {}).get(model)
+            if entry is not None:
+                found[source] = float(entry[0])
+    return readings
 
 
 async def read_counts(session: aiohttp.ClientSession, base: str) -> Counts:

@@ -31,8 +31,9 @@ the loop:
   residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
   agent's, on the host: `host_changed`) is True, or False only as asleep (ModelSleeping: the
   host's proxy wakes it on the next request), and that is not draining; awake first: a sleeping
-  replica's label is `asleep` (outside the Service) while another replica of its model is awake,
-  so a request wakes one only when none is awake; deleted when its last replica leaves, unless
+  replica's label is `asleep` (outside the Service) while another replica of its model is awake
+  and has room (`binder.room`, judged on the autoscaler's readings: `observe_load`), so a
+  request wakes one only when no awake one has room; deleted when its last replica leaves, unless
   a model of the namespace at zero replicas is parked there (`binder.parking`: named in
   `<prefix>parked-models` and labelled to serve it, its requests held by the host's proxy);
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
@@ -75,7 +76,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
@@ -109,6 +110,7 @@ from binder.rolling import (
     Roll,
     Rollout,
 )
+from binder.room import Room, capacity
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     LOAD_FAILURE_REASONS,
@@ -281,6 +283,8 @@ class ModelController:
         self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
         self._awake_seen: set[tuple[str, str]] = set()
         """(model uid, node) where the model was last seen awake (`_awake_first`)."""
+        self._room = Room()
+        """The models whose awake replicas have no room: their sleeping ones are served too."""
         self._parked: dict[str, str] = {}
         """Model uid -> the node of the host it is parked on at zero replicas (`binder.parking`)."""
         """Model uid -> its (ordinal, node, draining, files) the hosts were last made to
@@ -434,6 +438,46 @@ class ModelController:
             if charged is not None:
                 self._hosts_seen.add((model.namespace, charged.node_name))
 
+    def observe_load(self, now: float, readings: Mapping[str, Mapping[str, float]]) -> None:
+        """One reading of the proxies (the autoscaler's, on the loop): model uid -> node -> the
+        cumulative seconds its requests were held there, for the models `binder.room` reads.
+        When a model's awake replicas run out of room, or have had room again for a while, the
+        hosts of its sleeping replicas are labelled again (`_serves_value`)."""
+        flipped = self._room.keep(set(readings))
+        for uid, counters in readings.items():
+            model = self._ledger.models.get(uid)
+            if model is None:
+                continue
+            awake = set()
+            for rid in self._ledger.replica_uids(uid):
+                charged = self._ledger.state.charged_pod(rid)
+                if (
+                    charged is not None
+                    and rid not in self._draining
+                    and self._awake(model, charged.node_name, _ordinal(charged))
+                ):
+                    awake.add(charged.node_name)
+            room = capacity(model)
+            if self._room.observe(uid, now, counters, awake, room):
+                flipped.append(uid)
+                log.info(
+                    "The awake replicas of TritonModel %s held %.1f requests over the last "
+                    "read, against room for %g: its sleeping replicas are %s.",
+                    model.key,
+                    self._room.busy(uid),
+                    room * len(awake),
+                    "served too (a request may wake one)"
+                    if self._room.admits(uid)
+                    else "out of its Service again",
+                )
+        for uid in flipped:
+            for rid in self._ledger.replica_uids(uid):
+                charged = self._ledger.state.charged_pod(rid)
+                if charged is not None:
+                    self._hosts_seen.add((charged.namespace, charged.node_name))
+        if flipped:
+            self._wake.set()
+
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
         model = self._ledger.models.get(uid)
@@ -560,6 +604,7 @@ class ModelController:
             self._hosts_for.pop(uid, None)
             self._parked.pop(uid, None)
             self._awake_seen = {k for k in self._awake_seen if k[0] != uid}
+            self._room.forget(uid)
             return False
         self._namespaces[uid] = model.namespace
         quota = self._quota(model)
@@ -933,9 +978,10 @@ class ModelController:
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
 
-    def _awake(self, model: ModelInfo, node: str) -> bool:
-        """Whether a replica of `model` is loaded and not asleep on the namespace's host on
-        `node`, and that host is Ready (in the Service's endpoints)."""
+    def _awake(self, model: ModelInfo, node: str, ordinal: int | None = None) -> bool:
+        """Whether a replica of `model` (replica `ordinal`, when given) is loaded and not asleep
+        on the namespace's host on `node`, and that host is Ready (in the Service's
+        endpoints)."""
         host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
         status = {
             c.get("type"): c.get("status")
@@ -947,6 +993,8 @@ class ModelController:
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)
             if charged is not None and charged.node_name == node:
+                if ordinal is not None and _ordinal(charged) != ordinal:
+                    continue
                 wanted = loaded_condition(self._keys, model.name, _ordinal(charged))
                 if status.get(wanted) == "True":
                     return True
@@ -955,9 +1003,10 @@ class ModelController:
     def _serves_value(self, model: ModelInfo, node: str) -> str:
         """The `serves-<model>` label of a host where `model` is loaded: "true" (selected by
         its Service) when awake there, or when asleep there and no other replica of it is awake
-        and not draining (awake first: a sleeping replica gets requests, and wakes, only while
-        no replica of its model is awake); else "asleep", outside the Service."""
-        if self._awake(model, node):
+        and not draining, or the awake ones have no room (`binder.room`) (awake first: a
+        sleeping replica gets requests, and wakes, only while no awake replica of its model has
+        room); else "asleep", outside the Service."""
+        if self._awake(model, node) or self._room.admits(model.uid):
             return "true"
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)

@@ -79,11 +79,7 @@ def model_target(
         scaling = scaling_from(model.autoscaling)
     except ScalingError as e:
         problem = f"spec.autoscaling: {e}"
-    sources = []
-    for node, _, _ in sorted(model.placed.values()):
-        address = _address(hosts.get(node))
-        if address:
-            sources.append((node, address, model.name))
+    sources = list(host_sources(model, hosts))
     ready = model.status.get("readyReplicas")
     if not ready:  # parked only while no replica is served: the annotation read then alone
         placed = {node for node, _, _ in model.placed.values()}
@@ -104,6 +100,17 @@ def model_target(
         sources=tuple(sources),
         status=model.status,
     )
+
+
+def host_sources(
+    model: ModelInfo, hosts: Mapping[str, JsonObject]
+) -> Iterator[tuple[str, str, str]]:
+    """(node, address, model name) of each host with a replica of `model` placed, once a
+    node."""
+    for node in sorted({node for node, _, _ in model.placed.values()}):
+        address = _address(hosts.get(node))
+        if address:
+            yield node, address, model.name
 
 
 def _address(pod: Mapping[str, Any] | None) -> str:

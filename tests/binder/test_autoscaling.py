@@ -19,10 +19,14 @@ from aiohttp import web
 
 from binder.app import Binder
 from binder.autoscaling import read_counts
+from binder.room import ROOM_SECONDS
 from common.contract import DEFAULT_PROXY_METRICS_PORT, PROXY_AUTOSCALING_PATH
+from common.hosted import host_name
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from tests.binder.objects import GI
 from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.binder.test_model_hosts import HOST_READY
+from tests.binder.test_tritonmodels import SERVES, hosts, loaded_types
 from tests.conftest import require_executable
 from tests.deploy.rendering import CHART, render
 from tests.e2e.test_rbac import describe, grants_for
@@ -234,6 +238,53 @@ async def test_it_scales_on_the_hosts_counts_and_yields_to_an_hpa_or_keda(
         ("autoscaling", "horizontalpodautoscalers", "", "list"),
         ("autoscaling", "horizontalpodautoscalers", "", "watch"),
     } <= made
+
+
+async def test_awake_first_admits_sleeping_replicas_while_the_awake_one_is_full_on_the_same_read(
+    binder: Binder, custom: Any, core: Any, counts: Counts
+) -> None:
+    """No spec.autoscaling: the hosts of an on-demand model with room for 1 a replica are read
+    all the same, once a period, and the sleeping replica's label follows the awake one's room,
+    leaving the Service again only after ROOM_SECONDS with room."""
+    body = model("resnet", 2, {})
+    del body["spec"]["autoscaling"]
+    body["spec"] |= {"residency": "on-demand", "maxConcurrency": 1}
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+    await eventually(lambda: len(hosts(core)) == 2, what="the model's two hosts")
+    awake, asleep = sorted(hosts(core))
+    for node, address, loaded in (
+        (awake, HOST_IP, ("True", "ModelReady")),
+        (asleep, "127.3.0.2", ("False", "ModelSleeping")),  # nothing answers there
+    ):
+        conditions = [
+            {"type": t, "status": loaded[0], "reason": loaded[1]}
+            for t in loaded_types(core, node, "resnet")
+        ]
+        status = {"podIP": address, "phase": "Running"}
+        core.patch_namespaced_pod_status(
+            host_name(node),
+            "default",
+            {"status": status | {"conditions": [*conditions, HOST_READY]}},
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    def label() -> str | None:
+        value: str | None = hosts(core)[asleep].metadata.labels.get(SERVES)
+        return value
+
+    await eventually(lambda: label() == "asleep", what="the sleeping one out")
+    counts.concurrency = 0.9  # room
+    await eventually(lambda: counts.reads >= 3, what="the awake host read")
+    assert label() == "asleep"
+    counts.concurrency = 2.0  # one in flight, one queued: full
+    await eventually(lambda: label() == "true", what="the sleeping one in")
+    reads, started = counts.reads, time.monotonic()
+    counts.concurrency = 0.5
+    await eventually(lambda: label() == "asleep", within=30, what="out again")
+    took = time.monotonic() - started
+    # Room since the read before at the earliest: at least ROOM_SECONDS less a period.
+    assert took >= ROOM_SECONDS - 1.5, took
+    assert counts.reads - reads <= took / binder.settings.autoscale_period_seconds + 2
 
 
 async def test_a_deployment_with_knative_s_annotations_is_scaled_on_its_model_pods(
