@@ -197,6 +197,11 @@ class ClientConnection(Connection):
                 continue
             # The model's own limiter and metrics: one look-up, whatever the table's size.
             served = relay.models.get(decision.model) if decision.model else None
+            if served is not None and served.replicas is not None and served.draining_since is None:
+                # One of several replicas (the node gateway's host), named once picked.
+                served = served.replicas.pick()
+                self._upstream_head = _renamed_head(self._upstream_head, served)
+                verbatim = False
             self._served = served
             if served is not None and served.draining_since is None:
                 self._limiter = served.limiter
@@ -583,3 +588,15 @@ class ClientConnection(Connection):
             error_body(str(error)),
             refusals.retry_after(error),
         )
+
+
+_MODELS_PATH: Final = b" /v2/models/"
+
+
+def _renamed_head(head: bytes, served: Served) -> bytes:
+    """`head`, whose request line names `served`'s public model id after /v2/models/ (as the
+    router forwards a path of a replica mapped once picked), naming its private name instead."""
+    if not served.private:
+        return head
+    start = head.index(_MODELS_PATH) + len(_MODELS_PATH)
+    return head[:start] + served.private + head[start + len(served.public) :]
