@@ -154,7 +154,8 @@ class Tenant:
         self._in_flight = in_flight
         self._lane = lane or ProbationLane()
         self.members: dict[str, Member] = {}
-        """Each replica the pod may reach, by its name in Triton."""
+        """Each replica the pod may reach: a row's own by its model id, the others of its
+        spread by `<model id>/<name in Triton>` (`_keyed`)."""
         if self.host:
             # The host's own requests naming no model (Triton's health, its metadata).
             settings = settings_for("", 0)
@@ -197,12 +198,14 @@ class Tenant:
             return member.caller
         return next(iter(self.rows.values()))
 
-    def _admit(self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics) -> Member:
+    def _admit(
+        self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics, key: str = ""
+    ) -> Member:
         if caller.quarantined:
             limiter.refusal = QuarantinedError(caller.quarantined)
         if self._in_flight is not None:
             self._in_flight.add(limiter, caller.namespace)
-        member = self.members[caller.name_in_triton] = Member(caller, limiter, metrics)
+        member = self.members[key or caller.model_id] = Member(caller, limiter, metrics)
         limiter.on_held = partial(self._lane.held.record, caller.namespace)
         member.on_probation(caller, self._lane)
         return member
@@ -215,7 +218,7 @@ class Tenant:
         settings = self._settings_for(model_id, row.concurrency)
         replicas: list[Served] = []
         metrics: ProxyMetrics | None = None
-        for replica in row.replicas():
+        for key, replica in _keyed(row):
             limiter = Limiter(
                 settings.container_concurrency,
                 settings.queue_limit,
@@ -225,7 +228,7 @@ class Tenant:
                 metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
             else:
                 metrics.also(limiter)
-            self._admit(replica, limiter, metrics)
+            self._admit(replica, limiter, metrics, key)
             replicas.append(Served(model_id, limiter, metrics, entry, replica.triton_name))
         if len(replicas) > 1:
             Replicas(replicas)
@@ -264,16 +267,16 @@ class Tenant:
         self.rows = dict(rows)
         table.set_models([Entry(model) for model in sorted(rows)])
         for row in rows.values():
-            for replica in row.replicas():
-                member = self.members.get(replica.name_in_triton)
+            for key, replica in _keyed(row):
+                member = self.members.get(key)
                 if member is not None and member.caller != replica:
                     member.on_probation(replica, self._lane)
 
     def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
         """Follow `caller`'s probation (it is the row of one of this pod's models in all
         else), on each of its replicas."""
-        for replica in caller.replicas():
-            member = self.members.get(replica.name_in_triton)
+        for key, replica in _keyed(caller):
+            member = self.members.get(key)
             if member is not None:
                 member.on_probation(replica, lane)
                 if member.limiter.probation is not None:
@@ -358,6 +361,14 @@ class Tenant:
     async def stop(self) -> None:
         """Let in-flight requests finish (up to the finish timeout), then close everything."""
         await asyncio.gather(self.rest.stop(), self.grpc.stop())
+
+
+def _keyed(row: Caller) -> list[tuple[str, Caller]]:
+    """Each replica of `row` with its key among a tenant's members: the row's own by its model
+    id (as a row of one replica was before spreads), the others by `<model id>/<name in
+    Triton>`, which no model id is (it has a slash)."""
+    own, *others = row.replicas()
+    return [(row.model_id, own)] + [(f"{row.model_id}/{o.name_in_triton}", o) for o in others]
 
 
 def members(tenants: Iterable[Tenant]) -> list[Member | Tenant]:
