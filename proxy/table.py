@@ -13,8 +13,8 @@ own residency (proxy.residency, made by the proxy's `make`), asleep after its `i
 In the node gateway a model host's table names private names: each entry has the name Triton
 knows its replica by (`triton_name`), and the relays map the public id in a request, and in
 Triton's answers, to and from that entry's private name (`private`, `private_encoded`). An entry
-may stand for several replicas of its model on the host (`Replicas`): each request goes to the
-one with the fewest requests held, and is mapped to its private name once picked.
+may stand for replicas of its model on the host (`Replicas`, one or several): each request goes
+to the one with the fewest requests held, and is mapped to its private name once picked.
 
 A model that leaves the table is drained: the routers stop naming it at once (its new requests
 are answered as Triton answers for a model it does not have), the requests it has in flight
@@ -105,16 +105,16 @@ class Served:
         self.draining_since: float | None = None
         """When the model left the table (monotonic seconds); None while it is in it."""
         self.replicas: Replicas | None = None
-        """On the table's entry of a model with several replicas: all of them, to pick from."""
+        """On the table's entry of a model served by replicas to pick from: all of them."""
         self.spread = False
-        """One of several replicas: the relays map its private name once it is picked, the
-        routers name its public id."""
+        """One of a model's replicas (`Replicas`): the relays map its private name once it is
+        picked; the routers name its public id."""
 
 
 class Replicas:
-    """Several replicas of one model behind its public id (a model host's, at the node
-    gateway), each a `Served` with its own limiter and private name. `pick` gives a request
-    the one with the fewest requests held (in flight or queued), ties in turn, so that
+    """The replicas of one model behind its public id (a model host's, at the node gateway:
+    one or several), each a `Served` with its own limiter and private name. `pick` gives a
+    request the one with the fewest requests held (in flight or queued), ties in turn, so that
     requests spread evenly and none queues at a busy replica while another is idle."""
 
     __slots__ = ("_next", "members")

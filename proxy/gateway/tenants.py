@@ -230,8 +230,9 @@ class Tenant:
                 metrics.also(limiter)
             self._admit(replica, limiter, metrics, key)
             replicas.append(Served(model_id, limiter, metrics, entry, replica.triton_name))
-        if len(replicas) > 1:
-            Replicas(replicas)
+        # Even of one: an entry is mapped to its private name once picked, so a prepared
+        # request names its public id whichever replicas the row spreads over now or later.
+        Replicas(replicas)
         return replicas[0]
 
     def _removed(self, served: Served) -> None:
