@@ -55,6 +55,8 @@ the loop for long, and each turn is charged to the pod's share of the gateway's 
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static, where an
 imported name is a look-up in the module's dict at each of a request's two calls."""
+_MODELS_PATH: Final = b" /v2/models/"
+"""What precedes the model's name in the request line of a per-model route (`_renamed_head`)."""
 _KNOWN_HEAD_BYTES: Final = 4096
 """The largest request head a connection remembers as its last one (as the listener's cache)."""
 _NOTHING_KNOWN: Final[Prepared] = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
@@ -588,9 +590,6 @@ class ClientConnection(Connection):
             error_body(str(error)),
             refusals.retry_after(error),
         )
-
-
-_MODELS_PATH: Final = b" /v2/models/"
 
 
 def _renamed_head(head: bytes, served: Served) -> bytes:
