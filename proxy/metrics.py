@@ -274,6 +274,12 @@ class ProxyMetrics:
         host), whose requests the model's series add up."""
         self._concurrency.more.setdefault(self._model, []).append(limiter)
 
+    def drop(self, limiter: Limiter) -> None:
+        """Count `limiter`'s requests no more (`also`): that replica left."""
+        more = self._concurrency.more.get(self._model, [])
+        if limiter in more:
+            more.remove(limiter)
+
     def forget(self) -> None:
         """Drop this model's series (it left the table)."""
         self._concurrency.limiters.pop(self._model, None)

@@ -211,29 +211,54 @@ class Tenant:
         return member
 
     def _served(self, entry: Entry) -> Served:
-        """A new entry of a host's table: a limiter of its own for each replica of its row
+        """A new entry of a host's table: its row's replicas, each with a limiter of its own
         (the row's limit each), and the model's metrics."""
-        model_id = entry.model
-        row = self.rows[model_id]
-        settings = self._settings_for(model_id, row.concurrency)
         replicas: list[Served] = []
-        metrics: ProxyMetrics | None = None
-        for key, replica in _keyed(row):
-            limiter = Limiter(
-                settings.container_concurrency,
-                settings.queue_limit,
-                settings.queue_timeout_seconds,
-            )
-            if metrics is None:
-                metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
-            else:
-                metrics.also(limiter)
-            self._admit(replica, limiter, metrics, key)
-            replicas.append(Served(model_id, limiter, metrics, entry, replica.triton_name))
+        for key, replica in _keyed(self.rows[entry.model]):
+            metrics = replicas[0].metrics if replicas else None
+            replicas.append(self._replica(entry, replica, key, metrics))
         # Even of one: an entry is mapped to its private name once picked, so a prepared
         # request names its public id whichever replicas the row spreads over now or later.
         Replicas(replicas)
         return replicas[0]
+
+    def _replica(
+        self, entry: Entry, replica: Caller, key: str, metrics: ProxyMetrics | None
+    ) -> Served:
+        """One replica of `entry`: its own limiter, admitted as a member; counted in the
+        model's `metrics` (made with its first replica)."""
+        settings = self._settings_for(entry.model, replica.concurrency)
+        limiter = Limiter(
+            settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
+        )
+        if metrics is None:
+            metrics = ProxyMetrics(limiter, entry.model, shared=self.metrics)
+        else:
+            metrics.also(limiter)
+        self._admit(replica, limiter, metrics, key)
+        return Served(entry.model, limiter, metrics, entry, replica.triton_name)
+
+    def _respread(self, row: Caller) -> None:
+        """Follow a row whose spread alone changed: the replicas that stay keep their limiters
+        (and what they hold), those that join get theirs, those that leave are picked no more
+        (their requests in flight finish); the model's entry and metrics go on."""
+        first = self.table.models[row.model_id]
+        group = first.replicas
+        assert group is not None  # every entry of a host's table
+        by_limiter = {served.limiter: served for served in group.members}
+        wanted = _keyed(row)
+        replicas = []
+        for key, replica in wanted:
+            member = self.members.get(key)
+            served = None if member is None else by_limiter.get(member.limiter)
+            replicas.append(served or self._replica(first.entry, replica, key, first.metrics))
+        keys = {key for key, _ in wanted}
+        for key in [k for k in self.members if k.startswith(f"{row.model_id}/")]:
+            if key not in keys:
+                member = self.members.pop(key)
+                member.leave(self._lane, self._in_flight)
+                first.metrics.drop(member.limiter)
+        Replicas(replicas)
 
     def _removed(self, served: Served) -> None:
         group = [served] if served.replicas is None else served.replicas.members
@@ -246,7 +271,8 @@ class Tenant:
     def update(self, rows: Mapping[str, Caller]) -> None:
         """Serve `rows` now (a host's replicas came, went or changed; the caller book revokes
         the pod instead when none stayed as it was): a row gone or changed is no longer served
-        (its requests in flight finish), a new or changed one is served from now on."""
+        (its requests in flight finish), a new or changed one is served from now on; a row
+        whose spread alone changed goes on (`_respread`)."""
         table = self.table
         if not self.host:
             return
@@ -254,6 +280,14 @@ class Tenant:
         kept = {
             model for model, row in rows.items() if model in served and self.rows[model].alike(row)
         }
+        respread = {
+            model
+            for model, row in rows.items()
+            if model in served
+            and model not in kept
+            and self.rows[model].alike(replace(row, spread=self.rows[model].spread))
+        }
+        kept |= respread
         for model in sorted(served - set(rows)):
             log.info(
                 "Pod %s (%s) may no longer reach model %s: refusing its new requests.",
@@ -266,6 +300,8 @@ class Tenant:
         # while the old one has requests in flight.
         table.retire({model for model in rows if model in served and model not in kept})
         self.rows = dict(rows)
+        for model in sorted(respread):
+            self._respread(rows[model])
         table.set_models([Entry(model) for model in sorted(rows)])
         for row in rows.values():
             for key, replica in _keyed(row):

@@ -142,13 +142,18 @@ def test_the_pick_takes_the_replica_with_fewest_held_then_turns_among_ties() -> 
 def test_the_models_series_add_up_its_replicas() -> None:
     first, second = replicas(2)
     assert first.limiter.try_acquire() and second.limiter.try_acquire()
-    in_flight = {
-        sample.labels["model"]: sample.value
-        for family in first.metrics.registry.collect()
-        for sample in family.samples
-        if sample.name == "tritonshare_proxy_requests_in_flight"
-    }
-    assert in_flight == {"s": 2}
+
+    def in_flight() -> dict[str, float]:
+        return {
+            sample.labels["model"]: sample.value
+            for family in first.metrics.registry.collect()
+            for sample in family.samples
+            if sample.name == "tritonshare_proxy_requests_in_flight"
+        }
+
+    assert in_flight() == {"s": 2}
+    first.metrics.drop(second.limiter)  # that replica left the row's spread
+    assert in_flight() == {"s": 1}
 
 
 # -- through the gateway, with a real Triton ----------------------------------------------------
@@ -273,6 +278,7 @@ def test_the_spread_follows_the_table_under_an_open_connection(
     running, table = gateway
     connection.infers(2)
     tenant = next(t for t in running.gateway.tenants if t.caller.address == HOST)
+    own = tenant.members["s"]
     for row, expected in ((ROW, (4, 0)), (SPREAD, (2, 2))):
         # The other replica drains (or is not loaded yet), then is back.
         publish(table, row)
@@ -284,4 +290,5 @@ def test_the_spread_follows_the_table_under_an_open_connection(
         connection.infers(4)
         assert added(triton, before) == expected
         assert (f"s/{S1}" in tenant.members) == bool(row.spread)
+        assert tenant.members["s"] is own, "the replica that stays keeps its limiter"
     assert next(iter(running.gateway.tenants)) is tenant, "the host kept its connections"
