@@ -8,9 +8,11 @@ network shares the node's address, as does anything else on the node, so it neve
 does an address two pods claim at once (both are left out: an address that names two pods names
 none). A model host is one caller per model it serves (`agent.pods`): one row per (address,
 model), each with the host as its pod and a replica's uid and private name; of several replicas
-of the model there, a loaded one, not draining first, of lowest ordinal (`_preferred`), so a
+of the model there, a loaded one's, not draining first, of lowest ordinal (`_preferred`), so a
 surge beside the old replica takes over once loaded, and a draining one's requests go to another
-loaded one at once (its own in flight finish before its loader unloads it). The table is
+loaded one at once (its own in flight finish before its loader unloads it). When that one is
+loaded and not draining, the row also names every other such replica (`Caller.spread`): the
+gateway spreads the model's requests over them all. The table is
 rewritten as soon as the pods or the owners change (coalesced to one write per event-loop turn)
 and at least every `refresh_seconds`, which is how the gateway knows the agent is alive. Until
 the agent has listed the node's pods it writes nothing, so after an agent restart the gateway
@@ -38,8 +40,8 @@ def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
     """The callers among the proven owners (by their models' names in Triton), and why the
     others are left out (for the log)."""
     candidates: dict[str, list[tuple[str, Caller]]] = {}
-    best: dict[tuple[str, str, str], tuple[PodInfo, Caller]] = {}
-    """A host's row per model: its preferred replica's."""
+    hosted: dict[tuple[str, str, str], list[tuple[PodInfo, Caller]]] = {}
+    """A host's replicas per model, one row in the end (`_row`)."""
     left_out = []
     for name, proven in sorted(owners.items()):
         pod = proven.pod
@@ -49,15 +51,12 @@ def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
             continue
         private = "" if name == pod.model_id else name
         caller = Caller(pod.pod_ip, pod.model_id, pod.object_key, pod.uid, pod.concurrency, private)
-        key = (pod.pod_ip, pod.object_uid, pod.model_id)
-        if pod.host and key in best and _preferred(best[key][0]) <= _preferred(pod):
-            continue
         if pod.host:
-            best[key] = (pod, caller)
+            hosted.setdefault((pod.pod_ip, pod.object_uid, pod.model_id), []).append((pod, caller))
             continue
         candidates.setdefault(pod.pod_ip, []).append((pod.object_uid, caller))
-    for (address, host_uid, _), (_, caller) in sorted(best.items()):
-        candidates.setdefault(address, []).append((host_uid, caller))
+    for (address, host_uid, _), replicas in sorted(hosted.items()):
+        candidates.setdefault(address, []).append((host_uid, _row(replicas)))
     callers: list[Caller] = []
     for address, claimants in sorted(candidates.items()):
         pods = {uid for uid, _ in claimants}
@@ -70,6 +69,25 @@ def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
             names = ", ".join(sorted({c.pod for _, c in claimants}))
             left_out.append(f"address {address} is claimed by several pods ({names})")
     return callers, left_out
+
+
+def _row(replicas: list[tuple[PodInfo, Caller]]) -> Caller:
+    """A host's row for its replicas of one model: the preferred one's, naming the others
+    loaded and not draining as its spread when it is so itself (else it alone is reached, as
+    `_preferred` orders)."""
+    ordered = sorted(replicas, key=lambda replica: _preferred(replica[0]))
+    (first, row), rest = ordered[0], ordered[1:]
+    if not _spreads(first):
+        return row
+    return replace(
+        row,
+        spread=tuple((c.name_in_triton, c.uid) for pod, c in rest if _spreads(pod)),
+    )
+
+
+def _spreads(replica: PodInfo) -> bool:
+    """Whether a replica takes a share of its model's requests: loaded and not draining."""
+    return replica.model_loaded[0] == "True" and not replica.deleting
 
 
 def _preferred(replica: PodInfo) -> tuple[bool, bool, int]:
@@ -115,8 +133,9 @@ class CallerPublisher:
         self._pending = False
 
     def held_names(self) -> list[str]:
-        """The names in Triton of the rows last written held (`agent.probationhold`)."""
-        return [c.name_in_triton for c in self._last or () if c.held]
+        """The names in Triton of the rows last written held, each replica of a row's spread
+        too (`agent.probationhold`)."""
+        return [r.name_in_triton for c in self._last or () if c.held for r in c.replicas()]
 
     def changed(self) -> None:
         """The pods or the owners changed: write the table at the end of this event-loop turn."""
@@ -166,7 +185,8 @@ class CallerPublisher:
             log.info(
                 "Gateway callers: %s.",
                 ", ".join(
-                    f"{c.pod} ({c.address}) -> {c.model_id} ({c.name_in_triton} in Triton)"
+                    f"{c.pod} ({c.address}) -> {c.model_id} "
+                    f"({', '.join(r.name_in_triton for r in c.replicas())} in Triton)"
                     for c in current
                 )
                 or "none",

@@ -9,9 +9,12 @@ its `written_at` tells the gateway the agent is alive: past the gateway's bound 
 and the gateway serves only the callers of the last table it saw fresh, for a bounded grace, then
 none (fail closed). A model host (`common.hosted`) serves several TritonModel replicas from one
 address: it has one row per replica, all with its address and `pod`, each with its own model, uid
-(`<model uid>/<ordinal>`) and private name; a model pod has one. What it must not do: decide who
-is a caller (that is `agent.gateway`); this module only says what a table is and moves it to and
-from disk.
+(`<model uid>/<ordinal>`) and private name; a model pod has one. A host's row may also name
+the host's other replicas of its model (`spread`): the gateway spreads the model's requests over
+them all. An agent or gateway of the version before reads and writes no `spread`: its tables
+reach the gateway as rows of one replica, and it reaches the row's own replica only. What it must
+not do: decide who is a caller (that is `agent.gateway`); this module only says what a table is
+and moves it to and from disk.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from common.atomicfile import read_file, replace_file
 from common.contract import ContractError, validate_model_id
 
 FORMAT = "tritonshare.io/callers/v1"
+
+Spare = tuple[str, str]
+"""Another replica of a host's row's model: its name in Triton and its uid."""
 
 
 class CallerTableError(ValueError):
@@ -63,6 +69,10 @@ class Caller:
     """Held while the load of a model under suspicion is in flight or settles (its trial,
     `agent.probationhold`): the gateway refuses the pod's new requests instead of holding them,
     so that an exit then is the suspect's alone, however late it comes."""
+    spread: tuple[Spare, ...] = ()
+    """A model host's other replicas of the model, loaded and not draining, as (name in Triton,
+    uid), when this row's own (the preferred) is loaded and not draining too: the gateway sends
+    each request to the one of them all with the fewest held. Empty: this row's replica alone."""
 
     def alike(self, other: Caller) -> bool:
         """Whether `other` is this row but for its probation and hold (what the agent's crash
@@ -78,6 +88,12 @@ class Caller:
     def name_in_triton(self) -> str:
         """The model's name in Triton: `triton_name`, or the public `model_id` when none."""
         return self.triton_name or self.model_id
+
+    def replicas(self) -> tuple[Caller, ...]:
+        """The row of each replica its requests spread over, this row's own first: the same
+        pod, model, limit and standing, each with its own name in Triton and uid."""
+        others = (replace(self, triton_name=n, uid=u, spread=()) for n, u in self.spread)
+        return (replace(self, spread=()), *others)
 
     @property
     def replica(self) -> bool:
@@ -120,6 +136,11 @@ def encode(table: CallerTable) -> bytes:
                 **({"probation": True} if c.probation else {}),
                 **({"held": True} if c.held else {}),
                 **({"trial": True} if c.trial else {}),
+                **(
+                    {"spread": [{"tritonName": n, "uid": u} for n, u in c.spread]}
+                    if c.spread
+                    else {}
+                ),
             }
             for c in sorted(table.callers, key=lambda c: (c.address, c.model_id))
         ],
@@ -175,9 +196,10 @@ def _caller(entry: Any) -> Caller:
     trial = entry.get("trial", False)
     if not isinstance(trial, bool):
         raise CallerTableError(f"caller trial {trial!r} is not true or false")
+    model_id = validate_model_id(str(entry["modelId"]))
     return Caller(
         address,
-        validate_model_id(str(entry["modelId"])),
+        model_id,
         str(entry["pod"]),
         str(entry["uid"]),
         concurrency,
@@ -186,7 +208,30 @@ def _caller(entry: Any) -> Caller:
         probation,
         held,
         trial,
+        _spread(entry.get("spread", []), triton_name or model_id),
     )
+
+
+def _spread(value: Any, own: str) -> tuple[Spare, ...]:
+    """A row's other replicas; absent in tables of agents before them: none."""
+    if not isinstance(value, list):
+        raise CallerTableError(f"caller spread {value!r} is not a list")
+    spares: list[Spare] = []
+    names = {own}
+    for spare in value:
+        if not isinstance(spare, dict):
+            raise CallerTableError(f"a caller's spread replica {spare!r} is not an object")
+        name, uid = spare.get("tritonName"), spare.get("uid")
+        if not isinstance(name, str) or not isinstance(uid, str):
+            raise CallerTableError(
+                f"a caller's spread replica {spare!r} has no tritonName and uid strings"
+            )
+        validate_model_id(name)
+        if name in names:
+            raise CallerTableError(f"a caller names replica {name} twice in its spread")
+        names.add(name)
+        spares.append((name, uid))
+    return tuple(spares)
 
 
 def _check_rows(callers: tuple[Caller, ...]) -> None:

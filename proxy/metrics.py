@@ -38,6 +38,8 @@ class _ConcurrencyCollector(Collector):
 
     def __init__(self) -> None:
         self.limiters: dict[str, Limiter] = {}
+        self.more: dict[str, list[Limiter]] = {}
+        """A model's other replicas' limiters (the node gateway's host): its series are sums."""
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model"]
@@ -70,13 +72,15 @@ class _ConcurrencyCollector(Collector):
             "the pod's share of --max-in-flight-node while several pods send.",
             labels=labels,
         )
-        for model, limiter in list(self.limiters.items()):
+        for model, first in list(self.limiters.items()):
             values = [model]
-            in_flight.add_metric(values, limiter.in_flight)
-            queued.add_metric(values, limiter.queued)
-            area.add_metric(values, limiter.concurrency_seconds())
-            average.add_metric(values, limiter.average_concurrency())
-            limit.add_metric(values, limiter.limit)
+            limiters = [first, *self.more.get(model, ())]
+            in_flight.add_metric(values, sum(each.in_flight for each in limiters))
+            queued.add_metric(values, sum(each.queued for each in limiters))
+            area.add_metric(values, sum(each.concurrency_seconds() for each in limiters))
+            average.add_metric(values, sum(each.average_concurrency() for each in limiters))
+            limits = [each.limit for each in limiters]
+            limit.add_metric(values, 0 if 0 in limits else sum(limits))
         yield from (in_flight, queued, area, average, limit)
 
 
@@ -265,9 +269,21 @@ class ProxyMetrics:
         """Told of an inference answered as if the model were not loaded (an on-demand model
         evicted behind the proxy's back: `Residency.suspect`); None for an always model."""
 
+    def also(self, limiter: Limiter) -> None:
+        """Count `limiter`'s requests too: another replica of this model (the node gateway's
+        host), whose requests the model's series add up."""
+        self._concurrency.more.setdefault(self._model, []).append(limiter)
+
+    def drop(self, limiter: Limiter) -> None:
+        """Count `limiter`'s requests no more (`also`): that replica left."""
+        more = self._concurrency.more.get(self._model, [])
+        if limiter in more:
+            more.remove(limiter)
+
     def forget(self) -> None:
         """Drop this model's series (it left the table)."""
         self._concurrency.limiters.pop(self._model, None)
+        self._concurrency.more.pop(self._model, None)
         self._all_requests.models.pop(self._model, None)
         for reason in self._reasons:
             self._rejected_counter.remove(self._model, reason)
@@ -341,7 +357,10 @@ class ProxyMetrics:
                     for (_, route, _), (count, _) in list(requests.series.items())
                     if route in INFERENCE_ROUTES
                 )
-            answers[model] = [round(limiter.concurrency_seconds(), 6), answered]
+            held = limiter.concurrency_seconds() + sum(
+                more.concurrency_seconds() for more in root._concurrency.more.get(model, ())
+            )
+            answers[model] = [round(held, 6), answered]
         return answers
 
     def rejected(self, reason: str) -> None:

@@ -12,7 +12,9 @@ own residency (proxy.residency, made by the proxy's `make`), asleep after its `i
 
 In the node gateway a model host's table names private names: each entry has the name Triton
 knows its replica by (`triton_name`), and the relays map the public id in a request, and in
-Triton's answers, to and from that entry's private name (`private`, `private_encoded`).
+Triton's answers, to and from that entry's private name (`private`, `private_encoded`). An entry
+may stand for replicas of its model on the host (`Replicas`, one or several): each request goes
+to the one with the fewest requests held, and is mapped to its private name once picked.
 
 A model that leaves the table is drained: the routers stop naming it at once (its new requests
 are answered as Triton answers for a model it does not have), the requests it has in flight
@@ -74,6 +76,8 @@ class Served:
         "names",
         "private",
         "public",
+        "replicas",
+        "spread",
     )
 
     def __init__(
@@ -100,6 +104,41 @@ class Served:
         """What renaming Triton's gRPC answers needs (`grpc.channel`); None: nothing to do."""
         self.draining_since: float | None = None
         """When the model left the table (monotonic seconds); None while it is in it."""
+        self.replicas: Replicas | None = None
+        """On the table's entry of a model served by replicas to pick from: all of them."""
+        self.spread = False
+        """One of a model's replicas (`Replicas`): the relays map its private name once it is
+        picked; the routers name its public id."""
+
+
+class Replicas:
+    """The replicas of one model behind its public id (a model host's, at the node gateway:
+    one or several), each a `Served` with its own limiter and private name. `pick` gives a
+    request the one with the fewest requests held (in flight or queued), ties in turn, so that
+    requests spread evenly and none queues at a busy replica while another is idle."""
+
+    __slots__ = ("_next", "members")
+
+    def __init__(self, members: list[Served]) -> None:
+        self.members = members
+        self._next = 0
+        for member in members:
+            member.spread = True
+        members[0].replicas = self
+
+    def pick(self) -> Served:
+        """The replica for the next request."""
+        members = self.members
+        count = len(members)
+        chosen = start = self._next
+        fewest = members[start].limiter.held
+        for step in range(1, count):
+            index = (start + step) % count
+            held = members[index].limiter.held
+            if held < fewest:
+                chosen, fewest = index, held
+        self._next = (chosen + 1) % count
+        return members[chosen]
 
 
 def read_models(path: Path) -> list[Entry]:
@@ -205,7 +244,7 @@ class ModelTable:
                 self._change(served, entry)
             if served is None:
                 served = self.models[name] = self.served[name.encode()] = self._make(entry)
-                if served.private:
+                if served.private and not served.spread:  # a spread one's is mapped once picked
                     self.private[name] = served.private.decode()
                     self.private_encoded[served.public] = served.private
                 log.info("Serving model %s.", name)

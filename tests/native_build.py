@@ -41,6 +41,7 @@ NATIVE_TESTS = (
     "tests/proxy/gateway/test_gateway.py",
     "tests/proxy/gateway/test_inflate_attacks.py",
     "tests/proxy/gateway/test_private_names.py",
+    "tests/proxy/gateway/test_spread.py",
     "tests/proxy/gateway/test_isolation_private.py",
     "tests/proxy/grpc/test_renaming.py",
     "tests/proxy/policy/test_naming.py",

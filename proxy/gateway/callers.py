@@ -14,13 +14,13 @@ gets its address reaches that pod's model only, until the grace ends. A missing 
 grace at once, and a restarted gateway has no last fresh table, so it fails closed.
 
 An address has one row per model its pod serves (a model pod one, a model host one per replica:
-`common.callers`). Whenever every row of an address goes or changes (the pod was deleted, its
-model moved, the grace ended), or a row's private name changes, `on_revoke` gets the address, so
-the gateway can drop that pod's open connections at once; when some rows stay as they were and
-others come, go or change (a replica placed on or removed from a host, one quarantined),
-`on_rows` gets the address and its rows now, and the connections stay; a row whose probation
-or hold alone changed is neither, `on_probation` gets it. What it must not do: accept connections or
-relay bytes.
+`common.callers`). Whenever every row of an address goes or changes but for its spread (the pod was
+deleted, its model moved, the grace ended), or a row's private name changes, `on_revoke` gets the
+address, so the gateway can drop that pod's open connections at once; when some rows stay as they
+were and others come, go or change (a replica placed on or removed from a host, one quarantined, one
+joining or leaving a row's spread), `on_rows` gets the address and its rows now, and the connections
+stay; a row whose probation or hold alone changed is neither, `on_probation` gets it. What it must
+not do: accept connections or relay bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -208,7 +209,8 @@ class CallerBook:
 def _compare(before: Rows, now: Rows) -> tuple[list[Caller], bool] | None:
     """How an address's rows changed: None when the address is revoked (no row stays as it
     was, its pod changed, or a row's private name did); else the rows whose probation or hold
-    alone changed, and whether any other row came, went or changed."""
+    alone changed, and whether any other row came, went or changed (a row whose spread alone
+    changed stays, and is changed)."""
     probation = []
     stayed = changed = False
     for model, caller in before.items():
@@ -222,6 +224,8 @@ def _compare(before: Rows, now: Rows) -> tuple[list[Caller], bool] | None:
         elif caller.alike(row):
             probation.append(row)
             stayed = True
+        elif caller.alike(replace(row, spread=caller.spread)):
+            stayed = changed = True  # the same replica, others joined or left its spread
         else:
             changed = True
     if not stayed:

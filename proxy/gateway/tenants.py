@@ -7,13 +7,15 @@ accepted from the caller's address. Where Triton knows the caller's model by a p
 (`Caller.name_in_triton`), the relays map the public model id in each request to it and back in each
 answer. A model host's tenant serves its rows as the proxy serves a table (`proxy.table`): each row
 a `Member` with its own limiter (limit, quarantine, probation) and metrics, each mapped to its own
-private name, per request. Each tenant has its own connections to Triton, so one pod's stalled
-stream or slow reader never holds another's; and each has its share of the one event loop
-(`policy.share`): while it is over it and other pods are active, its connections stop reading until
-the round ends, so its flood waits in its own socket buffers. `Tenants` makes them on a pod's first
-connection and drops them, with every open connection, the moment the pod loses its place in the
-caller table (a host, its last row). What it must not do: decide who a caller is (`gateway.callers`)
-or accept sockets.
+private name, per request; a row that spreads over several replicas of its model (`Caller.spread`)
+is an entry of several `Served`, a `Member` each, and each request goes to the one with the fewest
+held (`table.Replicas`). Each tenant has its own connections to Triton, so one pod's stalled stream
+or slow reader never holds another's; and each has its share of the one event loop (`policy.share`):
+while it is over it and other pods are active, its connections stop reading until the round ends, so
+its flood waits in its own socket buffers. `Tenants` makes them on a pod's first connection and
+drops them, with every open connection, the moment the pod loses its place in the caller table (a
+host, its last row). What it must not do: decide who a caller is (`gateway.callers`) or accept
+sockets.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from proxy.policy.refusals import OverBudgetError, ProxyError, QuarantinedError
 from proxy.policy.share import LoopShares
 from proxy.settings import Settings
 from proxy.state import ProxyState
-from proxy.table import Entry, ModelTable, Served
+from proxy.table import Entry, ModelTable, Replicas, Served
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +55,9 @@ _PAUSE_LOG_SECONDS = 60.0
 
 
 class Member:
-    """One model a calling pod may reach (a row of the caller table): its own limiter (limit,
-    queue, quarantine, turns on probation) and metrics. A model pod has one; a model host one
-    per replica."""
+    """One replica a calling pod may reach (a row of the caller table, or one of its spread):
+    its own limiter (limit, queue, quarantine, turns on probation); its model's metrics. A model
+    pod has one; a model host one per replica."""
 
     def __init__(self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics) -> None:
         self.caller = caller
@@ -152,7 +154,8 @@ class Tenant:
         self._in_flight = in_flight
         self._lane = lane or ProbationLane()
         self.members: dict[str, Member] = {}
-        """Each model the pod may reach, by model id."""
+        """Each replica the pod may reach: a row's own by its model id, the others of its
+        spread by `<model id>/<name in Triton>` (`_keyed`)."""
         if self.host:
             # The host's own requests naming no model (Triton's health, its metadata).
             settings = settings_for("", 0)
@@ -195,47 +198,97 @@ class Tenant:
             return member.caller
         return next(iter(self.rows.values()))
 
-    def _admit(self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics) -> Member:
+    def _admit(
+        self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics, key: str = ""
+    ) -> Member:
         if caller.quarantined:
             limiter.refusal = QuarantinedError(caller.quarantined)
         if self._in_flight is not None:
             self._in_flight.add(limiter, caller.namespace)
-        member = self.members[caller.model_id] = Member(caller, limiter, metrics)
+        member = self.members[key or caller.model_id] = Member(caller, limiter, metrics)
         limiter.on_held = partial(self._lane.held.record, caller.namespace)
         member.on_probation(caller, self._lane)
         return member
 
     def _served(self, entry: Entry) -> Served:
-        """A new entry of a host's table: its row's own limiter and metrics."""
-        model_id = entry.model
-        row = self.rows[model_id]
-        settings = self._settings_for(model_id, row.concurrency)
+        """A new entry of a host's table: its row's replicas, each with a limiter of its own
+        (the row's limit each), and the model's metrics."""
+        replicas: list[Served] = []
+        for key, replica in _keyed(self.rows[entry.model]):
+            metrics = replicas[0].metrics if replicas else None
+            replicas.append(self._replica(entry, replica, key, metrics))
+        # Even of one: an entry is mapped to its private name once picked, so a prepared
+        # request names its public id whichever replicas the row spreads over now or later.
+        Replicas(replicas)
+        return replicas[0]
+
+    def _replica(
+        self, entry: Entry, replica: Caller, key: str, metrics: ProxyMetrics | None
+    ) -> Served:
+        """One replica of `entry`: its own limiter, admitted as a member; counted in the
+        model's `metrics` (made with its first replica)."""
+        settings = self._settings_for(entry.model, replica.concurrency)
         limiter = Limiter(
             settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
         )
-        metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
-        self._admit(row, limiter, metrics)
-        return Served(model_id, limiter, metrics, entry, row.triton_name)
+        if metrics is None:
+            metrics = ProxyMetrics(limiter, entry.model, shared=self.metrics)
+        else:
+            metrics.also(limiter)
+        self._admit(replica, limiter, metrics, key)
+        return Served(entry.model, limiter, metrics, entry, replica.triton_name)
+
+    def _respread(self, row: Caller) -> None:
+        """Follow a row whose spread alone changed: the replicas that stay keep their limiters
+        (and what they hold), those that join get theirs, those that leave are picked no more
+        (their requests in flight finish); the model's entry and metrics go on."""
+        first = self.table.models[row.model_id]
+        group = first.replicas
+        assert group is not None  # every entry of a host's table
+        by_limiter = {served.limiter: served for served in group.members}
+        wanted = _keyed(row)
+        replicas = []
+        for key, replica in wanted:
+            member = self.members.get(key)
+            served = None if member is None else by_limiter.get(member.limiter)
+            replicas.append(served or self._replica(first.entry, replica, key, first.metrics))
+        keys = {key for key, _ in wanted}
+        for key in [k for k in self.members if k.startswith(f"{row.model_id}/")]:
+            if key not in keys:
+                member = self.members.pop(key)
+                member.leave(self._lane, self._in_flight)
+                first.metrics.drop(member.limiter)
+        Replicas(replicas)
 
     def _removed(self, served: Served) -> None:
-        member = self.members.get(served.model_id)
-        if member is not None and member.limiter is served.limiter:
-            del self.members[served.model_id]
-            member.leave(self._lane, self._in_flight)
+        group = [served] if served.replicas is None else served.replicas.members
+        limiters = {each.limiter for each in group}
+        for name, member in list(self.members.items()):
+            if member.limiter in limiters:
+                del self.members[name]
+                member.leave(self._lane, self._in_flight)
 
     def update(self, rows: Mapping[str, Caller]) -> None:
         """Serve `rows` now (a host's replicas came, went or changed; the caller book revokes
         the pod instead when none stayed as it was): a row gone or changed is no longer served
-        (its requests in flight finish), a new or changed one is served from now on."""
+        (its requests in flight finish), a new or changed one is served from now on; a row
+        whose spread alone changed goes on (`_respread`)."""
         table = self.table
         if not self.host:
             return
+        served = {member.caller.model_id for member in self.members.values()}
         kept = {
+            model for model, row in rows.items() if model in served and self.rows[model].alike(row)
+        }
+        respread = {
             model
             for model, row in rows.items()
-            if (member := self.members.get(model)) is not None and member.caller.alike(row)
+            if model in served
+            and model not in kept
+            and self.rows[model].alike(replace(row, spread=self.rows[model].spread))
         }
-        for model in sorted(set(self.members) - set(rows)):
+        kept |= respread
+        for model in sorted(served - set(rows)):
             log.info(
                 "Pod %s (%s) may no longer reach model %s: refusing its new requests.",
                 self.caller.pod,
@@ -245,23 +298,27 @@ class Tenant:
         table.set_models([Entry(model) for model in sorted(kept)])
         # A changed row (another replica of the model, say) is served by a new entry, even
         # while the old one has requests in flight.
-        table.retire({model for model in rows if model in self.members and model not in kept})
+        table.retire({model for model in rows if model in served and model not in kept})
         self.rows = dict(rows)
+        for model in sorted(respread):
+            self._respread(rows[model])
         table.set_models([Entry(model) for model in sorted(rows)])
-        for model, row in rows.items():
-            member = self.members.get(model)
-            if member is not None and member.caller != row:
-                member.on_probation(row, self._lane)
+        for row in rows.values():
+            for key, replica in _keyed(row):
+                member = self.members.get(key)
+                if member is not None and member.caller != replica:
+                    member.on_probation(replica, self._lane)
 
     def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
         """Follow `caller`'s probation (it is the row of one of this pod's models in all
-        else)."""
-        member = self.members.get(caller.model_id)
-        if member is not None:
-            member.on_probation(caller, lane)
-            if member.limiter.probation is not None:
-                for h2 in self.grpc.connections:  # an idle open stream would hold the lane
-                    h2.gate.idle_back()
+        else), on each of its replicas."""
+        for key, replica in _keyed(caller):
+            member = self.members.get(key)
+            if member is not None:
+                member.on_probation(replica, lane)
+                if member.limiter.probation is not None:
+                    for h2 in self.grpc.connections:  # an idle open stream would hold the lane
+                        h2.gate.idle_back()
         self.rows[caller.model_id] = caller
 
     def present_at_exit(self, lane: ProbationLane) -> None:
@@ -341,6 +398,14 @@ class Tenant:
     async def stop(self) -> None:
         """Let in-flight requests finish (up to the finish timeout), then close everything."""
         await asyncio.gather(self.rest.stop(), self.grpc.stop())
+
+
+def _keyed(row: Caller) -> list[tuple[str, Caller]]:
+    """Each replica of `row` with its key among a tenant's members: the row's own by its model
+    id (as a row of one replica was before spreads), the others by `<model id>/<name in
+    Triton>`, which no model id is (it has a slash)."""
+    own, *others = row.replicas()
+    return [(row.model_id, own)] + [(f"{row.model_id}/{o.name_in_triton}", o) for o in others]
 
 
 def members(tenants: Iterable[Tenant]) -> list[Member | Tenant]:

@@ -139,7 +139,10 @@ class StreamGate:
         """`stream` counts against `model`'s limiter and metrics from now, unless it holds or
         waits for a slot already (whose limiter must get it back)."""
         if stream.limited == NO_SLOT and not stream.slots:
-            stream.served = self._served.get(model)
+            served = self._served.get(model)
+            if served is not None and served.replicas is not None:
+                served = served.replicas.pick()  # one of several replicas: named once picked
+            stream.served = served
 
     def admit(self, stream: Stream) -> bool:
         """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
@@ -629,7 +632,12 @@ class StreamGate:
                 if router.renames:
                     sent = router.renamed(message)
                 elif router.per_model and stream.served is not None:
-                    sent = router.renamed_as(message, stream.served.public)
+                    served = stream.served
+                    sent = (
+                        router.renamed_to(message, served.public, served.private)
+                        if served.spread
+                        else router.renamed_as(message, served.public)
+                    )
                 else:
                     sent = message
                 if not asked:
@@ -658,20 +666,24 @@ class StreamGate:
         if self._limiter.refusal is not None:  # a pod the node quarantined: every call
             self.refuse_error(stream, self._limiter.refusal)
             return False
+        request = decision.request
         if decision.model:  # the model's own limiter and metrics: one look-up
             self._serve(stream, decision.model)
+            picked = stream.served
+            if picked is not None and picked.spread:
+                request = router.renamed_to(request, picked.public, picked.private)
         stream.passed = True
         if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
             stream.buf[:0] = framed or framing.grpc_message(message)  # checked again once admitted
             stream.route = stream.kind
             stream.passed = False
             return False
-        if decision.request is not message:
+        if request is not message:
             # Narrowed or renamed (sent uncompressed, which gRPC allows per message): the tenant
             # is credited what it sent, the difference now and the new message's bytes as they
             # go on (a longer one makes the difference negative: the sum is what it sent).
-            self.replies.forwarded(stream, total - len(decision.request) - 5)
-            message, framed = decision.request, None
+            self.replies.forwarded(stream, total - len(request) - 5)
+            message, framed = request, None
         self._tail(stream, message, framed)
         return True
 

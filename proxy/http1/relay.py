@@ -55,6 +55,8 @@ the loop for long, and each turn is charged to the pod's share of the gateway's 
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static, where an
 imported name is a look-up in the module's dict at each of a request's two calls."""
+_MODELS_PATH: Final = b" /v2/models/"
+"""What precedes the model's name in the request line of a per-model route (`_renamed_head`)."""
 _KNOWN_HEAD_BYTES: Final = 4096
 """The largest request head a connection remembers as its last one (as the listener's cache)."""
 _NOTHING_KNOWN: Final[Prepared] = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
@@ -197,6 +199,11 @@ class ClientConnection(Connection):
                 continue
             # The model's own limiter and metrics: one look-up, whatever the table's size.
             served = relay.models.get(decision.model) if decision.model else None
+            if served is not None and served.replicas is not None and served.draining_since is None:
+                # One of several replicas (the node gateway's host), named once picked.
+                served = served.replicas.pick()
+                self._upstream_head = _renamed_head(self._upstream_head, served)
+                verbatim = False
             self._served = served
             if served is not None and served.draining_since is None:
                 self._limiter = served.limiter
@@ -583,3 +590,12 @@ class ClientConnection(Connection):
             error_body(str(error)),
             refusals.retry_after(error),
         )
+
+
+def _renamed_head(head: bytes, served: Served) -> bytes:
+    """`head`, whose request line names `served`'s public model id after /v2/models/ (as the
+    router forwards a path of a replica mapped once picked), naming its private name instead."""
+    if not served.private:
+        return head
+    start = head.index(_MODELS_PATH) + len(_MODELS_PATH)
+    return head[:start] + served.private + head[start + len(served.public) :]

@@ -342,6 +342,13 @@ class GrpcRouter:
         private = self.private.get(name)
         if private is None:
             return request
+        return self.renamed_to(request, name, private)
+
+    def renamed_to(self, request: bytes, name: bytes, private: bytes) -> bytes:
+        """`request`, whose model name field (checked: exactly once) is `name`, naming
+        `private` instead (empty: as it is)."""
+        if not private:
+            return request
         public = wire.encode_string(1, name)
         if request.startswith(public):
             return wire.encode_string(1, private) + request[len(public) :]

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from agent.gateway import callers_of
+from agent.gateway import CallerPublisher, callers_of
 from agent.placement import Proven
 from agent.pods import PodInfo, pod_from_dict
 from common.callers import CallerTable, read_table
@@ -95,6 +95,55 @@ def test_a_hosts_several_replicas_of_a_model_are_reached_through_one_loaded_not_
     assert chosen(leaving, replica("resnet", host, ip, ordinal=5)) == "resnet/3-private", (
         "still the only one loaded"
     )
+
+
+def test_a_hosts_row_spreads_over_its_loaded_not_draining_replicas_of_the_model() -> None:
+    """The row is the preferred replica's, as above; when that one is loaded and not draining,
+    it names every other such replica too, for the gateway to spread the model's requests."""
+    host, ip = "tritonshare-host-1", "10.1.0.7"
+    loaded = ("True", "ModelReady")
+
+    def row(*owners: Proven) -> tuple[str, tuple[tuple[str, str], ...]]:
+        callers, left_out = callers_of({f"{p.pod.name}-private": p for p in owners})
+        assert not left_out
+        [only] = callers
+        return only.triton_name, only.spread
+
+    first = replica("resnet", host, ip, ordinal=1, model_loaded=loaded)
+    second = replica("resnet", host, ip, ordinal=2, model_loaded=loaded)
+    loading = replica("resnet", host, ip, ordinal=3)
+    draining = replica(
+        "resnet", host, ip, ordinal=0, deleting=True, draining=True, model_loaded=loaded
+    )
+    assert row(loading, second, draining, first) == (
+        "resnet/1-private",
+        (("resnet/2-private", "uid-resnet/2"),),
+    )
+    assert row(first, second, replica("resnet", host, ip, ordinal=4, model_loaded=loaded))[1] == (
+        ("resnet/2-private", "uid-resnet/2"),
+        ("resnet/4-private", "uid-resnet/4"),
+    )
+    assert row(first, loading) == ("resnet/1-private", ()), "a loading one takes none yet"
+    assert row(draining, loading) == ("resnet/0-private", ()), "none other loaded: as before"
+    assert row(loading, replica("resnet", host, ip, ordinal=5)) == ("resnet/3-private", ())
+    assert row(first) == ("resnet/1-private", ())
+
+
+def test_a_held_rows_spread_is_held_too(tmp_path: Path) -> None:
+    """The gateway holds a probationer's replicas each (its activity table names each): the
+    agent waits for every one of them to drain."""
+    host, ip, loaded = "tritonshare-host-1", "10.1.0.7", ("True", "ModelReady")
+    owners = {
+        f"resnet.{n}.private": replica("resnet", host, ip, ordinal=n, model_loaded=loaded)
+        for n in (1, 2)
+    }
+    publisher = CallerPublisher(
+        tmp_path / "callers.json", NODE, lambda: owners, probation=bool, held=bool
+    )
+    publisher.publish()
+    assert publisher.held_names() == ["resnet.1.private", "resnet.2.private"]
+    [row] = read_table(tmp_path / "callers.json").callers
+    assert row.held and row.spread == (("resnet.2.private", "uid-resnet/2"),)
 
 
 def test_a_hosts_replicas_are_one_row_each_at_its_address() -> None:

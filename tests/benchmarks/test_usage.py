@@ -19,6 +19,7 @@ BENCHMARKS = (
     "proxy_framing",
     "proxy_hotpath",
     "proxy_latency",
+    "replica_spread",
     "residency",
     "sim_apiserver",
 )

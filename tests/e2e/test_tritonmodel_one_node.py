@@ -3,6 +3,8 @@ kubelet and binder), with a client sending requests through its Service: the thr
 share the node's one host, each loaded in Triton under a private name of its own, and the
 Service reaches the host. Rolled to new files, a surge replica joins them on the same node before
 an old one drains, one at a time; not one request fails, and the answers move to the new files'.
+Two replicas on the node both serve: the gateway spreads the host's requests over them, as
+Triton's own statistics of each private name show.
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from sim.demo.scenario import MODELS_DIR
 from sim.processes import wait_until
 from sim.service import Endpoints
 from sim.triton import TritonInstall, TritonServer
-from tests.e2e.test_tritonmodel_two_nodes import GROUP, KEYS, MODEL, NEW, OLD, PLURAL, VERSION
+from tests.e2e.test_tritonmodel_two_nodes import (
+    GROUP,
+    KEYS,
+    MODEL,
+    NEW,
+    OLD,
+    PLURAL,
+    VERSION,
+    _infer,
+)
 
 NODE = NodeSpec("gpu-a", "4xT4", real=True)
 NAMESPACE = "team-a"
@@ -57,6 +68,51 @@ def _loaded(triton: TritonServer) -> set[str]:
     )
     with urllib.request.urlopen(request, timeout=5) as answer:
         return {m["name"] for m in json.loads(answer.read()) if m.get("state") == "READY"}
+
+
+def _successes(triton: TritonServer, name: str) -> int:
+    """Triton's count of the model's successful inferences (read with the agent's admin
+    header)."""
+    request = urllib.request.Request(
+        f"http://{triton.http_url}/v2/models/{name}/stats",
+        headers={"tritonshare-admin-key": "local"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        [stats] = json.loads(answer.read())["model_stats"]
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_two_replicas_on_one_node_both_serve_the_services_requests(cluster: SimCluster) -> None:
+    assert cluster.model_store is not None and cluster.kube is not None
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+    uri = cluster.model_store.publish(MODEL, MODELS_DIR / "add_one")
+    spec = {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 2}
+    body: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel"}
+    body |= {"metadata": {"name": MODEL}, "spec": spec}
+    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    triton = cluster.tritons[NODE.name]
+    with Endpoints(cluster.kube, NAMESPACE, f"{serves_label(KEYS, MODEL)}=true") as service:
+        wait_until("2 replicas ready", lambda: _status(custom).get("readyReplicas") == 2, 180)
+        assert len({p["host"] for p in _status(custom)["placements"]}) == 1, "one host"
+        private = sorted(n for n in _loaded(triton) if n.startswith(f"{MODEL}-"))
+        assert len(private) == 2, private
+        wait_until("the Service's endpoint", service.pick, 30)
+        before = {name: _successes(triton, name) for name in private}
+        served: dict[str, int] = {}
+
+        def both_served() -> bool:
+            for _ in range(10):
+                address = service.pick()
+                assert address is not None
+                assert _infer(address) == OLD
+            served.update({name: _successes(triton, name) - before[name] for name in private})
+            return all(served.values())
+
+        # Through the one host, one request at a time: each replica answers its share.
+        wait_until("requests at both replicas", both_served, 60)
+    assert sum(served.values()) >= 10, served
 
 
 @pytest.mark.slow
