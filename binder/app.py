@@ -3,7 +3,8 @@
 `Binder(settings)` builds everything; `start(lifecycle)` (the shape of every part,
 `common.lifecycle`) starts, in order: the HTTP endpoints (so /healthz answers while caches fill),
 the informers (nodes, leases, pods, TritonModels), then, once the caches are warm, leader
-election, the scheduling loop, the TritonModel controller and the watch on dead agents. Stop
+election, the one loop that places pods and TritonModels (`binder.reconciler`) and the watch on
+dead agents. Stop
 order is the reverse, fixed by the order the cleanups are registered: stop scheduling and release
 the leader lease (the tasks see the stop event), let in-flight API writes finish, end the
 watches, stop the HTTP endpoints, close the API client and its worker threads. The tasks get
@@ -24,12 +25,13 @@ from binder.autoscaling import Autoscaling
 from binder.cache import ClusterCache, Informer, Ledger
 from binder.controller import Controller
 from binder.errors import NotReadyError, SettingsError, http_status
-from binder.hosting import ModelController
+from binder.hosting import EVENT_BACKOFF_MAX_SECONDS, ModelController
 from binder.inbox import Inbox
 from binder.kube import JsonObject, Kube, RetryPolicy
 from binder.leader import LeaderElector
 from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
+from binder.reconciler import Reconciler
 from binder.scaletargets import Index
 from binder.settings import Settings
 from binder.state import ClusterState
@@ -69,9 +71,13 @@ class Binder:
         # Kept by the cache, read by the controller and the metrics.
         self.ledger = Ledger(ClusterState(reserve=settings.gpu_mem_reserve))
         self.metrics = Metrics(self.ledger.state, self.ledger.unproven_reasons)
+        # Pods and TritonModels wait in one queue, in turns by namespace; a model backs off
+        # as kube-scheduler's pods do (capped), a pod is retried at any helpful change.
         self.queue = SchedulingQueue(
             initial_seconds=settings.backoff_initial_seconds,
             max_seconds=settings.backoff_max_seconds,
+            event_backoff_max=min(EVENT_BACKOFF_MAX_SECONDS, settings.backoff_max_seconds),
+            capped_by_default=False,
         )
         self._executor = ThreadPoolExecutor(
             max_workers=settings.bind_workers + 2, thread_name_prefix="binder-api"
@@ -100,6 +106,7 @@ class Binder:
             preemption=settings.preemption,
             backoff_initial=settings.backoff_initial_seconds,
             backoff_max=settings.backoff_max_seconds,
+            queue=self.queue,
         )
         self.controller = Controller(
             self.kube,
@@ -117,8 +124,8 @@ class Binder:
             preemption=settings.preemption,
             inbox=self._inbox,
             preempt_replica=self.models.preempt,
-            retry_models=self.models.cluster_changed,
         )
+        self.reconciler = Reconciler(self.queue, self.controller, self.models, leading=leading)
         self.cache = ClusterCache(
             settings.keys,
             self.ledger,
@@ -248,13 +255,8 @@ class Binder:
             self._leadership_changed(True)
         lifecycle.spawn(
             "The binder's scheduling",
-            self.controller.run(stop),
+            self.reconciler.run(stop),
             consequence="stopping this replica",
-        )
-        lifecycle.spawn(
-            "The binder's TritonModel controller",
-            self.models.run(stop),
-            consequence="TritonModels are no longer placed",
         )
         lifecycle.spawn(
             "The binder's watch on dead agents",

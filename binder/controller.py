@@ -1,6 +1,7 @@
-"""The scheduling loop: take a pending pod from the queue, place it, bind it or say why not.
+"""A pending pod's turn: place it, bind it or say why not.
 
-While this replica leads: pop a pod, decide on the cache's state (no API reads), charge the pod
+While this replica leads, the binder's loop (`binder.reconciler`) hands each pod taken from its
+queue to `schedule_one`, which decides on the cache's state (no API reads), charge the pod
 to the chosen GPU at once (assume), then, off the loop, patch the pod's GPU annotation and post
 the Binding. A 404 or 409 (deleted, or bound by someone else) drops the assumption; other
 failures drop it and retry the pod with backoff. A pod that fits nowhere gets a FailedScheduling
@@ -18,7 +19,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from concurrent.futures import Executor
 from contextlib import nullcontext
 from dataclasses import replace
@@ -49,15 +50,11 @@ from binder.queue import SchedulingQueue
 from binder.quota import check_for
 from binder.replicapreemption import held_uid
 from common.contract import Keys
-from common.lifecycle import spawn
 from common.logs import subject
 from common.placement import KeyRing
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
-
-YIELD_EVERY = 32
-"""Pods decided in a row, without waiting, before the loop lets its other callbacks run."""
 
 DECIDED_AHEAD = 2
 """Pods decided per bind worker whose writes may wait for a worker, so a worker that finishes
@@ -94,15 +91,14 @@ class Controller:
         preemption: bool = True,
         inbox: Inbox | None = None,
         preempt_replica: Callable[[PodInfo, str, str], None] | None = None,
-        retry_models: Callable[[], None] = lambda: None,
     ) -> None:
         """`ledger` is the cache's (read here, changed there); `leading` is set while this
         replica leads (only the leader schedules and writes); `inbox` is where the writers hand
         outcomes back: the one the informers use, so the bind's answer and the watch event it
         causes share a wake-up of the loop (None: one of its own, made on first use);
         `preempt_replica(victim, by, node)` drains a TritonModel replica a pod preempts (the
-        model controller's; None: replicas are never victims); `retry_models()` tells the model
-        controller of a cluster change that may let its refused replicas fit."""
+        model controller's; None: replicas are never victims). `queue` is the binder's one
+        queue, shared with the TritonModels: a cluster change retries both."""
         self._kube = kube
         self._keys = keys
         self._policy = policy
@@ -131,7 +127,6 @@ class Controller:
         self._consolidate_moves = consolidate_moves
         self._preemption = preemption
         self._preempt_replica = preempt_replica
-        self._retry_models = retry_models
         self._budgets = ledger.budgets
         self._nominations: dict[str, tuple[str, str]] = {}
         """Pods whose preemption this replica started: (node, GPU uuid) of the room held."""
@@ -202,7 +197,6 @@ class Controller:
             )
 
     def cluster_changed(self, why: str) -> None:
-        self._retry_models()
         moved = self.queue.move_all_to_active()
         if moved:
             log.debug("%s: retrying %d unschedulable pods now.", why, moved)
@@ -255,38 +249,14 @@ class Controller:
 
     # ---- the loop --------------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Schedule while leading, until `stop`."""
-        leading = self._leading
-        in_a_row = 0
-        while not stop.is_set():
-            if not leading.is_set():
-                await _first(leading.wait(), stop.wait())
-                continue
-            # A pod already waiting is taken at once: no tasks to wait on (they cost more than
-            # the decision). Every so often the loop is let through to its other work.
-            uid = self.queue.pop_ready()
-            in_a_row = in_a_row + 1 if uid is not None else 0
-            if in_a_row % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)
-            if uid is None:
-                popped = spawn("Waiting for a pod to schedule", self.queue.pop())
-                stopped = spawn("Waiting for the binder to stop", stop.wait())
-                done, _ = await asyncio.wait({popped, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                stopped.cancel()
-                if popped not in done:
-                    popped.cancel()
-                    break
-                uid = popped.result()
-            if not leading.is_set():
-                self.queue.add(uid)
-                continue
-            await self._slots.acquire()
-            try:
-                self.schedule_one(uid)
-            except Exception:
-                self._slots.release()
-                raise
+    async def slot(self) -> None:
+        """Waits for a bind slot, which `schedule_one` takes and releases once its API writes
+        are done: at most `bind_workers` x DECIDED_AHEAD pods decided ahead of their writes."""
+        await self._slots.acquire()
+
+    def release_slot(self) -> None:
+        """Gives back a slot `slot` took for a pod not decided after all."""
+        self._slots.release()
 
     def schedule_one(self, uid: str) -> None:
         """Decide for one pod. Holds a bind slot, released when its API writes are done."""
@@ -674,15 +644,6 @@ class Controller:
         """Let in-flight API writes finish (bounded), then abandon what is left: a write already
         on a worker thread ends there, its outcome ignored; a waiting one is never sent."""
         await self._writes.drain(grace_seconds)
-
-
-async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
-    tasks = [spawn("Waiting for the first of several events", a) for a in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 def _held(pod: PodInfo) -> PodInfo:

@@ -1,17 +1,16 @@
-"""The TritonModel controller: places each model's replicas, writes its status, and keeps its
+"""The TritonModel writer: places each model's replicas, writes its status, and keeps its
 namespace's model hosts and its Service.
 
-While this replica leads, a model the cache reports changed (`changed`) is reconciled on the
-loop: replicas past `spec.replicas` (those on previous files first, then the highest ordinals)
-leave (`_leave`); each missing replica is placed at the lowest free ordinal, while the
-namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place` (every rule a
-pod is placed by, `as_replica`; several may share a node, a node without one preferred),
-charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the
-model's uid, node, GPU, GPU memory and residency, so a proof copied to another replica, model
-or node does not verify).
-Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls a step per
-reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailable 0). Then, off
-the loop:
+While this replica leads, a model the cache reports changed (`changed`) is reconciled in its turn of
+the binder's one loop (`turn_of`): replicas past `spec.replicas` (those on previous files first,
+then the highest ordinals) leave (`_leave`); each missing replica is placed at the lowest free
+ordinal, while the namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place`
+(every rule a pod is placed by, `as_replica`; several may share a node, a node without one
+preferred), charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and
+the model's uid, node, GPU, GPU memory and residency, so a proof copied to another replica, model or
+node does not verify). Each replica keeps the storageUri it was placed with; a new spec.storageUri
+rolls a step per reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailable
+0). Then, off the loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
   ready, message, storageUri}), `nominations[]` (the rooms held for its replicas' preemptions:
@@ -53,8 +52,9 @@ that fits nowhere may take away lower-priority pods (evicted) and replicas
 scaled away does and is placed again once gone (`Placed` False, reason Preempted, and a
 `Preempted` Event, until it is).
 
-Models are reconciled in turns by namespace (`binder.queue`), so a namespace's thousands of models
-delay another namespace's by one of theirs. A model with a replica that fits nowhere waits as
+Models are reconciled in turns by namespace, in the binder's one queue with its pods
+(`binder.reconciler` takes the turns), so a namespace's thousands of models and pods delay
+another namespace's by one of theirs. A model with a replica that fits nowhere waits as
 kube-scheduler's pods do: retried on a cluster change once its backoff (doubling from
 --backoff-initial, at most EVENT_BACKOFF_MAX_SECONDS) has passed, else after its whole wait (up to
 --backoff-max). A reconcile costs O(nodes + replicas placed) whatever spec.replicas says: the
@@ -246,7 +246,10 @@ class ModelController:
         clock: Callable[[], float] = time.monotonic,
         backoff_initial: float = RETRY_SECONDS,
         backoff_max: float = 120.0,
+        queue: SchedulingQueue | None = None,
     ) -> None:
+        """`queue` is the binder's one queue, shared with its pods (`binder.reconciler` takes
+        the turns); None: one of the controller's own (`turn`, the benchmarks')."""
         self._kube = kube
         self._ledger = ledger
         self._leading = leading
@@ -260,20 +263,27 @@ class ModelController:
         self._access = access
         self._drain_seconds = drain_seconds
         self._clock = clock
-        self._queue = SchedulingQueue(
-            initial_seconds=backoff_initial,
-            max_seconds=backoff_max,
-            clock=clock,
-            event_backoff_max=min(EVENT_BACKOFF_MAX_SECONDS, backoff_max),
+        self._queue = (
+            queue
+            if queue is not None
+            else SchedulingQueue(
+                initial_seconds=backoff_initial,
+                max_seconds=backoff_max,
+                clock=clock,
+                event_backoff_max=min(EVENT_BACKOFF_MAX_SECONDS, backoff_max),
+            )
         )
-        """The models to reconcile, in turns by namespace; refused ones back off."""
+        """The models to reconcile, in turns by namespace (with the pods, when shared); refused
+        ones back off (capped: kube-scheduler's backoff)."""
+        self._known: set[str] = set()
+        """The uids told `changed` and not yet reconciled as gone: the queue's models."""
+        self._tick = clock() + RETRY_SECONDS
         self._current: tuple[str, bool] | None = None
         """The model being reconciled, and whether it changed meanwhile."""
         self._retry: set[str] = set()
         """Models tried again every RETRY_SECONDS (a roll that waits, a reconcile that failed)."""
         self._unfinished: set[str] = set()
         """Models whose last turn placed PLACEMENTS_PER_TURN and wants more (`turn`)."""
-        self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}
         """Model uid -> the refusal last reported (an Event only when it changes)."""
         self._namespaces: dict[str, str] = {}
@@ -417,7 +427,7 @@ class ModelController:
             if pod.namespace == namespace and is_replica(pod.uid):
                 self.changed(pod.uid.rpartition("/")[0])
                 self._awake_first(pod.uid.rpartition("/")[0], node)
-        self._wake.set()
+        self._queue.wake()
 
     def _awake_first(self, uid: str, node: str) -> None:
         """When model `uid` woke or fell asleep (or stopped being served) on `node`, the hosts
@@ -482,102 +492,83 @@ class ModelController:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
         model = self._ledger.models.get(uid)
         namespace = model.namespace if model is not None else self._namespaces.get(uid, "")
+        self._known.add(uid)
         self._queue.add(uid, namespace)
         if self._current is not None and self._current[0] == uid:
             self._current = (uid, True)
-        self._wake.set()
+        self._queue.wake()
 
-    def cluster_changed(self) -> None:
-        """Something changed that could let a refused replica fit (the cache's cluster change):
-        the refused models past their backoff are tried again."""
-        if self._queue.move_all_to_active():
-            self._wake.set()
+    def owns(self, uid: str) -> bool:
+        """Whether `uid`, taken from the queue, is a model's (else a pod's)."""
+        return uid in self._known
 
     def _write_failed(self, uid: str) -> None:
         """A status or Event write failed: the model is reconciled again, its Event with it."""
         self._refused.pop(uid, None)
         self._retry.add(uid)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        waker = asyncio.create_task(self._wake_at(stop), name="model-controller-stop")
-        writer = asyncio.create_task(self._writes.run(stop), name="model-status-writer")
-        try:
-            await self._loop(stop)
-        finally:
-            for task in (waker, writer):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    async def run_writes(self, stop: asyncio.Event) -> None:
+        """The models' status writes and refusal Events, off the turns, until `stop`."""
+        await self._writes.run(stop)
 
-    async def _wake_at(self, stop: asyncio.Event) -> None:
-        """Wakes the loop as soon as `stop` is set, not at its next tick."""
-        await stop.wait()
-        self._wake.set()
+    def tick_in(self) -> float:
+        """Seconds until the next RETRY_SECONDS tick is due (`between`)."""
+        return max(0.0, self._tick - self._clock())
 
-    async def _loop(self, stop: asyncio.Event) -> None:
-        tick = self._clock() + RETRY_SECONDS
-        idle = True
-        while not stop.is_set():
-            if idle:
-                due = self._queue.due_in()
-                wait = max(0.0, tick - self._clock())
-                wait = wait if due is None else min(wait, due)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
-            else:
-                await asyncio.sleep(0)  # one model per turn: the loop's other work goes between
-            if self._clock() >= tick:
-                # Every RETRY_SECONDS, however busy: a drain's bound passes on its own.
-                tick = self._clock() + RETRY_SECONDS
-                for again in list(self._retry):
-                    self.changed(again)
-                for draining in {rid.rpartition("/")[0] for rid in self._draining}:
-                    self.changed(draining)
-                waiting, self._waiting = self._waiting, set()
-                for namespace in waiting:
-                    self.hosts_changed(namespace)
-            self._wake.clear()
-            idle = True
-            if not self._leading.is_set():
+    async def between(self, stop: asyncio.Event) -> None:
+        """The work between two turns, while leading: every RETRY_SECONDS, however busy, the
+        models to try again are queued (a drain's bound passes on its own); the hosts whose
+        labels, annotation or conditions changed are updated."""
+        if self._clock() >= self._tick:
+            self._tick = self._clock() + RETRY_SECONDS
+            for again in list(self._retry):
+                self.changed(again)
+            for draining in {rid.rpartition("/")[0] for rid in self._draining}:
+                self.changed(draining)
+            waiting, self._waiting = self._waiting, set()
+            for namespace in waiting:
+                self.hosts_changed(namespace)
+        seen, self._hosts_seen = self._hosts_seen, set()
+        for namespace, node in sorted(seen):
+            if stop.is_set() or not self._leading.is_set():
+                self._hosts_seen.add((namespace, node))
                 continue
-            seen, self._hosts_seen = self._hosts_seen, set()
-            for namespace, node in sorted(seen):
-                if stop.is_set() or not self._leading.is_set():
-                    break
-                try:
-                    await self._reconcile_hosts(namespace, {node})
-                except ApiError as e:
-                    log.warning(
-                        "Updating the model host of namespace %s on node %s has failed (%s): "
-                        "retrying.",
-                        namespace,
-                        node,
-                        e,
-                    )
-                    self.hosts_changed(namespace)
-            uid = self._queue.pop_ready()
-            if uid is None or stop.is_set():
-                continue
-            idle = False
-            self._current = (uid, False)
             try:
-                refused = await self._reconcile(uid)
+                await self._reconcile_hosts(namespace, {node})
             except ApiError as e:
-                log.warning("Reconciling TritonModel %s has failed (%s): retrying.", uid, e)
-                self._retry.add(uid)
-                refused = False
-            except Exception:  # one model's failure must not stop the others'
-                log.exception("Reconciling TritonModel %s has failed: retrying.", uid)
-                self._retry.add(uid)
-                refused = False
-            current, self._current = self._current, None
-            self._unfinished.discard(uid)  # `changed` keeps it queued
-            if current[1]:
-                continue  # changed meanwhile: its turn comes again
-            if refused:
-                self._queue.backoff(uid)
-            else:
-                self._queue.remove(uid)
+                log.warning(
+                    "Updating the model host of namespace %s on node %s has failed (%s): retrying.",
+                    namespace,
+                    node,
+                    e,
+                )
+                self.hosts_changed(namespace)
+
+    async def turn_of(self, uid: str) -> None:
+        """Model `uid`'s turn, taken from the queue: reconciled, then backed off if a replica
+        was refused, else out of the queue (unless it changed meanwhile: its turn comes
+        again)."""
+        self._current = (uid, False)
+        try:
+            refused = await self._reconcile(uid)
+        except ApiError as e:
+            log.warning("Reconciling TritonModel %s has failed (%s): retrying.", uid, e)
+            self._retry.add(uid)
+            refused = False
+        except Exception:  # one model's failure must not stop the others'
+            log.exception("Reconciling TritonModel %s has failed: retrying.", uid)
+            self._retry.add(uid)
+            refused = False
+        current, self._current = self._current, None
+        self._unfinished.discard(uid)  # `changed` keeps it queued
+        if current is not None and current[1]:
+            return  # changed meanwhile: its turn comes again
+        if refused:
+            self._queue.backoff(uid, capped=True)
+        else:
+            self._queue.remove(uid)
+            if uid not in self._ledger.models and uid not in self._retry:
+                self._known.discard(uid)
 
     # ---- one model -----------------------------------------------------------------------------
 
@@ -741,7 +732,7 @@ class ModelController:
             return None
         placed, refusal, _, _ = self._place(model)
         if refusal:
-            self._queue.backoff(uid)
+            self._queue.backoff(uid, capped=True)
         elif uid in self._unfinished:
             self._unfinished.discard(uid)  # its next turn after the other namespaces'
         else:

@@ -4,10 +4,12 @@ A new or changed pending pod is active at once. A pod that did not fit waits: 1 
 failure, doubling per failure up to a cap (2 min by default), and is retried when its wait ends.
 A cluster change that could help (memory freed, a node added or changed, an agent alive) makes
 every waiting pod active at once, keeping its failure count so the next wait is still longer.
-A queue made with `event_backoff_max` (TritonModels) follows kube-scheduler's backoff instead: a
-cluster change retries a waiting uid only once `min(its wait, event_backoff_max)` has passed since
-it failed (at that moment, if the change came earlier), so however many changes come, each uid is
-tried at most once per backoff; without a change it waits out its whole wait.
+A uid backed off as `capped` (a TritonModel's; every uid of a queue made with `event_backoff_max`
+and no `capped_by_default=False`) follows kube-scheduler's backoff instead: a cluster change
+retries it only once `min(its wait, event_backoff_max)` has passed since it failed (at that
+moment, if the change came earlier), so however many changes come, each is tried at most once per
+backoff; without a change it waits out its whole wait. One queue holds both kinds: the binder's
+pods and TritonModels wait in one line.
 
 Active pods are taken one namespace at a time, in turns: each namespace with active pods gives
 one (its oldest) per turn, so a namespace that creates thousands of pending pods (or whose
@@ -20,6 +22,7 @@ Owns no pods, only their uids; reads time from the clock it is given (fake in te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import math
 import time
@@ -37,10 +40,12 @@ class SchedulingQueue:
         max_seconds: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
         event_backoff_max: float | None = None,
+        capped_by_default: bool = True,
     ) -> None:
         self._initial = initial_seconds
         self._max = max_seconds
         self._event_max = event_backoff_max
+        self._capped_by_default = capped_by_default and event_backoff_max is not None
         self._clock = clock
         self._active: dict[str, deque[str]] = {}
         """Each namespace's active uids, oldest first; only namespaces with some."""
@@ -57,7 +62,8 @@ class SchedulingQueue:
         self._failures: dict[str, int] = {}
         self._wakeup = asyncio.Event()
         self._failed_at: dict[str, tuple[float, float]] = {}
-        """With `event_backoff_max`: each waiting uid's failure time and the end of its backoff."""
+        """Each capped uid's last failure time and the end of its backoff (kept until `remove`:
+        what tells a capped uid from another)."""
         self._backed_off: list[tuple[float, str]] = []
         """With `event_backoff_max`: heap of (end of backoff, uid) of the waiting uids."""
         self._parked: set[str] = set()
@@ -127,8 +133,9 @@ class SchedulingQueue:
             self._drop(uid)
         self._namespace.pop(uid, None)
 
-    def backoff(self, uid: str) -> float:
-        """The pod did not fit: wait before retrying. Returns the wait in seconds."""
+    def backoff(self, uid: str, *, capped: bool | None = None) -> float:
+        """The pod did not fit: wait before retrying (`capped`: as kube-scheduler's, see the
+        module; None: as the queue was made). Returns the wait in seconds."""
         failures = self._failures.get(uid, 0) + 1
         self._failures[uid] = failures
         delay: float = min(self._initial * 2.0 ** (failures - 1), self._max)
@@ -141,7 +148,7 @@ class SchedulingQueue:
         if len(self._due) > 2 * len(self._waiting) + 64:
             self._due = [(t, u) for u, t in self._waiting.items()]
             heapq.heapify(self._due)
-        if self._event_max is not None:
+        if self._event_max is not None and (self._capped_by_default if capped is None else capped):
             ends = now + min(delay, self._event_max)
             self._failed_at[uid] = (now, ends)
             self._parked.discard(uid)
@@ -154,26 +161,39 @@ class SchedulingQueue:
         return delay
 
     def move_all_to_active(self) -> int:
-        """A helpful cluster change: every waiting pod is retried now (with `event_backoff_max`:
-        those past their backoff now, the others as theirs ends). Returns how many now."""
+        """A helpful cluster change: every waiting uid is retried now (a capped one: once past
+        its backoff, now or as it ends). Returns how many now."""
+        waiting = self._waiting
+        moved = []
         if self._event_max is not None:
             self._changed_at = self._clock()
             parked, self._parked = self._parked, set()
-            moved = sorted((u for u in parked if u in self._waiting), key=self._waiting.__getitem__)
-            for uid in moved:
-                del self._waiting[uid]
-                self._push(uid)
-            if moved:
-                self._wakeup.set()
-            return len(moved)
-        moved = sorted(self._waiting, key=lambda uid: self._waiting[uid])
+            moved = [u for u in parked if u in waiting]
+        capped = self._failed_at
+        moved.extend(u for u in waiting if u not in capped)
+        moved.sort(key=waiting.__getitem__)
         for uid in moved:
-            del self._waiting[uid]
+            del waiting[uid]
             self._push(uid)
-        self._due.clear()
+        if not capped:
+            self._due.clear()
         if moved:
             self._wakeup.set()
         return len(moved)
+
+    def wake(self) -> None:
+        """Wakes `pop` (and whoever waits on `woken`) though no uid became active: the binder's
+        loop has other work."""
+        self._wakeup.set()
+
+    async def woken(self, within: float | None) -> None:
+        """Waits until something is added, backed off or `wake`d since the last `pop` or
+        `clear_wake`, or `within` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), within)
+
+    def clear_wake(self) -> None:
+        self._wakeup.clear()
 
     def _promote_due(self) -> float | None:
         """Move pods whose wait is over to active; return seconds until the next one is due."""

@@ -91,6 +91,38 @@ def test_a_refused_model_is_retried_on_a_change_only_past_its_backoff() -> None:
     assert queue.pop_ready() == "m", "no change at all: its whole wait"
 
 
+def test_pods_and_models_share_one_line_each_with_its_own_backoff() -> None:
+    """The binder's one queue: a pod is retried at any helpful change, a model (capped) only
+    past its backoff; both kinds of one namespace take that namespace's turns together."""
+    clock = FakeClock()
+    queue = SchedulingQueue(
+        initial_seconds=1.0,
+        max_seconds=120.0,
+        clock=clock,
+        event_backoff_max=10.0,
+        capped_by_default=False,
+    )
+    for uid in ("pod", "model"):
+        queue.add(uid, "a")
+        assert queue.pop_ready() == uid
+    for _ in range(5):
+        queue.backoff("pod")
+        queue.backoff("model", capped=True)
+    clock.now = 1.0
+    assert queue.move_all_to_active() == 1
+    assert queue.pop_ready() == "pod"
+    assert queue.pop_ready() is None, "the model waits out its backoff"
+    clock.now = 10.0
+    assert queue.pop_ready() == "model", "the change came during its backoff"
+
+    for i in range(3):
+        queue.add(f"pod-{i}", "greedy")
+        queue.add(f"model-{i}", "greedy")
+    queue.add("victim", "team-b")
+    order = [queue.pop_ready() for _ in range(3)]
+    assert order == ["pod-0", "victim", "model-0"]
+
+
 def test_a_helpful_change_moves_every_waiting_pod_at_once_keeping_its_count() -> None:
     clock = FakeClock()
     queue = make_queue(clock)
