@@ -486,7 +486,7 @@ class ModelController:
                 if charged is not None:
                     self._hosts_seen.add((charged.namespace, charged.node_name))
         if flipped:
-            self._wake.set()
+            self._queue.wake()
 
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
