@@ -118,6 +118,7 @@ from common.hosted import (
     HostedReplica,
     decode_hosted,
     encode_hosted,
+    Parked,
     encode_parked,
     host_label,
     host_name,
@@ -1375,7 +1376,7 @@ class ModelController:
             owners.setdefault(model.uid, _owner(model, False))
         if parked:
             annotations[parked_models_annotation(self._keys)] = encode_parked(
-                (m.name, m.concurrency) for m in parked
+                Parked(m.name, m.template.model_id, m.concurrency) for m in parked
             )
         return {
             "apiVersion": "v1",

@@ -34,7 +34,7 @@ def parked_on(host: Mapping[str, Any], keys: Keys) -> list[str]:
     """The models a host's parked-models annotation names (none when it is malformed)."""
     annotations = (host.get("metadata") or {}).get("annotations") or {}
     value = annotations.get(parked_models_annotation(keys), "")
-    return [model for model, _ in decode_parked(str(value), MOST_PARKED)[0]]
+    return [parked.model for parked in decode_parked(str(value), MOST_PARKED)[0]]
 
 
 def parks(model: ModelInfo) -> bool:

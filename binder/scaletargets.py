@@ -41,8 +41,9 @@ class Target:
     problem: str = ""
     """Why its settings cannot be acted on ("" when they can)."""
     sources: tuple[tuple[str, str, str], ...] = ()
-    """(source, address, model): the proxies to read and the model whose counts count there
-    ("" for every model of the answer: a model pod's)."""
+    """(source, address, model): the proxies to read and the model id (the one its clients
+    send, spec.modelName) whose counts count there ("" for every model of the answer: a model
+    pod's)."""
     status: Mapping[str, Any] = field(default_factory=dict)
     """A TritonModel's status as the cache has it (its conditions)."""
 
@@ -80,17 +81,18 @@ def model_target(
     except ScalingError as e:
         problem = f"spec.autoscaling: {e}"
     sources = []
+    model_id = model.template.model_id  # the hosts count requests by the id clients send
     for node, _, _ in sorted(model.placed.values()):
         address = _address(hosts.get(node))
         if address:
-            sources.append((node, address, model.name))
+            sources.append((node, address, model_id))
     ready = model.status.get("readyReplicas")
     if not ready:  # parked only while no replica is served: the annotation read then alone
         placed = {node for node, _, _ in model.placed.values()}
         for node, host in sorted(hosts.items()):
             address = _address(host)
             if address and node not in placed and model.name in parked_on(host, keys):
-                sources.append((node, address, model.name))
+                sources.append((node, address, model_id))
     return Target(
         uid=model.uid,
         kind="TritonModel",

@@ -187,6 +187,7 @@ class TritonChannel(Channel, asyncio.Protocol):
             self.closing = True  # ids used up: new streams go to a new channel
         stream.up = up
         stream.channel = self
+        stream.fields = fields
         stream.up_window.size = self.initial_window
         stream.triton = NEXT[stream.triton, OPENED]
         if end_stream:

@@ -50,6 +50,7 @@ class Stream:
         "channel",
         "encoding",
         "ended",
+        "fields",
         "finals",
         "given",
         "held",
@@ -128,6 +129,8 @@ class Stream:
         # Triton side (`grpc.channel`): its stream id, what Triton lets us send, what waits for it,
         # and response bytes the tenant took that Triton has not been credited for yet.
         self.channel: Channel | None = None
+        self.fields: Fields = ()
+        """The request headers it was opened with at Triton, to open it again (`detach`)."""
         self.up = 0
         self.up_window = Window(0)
         self.up_held = bytearray()
@@ -135,6 +138,21 @@ class Stream:
         self.given = 0
         # Triton's answers renamed to the public model id (`channel.RenamingChannel`), if so.
         self.answers: AnswerNames | None = None
+
+    @property
+    def unsent(self) -> bool:
+        """A unary call whose message has not gone to Triton: still arriving, or waiting for
+        a slot or for its model's wake (`gate.admit`). Only its headers reached Triton."""
+        return not self.streaming and not self.passed and not self.responded
+
+    def detach(self) -> None:
+        """Its connection to Triton failed while it was `unsent`: it is opened again, on the
+        listener's channel then, once its message may go (`gate`). A model parked at zero
+        replicas has its calls wait so: the node gateway closes its host's connections until
+        a replica of it is proven there."""
+        self.channel = None
+        self.triton = IDLE
+        self.up = 0
 
 
 class Channel(FrameSink):
