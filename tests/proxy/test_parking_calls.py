@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -24,6 +25,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from proxy.grpc.server import GrpcRelay
+from proxy.policy.refusals import WakeError
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy, wait_until
 
@@ -67,6 +69,12 @@ def impatient(served_triton: TritonServer, tmp_path: Path) -> Iterator[RunningPr
 
 def _held(running: RunningProxy) -> int:
     return running.proxy.parking.waiting
+
+
+def _trailers(error: grpc.RpcError) -> dict[str, str]:
+    """The trailing metadata of a failed call."""
+    call = cast(grpc.Call, error)
+    return {str(key): str(value) for key, value in call.trailing_metadata() or ()}
 
 
 def _grpc_infer(running: RunningProxy) -> list[float]:
@@ -118,7 +126,7 @@ async def test_inference_and_metadata_wait_for_the_wake_counted_as_demand(
     limiter = host.proxy.table.models["add_one"].limiter
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(3) as pool:
-        calls = [
+        calls: list[asyncio.Future[Any]] = [
             loop.run_in_executor(pool, _grpc_infer, host),
             loop.run_in_executor(pool, _grpc_metadata, host),
             loop.run_in_executor(pool, _rest_metadata, host),
@@ -142,8 +150,8 @@ def test_a_call_that_waits_too_long_is_told_when_to_retry(impatient: RunningProx
             stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="add_one"), timeout=30)
     error = refused.value
     assert error.code() == grpc.StatusCode.UNAVAILABLE, error
-    assert "no replica of it was ready within 0.3 s; retry in 1 s" in error.details()
-    trailers = dict(error.trailing_metadata())
+    assert "no replica of it was ready within 0.3 s; retry in 1 s" in str(error.details())
+    trailers = _trailers(error)
     assert trailers["retry-after"] == "1", trailers
     assert trailers["grpc-retry-pushback-ms"] == "1000", trailers
     request = urllib.request.Request(
@@ -228,7 +236,7 @@ async def test_a_held_grpc_call_outlives_the_gateway_closing_its_host_s_connecti
         with running_proxy(settings) as host:
             loop = asyncio.get_running_loop()
             with ThreadPoolExecutor(2) as pool:
-                calls = [
+                calls: list[asyncio.Future[Any]] = [
                     loop.run_in_executor(pool, _grpc_infer, host),
                     loop.run_in_executor(pool, _grpc_metadata, host),
                 ]
@@ -242,3 +250,28 @@ async def test_a_held_grpc_call_outlives_the_gateway_closing_its_host_s_connecti
                 _write(table, parked=False)
                 infer, name = await asyncio.wait_for(asyncio.gather(*calls), 30)
             assert infer == (DATA + 1).reshape(-1).tolist() and name == "add_one"
+
+
+class _Failing:
+    """A model asleep whose wake fails as a wake past its timeout does."""
+
+    asleep = True
+
+    async def wake(self) -> None:
+        raise WakeError("the model was not loaded within 0 s; retry in 1 s", retry_after=1)
+
+
+def test_both_grpc_endpoints_say_when_to_retry(served_triton: TritonServer, grpc_mode: str) -> None:
+    """A model pod's wake that does not finish, in each `--grpc-mode`: the trailers of the
+    parked model's refusal, through the same table."""
+    with running_proxy(proxy_settings(served_triton, grpc_mode=grpc_mode)) as running:
+        running.proxy.limiter.residency = _Failing()
+        with grpc.insecure_channel(running.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            request = service_pb2.ModelInferRequest(model_name="add_one")
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(request, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+    trailers = _trailers(refused.value)
+    assert trailers["retry-after"] == "1", trailers
+    assert trailers["grpc-retry-pushback-ms"] == "1000", trailers
