@@ -560,7 +560,9 @@ class StreamGate:
         end = stream.ended and not stream.buf
         if end:
             stream.ended = False  # END_STREAM rides on this frame
-        channel = stream.channel or self._reopen(stream)
+        channel = stream.channel
+        if channel is None:
+            channel = self._reopen(stream)
         channel.send(stream, last, end)
         return True
 
@@ -703,7 +705,9 @@ class StreamGate:
             stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
         if framed is None:
             framed = framing.grpc_message(message)
-        channel = stream.channel or self._reopen(stream)
+        channel = stream.channel
+        if channel is None:
+            channel = self._reopen(stream)
         if len(framed) <= channel.max_frame:  # `_up`'s common case, without the call
             channel.send(stream, framed, last)
         else:
@@ -718,7 +722,9 @@ class StreamGate:
 
     def _up(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Request bytes of `stream` for Triton, split to frames Triton takes."""
-        channel = stream.channel or self._reopen(stream)
+        channel = stream.channel
+        if channel is None:
+            channel = self._reopen(stream)
         step = channel.max_frame
         if len(payload) <= step:
             channel.send(stream, payload, end_stream)
