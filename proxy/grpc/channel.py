@@ -198,6 +198,7 @@ class TritonChannel(Channel, asyncio.Protocol):
 
     def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""
+        stream.up_sent = True
         size = len(payload)
         if (
             not stream.up_held

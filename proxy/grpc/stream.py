@@ -21,7 +21,7 @@ from typing import Final
 from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
 from proxy.http2.reader import FrameSink
-from proxy.http2.state import IDLE, OPEN
+from proxy.http2.state import IDLE, OPEN, peer_ended
 from proxy.policy.finals import Finals
 from proxy.policy.inflation import Inflation
 from proxy.policy.naming import AnswerNames
@@ -79,6 +79,7 @@ class Stream:
         "up",
         "up_end",
         "up_held",
+        "up_sent",
         "up_window",
         "waiter",
         "window",
@@ -135,15 +136,19 @@ class Stream:
         self.up_window = Window(0)
         self.up_held = bytearray()
         self.up_end = False
+        self.up_sent = False  # request bytes went to a channel (`unsent`)
         self.given = 0
         # Triton's answers renamed to the public model id (`channel.RenamingChannel`), if so.
         self.answers: AnswerNames | None = None
 
     @property
     def unsent(self) -> bool:
-        """A unary call whose message has not gone to Triton: still arriving, or waiting for
-        a slot or for its model's wake (`gate.admit`). Only its headers reached Triton."""
-        return not self.streaming and not self.passed and not self.responded
+        """Only its headers reached Triton, and a message is still to come or waits for a
+        slot or for its model's wake (`gate.admit`): nothing of it is lost with the
+        connection, and nothing is answered yet."""
+        if self.up_sent or self.responded:
+            return False
+        return self.limited == WAITING or bool(self.buf) or not peer_ended(self.tenant)
 
     def detach(self) -> None:
         """Its connection to Triton failed while it was `unsent`: it is opened again, on the
@@ -153,6 +158,7 @@ class Stream:
         self.channel = None
         self.triton = IDLE
         self.up = 0
+        self.up_window.size = 0
 
 
 class Channel(FrameSink):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import time
 import urllib.error
 import urllib.request
@@ -85,6 +86,23 @@ def _grpc_infer(running: RunningProxy) -> list[float]:
         assert result.get_response().model_name == "add_one"
         answer: list[float] = result.as_numpy("OUTPUT0").reshape(-1).tolist()
         return answer
+
+
+def _grpc_stream_infer(running: RunningProxy) -> list[float]:
+    """One request on a ModelStreamInfer stream, and its answer."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(running.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(DATA)
+            client.async_stream_infer("add_one", [tensor])
+            result, error = answers.get(timeout=30)
+        finally:
+            client.stop_stream()
+    assert error is None, error
+    answer: list[float] = result.as_numpy("OUTPUT0").reshape(-1).tolist()
+    return answer
 
 
 def _grpc_metadata(running: RunningProxy) -> str:
@@ -235,12 +253,13 @@ async def test_a_held_grpc_call_outlives_the_gateway_closing_its_host_s_connecti
         )
         with running_proxy(settings) as host:
             loop = asyncio.get_running_loop()
-            with ThreadPoolExecutor(2) as pool:
+            with ThreadPoolExecutor(3) as pool:
                 calls: list[asyncio.Future[Any]] = [
                     loop.run_in_executor(pool, _grpc_infer, host),
                     loop.run_in_executor(pool, _grpc_metadata, host),
+                    loop.run_in_executor(pool, _grpc_stream_infer, host),
                 ]
-                await wait_until(lambda: _held(host) == 2, "two calls held")
+                await wait_until(lambda: _held(host) == 3, "three calls held")
                 await wait_until(lambda: gateway.refused >= 1, "the host's connection closed")
                 relay = host.proxy.grpc
                 assert isinstance(relay, GrpcRelay)
@@ -248,8 +267,8 @@ async def test_a_held_grpc_call_outlives_the_gateway_closing_its_host_s_connecti
                 assert not any(call.done() for call in calls)
                 gateway.admits = True  # a replica is proven here, then served
                 _write(table, parked=False)
-                infer, name = await asyncio.wait_for(asyncio.gather(*calls), 30)
-            assert infer == (DATA + 1).reshape(-1).tolist() and name == "add_one"
+                infer, name, streamed = await asyncio.wait_for(asyncio.gather(*calls), 30)
+            assert infer == streamed == (DATA + 1).reshape(-1).tolist() and name == "add_one"
 
 
 class _Failing:
