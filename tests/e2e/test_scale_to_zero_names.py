@@ -8,6 +8,7 @@ REST one sent beside it are held, count as the model's demand, wake it and are a
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import urllib.error
@@ -21,6 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from binder.parking import parked_on
+from common.contract import PROXY_AUTOSCALING_PATH
 from common.hosted import serves_label
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR
@@ -128,7 +130,8 @@ def test_a_parked_model_named_by_model_name_wakes_on_a_grpc_request(cluster: Sim
                 rpc.infer(NAME, [rpc_tensor])
             assert served in str(grpc_404.value), grpc_404.value
             assert grpc_404.value.status() == "StatusCode.NOT_FOUND", grpc_404.value
-            assert _replicas(custom) == 0, "readiness and unknown names wake nothing"
+            # No demand: the autoscaler's read of the host counts nothing held for it.
+            assert _held_seconds(address) == 0, "readiness and unknown names wake nothing"
         finally:
             rest.close()
             rpc.close()
@@ -158,6 +161,13 @@ def test_a_parked_model_named_by_model_name_wakes_on_a_grpc_request(cluster: Sim
         with grpcclient.InferenceServerClient(f"{address}:9001") as rpc:
             assert rpc.is_model_ready(MODEL_NAME)
             assert rpc.get_model_metadata(MODEL_NAME).name == MODEL_NAME
+
+
+def _held_seconds(address: str) -> float:
+    """The seconds the host's proxy held add_one's calls, as the autoscaler reads them."""
+    with urllib.request.urlopen(f"http://{address}:9002{PROXY_AUTOSCALING_PATH}", timeout=5) as r:
+        counts = json.loads(r.read())
+    return float(counts.get(MODEL_NAME, [0.0, 0])[0])
 
 
 def _parked_here(address: str, model: str) -> bool:
