@@ -37,6 +37,7 @@ from agent.pods import PodInfo, hosted_from_dict, is_host, pod_from_dict
 from common.contract import Keys
 from common.hosted import (
     HostedReplica,
+    Parked,
     decode_parked,
     host_label,
     hosted_models_annotation,
@@ -318,7 +319,7 @@ class Authorizer:
                 refused.append(f"{replica.name}: {e}")
         return proven, refused
 
-    def parked(self, obj: JsonObject) -> tuple[list[tuple[str, int]], str]:
+    def parked(self, obj: JsonObject) -> tuple[list[Parked], str]:
         """The models a model host's annotation parks on it (no proof: parking loads nothing,
         it only has the namespace's own host hold requests for its own models), and what is
         wrong with the annotation ("" when nothing is); the caller has checked the host."""

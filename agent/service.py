@@ -302,7 +302,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         return agent_pb2.ListHostedResponse(
             replicas=replicas,
             refused=refused,
-            parked=[agent_pb2.HostedReplica(model_id=m, max_concurrency=c) for m, c in parked],
+            parked=[
+                agent_pb2.HostedReplica(model_id=p.model_id, max_concurrency=p.max_concurrency)
+                for p in parked
+            ],
         )
 
     async def ListGpus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802

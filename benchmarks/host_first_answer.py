@@ -206,7 +206,7 @@ def run_from_zero(rounds: int) -> None:
             ).items
             for host in hosts:
                 value = (host.metadata.annotations or {}).get(parked, "")
-                if ("zero", 0) in decode_parked(value, 100)[0]:
+                if "zero" in [p.model for p in decode_parked(value, 100)[0]]:
                     return str(host.status.pod_ip) if host.status.pod_ip else None
             return None
 

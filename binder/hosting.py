@@ -118,6 +118,7 @@ from common.hosted import (
     SLEEPING_REASON,
     HostedError,
     HostedReplica,
+    Parked,
     decode_hosted,
     encode_hosted,
     encode_parked,
@@ -1415,7 +1416,7 @@ class ModelController:
             owners.setdefault(model.uid, _owner(model, False))
         if parked:
             annotations[parked_models_annotation(self._keys)] = encode_parked(
-                (m.name, m.concurrency) for m in parked
+                Parked(m.name, m.template.model_id, m.concurrency) for m in parked
             )
         return {
             "apiVersion": "v1",

@@ -3,7 +3,8 @@ endpoint that holds its requests (Knative's activator).
 
 A model with spec.autoscaling that the autoscaler scaled to 0 is parked on one of its
 namespace's model hosts: the binder keeps that host (created again if it is gone), names the
-model in the host's `<prefix>parked-models` annotation and labels the host
+model (and its spec.modelName, the id its requests are held by) in the host's
+`<prefix>parked-models` annotation and labels the host
 `<prefix>serves-<model>: "true"`, so the model's Service reaches it. The host's proxy holds the
 model's requests (`proxy.parking`), which the built-in autoscaler reads from that host as the
 model's concurrency: it scales the model to 1 (or more), and the binder places the replica
@@ -34,7 +35,7 @@ def parked_on(host: Mapping[str, Any], keys: Keys) -> list[str]:
     """The models a host's parked-models annotation names (none when it is malformed)."""
     annotations = (host.get("metadata") or {}).get("annotations") or {}
     value = annotations.get(parked_models_annotation(keys), "")
-    return [model for model, _ in decode_parked(str(value), MOST_PARKED)[0]]
+    return [parked.model for parked in decode_parked(str(value), MOST_PARKED)[0]]
 
 
 def parks(model: ModelInfo) -> bool:

@@ -41,8 +41,9 @@ class Target:
     problem: str = ""
     """Why its settings cannot be acted on ("" when they can)."""
     sources: tuple[tuple[str, str, str], ...] = ()
-    """(source, address, model): the proxies to read and the model whose counts count there
-    ("" for every model of the answer: a model pod's)."""
+    """(source, address, model): the proxies to read and the model id (the one its clients
+    send, spec.modelName) whose counts count there ("" for every model of the answer: a model
+    pod's)."""
     status: Mapping[str, Any] = field(default_factory=dict)
     """A TritonModel's status as the cache has it (its conditions)."""
 
@@ -80,13 +81,14 @@ def model_target(
     except ScalingError as e:
         problem = f"spec.autoscaling: {e}"
     sources = list(host_sources(model, hosts))
+    model_id = model.template.model_id  # the hosts count requests by the id clients send
     ready = model.status.get("readyReplicas")
     if not ready:  # parked only while no replica is served: the annotation read then alone
         placed = {node for node, _, _ in model.placed.values()}
         for node, host in sorted(hosts.items()):
             address = _address(host)
             if address and node not in placed and model.name in parked_on(host, keys):
-                sources.append((node, address, model.name))
+                sources.append((node, address, model_id))
     return Target(
         uid=model.uid,
         kind="TritonModel",
@@ -105,12 +107,12 @@ def model_target(
 def host_sources(
     model: ModelInfo, hosts: Mapping[str, JsonObject]
 ) -> Iterator[tuple[str, str, str]]:
-    """(node, address, model name) of each host with a replica of `model` placed, once a
-    node."""
+    """(node, address, model id) of each host with a replica of `model` placed, once a node:
+    the hosts count requests by the id clients send."""
     for node in sorted({node for node, _, _ in model.placed.values()}):
         address = _address(hosts.get(node))
         if address:
-            yield node, address, model.name
+            yield node, address, model.template.model_id
 
 
 def _address(pod: Mapping[str, Any] | None) -> str:

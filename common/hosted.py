@@ -9,9 +9,9 @@ and is the only writer of what this module names on it:
   host's node (several replicas of one model may share it, each with its own GPU and proof), each
   with the TritonModel's name and, where its spec.modelName differs, `modelId`: the id its
   clients send;
-- annotation `<prefix>parked-models`: a JSON list (`{"model", "maxConcurrency"}`) of the
-  namespace's models at zero replicas parked on the host (scale to zero: the host's proxy holds
-  their requests until a replica is ready);
+- annotation `<prefix>parked-models`: a JSON list (`{"model", "maxConcurrency"}`, and `modelId`
+  as above) of the namespace's models at zero replicas parked on the host (scale to zero: the
+  host's proxy holds their requests, by model id, until a replica is ready);
 - label `<prefix>serves-<model>: "true"` for each model with a replica loaded, ready and not
   draining there (what the model's Service selects), read from the agent's conditions below;
   `"asleep"` (`SERVES_ASLEEP`, outside the Service) for an on-demand model asleep there while
@@ -30,6 +30,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from common.contract import (
     RESIDENCIES,
@@ -106,16 +107,30 @@ def parked_models_annotation(keys: Keys) -> str:
     return f"{keys.prefix}parked-models"
 
 
-def encode_parked(models: Iterable[tuple[str, int]]) -> str:
-    """The parked-models annotation's value for `models` ((model, maxConcurrency)), sorted."""
-    entries = [{"model": m, "maxConcurrency": c} for m, c in sorted(set(models))]
+class Parked(NamedTuple):
+    """A model parked on a host (`<prefix>parked-models`)."""
+
+    model: str
+    """The TritonModel's name."""
+    model_id: str
+    """The id its clients send (spec.modelName, else `model`): what the host's proxy holds."""
+    max_concurrency: int
+
+
+def encode_parked(models: Iterable[Parked]) -> str:
+    """The parked-models annotation's value for `models`, sorted; `modelId` only where it
+    differs from the TritonModel's name, as in the hosted-models annotation."""
+    entries = [
+        {"model": m.model, "maxConcurrency": m.max_concurrency}
+        | ({"modelId": m.model_id} if m.model_id != m.model else {})
+        for m in sorted(set(models))
+    ]
     return json.dumps(entries, separators=(",", ":"))
 
 
-def decode_parked(value: str, most: int) -> tuple[list[tuple[str, int]], str]:
-    """The parked (model, maxConcurrency) of an annotation's value, at most `most`, and what is
-    wrong with it ("" when nothing is): a malformed value or an invalid model id parks
-    nothing."""
+def decode_parked(value: str, most: int) -> tuple[list[Parked], str]:
+    """The parked models of an annotation's value, at most `most`, and what is wrong with it
+    ("" when nothing is): a malformed value or an invalid model name or id parks nothing."""
     if not value.strip():
         return [], ""
     try:
@@ -127,17 +142,27 @@ def decode_parked(value: str, most: int) -> tuple[list[tuple[str, int]], str]:
     if len(data) > most:
         return [], f"the parked-models annotation names {len(data)} models, more than {most}"
     found = {}
-    for entry in data:
-        model = entry.get("model") if isinstance(entry, dict) else None
-        limit = entry.get("maxConcurrency", 0) if isinstance(entry, dict) else None
-        if not isinstance(model, str) or isinstance(limit, bool) or not isinstance(limit, int):
-            return [], "a parked-models entry has no `model` or no whole `maxConcurrency`"
+    for item in data:
+        entry = item if isinstance(item, dict) else {}
+        model, limit = entry.get("model"), entry.get("maxConcurrency", 0)
+        model_id = entry.get("modelId", model)
+        if (
+            not isinstance(model, str)
+            or not isinstance(model_id, str)
+            or isinstance(limit, bool)
+            or not isinstance(limit, int)
+        ):
+            return [], (
+                "a parked-models entry has no `model`, a `modelId` that is not a string or no "
+                "whole `maxConcurrency`"
+            )
         try:
             validate_model_id(model)
+            validate_model_id(model_id)
         except ContractError as e:
             return [], f"the parked-models annotation: {e}"
-        found[model] = max(0, limit)
-    return sorted(found.items()), ""
+        found[model] = Parked(model, model_id, max(0, limit))
+    return sorted(found.values()), ""
 
 
 def _qualified(keys: Keys, word: str, model: str) -> str:

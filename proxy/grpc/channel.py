@@ -187,6 +187,7 @@ class TritonChannel(Channel, asyncio.Protocol):
             self.closing = True  # ids used up: new streams go to a new channel
         stream.up = up
         stream.channel = self
+        stream.fields = fields
         stream.up_window.size = self.initial_window
         stream.triton = NEXT[stream.triton, OPENED]
         if end_stream:
@@ -197,6 +198,7 @@ class TritonChannel(Channel, asyncio.Protocol):
 
     def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""
+        stream.up_sent = True
         size = len(payload)
         if (
             not stream.up_held

@@ -51,10 +51,24 @@ def local_head(stream_id: int) -> bytes:
     return headers_frames(stream_id, header_block(_RESPONSE_HEAD), end_stream=False)
 
 
-def local_trailers(stream_id: int, code: str, details: str, head: bool) -> bytes:
-    """The trailers of the relay's own answer; with `head` (nothing sent on the stream yet) the
-    one Trailers-Only block of a bare error."""
-    fields = status_fields(code, details)
+def retry_fields(seconds: int) -> list[tuple[bytes, bytes]]:
+    """The trailer fields of a refusal to retry after `seconds` (REST's Retry-After):
+    `retry-after` for the application, and gRPC's own server pushback
+    (`grpc-retry-pushback-ms`), which a channel with a retry policy for the code waits."""
+    if seconds <= 0:
+        return []
+    return [
+        (b"retry-after", str(seconds).encode()),
+        (b"grpc-retry-pushback-ms", b"%d" % (seconds * 1000)),
+    ]
+
+
+def local_trailers(
+    stream_id: int, code: str, details: str, head: bool, retry_after: int = 0
+) -> bytes:
+    """The trailers of the relay's own answer (with `retry_fields` when `retry_after`); with
+    `head` (nothing sent on the stream yet) the one Trailers-Only block of a bare error."""
+    fields = status_fields(code, details) + retry_fields(retry_after)
     return headers_frames(
         stream_id, header_block(_RESPONSE_HEAD + fields if head else fields), True
     )

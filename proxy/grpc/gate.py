@@ -36,7 +36,7 @@ from typing import Any, Final, Protocol
 from proxy.grpc import framing, messages
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.replies import Replies
-from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
+from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Channel, Stream
 from proxy.http2.state import active
 from proxy.metrics import ProxyMetrics
 from proxy.policy import finals, inflation, refusals, routing, tensors, wire
@@ -99,6 +99,9 @@ class GateContext(Protocol):
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         """Run `coro` on a task the listener owns (cancelled when it stops)."""
+
+    def channel(self) -> Channel:
+        """The connection to Triton a new stream goes on (or a detached one, again)."""
 
 
 class StreamGate:
@@ -561,7 +564,8 @@ class StreamGate:
         if end:
             stream.ended = False  # END_STREAM rides on this frame
         channel = stream.channel
-        assert channel is not None
+        if channel is None:
+            channel = self._reopen(stream)
         channel.send(stream, last, end)
         return True
 
@@ -672,8 +676,15 @@ class StreamGate:
             picked = stream.served
             if picked is not None and picked.spread:
                 request = router.renamed_to(request, picked.public, picked.private)
+        now_served = stream.served
+        parked = now_served is not None and now_served.entry.parked
+        if parked and decision.route == "ModelReady":
+            self.refuse(stream, "OK", "", b"")  # ready: false (`routing.parked_message`)
+            return False
         stream.passed = True
-        if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
+        # A parked model's calls, inference or not, wait for its wake (`proxy.parking`).
+        limited = decision.limited or parked
+        if limited and stream.limited == NO_SLOT and not self.admit(stream):
             stream.buf[:0] = framed or framing.grpc_message(message)  # checked again once admitted
             stream.route = stream.kind
             stream.passed = False
@@ -707,16 +718,25 @@ class StreamGate:
         if framed is None:
             framed = framing.grpc_message(message)
         channel = stream.channel
-        assert channel is not None
+        if channel is None:
+            channel = self._reopen(stream)
         if len(framed) <= channel.max_frame:  # `_up`'s common case, without the call
             channel.send(stream, framed, last)
         else:
             self._up(stream, framed, last)
 
+    def _reopen(self, stream: Stream) -> Channel:
+        """Open `stream` at Triton again, on the listener's channel: its connection failed
+        before its message went (`Stream.detach`)."""
+        channel = self.context.channel()
+        channel.open(stream, stream.fields, False)
+        return channel
+
     def _up(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Request bytes of `stream` for Triton, split to frames Triton takes."""
         channel = stream.channel
-        assert channel is not None
+        if channel is None:
+            channel = self._reopen(stream)
         step = channel.max_frame
         if len(payload) <= step:
             channel.send(stream, payload, end_stream)
@@ -726,11 +746,18 @@ class StreamGate:
             channel.send(stream, payload[pos : pos + step], end_stream and last)
 
     def refuse_error(self, stream: Stream, error: refusals.ProxyError) -> None:
-        """Answer `stream` with one of the proxy's own refusals (its code from the table)."""
-        self.refuse(stream, refusals.grpc_code(error).name, str(error), None)
+        """Answer `stream` with one of the proxy's own refusals (its code from the table, and
+        the seconds to wait before a retry, `framing.retry_fields`)."""
+        code = refusals.grpc_code(error).name
+        self.refuse(stream, code, str(error), None, refusals.retry_after(error))
 
     def refuse(
-        self, stream: Stream, code: str, details: str, response: bytes | None = None
+        self,
+        stream: Stream,
+        code: str,
+        details: str,
+        response: bytes | None = None,
+        retry_after: int = 0,
     ) -> None:
         """Answer `stream` ourselves and reset it at Triton."""
         self.streams.pop(stream.sid, None)
@@ -740,7 +767,7 @@ class StreamGate:
             assert stream.channel is not None
             stream.channel.reset(stream)
         stream.buf.clear()
-        self.answer(stream, GrpcAnswer(stream.route, code, details), None, response)
+        self.answer(stream, GrpcAnswer(stream.route, code, details), None, response, retry_after)
 
     def answer(
         self,
@@ -748,6 +775,7 @@ class StreamGate:
         answer: GrpcAnswer,
         started: float | None,
         response: bytes | None = None,
+        retry_after: int = 0,
     ) -> None:
         """Answer `stream` with `answer` (and `response`, or the answer's own for an OK one)."""
         if response is None and answer.code == "OK":
@@ -760,7 +788,8 @@ class StreamGate:
                 head = False
             self.replies.to_tenant(stream, framing.grpc_message(response), False)
         self.replies.end_to_tenant(
-            stream, framing.local_trailers(stream.sid, answer.code, answer.details, head)
+            stream,
+            framing.local_trailers(stream.sid, answer.code, answer.details, head, retry_after),
         )
         if started is not None:
             served = stream.served

@@ -25,6 +25,7 @@ import grpc
 import grpc.aio
 
 from common.lifecycle import spawn
+from proxy.grpc import framing
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.limiter import Limiter
@@ -145,7 +146,7 @@ class GrpcProxy:
                 except refusals.ProxyError as e:
                     self._metrics.rejected(type(e).__name__)
                     code = refusals.grpc_code(e).name
-                    await context.abort(refusals.grpc_code(e), str(e))
+                    await _refuse(context, e)
             try:
                 call = self._upstream(decision.method)(
                     decision.request, metadata=call_metadata, timeout=timeout
@@ -179,7 +180,7 @@ class GrpcProxy:
         except refusals.ProxyError as e:
             self._metrics.rejected(type(e).__name__)
             self._metrics.observe("grpc", "ModelStreamInfer", refusals.grpc_code(e).name, 0.0)
-            await context.abort(refusals.grpc_code(e), str(e))
+            await _refuse(context, e)
         assert self._channel is not None
         call = self._channel.stream_stream(f"/{GRPC_SERVICE}/ModelStreamInfer", None, None)(
             None, metadata=_forwarded_metadata(context), timeout=context.time_remaining()
@@ -250,3 +251,12 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic onl
 
 
 __all__: Sequence[str] = ("GrpcProxy",)
+
+
+async def _refuse(context: grpc.aio.ServicerContext[Any, Any], error: refusals.ProxyError) -> None:
+    """Abort the call with one of the proxy's refusals: its code, and the trailers that say
+    when to retry (`framing.retry_fields`), as the relay answers it."""
+    retry = framing.retry_fields(refusals.retry_after(error))
+    if retry:
+        context.set_trailing_metadata([(k.decode(), v.decode()) for k, v in retry])
+    await context.abort(refusals.grpc_code(error), str(error))

@@ -322,7 +322,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 sid, frames.STREAM_CLOSED, f"DATA on stream {sid} after END_STREAM"
             )
             return
-        if not active(stream.triton):
+        if not active(stream.triton) and stream.channel is not None:
             return  # answered by the relay, kept only for its response: dropped
         try:
             stream.received.arrived(size)
@@ -452,7 +452,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 self.on_stream_error(sid, frames.PROTOCOL_ERROR, problem)
             else:
                 stream.tenant = NEXT[stream.tenant, RECEIVED_END]
-                if active(stream.triton):
+                if active(stream.triton) or stream.channel is None:  # open, or detached
                     stream.ended = True
                     self.gate.relay_buffered(stream)
             return

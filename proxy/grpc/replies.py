@@ -227,7 +227,11 @@ class Replies(TenantSide):
             self.hooks.finish(stream, "UNAVAILABLE")
 
     def triton_unavailable(self, stream: Stream) -> None:
-        """The connection to Triton failed under `stream`."""
+        """The connection to Triton failed under `stream`: answered UNAVAILABLE, unless its
+        message has not gone yet (`Stream.detach`)."""
         if stream.sid in self.streams:
+            if stream.unsent:
+                stream.detach()
+                return
             error = UpstreamError(UNAVAILABLE)
             self.hooks.refuse(stream, grpc_code(error).name, str(error), None)

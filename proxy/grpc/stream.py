@@ -21,7 +21,7 @@ from typing import Final
 from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
 from proxy.http2.reader import FrameSink
-from proxy.http2.state import IDLE, OPEN
+from proxy.http2.state import IDLE, OPEN, peer_ended
 from proxy.policy.finals import Finals
 from proxy.policy.inflation import Inflation
 from proxy.policy.naming import AnswerNames
@@ -50,6 +50,7 @@ class Stream:
         "channel",
         "encoding",
         "ended",
+        "fields",
         "finals",
         "given",
         "held",
@@ -78,6 +79,7 @@ class Stream:
         "up",
         "up_end",
         "up_held",
+        "up_sent",
         "up_window",
         "waiter",
         "window",
@@ -128,13 +130,35 @@ class Stream:
         # Triton side (`grpc.channel`): its stream id, what Triton lets us send, what waits for it,
         # and response bytes the tenant took that Triton has not been credited for yet.
         self.channel: Channel | None = None
+        self.fields: Fields = ()
+        """The request headers it was opened with at Triton, to open it again (`detach`)."""
         self.up = 0
         self.up_window = Window(0)
         self.up_held = bytearray()
         self.up_end = False
+        self.up_sent = False  # request bytes went to a channel (`unsent`)
         self.given = 0
         # Triton's answers renamed to the public model id (`channel.RenamingChannel`), if so.
         self.answers: AnswerNames | None = None
+
+    @property
+    def unsent(self) -> bool:
+        """Only its headers reached Triton, and a message is still to come or waits for a
+        slot or for its model's wake (`gate.admit`): nothing of it is lost with the
+        connection, and nothing is answered yet."""
+        if self.up_sent or self.responded:
+            return False
+        return self.limited == WAITING or bool(self.buf) or not peer_ended(self.tenant)
+
+    def detach(self) -> None:
+        """Its connection to Triton failed while it was `unsent`: it is opened again, on the
+        listener's channel then, once its message may go (`gate`). A model parked at zero
+        replicas has its calls wait so: the node gateway closes its host's connections until
+        a replica of it is proven there."""
+        self.channel = None
+        self.triton = IDLE
+        self.up = 0
+        self.up_window.size = 0
 
 
 class Channel(FrameSink):

@@ -43,7 +43,7 @@ from proxy.http1.gate import ADMITTED, check_whole, head_refusal, too_large
 from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
-from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
+from proxy.policy.routing import JSON, NOT_FOUND, Answer, Forward, error_body, parked_message
 from proxy.table import Served
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,14 @@ class ClientConnection(Connection):
                 self._answer_locally(200, "text/plain", b"")
                 answered += 1
                 continue
-            if decision.limited:
+            parked = served is not None and served.entry.parked
+            if parked and decision.route == "ready":
+                assert served is not None
+                self._buffer = buffer[body:]
+                self._answer_locally(400, JSON, error_body(parked_message(served.model_id)))
+                answered += 1
+                continue
+            if decision.limited or parked:  # a parked model's calls wait for its wake
                 if not self._limiter.try_acquire():
                     self._buffer = buffer[body:]
                     self._wait(self._acquire_then_send())

@@ -98,6 +98,16 @@ def served_words(model_id: str, names: Collection[str]) -> str:
     return f"; this host serves {shown}{more}"
 
 
+def parked_message(model_id: str) -> str:
+    """The answer to a readiness call for a model parked at zero replicas (`proxy.parking`):
+    not ready, as the KServe v2 protocol has a model that cannot infer now; asking wakes
+    nothing, its other calls do."""
+    return (
+        f"model {model_id} is scaled to zero and not ready; its next request (inference, "
+        f"metadata, config or statistics) starts a replica and waits for it"
+    )
+
+
 def unavailable_model_message(name: str) -> str:
     """Triton's message when statistics are asked for a model it does not have."""
     return f"requested model '{name}' is not available"

@@ -6,6 +6,7 @@ to one and keep it from zero while they wait."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -15,16 +16,20 @@ from binder.model import ModelInfo, model_from_api
 from binder.parking import park_node, parked_on
 from binder.scaletargets import Index, model_target
 from common.contract import Keys
-from common.hosted import encode_parked, parked_models_annotation
+from common.hosted import Parked, decode_parked, encode_parked, parked_models_annotation
 
 KEYS = Keys()
 AUTOSCALING = {"target": 1, "minReplicas": 0, "window": "6s"}
 
 
-def model(replicas: int, autoscaling: dict[str, Any] | None = AUTOSCALING) -> ModelInfo:
+def model(
+    replicas: int, autoscaling: dict[str, Any] | None = AUTOSCALING, model_name: str = ""
+) -> ModelInfo:
     spec: dict[str, Any] = {"storageUri": "s3://b/m", "gpuMemory": "1Gi", "replicas": replicas}
     if autoscaling is not None:
         spec["autoscaling"] = autoscaling
+    if model_name:
+        spec["modelName"] = model_name
     obj = {
         "apiVersion": "tritonshare.io/v1alpha1",
         "kind": "TritonModel",
@@ -38,7 +43,7 @@ def host(address: str, parked: list[str] | None = None) -> dict[str, Any]:
     annotations = (
         {}
         if parked is None
-        else {parked_models_annotation(KEYS): encode_parked((m, 0) for m in parked)}
+        else {parked_models_annotation(KEYS): encode_parked(Parked(m, m, 0) for m in parked)}
     )
     return {"metadata": {"annotations": annotations}, "status": {"podIP": address}}
 
@@ -80,6 +85,8 @@ def test_a_malformed_or_oversized_parked_annotation_parks_nothing() -> None:
         '["m"]',
         '[{"model": "../x"}]',
         '[{"model": "m", "maxConcurrency": "2"}]',
+        '[{"model": "m", "modelId": "../x"}]',
+        '[{"model": "m", "modelId": 7}]',
     ):
         bad = {"metadata": {"annotations": {parked_models_annotation(KEYS): value}}}
         assert parked_on(bad, KEYS) == []
@@ -92,6 +99,26 @@ def test_the_parking_host_is_the_autoscaler_s_source_while_no_replica_is_ready()
     # A host of the namespace that does not name it is no source.
     target = model_target(model(0), {"n1": host("10.0.0.1", ["other"])}, KEYS)
     assert target is not None and target.sources == ()
+
+
+def test_a_model_named_by_spec_model_name_is_parked_and_counted_under_that_id() -> None:
+    """Its clients send spec.modelName: the host holds, and counts, its requests under it."""
+    value = encode_parked([Parked("resnet-50", "resnet_50", 2), Parked("m", "m", 0)])
+    assert value == (
+        '[{"model":"m","maxConcurrency":0},'
+        '{"model":"resnet-50","maxConcurrency":2,"modelId":"resnet_50"}]'
+    )
+    annotated = {"metadata": {"annotations": {parked_models_annotation(KEYS): value}}}
+    assert parked_on(annotated, KEYS) == ["m", "resnet-50"]
+    assert decode_parked(value, 10)[0][1] == Parked("resnet-50", "resnet_50", 2)
+    named = model(0, model_name="m_1")
+    hosts = {"n2": {**annotated, "status": {"podIP": "10.0.0.2"}}}
+    target = model_target(named, hosts, KEYS)
+    assert target is not None and target.sources == (("n2", "10.0.0.2", "m_1"),)
+    # A placed replica's host counts it under that id too.
+    placed = dataclasses.replace(model(1, model_name="m_1"), placed={0: ("n1", "GPU-0", "p")})
+    target = model_target(placed, {"n1": host("10.0.0.1")}, KEYS)
+    assert target is not None and target.sources == (("n1", "10.0.0.1", "m_1"),)
 
 
 def test_requests_held_at_zero_scale_the_model_to_one_and_keep_it_from_zero() -> None:
