@@ -24,8 +24,11 @@ ScaledObject's `scaleTargetRef` names the TritonModel, Prometheus scrapes the na
 hosts (the query keeps the model's series, by its `model` label), and the cluster has `--nodes`
 real nodes (the maximum replicas by default: a TritonModel has one replica per node at most),
 each with its own Triton, agent, gateway and kubelet. Each new replica is timed by its own
-phases (seconds after the TritonModel asked for it: placed, loaded on its node, Ready in the
-Service's endpoints, first answer).
+phases (seconds after the TritonModel asked for it: placed, its host running, loaded on its node,
+labelled to serve, its host Ready, both (in the Service's endpoints), first answer), then where
+the seconds from the load's start to the last new replica's first answer go: the built-in
+autoscaler's decisions (from the binder's log), that replica's phases since the load started,
+and each step's median over the new replicas.
 
 With `--autoscaler builtin` (needs `--as tritonmodel`), the binder's built-in autoscaler
 scales the TritonModel instead (its spec.autoscaling: target 1, `--max-replicas`, stable window
