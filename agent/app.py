@@ -351,6 +351,7 @@ class Agent:
             settings.node_name,
             self.events,
             on_reinstall=self.conditions.reinstalling,
+            on_loaded=self.conditions.loaded,
             load_failures=self.load_failures,
         )
         self.gate = Gate(

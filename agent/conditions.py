@@ -40,7 +40,6 @@ pass; the API call is agent.kube's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -202,6 +201,7 @@ class ModelConditions:
         self.writes = 0
         self._reinstalls: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
 
     def reinstalling(self, proven: Proven) -> None:
         """A Running pod (its loader long done) installs its model again: the node had lost it.
@@ -234,14 +234,28 @@ class ModelConditions:
         triton_live: Callable[[], bool],
         period: float,
     ) -> None:
-        """A pass every `period` seconds until `stop` is set (none before the pods are listed)."""
+        """A pass every `period` seconds, and at once after `loaded` (coalesced: one pass for
+        all the loads since the last began), until `stop` is set (none before the pods are
+        listed)."""
         while not stop.is_set():
+            self._wake.clear()
             listed = pods()
             if listed is not None:
                 await self.sync(listed, triton_live())
                 await self.sync_hosts()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), period)
+            if self._wake.is_set():
+                continue
+            waits = [asyncio.ensure_future(w) for w in (stop.wait(), self._wake.wait())]
+            try:
+                await asyncio.wait(waits, timeout=period, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+
+    def loaded(self) -> None:
+        """A model was loaded on the node: its pod's (or host replica's) condition says so at
+        the next pass, now, not up to a period later (the Service waits on it)."""
+        self._wake.set()
 
     async def sync(self, pods: Iterable[Proven], triton_live: bool) -> None:
         """One pass over the pods; a failed write is logged and tried again next pass."""

@@ -71,6 +71,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         events: PodEvents,
         *,
         on_reinstall: Callable[[Proven], None] | None = None,
+        on_loaded: Callable[[], None] | None = None,
         load_failures: LoadFailures | None = None,
     ) -> None:
         self.models = models
@@ -81,6 +82,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self.node_name = node_name
         self.on_reinstall = on_reinstall
         """Called when a Running pod installs its model again (agent.conditions says so)."""
+        self.on_loaded = on_loaded
+        """Called when a LoadModel call has loaded its model (agent.conditions says so at once)."""
         self.load_failures = load_failures
         """Where ListHosted keeps what a host's loader reports it cannot load."""
 
@@ -195,6 +198,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             status = await self.models.load(request.model_id, pod)
         except AgentError as e:
             return self._fail(context, "LoadModel", e, caller)
+        if self.on_loaded is not None:
+            self.on_loaded()
         self._ok("LoadModel")
         return status_to_proto(status)
 

@@ -24,8 +24,11 @@ ScaledObject's `scaleTargetRef` names the TritonModel, Prometheus scrapes the na
 hosts (the query keeps the model's series, by its `model` label), and the cluster has `--nodes`
 real nodes (the maximum replicas by default: a TritonModel has one replica per node at most),
 each with its own Triton, agent, gateway and kubelet. Each new replica is timed by its own
-phases (seconds after the TritonModel asked for it: placed, loaded on its node, Ready in the
-Service's endpoints, first answer).
+phases (seconds after the TritonModel asked for it: placed, its host running, loaded on its node,
+labelled to serve, its host Ready, both (in the Service's endpoints), first answer), then where
+the seconds from the load's start to the last new replica's first answer go: the built-in
+autoscaler's decisions (from the binder's log), that replica's phases since the load started,
+and each step's median over the new replicas.
 
 With `--autoscaler builtin` (needs `--as tritonmodel`), the binder's built-in autoscaler
 scales the TritonModel instead (its spec.autoscaling: target 1, `--max-replicas`, stable window
@@ -59,6 +62,7 @@ import json
 import logging
 import math
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -212,7 +216,14 @@ def main() -> int:
             )
             # The agents' own logs, wherever the simulated kubelet wrote them.
             log = "".join(p.read_text(errors="replace") for p in (work / "cluster").rglob("*.log"))
+            binder_log = "".join(
+                p.read_text(errors="replace") for p in (work / "cluster").rglob("binder-*.log")
+            )
         report(args, result, log, started)
+        if args.target == "tritonmodel":
+            print_breakdown(
+                result, scale_ups(binder_log, result.load_started) if which == "builtin" else []
+            )
         lines.append(f"{BY[which]}: {result.line()}")
     if len(lines) > 1:
         print("\nside by side:")
@@ -266,6 +277,45 @@ def report(
         f"{log.count(KEPT_LOG)} from the node's kept copy"
     )
     print(result.line())
+
+
+SCALES = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*TritonModel \S+/scaler scales from (\d+): "
+    r"New size: (\d+)",
+    re.MULTILINE,
+)
+"""The built-in autoscaler's log line of a decision (`binder.autoscaling`), local time."""
+
+
+def scale_ups(log: str, since: float) -> list[tuple[float, int]]:
+    """The built-in autoscaler's scale-ups in the binder's `log`: (seconds after the epoch
+    time `since`, the new size)."""
+    found = []
+    for stamp, millis, before, after in SCALES.findall(log):
+        at = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+        if int(after) > int(before) and at >= since - 1:
+            found.append((at - since, int(after)))
+    return found
+
+
+def print_breakdown(result: autoscale.AutoscaleResult, decisions: list[tuple[float, int]]) -> None:
+    """Where the seconds from the load's start to the last new replica serving go: the
+    autoscaler's decisions, then the phases of the replica that answered last, then each
+    step's median over the new replicas."""
+    starts = [s for s in result.since_load if "first answer" in s]
+    if not starts:
+        print("where the time goes: no new replica answered")
+        return
+    print("where the time goes (s since the load started):")
+    for at, size in decisions:
+        print(f"  {at:6.2f}  the autoscaler decides {size} replicas (binder log)")
+    last = max(starts, key=lambda s: s["first answer"])
+    for phase in ("asked", *autoscale.REPLICA_PHASES):
+        if phase in last:
+            print(f"  {last[phase]:6.2f}  {phase} (the replica answering last)")
+    print(f"each step, median over {len(starts)} new replicas (s):")
+    for step, seconds in autoscale.steps(starts):
+        print(f"  {seconds:6.2f}  {step}")
 
 
 def cost(models: int, per_host: int, ticks: int = 30, seed: int = 1) -> int:

@@ -31,6 +31,12 @@ PROXY_METRICS_PORT = dict(modelpod.PROXY_PORTS)["metrics"]
 HOST_LOADER_SHARE = {CPU: 50, MEMORY: 32 << 20}
 """The part of a host's requests (`MODEL_HOST_BASE` and `MODEL_HOST_PER_MODEL` per replica, what
 the binder charges its node) that its loader asks for; the proxy asks for the rest."""
+HOST_READINESS = {"periodSeconds": 1, "failureThreshold": 10}
+"""A host's readiness probe, over a model pod's (every 5 s, 2 failures). A host's proxy starts
+before its first replica is loaded, so its first probe fails: probed every second, the host is
+Ready (and in its Services) within a second of that replica loading, not a period later; ten
+failures, so a host still leaves its Services after about ten seconds of failing, as a model pod
+does. One probe costs one call to the node's Triton, whatever the host serves."""
 HOST_PROXY_LIMIT_EXTRA = 384 << 20
 """A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
 
@@ -110,6 +116,7 @@ def host_spec(
         requests={"cpu": f"{proxy_cpu}m", "memory": str(proxy_memory)},
         limits={"memory": str(memory + HOST_PROXY_LIMIT_EXTRA)},
     )
+    proxy["readinessProbe"] = {**proxy["readinessProbe"], **HOST_READINESS}
     return {
         "nodeName": node,
         "schedulerName": scheduler_name,

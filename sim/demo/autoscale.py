@@ -60,8 +60,23 @@ SELECTOR = f"app={NAME}"
 INPUT = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 PHASES = ("bound", "files in the pod", "loaded", "ready", "first answer")
 """A model pod's phases."""
-REPLICA_PHASES = ("placed", "loaded", "ready", "first answer")
-"""A TritonModel replica's phases (its host's pod starts once per node, not per replica)."""
+REPLICA_PHASES = (
+    "placed",
+    "host started",
+    "loaded",
+    "labelled",
+    "host ready",
+    "ready",
+    "first answer",
+)
+"""A TritonModel replica's phases (its host's pod starts once per node, not per replica): placed
+on a node, its host there running (at once on a node whose host runs), loaded (the agent's
+condition on the host), labelled `serves-<model>` by the binder, the host pod Ready, both (in the
+Service's endpoints), its first answer."""
+STEPS = ("asked", "placed", "host started", "loaded", "ready", "first answer")
+"""The chain a replica's start is broken down by (`steps`), each step after the one before;
+"ready" is the later of "labelled" and "host ready" (`READY_PARTS`)."""
+READY_PARTS = (("loaded", "labelled"), ("loaded", "host ready"))
 TRITONMODEL_API = ("tritonshare.io", "v1alpha1", "tritonmodels")
 JsonObject = dict[str, Any]
 KEPT_MESSAGE = "came from the node's kept copy"
@@ -361,9 +376,15 @@ class ReplicaWatch:
                 for c in (host.get("status") or {}).get("conditions") or []
                 if c.get("status") == "True"
             }
+            if (host.get("status") or {}).get("podIP"):
+                times.phases.setdefault("host started", now)
             if loaded_condition(KEYS, self.model, ordinal) in true:
                 times.phases.setdefault("loaded", now)
             labels = host["metadata"].get("labels") or {}
+            if labels.get(serves) == "true":
+                times.phases.setdefault("labelled", now)
+            if "Ready" in true:
+                times.phases.setdefault("host ready", now)
             if labels.get(serves) == "true" and "Ready" in true:
                 times.phases.setdefault("ready", now)
                 times.address = times.address or (host.get("status") or {}).get("podIP") or ""
@@ -490,6 +511,11 @@ class AutoscaleResult:
     kept_starts: list[dict[str, float]] = field(default_factory=list)
     """The same for the replicas of a second scale-up after the scale-down (`again`), started
     on a node that kept their model's files."""
+    since_load: list[dict[str, float]] = field(default_factory=list)
+    """The first scale-up's new replicas' phases, and when each was `asked` for, in seconds
+    since the load started."""
+    load_started: float = 0.0
+    """When the load started, time.time() (to place the binder's log lines)."""
     requests: int = 0
     failed: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
@@ -516,7 +542,7 @@ class AutoscaleResult:
         again = self.cold_start("first answer", kept=True)
         if again is not None:
             cold = f"{again[0]:.1f}/{again[1]:.1f} s (files on the node) {cold}"
-        ready = f"{self.ready_after:.0f} s" if self.ready_after is not None else "not reached"
+        ready = f"{self.ready_after:.1f} s" if self.ready_after is not None else "not reached"
         return (
             f"autoscale: target {self.target}, concurrency {self.clients} -> {self.peak_ready} "
             f"replicas Ready in {ready}; cold start p50/max {cold} (files sent); "
@@ -794,6 +820,7 @@ def run(
                 result.ready_after = time.monotonic() - started
             return now
 
+        result.load_started = time.time()
         load.start()
         try:
             while time.monotonic() - started < duration:
@@ -837,6 +864,12 @@ def run(
         result.cold_starts = [
             times.since_created() for name, times in watch.pods.items() if name not in first
         ]
+        result.since_load = [
+            {"asked": times.created - started}
+            | {phase: at - started for phase, at in times.phases.items()}
+            for name, times in watch.pods.items()
+            if name not in first
+        ]
         if again and result.scaled_down_to == 1:
             seen = set(watch.pods)
             load = Load(endpoints, watch, clients)
@@ -864,6 +897,17 @@ def run(
             say(f"  a second scale-up started {len(result.kept_starts)} replicas.")
     retire(cluster, namespace)
     return result
+
+
+def steps(starts: list[dict[str, float]]) -> list[tuple[str, float]]:
+    """Each step of `STEPS` (the seconds from one phase to the next), the median over the
+    replicas in `starts` (phases timed from one origin) that went through both ends of it."""
+    medians = []
+    for before, after in [*itertools.pairwise(STEPS), *READY_PARTS]:
+        spans = [max(0.0, s[after] - s[before]) for s in starts if before in s and after in s]
+        if spans:
+            medians.append((f"{before} -> {after}", statistics.median(spans)))
+    return medians
 
 
 @dataclass

@@ -16,6 +16,7 @@ from agent.models import ModelState, ModelStatus, PodQuarantine
 from agent.placement import Proven
 from agent.pods import PodInfo
 from agent.quarantine import CrashRecord
+from tests.agent.conftest import eventually
 
 CONDITION = "tritonshare.io/ModelLoaded"
 
@@ -112,6 +113,23 @@ async def test_a_missing_model_gets_the_condition_and_an_event_once_then_true_wh
     await watcher.sync([proven("a", loaded=("False", "ModelMissing"))], triton_live=True)
     assert writer.written[-1] == ("a", "True", "ModelReady")
     assert events.warned == [("models/a", "ModelNotServed")]
+
+
+async def test_a_load_is_said_at_once_not_a_period_later() -> None:
+    # A pass a day apart: only `loaded` can bring the second one in this test's time.
+    writer, events = Writer(), Events()
+    states = {"a": ModelStatus("model_a", ModelState.ABSENT)}
+    watcher = conditions(states, writer, events)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(watcher.run(stop, lambda: [proven("a")], lambda: True, 86400))
+    try:
+        await eventually(lambda: writer.written == [("a", "False", "ModelMissing")], 10, "pass 1")
+        states["a"] = replace(states["a"], state=ModelState.READY, gpu_uuid="GPU-1")
+        watcher.loaded()
+        await eventually(lambda: writer.written[-1] == ("a", "True", "ModelReady"), 10, "pass 2")
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, 10)
 
 
 async def test_pods_in_their_loader_or_being_deleted_are_not_judged() -> None:

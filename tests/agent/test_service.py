@@ -76,10 +76,15 @@ async def test_install_load_infer_unload(
     assert status.state == agent_pb2.MODEL_STATE_INSTALLED
     assert status.manifest_digest == reply.manifest_digest
 
+    # A load wakes the condition pass: the pod's ModelLoaded says so at once, not a period later.
+    assert running.agent.service.on_loaded == running.agent.conditions.loaded
+    loads: list[str] = []
+    running.agent.service.on_loaded = lambda: loads.append("m1")
     status = await running.stub.LoadModel(
         agent_pb2.LoadModelRequest(model_id="m1"), metadata=bearer(token)
     )
     assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    assert loads == ["m1"]
     assert status.gpu_uuid == gpu
     assert status.pod == "default/m1-pod"
     assert infer_add_one(triton, name) == [2.0, 3.5]

@@ -4,6 +4,7 @@ flags it cannot run before starting anything."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from benchmarks import autoscale as bench
 from common.contract import Keys
 from common.hosted import loaded_condition, serves_label
-from sim.demo.autoscale import KEPT_MESSAGE, PodWatch, ReplicaWatch
+from sim.demo.autoscale import KEPT_MESSAGE, PodWatch, ReplicaWatch, steps
 
 
 def _pod(loader: dict[str, Any] | None = None, ready: bool = False) -> dict[str, Any]:
@@ -96,11 +97,22 @@ def test_a_tritonmodel_replica_is_timed_from_its_placement_and_its_hosts_conditi
     watch._model_seen(_model(2, {0: "n1", 1: "n2"}))
     watch._host_seen("ADDED", _host("n2"))
     watch.answered("127.1.0.2", 1e12)
-    assert set(watch.pods[new].phases) == {"placed"}, "no answer before it is in the Service"
+    assert set(watch.pods[new].phases) == {"placed", "host started"}, (
+        "no answer before it is in the Service"
+    )
     watch._host_seen("MODIFIED", _host("n2", loaded=True, replica=1))
+    assert "labelled" not in watch.pods[new].phases and "host ready" not in watch.pods[new].phases
     watch._host_seen("MODIFIED", _host("n2", loaded=True, ready=True, replica=1))
     watch.answered("127.1.0.2", 1e12)
     phases = watch.pods[new].since_created()
+    assert set(phases) == {
+        "placed",
+        "host started",
+        "loaded",
+        "labelled",
+        "host ready",
+        "ready",
+    } | {"first answer"}
     assert phases["placed"] <= phases["loaded"] <= phases["ready"] <= phases["first answer"]
     # Prometheus scrapes both hosts' proxies; a host being deleted leaves the targets.
     assert "127.1.0.2:9002" in (tmp_path / "t.json").read_text()
@@ -131,3 +143,35 @@ def test_flags_that_do_not_go_together_are_refused_with_what_to_change(
         bench.main()
     assert exited.value.code == 2
     assert error in capsys.readouterr().err
+
+
+def test_a_start_is_broken_down_into_steps_each_the_median_over_the_replicas() -> None:
+    starts = [
+        {"asked": 1.0, "placed": 1.1, "host started": 2.0, "loaded": 3.0, "labelled": 3.2}
+        | {"host ready": 8.0, "ready": 8.0, "first answer": 8.3},
+        {"asked": 2.0, "placed": 2.1, "host started": 3.0, "loaded": 5.0, "labelled": 5.2}
+        | {"host ready": 4.0, "ready": 5.2, "first answer": 5.4},
+        {"asked": 3.0, "placed": 3.1},  # not loaded yet: counted only in the steps it went through
+    ]
+    found = dict(steps(starts))
+    assert found["asked -> placed"] == pytest.approx(0.1)
+    assert found["placed -> host started"] == pytest.approx(0.9)
+    assert found["host started -> loaded"] == pytest.approx(1.5)
+    assert found["loaded -> ready"] == pytest.approx((5.0 + 0.2) / 2)
+    assert found["ready -> first answer"] == pytest.approx(0.25)
+    assert found["loaded -> labelled"] == pytest.approx(0.2)
+    # A host Ready before its replica loaded (it serves others) is no wait: 0, not negative.
+    assert found["loaded -> host ready"] == pytest.approx(2.5)
+
+
+def test_the_autoscalers_scale_ups_are_read_from_the_binders_log() -> None:
+    since = time.mktime(time.strptime("2026-11-26 07:00:00", "%Y-%m-%d %H:%M:%S"))
+    log = (
+        "2026-11-26 07:00:01,500 INFO binder.autoscaling: TritonModel models/scaler scales from "
+        "1: New size: 2; reason: concurrency 0.83 over the 6 s panic window\n"
+        "2026-11-26 07:00:02,250 INFO binder.autoscaling: TritonModel models/scaler scales from "
+        "2: New size: 5; reason: ...\n"
+        "2026-11-26 07:01:30,000 INFO binder.autoscaling: TritonModel models/scaler scales from "
+        "5: New size: 3; reason: ...\n"
+    )
+    assert bench.scale_ups(log, since) == [(1.5, 2), (2.25, 5)]

@@ -197,9 +197,18 @@ async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
         WebhookSettings(audience="agents.example"),
     )["spec"]
     [model_proxy] = model_pod["containers"]
-    same = ("image", "command", "ports", "startupProbe", "readinessProbe", "livenessProbe",
-            "lifecycle", "securityContext")  # fmt: skip
+    same = ("image", "command", "ports", "startupProbe", "livenessProbe", "lifecycle",
+            "securityContext")  # fmt: skip
     assert {k: proxy[k] for k in same} == {k: model_proxy[k] for k in same}
+    # The same readiness, probed every second: a host's proxy runs before its first replica
+    # loads, so its first probe fails, and a model pod's 5 s period would keep it out of its
+    # Services up to 5 s after the replica loaded; it still leaves them after ~10 s failing.
+    ready, model_ready = proxy["readinessProbe"], model_proxy["readinessProbe"]
+    assert ready["httpGet"] == model_ready["httpGet"]
+    assert ready["periodSeconds"] == 1 < model_ready["periodSeconds"]
+    assert ready["periodSeconds"] * ready["failureThreshold"] == (
+        model_ready["periodSeconds"] * model_ready["failureThreshold"]
+    )
     assert volumes["agent-token"] in model_pod["volumes"]
     assert spec["securityContext"] == model_pod["securityContext"]
     assert spec["tolerations"] == model_pod["tolerations"]
