@@ -156,13 +156,22 @@ class _Billed:
     index: int
 
 
+class _AloneError(Exception):
+    """A load granted beside an unload cannot share its window (it does not fit without the
+    unload's memory, or the unload has ended): it asks for its turn again, alone."""
+
+
 @dataclass
 class _Window:
     """One GPU's measured window (`Models._gpu_window`): an unload's, a load's, or both."""
 
-    before: GpuInfo | None
+    before: GpuInfo | None = None
     """The GPU's reading when the window opened (after the evictions of a load that made room)."""
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once `before` is read."""
     members: int = 0
+    closing: bool = False
+    """Its last turn has left and it is being billed: no turn joins it."""
     unloads: list[tuple[str, int]] = field(default_factory=list)
     """The models unloaded in it, each with its figure as its unload began."""
     load: _Billed | None = None
@@ -879,12 +888,11 @@ class Models:
         waking: bool = False,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
-        """Load, admitted and measured when the model's GPU can be read: one load or unload at
-        a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
+        """Load, admitted and measured when the model's GPU can be read: one load at a time per
+        GPU (beside at most an unload, measured as one window with it), and the GPU's change
         since its last reading is observed first, so what grew before the load is not billed
         to it (`agent.memory` decides whose the window's growth is). `on_ready()` runs as soon
         as Triton answers the load READY, before it is measured."""
-        model_id = owner.model_id
         if not uuid or index < 0:
             bound = self._load_budget(Turn(0, "", Work.LOAD, name, owner.namespace, 0.0, size))
             timeout = asyncio.timeout(bound)
@@ -898,45 +906,61 @@ class Models:
                     raise
                 raise self._timed_out(size, bound or 0.0) from e
             return
+        try:
+            await self._load_in(name, override, owner, uuid, index, size, waking, on_ready)
+        except _AloneError:
+            # In line behind the unload, whose end frees what it needs.
+            await self._load_in(name, override, owner, uuid, index, size, waking, on_ready, True)
+
+    async def _load_in(
+        self,
+        name: str,
+        override: str,
+        owner: Proven,
+        uuid: str,
+        index: int,
+        size: int,
+        waking: bool,
+        on_ready: Callable[[], None] | None,
+        alone: bool = False,
+    ) -> None:
+        """`_load_measured` on a GPU; _AloneError when it was granted beside an unload and does
+        not fit without that unload's memory."""
+        model_id = owner.model_id
         work = Work.WAKE if waking else Work.LOAD
-        alone = False
-        while True:
-            window = self._gpu_window(uuid, work, name, owner.namespace, size, alone=alone)
-            async with window as (shared, before, beside):
-                if before is not None:
-                    problem = admission_problem(
-                        before,
-                        owner.request,
-                        self.booked(uuid, owner.uid),
-                        self.limits.gpu_mem_reserve,
+        window = self._gpu_window(uuid, work, name, owner.namespace, size, alone=alone)
+        async with window as (shared, before, beside):
+            if before is not None:
+                problem = admission_problem(
+                    before,
+                    owner.request,
+                    self.booked(uuid, owner.uid),
+                    self.limits.gpu_mem_reserve,
+                )
+                if problem and beside:
+                    raise _AloneError  # it needs what the unload beside it frees
+                if problem and self.evictor is not None:
+                    # Idle on-demand models of the GPU make room (`agent.eviction`), inside
+                    # this turn: what they free is measured before this load begins.
+                    before, problem = await self._make_gpu_room(owner, before, problem, waking)
+                    shared.before = before
+                if problem and waking:
+                    raise ResourceExhaustedError(
+                        f"model {model_id!r} of pod {owner.key} cannot wake: {problem}; it "
+                        f"stays asleep and its next request tries again",
+                        event_reason=WAKE_FAILED_REASON,
                     )
-                    if problem and beside:
-                        # It needs what the unload beside it frees: it waits for its end.
-                        alone = True
-                        continue
-                    if problem and self.evictor is not None:
-                        # Idle on-demand models of the GPU make room (`agent.eviction`), inside
-                        # this turn: what they free is measured before this load begins.
-                        before, problem = await self._make_gpu_room(owner, before, problem, waking)
-                        shared.before = before
-                    if problem and waking:
-                        raise ResourceExhaustedError(
-                            f"model {model_id!r} of pod {owner.key} cannot wake: {problem}; it "
-                            f"stays asleep and its next request tries again",
-                            event_reason=WAKE_FAILED_REASON,
-                        )
-                    if problem:
-                        raise ResourceExhaustedError(
-                            f"model {model_id!r} of pod {owner.key} does not fit: {problem}; "
-                            f"the pod stays unloaded, delete it so the binder places it again",
-                            event_reason="InsufficientGPUMemory",
-                        )
-                await self.triton.load(name, override)
-                if on_ready is not None:
-                    on_ready()
-                reported = await self.triton.gpu_memory(name, index)
-                shared.load = _Billed(name, owner.request, reported, model_id, owner.key, index)
-            return
+                if problem:
+                    raise ResourceExhaustedError(
+                        f"model {model_id!r} of pod {owner.key} does not fit: {problem}; "
+                        f"the pod stays unloaded, delete it so the binder places it again",
+                        event_reason="InsufficientGPUMemory",
+                    )
+            await self.triton.load(name, override)
+            if on_ready is not None:
+                on_ready()
+            reported = await self.triton.gpu_memory(name, index)
+            shared.load = _Billed(name, owner.request, reported, model_id, owner.key, index)
 
     @contextlib.asynccontextmanager
     async def _gpu_turn(
@@ -1005,23 +1029,33 @@ class Models:
         turn in it leaves. Yields the window, a fresh reading (None: unreadable) and whether the
         turn was granted beside an unload."""
         async with self._gpu_turn(uuid, work, name, namespace, size, alone=alone) as turn:
-            reading = await self._gpus.read_gpu(uuid)
+            beside = self.gpu_queue.beside(uuid) == turn
             window = self._windows.get(uuid)
+            if window is not None and window.closing:
+                raise _AloneError  # the unload it was granted beside is being billed: it has ended
+            opens = window is None
             if window is None:
-                if reading is not None:
-                    self._unexplained(self.ledger.observe_gpu(reading))
-                window = self._windows[uuid] = _Window(reading)
+                window = self._windows[uuid] = _Window()
                 self.ledger.loading.add(uuid)
             window.members += 1
             try:
-                yield window, reading, self.gpu_queue.beside(uuid) == turn
+                reading = await self._gpus.read_gpu(uuid)
+                if opens:
+                    if reading is not None:
+                        self._unexplained(self.ledger.observe_gpu(reading))
+                    window.before = reading
+                    window.opened.set()
+                # A reading before the other turn's first one is no window's start.
+                await window.opened.wait()
+                yield window, reading, beside
             finally:
                 window.members -= 1
                 if window.members == 0:
-                    del self._windows[uuid]
+                    window.closing = True
                     try:
                         await self._bill(uuid, window)
                     finally:
+                        del self._windows[uuid]
                         self.ledger.loading.discard(uuid)
 
     async def _bill(self, uuid: str, window: _Window) -> None:

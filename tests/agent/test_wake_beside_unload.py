@@ -25,12 +25,16 @@ class Gpu:
 
     def __init__(self, total: int) -> None:
         self.total, self.used = total, 0
+        self.gate: asyncio.Event | None = None
+        """While set and not open, readings wait for it."""
 
     @property
     def snapshot(self) -> GpuSnapshot | None:
         return None
 
     async def read_gpu(self, uuid: str) -> GpuInfo | None:
+        if self.gate is not None:
+            await self.gate.wait()
         return GpuInfo(0, uuid, "Tesla T4", self.total, self.used, True)
 
 
@@ -121,5 +125,31 @@ async def test_a_wake_that_needs_the_unloading_model_s_memory_waits_for_its_end(
         triton.finish["b"].set()
         await asyncio.gather(sleep, waking)
         assert models.ledger.measured("b") == 4 * GI and "a" not in models.ledger.models
+    finally:
+        await models.close()
+
+
+async def test_a_wake_granted_as_an_unload_is_billed_waits_and_is_billed_alone(
+    tmp_path: Path,
+) -> None:
+    models, triton = await gpu_models(tmp_path, 16 * GI, {"a": 4 * GI, "b": 2 * GI})
+    try:
+        sleep = asyncio.create_task(models._unload_measured("a", Work.UNLOAD))
+        await until(lambda: triton.started == ["unload a"], "a's unload under way")
+        gpu = models._gpus
+        assert isinstance(gpu, Gpu)
+        gpu.gate = asyncio.Event()
+        triton.finish["a"].set()
+        await until(lambda: models._windows[GPU].closing, "a's window being billed")
+        # Granted beside a's turn while its window is read for the bill: it shares nothing.
+        waking = wake(models, "b", 2 * GI)
+        await until(lambda: len(models.gpu_queue.waiting(GPU)) == 1, "b waiting its turn")
+        assert triton.started == ["unload a"]
+        gpu.gate.set()
+        await until(lambda: triton.started == ["unload a", "load b"], "b's load after a's bill")
+        triton.finish["b"].set()
+        await asyncio.gather(sleep, waking)
+        assert models.ledger.measured("b") == 2 * GI and models.ledger.uncertainty("b") == 0
+        assert models.ledger.loading == set() and models._windows == {}
     finally:
         await models.close()
