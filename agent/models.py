@@ -168,7 +168,7 @@ class _Window:
     before: GpuInfo | None = None
     """The GPU's reading when the window opened (after the evictions of a load that made room)."""
     opened: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once `before` is read."""
+    """Set once `before` is read (or its reading failed)."""
     members: int = 0
     closing: bool = False
     """Its last turn has left and it is being billed: no turn joins it."""
@@ -1039,14 +1039,16 @@ class Models:
                 self.ledger.loading.add(uuid)
             window.members += 1
             try:
-                reading = await self._gpus.read_gpu(uuid)
                 if opens:
-                    if reading is not None:
-                        self._unexplained(self.ledger.observe_gpu(reading))
-                    window.before = reading
-                    window.opened.set()
-                # A reading before the other turn's first one is no window's start.
-                await window.opened.wait()
+                    try:
+                        reading = window.before = await self._gpus.read_gpu(uuid)
+                        if reading is not None:
+                            self._unexplained(self.ledger.observe_gpu(reading))
+                    finally:
+                        window.opened.set()
+                else:
+                    await window.opened.wait()  # a reading before the opener's starts nothing
+                    reading = await self._gpus.read_gpu(uuid)
                 yield window, reading, beside
             finally:
                 window.members -= 1
