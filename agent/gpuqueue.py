@@ -2,6 +2,11 @@
 
 Everything that changes what a GPU holds (loads, unloads, wakes, evictions) takes the GPU's one
 slot, so that the GPU's memory change over the turn is the turn's own (`agent.memory` bills it).
+One overlap is allowed: a load or wake may be granted beside an unload or eviction holding the
+slot (one per such turn, and only when no turn waits before it), so that a wake does not wait
+for an unrelated model's unload (1-2 s in Triton); Triton runs a load and an unload of two
+models at once, and `agent.models` measures the pair as one window and sends a load that does
+not fit without the unloading model's memory back to wait for it. Two loads never overlap.
 This module decides the order and each turn's time budget. The slot goes round the namespaces
 waiting: the next turn is the oldest of the namespace served least recently (one that has not
 been served while it waited goes first), so a namespace with many loads queued delays another's
@@ -28,6 +33,10 @@ class Work(enum.Enum):
     WAKE = "wake"
     EVICT = "evict"
 
+    @property
+    def adds(self) -> bool:
+        return self in (Work.LOAD, Work.WAKE)
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -42,6 +51,8 @@ class Turn:
     asked_at: float
     size: int = 0
     """Bytes of the model's files (what a load reads), 0 when unknown or not a load."""
+    alone: bool = False
+    """Never granted beside another turn (a load that did not fit beside an unload)."""
 
 
 Budget = Callable[[Turn], float | None]
@@ -60,7 +71,7 @@ def load_budget(base: float, per_gib: float, cap: float) -> Budget:
     files, at most `cap` seconds; unloads and evictions have their own bound (none here)."""
 
     def budget(turn: Turn) -> float | None:
-        if turn.work not in (Work.LOAD, Work.WAKE):
+        if not turn.work.adds:
             return None
         return min(base + per_gib * turn.size / GIB, cap)
 
@@ -71,6 +82,11 @@ def load_budget(base: float, per_gib: float, cap: float) -> Budget:
 class _Slot:
     holder: Turn | None = None
     granted_at: float = 0.0
+    beside: Turn | None = None
+    """A load or wake granted beside the unload or eviction holding the slot."""
+    beside_at: float = 0.0
+    beside_given: bool = False
+    """The holder's turn has had its one turn beside it."""
     waiting: deque[Turn] = field(default_factory=deque)
     """In the order asked."""
     served: dict[str, int] = field(default_factory=dict)
@@ -88,13 +104,24 @@ class GpuQueue:
         self._numbers = itertools.count(1)
 
     def ask(
-        self, gpu: str, work: Work, name: str, namespace: str, now: float, size: int = 0
+        self,
+        gpu: str,
+        work: Work,
+        name: str,
+        namespace: str,
+        now: float,
+        size: int = 0,
+        *,
+        alone: bool = False,
     ) -> Turn:
-        """A new turn on `gpu`; granted at once when the slot is free (see `holder`)."""
-        turn = Turn(next(self._numbers), gpu, work, name, namespace, now, size)
+        """A new turn on `gpu`; granted at once when the slot is free (see `holder`), or beside
+        the unload holding it (see `beside`) unless `alone`."""
+        turn = Turn(next(self._numbers), gpu, work, name, namespace, now, size, alone)
         slot = self._slots.setdefault(gpu, _Slot())
         if slot.holder is None:
             self._grant(slot, turn, now)
+        elif not slot.waiting and self._may_go_beside(slot, turn):
+            self._grant_beside(slot, turn, now)
         else:
             slot.waiting.append(turn)
         return turn
@@ -103,64 +130,114 @@ class GpuQueue:
         slot = self._slots.get(gpu)
         return slot.holder if slot else None
 
+    def beside(self, gpu: str) -> Turn | None:
+        """The load or wake granted beside the unload holding `gpu`'s slot, if any; it becomes
+        the holder when that unload ends first."""
+        slot = self._slots.get(gpu)
+        return slot.beside if slot else None
+
+    def granted(self, turn: Turn) -> bool:
+        slot = self._slots.get(turn.gpu)
+        return slot is not None and turn in (slot.holder, slot.beside)
+
     def waiting(self, gpu: str) -> list[Turn]:
         slot = self._slots.get(gpu)
         return list(slot.waiting) if slot else []
 
     def done(self, turn: Turn, now: float) -> Turn | None:
         """End `turn`, granted or still waiting (its caller gave up); returns the turn granted
-        the slot in its place, if any."""
+        the slot in its place, if any (a turn granted beside it then is `beside`'s; the turn
+        beside an ending holder takes its place, granted already, and is not returned)."""
         slot = self._slots.get(turn.gpu)
         if slot is None:
             return None
-        if slot.holder != turn:
+        following = None
+        if slot.beside == turn:
+            slot.beside = None
+        elif slot.holder != turn:
             if turn in slot.waiting:
                 slot.waiting.remove(turn)
             return None
-        following = self._next(slot)
-        slot.holder = None
-        if following is not None:
-            self._grant(slot, following, now)
+        elif slot.beside is not None:
+            slot.holder, slot.granted_at = slot.beside, slot.beside_at
+            slot.beside = None
+        else:
+            following = self._next(slot, lambda t: True)
+            slot.holder = None
+            if following is not None:
+                self._grant(slot, following, now)
+                beside = self._next(slot, lambda t: self._may_go_beside(slot, t))
+                if beside is not None:
+                    self._grant_beside(slot, beside, now)
         waiting = {t.namespace for t in slot.waiting}
-        held: set[str] = {slot.holder.namespace} if slot.holder else set()
+        held = {t.namespace for t in (slot.holder, slot.beside) if t is not None}
         for namespace in set(slot.served) - waiting - held:
             del slot.served[namespace]
         if slot.holder is None and not slot.waiting:
             del self._slots[turn.gpu]  # GPUs come and go: an idle slot costs nothing
-        return slot.holder
+        return following
 
     def deadline(self, gpu: str) -> float | None:
-        """When the current turn on `gpu` has used its budget (None: no turn, or unbounded)."""
+        """When the turn holding `gpu`'s slot has used its budget (None: no turn, or unbounded)."""
         slot = self._slots.get(gpu)
-        if slot is None or slot.holder is None:
+        return None if slot is None or slot.holder is None else self.deadline_of(slot.holder)
+
+    def deadline_of(self, turn: Turn) -> float | None:
+        """When granted `turn` has used its budget (None: not granted, or unbounded)."""
+        slot = self._slots.get(turn.gpu)
+        if slot is None or turn not in (slot.holder, slot.beside):
             return None
-        budget = self._budget(slot.holder)
-        return None if budget is None else slot.granted_at + budget
+        budget = self._budget(turn)
+        granted_at = slot.granted_at if turn == slot.holder else slot.beside_at
+        return None if budget is None else granted_at + budget
 
     def overdue(self, now: float) -> list[Turn]:
-        """The turns holding a slot past their budget at `now`."""
+        """The granted turns past their budget at `now`."""
         late = []
-        for gpu, slot in self._slots.items():
-            deadline = self.deadline(gpu)
-            if slot.holder is not None and deadline is not None and now >= deadline:
-                late.append(slot.holder)
+        for slot in self._slots.values():
+            for turn in (slot.holder, slot.beside):
+                deadline = None if turn is None else self.deadline_of(turn)
+                if turn is not None and deadline is not None and now >= deadline:
+                    late.append(turn)
         return late
+
+    @staticmethod
+    def _may_go_beside(slot: _Slot, turn: Turn) -> bool:
+        holder = slot.holder
+        return (
+            turn.work.adds
+            and not turn.alone
+            and holder is not None
+            and not holder.work.adds
+            and slot.beside is None
+            and not slot.beside_given
+        )
 
     @staticmethod
     def _grant(slot: _Slot, turn: Turn, now: float) -> None:
         slot.grants += 1
         slot.holder, slot.granted_at = turn, now
         slot.served[turn.namespace] = slot.grants
+        slot.beside_given = False
 
     @staticmethod
-    def _next(slot: _Slot) -> Turn | None:
-        """The oldest turn of the namespace served least recently (never: first); ties, between
-        namespaces never served, go to the one that has waited longest."""
+    def _grant_beside(slot: _Slot, turn: Turn, now: float) -> None:
+        slot.grants += 1
+        slot.beside, slot.beside_at, slot.beside_given = turn, now, True
+        slot.served[turn.namespace] = slot.grants
+
+    @staticmethod
+    def _next(slot: _Slot, eligible: Callable[[Turn], bool]) -> Turn | None:
+        """The oldest turn of the namespace served least recently (never: first), if
+        `eligible`; ties, between namespaces never served, go to the one that has waited
+        longest."""
         oldest: dict[str, Turn] = {}
         for turn in slot.waiting:
             oldest.setdefault(turn.namespace, turn)
         if not oldest:
             return None
         chosen = min(oldest.values(), key=lambda t: (slot.served.get(t.namespace, 0), t.number))
+        if not eligible(chosen):
+            return None
         slot.waiting.remove(chosen)
         return chosen

@@ -3,14 +3,14 @@ the rules built on it.
 
 A model's request (`tritonshare.io/gpu-mem`, proved by the binder's signature) is what the binder
 booked. What it really uses is measured here, on NVML readings of its GPU that `agent.models`
-takes around every load and unload, one at a time per GPU (so two loads, or a load and an unload,
-never overlap on a GPU), and on the node's polls between them:
+takes around every load and unload, one at a time per GPU (two loads never overlap on a GPU; a load
+may share an unload's window, read as one), and on the node's polls between them:
 
 - a load's figure is Triton's own per-model figure when the backend reports one; else the growth
   of the GPU's used memory across the load. When the model was the only one on its GPU, that
-  growth is its own. When other models were loaded there, any of them may have allocated or freed
-  memory during the window: the load is billed its growth up to its request, and the rest stays on
-  the GPU as **unexplained** memory, billed to no one;
+  growth is its own. When other models were loaded there, or unloaded during its window, any of
+  them may have allocated or freed memory during the window: the load is billed its growth up to
+  its request, and the rest stays on the GPU as **unexplained** memory, billed to no one;
 - a reading between loads (the node's poll, and the first reading of each load) gives a GPU's
   change since the last one to its only model; on a GPU with several models the change is
   unexplained (growth there is reported for the GPU, never blamed on a model);
@@ -179,16 +179,20 @@ class MemoryLedger:
         used_before: int,
         used_after: int,
         reported: int | None,
+        *,
+        beside: tuple[str, ...] = (),
     ) -> tuple[Measured, Unexplained | None]:
         """A load finished (`used_before` was observed first): its figure, and the growth of
-        its window that could not be billed to it (None when there was none)."""
+        its window that could not be billed to it (None when there was none). `beside`: models
+        unloaded during the window, which it is billed as loaded beside."""
         previous = self.models.get(model_id)
         if previous is not None:
             # A reload replaces the model in place: what it held before is its own, not the
             # GPU's baseline, and its figure is that plus the change.
             used_before -= previous.bytes
         growth = used_after - used_before
-        others = [m for m in self.on_gpu(gpu_uuid) if m.model_id != model_id]
+        others = [m.model_id for m in self.on_gpu(gpu_uuid) if m.model_id != model_id]
+        others += beside
         if not others:
             # Nothing else on the GPU could change during the window: what was there before is
             # not a model's, and the growth is this model's.
@@ -206,7 +210,7 @@ class MemoryLedger:
         self._unexplained[gpu_uuid] = self._unexplained.get(gpu_uuid, 0) + rest
         if not others or rest <= 0:
             return entry, None
-        names = tuple(sorted(m.model_id for m in others))
+        names = tuple(sorted(set(others)))
         total = self._unexplained[gpu_uuid]
         return entry, Unexplained(gpu_uuid, rest, total, names, during_load_of=model_id)
 

@@ -143,6 +143,40 @@ class _Record:
 
 Chunk = tuple[str, int, bytes]
 
+
+@dataclass(frozen=True)
+class _Billed:
+    """A load to bill when its GPU's window closes."""
+
+    name: str
+    request: int
+    reported: int | None
+    model_id: str
+    pod: str
+    index: int
+
+
+class _AloneError(Exception):
+    """A load granted beside an unload cannot share its window (it does not fit without the
+    unload's memory, or the unload has ended): it asks for its turn again, alone."""
+
+
+@dataclass
+class _Window:
+    """One GPU's measured window (`Models._gpu_window`): an unload's, a load's, or both."""
+
+    before: GpuInfo | None = None
+    """The GPU's reading when the window opened (after the evictions of a load that made room)."""
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once `before` is read (or its reading failed)."""
+    members: int = 0
+    closing: bool = False
+    """Its last turn has left and it is being billed: no turn joins it."""
+    unloads: list[tuple[str, int]] = field(default_factory=list)
+    """The models unloaded in it, each with its figure as its unload began."""
+    load: _Billed | None = None
+
+
 WAKE_FAILED_REASON = "ModelWakeFailed"
 """The reason of the Warning Event on a pod whose sleeping model could not be woken."""
 
@@ -279,6 +313,8 @@ class Models:
         self.gpu_queue = GpuQueue(self._load_budget)
         self._granted: dict[int, asyncio.Future[None]] = {}
         """Turn number -> what its waiter awaits until the GPU queue grants it."""
+        self._windows: dict[str, _Window] = {}
+        """GPU UUID -> its measured window open now."""
         self.clock = clock
         self._wall = wall
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
@@ -852,12 +888,11 @@ class Models:
         waking: bool = False,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
-        """Load, admitted and measured when the model's GPU can be read: one load or unload at
-        a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
+        """Load, admitted and measured when the model's GPU can be read: one load at a time per
+        GPU (beside at most an unload, measured as one window with it), and the GPU's change
         since its last reading is observed first, so what grew before the load is not billed
         to it (`agent.memory` decides whose the window's growth is). `on_ready()` runs as soon
         as Triton answers the load READY, before it is measured."""
-        model_id = owner.model_id
         if not uuid or index < 0:
             bound = self._load_budget(Turn(0, "", Work.LOAD, name, owner.namespace, 0.0, size))
             timeout = asyncio.timeout(bound)
@@ -871,9 +906,30 @@ class Models:
                     raise
                 raise self._timed_out(size, bound or 0.0) from e
             return
+        try:
+            await self._load_in(name, override, owner, uuid, index, size, waking, on_ready)
+        except _AloneError:
+            # In line behind the unload, whose end frees what it needs.
+            await self._load_in(name, override, owner, uuid, index, size, waking, on_ready, True)
+
+    async def _load_in(
+        self,
+        name: str,
+        override: str,
+        owner: Proven,
+        uuid: str,
+        index: int,
+        size: int,
+        waking: bool,
+        on_ready: Callable[[], None] | None,
+        alone: bool = False,
+    ) -> None:
+        """`_load_measured` on a GPU; _AloneError when it was granted beside an unload and does
+        not fit without that unload's memory."""
+        model_id = owner.model_id
         work = Work.WAKE if waking else Work.LOAD
-        window = self._gpu_window(uuid, work, name, owner.namespace, size)
-        async with window as before:
+        window = self._gpu_window(uuid, work, name, owner.namespace, size, alone=alone)
+        async with window as (shared, before, beside):
             if before is not None:
                 problem = admission_problem(
                     before,
@@ -881,10 +937,13 @@ class Models:
                     self.booked(uuid, owner.uid),
                     self.limits.gpu_mem_reserve,
                 )
+                if problem and beside:
+                    raise _AloneError  # it needs what the unload beside it frees
                 if problem and self.evictor is not None:
                     # Idle on-demand models of the GPU make room (`agent.eviction`), inside
                     # this turn: what they free is measured before this load begins.
                     before, problem = await self._make_gpu_room(owner, before, problem, waking)
+                    shared.before = before
                 if problem and waking:
                     raise ResourceExhaustedError(
                         f"model {model_id!r} of pod {owner.key} cannot wake: {problem}; it "
@@ -900,38 +959,25 @@ class Models:
             await self.triton.load(name, override)
             if on_ready is not None:
                 on_ready()
-            after = await self._gpus.read_gpu(uuid)
             reported = await self.triton.gpu_memory(name, index)
-            if before is not None and after is not None:
-                entry, rest = self.ledger.record_load(
-                    name,
-                    uuid,
-                    owner.request,
-                    before.memory_used,
-                    after.memory_used,
-                    reported,
-                )
-                log.info(
-                    "Model %s of pod %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
-                    model_id,
-                    owner.key,
-                    entry.bytes,
-                    index,
-                    uuid,
-                    "Triton's statistics" if entry.source == "triton" else "NVML",
-                    owner.request,
-                )
-                self._unexplained(rest)
+            shared.load = _Billed(name, owner.request, reported, model_id, owner.key, index)
 
     @contextlib.asynccontextmanager
     async def _gpu_turn(
-        self, uuid: str, work: Work, name: str, namespace: str, size: int = 0
-    ) -> AsyncIterator[None]:
-        """Hold the GPU's slot for one turn, waiting as long as the GPU queue
-        (`agent.gpuqueue`) says; a turn still at work past its budget is cut short
-        (LoadTimedOutError) and the slot passed on."""
-        turn = self.gpu_queue.ask(uuid, work, name, namespace, self.clock(), size)
-        if self.gpu_queue.holder(uuid) != turn:
+        self,
+        uuid: str,
+        work: Work,
+        name: str,
+        namespace: str,
+        size: int = 0,
+        *,
+        alone: bool = False,
+    ) -> AsyncIterator[Turn]:
+        """Hold the GPU's slot for one turn (or a load's beside an unload's, unless `alone`),
+        waiting as long as the GPU queue (`agent.gpuqueue`) says; a turn still at work past its
+        budget is cut short (LoadTimedOutError) and the slot passed on."""
+        turn = self.gpu_queue.ask(uuid, work, name, namespace, self.clock(), size, alone=alone)
+        if not self.gpu_queue.granted(turn):
             granted = asyncio.get_running_loop().create_future()
             self._granted[turn.number] = granted
             try:
@@ -941,15 +987,15 @@ class Models:
                 self._pass_on(turn)
                 raise
         try:
-            deadline = self.gpu_queue.deadline(uuid)
+            deadline = self.gpu_queue.deadline_of(turn)
             if deadline is None:
-                yield
+                yield turn
             else:
                 bound = deadline - self.clock()
                 timeout = asyncio.timeout(bound)
                 try:
                     async with timeout:
-                        yield
+                        yield turn
                 except TimeoutError as e:
                     if not timeout.expired():
                         raise
@@ -959,28 +1005,94 @@ class Models:
 
     def _pass_on(self, turn: Turn) -> None:
         following = self.gpu_queue.done(turn, self.clock())
-        if following is not None:
-            granted = self._granted.pop(following.number)
+        for next_turn in (following, self.gpu_queue.beside(turn.gpu)):
+            granted = self._granted.pop(next_turn.number, None) if next_turn else None
             # A waiter cancelled meanwhile finds its turn granted and gives it back itself.
-            if not granted.done():
+            if granted is not None and not granted.done():
                 granted.set_result(None)
 
     @contextlib.asynccontextmanager
     async def _gpu_window(
-        self, uuid: str, work: Work, name: str, namespace: str = "", size: int = 0
-    ) -> AsyncIterator[GpuInfo | None]:
-        """A measured window on one GPU: no other load or unload on it meanwhile, its change
-        since the last poll observed first (so it is not billed to what the window does), and
-        the GPU marked busy for the pollers; yields the reading before (None: unreadable)."""
-        async with self._gpu_turn(uuid, work, name, namespace, size):
-            before = await self._gpus.read_gpu(uuid)
-            if before is not None:
-                self._unexplained(self.ledger.observe_gpu(before))
-            self.ledger.loading.add(uuid)
+        self,
+        uuid: str,
+        work: Work,
+        name: str,
+        namespace: str = "",
+        size: int = 0,
+        *,
+        alone: bool = False,
+    ) -> AsyncIterator[tuple[_Window, GpuInfo | None, bool]]:
+        """A measured window on one GPU: no other load or unload on it meanwhile, but for a load
+        granted beside an unload (`agent.gpuqueue`), which shares the unload's window; its change
+        since the last poll observed first (so it is not billed to what the window does), the GPU
+        marked busy for the pollers, and what was loaded and unloaded in it billed when the last
+        turn in it leaves. Yields the window, a fresh reading (None: unreadable) and whether the
+        turn was granted beside an unload."""
+        async with self._gpu_turn(uuid, work, name, namespace, size, alone=alone) as turn:
+            beside = self.gpu_queue.beside(uuid) == turn
+            window = self._windows.get(uuid)
+            if window is not None and window.closing:
+                raise _AloneError  # the unload it was granted beside is being billed: it has ended
+            opens = window is None
+            if window is None:
+                window = self._windows[uuid] = _Window()
+                self.ledger.loading.add(uuid)
+            window.members += 1
             try:
-                yield before
+                if opens:
+                    try:
+                        reading = window.before = await self._gpus.read_gpu(uuid)
+                        if reading is not None:
+                            self._unexplained(self.ledger.observe_gpu(reading))
+                    finally:
+                        window.opened.set()
+                else:
+                    await window.opened.wait()  # a reading before the opener's starts nothing
+                    reading = await self._gpus.read_gpu(uuid)
+                yield window, reading, beside
             finally:
-                self.ledger.loading.discard(uuid)
+                window.members -= 1
+                if window.members == 0:
+                    window.closing = True
+                    try:
+                        await self._bill(uuid, window)
+                    finally:
+                        del self._windows[uuid]
+                        self.ledger.loading.discard(uuid)
+
+    async def _bill(self, uuid: str, window: _Window) -> None:
+        """Bill what a closed window loaded and unloaded on its GPU. An unload with a load beside
+        it is taken to free its whole figure, and the load is billed as one beside other models
+        (up to its request, the rest unexplained), so that what the unload kept, or freed late,
+        is never billed past the load's request."""
+        before, after = window.before, await self._gpus.read_gpu(uuid)
+        if before is None or after is None:
+            return
+        beside = tuple(name for name, _ in window.unloads) if window.load else ()
+        used = before.memory_used
+        for name, figure in window.unloads:
+            if beside:
+                self.ledger.record_unload(name, used, used - figure)
+                used -= figure
+            else:
+                self.ledger.record_unload(name, used, after.memory_used)
+        load = window.load
+        if load is None:
+            return
+        entry, rest = self.ledger.record_load(
+            load.name, uuid, load.request, used, after.memory_used, load.reported, beside=beside
+        )
+        log.info(
+            "Model %s of pod %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
+            load.model_id,
+            load.pod,
+            entry.bytes,
+            load.index,
+            uuid,
+            "Triton's statistics" if entry.source == "triton" else "NVML",
+            load.request,
+        )
+        self._unexplained(rest)
 
     def _unexplained(self, growth: Unexplained | None) -> None:
         if growth is not None:
@@ -988,20 +1100,18 @@ class Models:
             log.warning("%s.", describe(growth))
 
     async def _unload_measured(self, name: str, work: Work) -> None:
-        """Unload and wait until Triton has; on a measured GPU, one load or unload at a time,
-        read before and after so that what it did not free stays unexplained."""
+        """Unload and wait until Triton has; on a measured GPU, in a window (a load may share
+        it), read before and after so that what it did not free stays unexplained."""
         entry = self.ledger.models.get(name)
         if entry is None:
             await self.triton.unload(name)
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
             return
-        uuid = entry.gpu_uuid
-        async with self._gpu_window(uuid, work, name) as before:
+        async with self._gpu_window(entry.gpu_uuid, work, name) as (window, _, _):
+            figure = entry.bytes
             await self.triton.unload(name)
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
-            after = await self._gpus.read_gpu(uuid)
-            if before is not None and after is not None:
-                self.ledger.record_unload(name, before.memory_used, after.memory_used)
+            window.unloads.append((name, figure))
 
     def _pin(self, gpu_index: int) -> int | None:
         return None if self.limits.cpu_only or gpu_index < 0 else gpu_index

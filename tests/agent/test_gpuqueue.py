@@ -14,8 +14,10 @@ def test_turns_on_one_gpu_are_granted_first_come_first_served() -> None:
     assert queue.holder("GPU-a") == first
     assert queue.waiting("GPU-a") == [second, third]
     assert queue.done(first, 3.0) == second
-    assert queue.holder("GPU-a") == second and queue.waiting("GPU-a") == [third]
-    assert queue.done(second, 4.0) == third
+    # The load after the unload goes beside it (see below), not behind it.
+    assert queue.holder("GPU-a") == second and queue.beside("GPU-a") == third
+    assert queue.waiting("GPU-a") == []
+    assert queue.done(second, 4.0) is None and queue.holder("GPU-a") == third
     assert queue.done(third, 5.0) is None
     assert queue.holder("GPU-a") is None and queue.waiting("GPU-a") == []
 
@@ -55,10 +57,11 @@ def test_a_turn_s_budget_runs_from_when_it_is_granted() -> None:
     assert queue.overdue(39.9) == []
     assert queue.overdue(40.0) == [load]
     queue.done(load, 45.0)
-    assert queue.deadline("GPU-a") is None and queue.overdue(1000.0) == []
+    assert queue.deadline("GPU-a") is None and queue.beside("GPU-a") == later
+    # Granted at 45 (beside the unload), not asked at 12: the wait does not use its budget.
+    assert queue.deadline_of(later) == 75.0 and queue.overdue(74.9) == []
     queue.done(unload, 50.0)
-    # Granted at 50, not asked at 12: the wait does not use the turn's budget.
-    assert queue.holder("GPU-a") == later and queue.deadline("GPU-a") == 80.0
+    assert queue.holder("GPU-a") == later and queue.deadline("GPU-a") == 75.0
 
 
 def test_without_a_budget_no_turn_is_ever_overdue() -> None:
@@ -115,3 +118,59 @@ def test_a_load_s_budget_grows_with_its_size_up_to_the_cap() -> None:
     queue = GpuQueue(budget)
     queue.ask("GPU-a", Work.LOAD, "big", "ns", 100.0, size=2 * gib)
     assert queue.deadline("GPU-a") == 100.0 + 150.0
+
+
+def test_a_wake_is_granted_beside_an_unload_not_behind_it() -> None:
+    queue = GpuQueue(lambda turn: 30.0 if turn.work.adds else None)
+    sleep = queue.ask("GPU-a", Work.UNLOAD, "a", "team-a", 0.0)
+    wake = queue.ask("GPU-a", Work.WAKE, "b", "team-b", 1.0)
+    assert queue.holder("GPU-a") == sleep and queue.beside("GPU-a") == wake
+    assert queue.granted(wake) and queue.waiting("GPU-a") == []
+    assert queue.deadline_of(wake) == 31.0 and queue.deadline("GPU-a") is None
+    # One turn beside an unload's: the next load waits, and so does any unload.
+    load = queue.ask("GPU-a", Work.LOAD, "c", "team-c", 2.0)
+    evict = queue.ask("GPU-a", Work.EVICT, "d", "team-a", 2.5)
+    assert queue.waiting("GPU-a") == [load, evict]
+    # The unload ends first: the wake holds the slot, granted already; nothing else is.
+    assert queue.done(sleep, 3.0) is None
+    assert queue.holder("GPU-a") == wake and queue.beside("GPU-a") is None
+    assert queue.deadline("GPU-a") == 31.0
+    assert queue.done(wake, 4.0) == load
+    assert queue.done(load, 5.0) == evict
+
+
+def test_loads_never_overlap_nor_does_anything_beside_a_load() -> None:
+    queue = GpuQueue()
+    load = queue.ask("GPU-a", Work.LOAD, "a", "team-a", 0.0)
+    wake = queue.ask("GPU-a", Work.WAKE, "b", "team-b", 1.0)
+    unload = queue.ask("GPU-a", Work.UNLOAD, "c", "team-c", 2.0)
+    assert queue.holder("GPU-a") == load and queue.beside("GPU-a") is None
+    assert queue.waiting("GPU-a") == [wake, unload]
+    unload2 = queue.ask("GPU-b", Work.UNLOAD, "d", "team-a", 0.0)
+    assert queue.ask("GPU-b", Work.UNLOAD, "e", "team-b", 0.0) in queue.waiting("GPU-b")
+    assert queue.beside("GPU-b") is None and queue.holder("GPU-b") == unload2
+
+
+def test_a_load_goes_beside_an_unload_only_in_its_fair_turn() -> None:
+    queue = GpuQueue()
+    load = queue.ask("GPU-a", Work.LOAD, "a", "team-a", 0.0)
+    sleep = queue.ask("GPU-a", Work.UNLOAD, "b", "team-b", 1.0)
+    wake = queue.ask("GPU-a", Work.WAKE, "c", "team-c", 2.0)
+    # The sleep's grant lets the next turn in the rotation, a wake, go beside it.
+    assert queue.done(load, 3.0) == sleep
+    assert queue.beside("GPU-a") == wake and queue.waiting("GPU-a") == []
+    # The wake ends first: the unload holds on, and the slot is given to no one meanwhile.
+    late = queue.ask("GPU-a", Work.WAKE, "d", "team-d", 3.5)
+    assert queue.done(wake, 4.0) is None
+    assert queue.holder("GPU-a") == sleep and queue.waiting("GPU-a") == [late]
+    assert queue.done(sleep, 5.0) == late and queue.beside("GPU-a") is None
+    # A load is never granted beside an unload past a turn that waited before it.
+    queue.done(late, 6.0)
+    first = queue.ask("GPU-a", Work.EVICT, "e", "team-a", 7.0)
+    queued = queue.ask("GPU-a", Work.UNLOAD, "f", "team-b", 7.1)
+    behind = queue.ask("GPU-a", Work.WAKE, "g", "team-c", 7.2)
+    assert queue.holder("GPU-a") == first and queue.waiting("GPU-a") == [queued, behind]
+    assert queue.done(first, 8.0) == queued and queue.beside("GPU-a") == behind
+    # A wake beside an unload that gives up leaves the unload holding.
+    assert queue.done(behind, 8.5) is None and queue.holder("GPU-a") == queued
+    assert queue.done(queued, 9.0) is None and queue._slots == {}

@@ -118,3 +118,18 @@ def test_a_reload_in_place_keeps_what_the_model_held() -> None:
     assert entry.bytes == 2 * GI + GI // 2
     ledger.observe_gpu(reading(3 * GI))
     assert ledger.measured("a") == 3 * GI
+
+
+def test_a_load_beside_an_unload_that_keeps_bytes_is_never_sure_of_them() -> None:
+    ledger = MemoryLedger()
+    ledger.observe(GpuSnapshot((reading(0),)))
+    ledger.record_load("sleeper", GPU, 4 * GI, 0, 4 * GI, None)
+    # One window: the sleeper's unload frees all but 1Gi; the waker loads its 2Gi.
+    ledger.record_unload("sleeper", 4 * GI, 0)  # billed as freeing its figure
+    entry, rest = ledger.record_load("waker", GPU, 2 * GI, 0, 3 * GI, None, beside=("sleeper",))
+    assert entry.bytes == 2 * GI and ledger.uncertainty("waker") == GI
+    assert rest is not None and (rest.grown, rest.models) == (GI, ("sleeper",))
+    # Alone on the GPU, the waker's figure takes the kept GiB, but it can never evict it.
+    ledger.observe(GpuSnapshot((reading(3 * GI),)))
+    [over] = ledger.over()
+    assert over.model.model_id == "waker" and not over.sure(ledger.allowed(2 * GI))

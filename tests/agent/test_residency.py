@@ -5,6 +5,7 @@ next load wakes it, and nothing of it reaches an `always` pod, whatever its anno
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,10 @@ async def serve(
     residency: str = "on-demand",
     namespace: str = "default",
     loads: bool = True,
+    model_py: str = "",
 ) -> str:
-    """A pod placed by the binder with `residency`, its model installed and (`loads`) loaded;
-    its token."""
+    """A pod placed by the binder with `residency`, its model installed (its `model.py` that
+    one, if given) and (`loads`) loaded; its token."""
     make_pod(
         api,
         name,
@@ -100,7 +102,10 @@ async def serve(
         residency=residency,
     )
     token = apiserver.mint_token(namespace, name)
-    await install_dir(running.stub, token, model_using(tmp_path, name, uses), name)
+    source = model_using(tmp_path, name, uses)
+    if model_py:
+        (source / "1" / "model.py").write_text(model_py)
+    await install_dir(running.stub, token, source, name)
     if loads:
         status = await load(running, token, name)
         assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
@@ -204,6 +209,58 @@ async def test_an_idle_unload_sleeps_the_model_and_its_next_load_wakes_it(
     await eventually(
         lambda: condition(kube_api, "od")[:2] == ("True", "ModelReady"), what="ModelReady again"
     )
+
+
+SLOW_UNLOAD = """
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
+
+    def finalize(self):
+        deadline = time.monotonic() + 120  # its unload ends when the test says
+        while not Path("RELEASE").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+"""
+
+
+async def test_a_wake_goes_to_triton_while_another_model_s_unload_is_under_way(
+    memory_agent: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    running = memory_agent
+    gpu = running.mock.gpus[0].uuid
+    release = tmp_path / "release"
+    slow = SLOW_UNLOAD.replace("RELEASE", str(release))
+    token_a = await serve(running, apiserver, kube_api, tmp_path, "od-a", model_py=slow)
+    token_b = await serve(running, apiserver, kube_api, tmp_path, "od-b")
+    a, b = (name_in_triton(kube_api, pod, pod) for pod in ("od-a", "od-b"))
+    assert (await sleep(running, token_b, "od-b")).sleeping
+    queue = running.agent.models.gpu_queue
+    sleeping = asyncio.create_task(sleep(running, token_a, "od-a"))
+    try:
+        await eventually(
+            lambda: getattr(queue.holder(gpu), "name", "") == a, what="a's unload holding the GPU"
+        )
+        # b fits beside a: its wake is not held behind a's unload, which ends only after it.
+        woken = await asyncio.wait_for(load(running, token_b, "od-b"), 60)
+        assert woken.state == agent_pb2.MODEL_STATE_READY, woken.reason
+        assert await triton_state(running, a) == "UNLOADING"
+    finally:
+        release.touch()
+        asleep = await sleeping
+    assert asleep.sleeping and await triton_state(running, a) in ("", "UNAVAILABLE")
+    # Measured as one window: b is billed its own GiB, a nothing, and no byte is unexplained.
+    ledger = running.agent.ledger
+    assert (ledger.measured(b), ledger.uncertainty(b), ledger.measured(a)) == (GI, 0, 0)
+    assert ledger.unattributed(gpu) == 0
 
 
 async def test_an_always_pod_is_never_put_to_sleep_even_with_its_annotation_flipped(
