@@ -319,6 +319,10 @@ async def test_http_endpoints_report_readiness_role_and_gpu_metrics(
     assert "tritonshare_binder_is_leader 1.0" in text
     assert "tritonshare_binder_pending_pods 0.0" in text
     assert 'tritonshare_binder_api_writes_total{call="bind"} 1.0' in text
+    # One write a pod: the Binding carries the GPU and the proof, which the pod then has.
+    assert 'call="annotate"' not in text
+    annotations = core.read_namespaced_pod("m", "default").metadata.annotations
+    assert annotations[KEYS.gpu] == "GPU-gpu-1-0" and annotations[KEYS.placement]
 
 
 def test_pod_from_api_reads_what_the_binder_patched() -> None:
