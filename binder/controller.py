@@ -1,14 +1,14 @@
 """A pending pod's turn: place it, bind it or say why not.
 
 While this replica leads, the binder's loop (`binder.reconciler`) hands each pod taken from its
-queue to `schedule_one`, which decides on the cache's state (no API reads), charge the pod
-to the chosen GPU at once (assume), then, off the loop, patch the pod's GPU annotation and post
-the Binding. A 404 or 409 (deleted, or bound by someone else) drops the assumption; other
+queue to `schedule_one`, which decides on the cache's state (no API reads), charge the pod to the
+chosen GPU at once (assume), then, off the loop, post the Binding, which carries the pod's GPU
+annotation and proof. A 404 or 409 (deleted, or bound by someone else) drops the assumption; other
 failures drop it and retry the pod with backoff. A pod that fits nowhere gets a FailedScheduling
 Event and PodScheduled=False (only when the message changes, so a pod waiting for hours does not
-flood the API) and waits out its backoff, or less if the cluster changes in a way that helps.
-A pod whose preemption made room holds it (the nomination annotation says where, signed) from
-equal and lower priorities until it is placed, across a change of leader too.
+flood the API) and waits out its backoff, or less if the cluster changes in a way that helps. A pod
+whose preemption made room holds it (the nomination annotation says where, signed) from equal and
+lower priorities until it is placed, across a change of leader too.
 
 Owns the decisions and the API writes they cause; reads the cluster only through the cache.
 """
@@ -514,18 +514,16 @@ class Controller:
         return sign(self._placement_keys(), pod, placement.node, placement.gpu.uuid)
 
     def _bind(self, pod: PodInfo, placement: Placement, proof: str = "") -> None:
-        """Patch the pod's GPU annotation and post its Binding, off the loop. The caller holds a
-        bind slot, released with the outcome."""
-        # The proof rides in the same patch as the GPU: still two API writes per pod.
+        """Post the pod's Binding, off the loop, carrying its GPU annotation and proof (the API
+        server sets them on the pod as it binds it: one write per pod, and a pod is never on a
+        node without them). The caller holds a bind slot, released with the outcome."""
         annotations = {
             self._keys.gpu: placement.gpu.uuid,
             self._keys.placement: proof or self._sign(pod, placement),
         }
 
         def write() -> None:
-            self._kube.patch_pod_annotations(pod.namespace, pod.name, annotations)
-            self._count("annotate")
-            self._kube.bind(pod.namespace, pod.name, pod.uid, placement.node)
+            self._kube.bind(pod.namespace, pod.name, pod.uid, placement.node, annotations)
             self._count("bind")
 
         self._in_flight.add(pod.uid)

@@ -22,19 +22,13 @@ rolls a step per reconcile (`binder.rolling`: a surge replica first, maxSurge 1 
   `ReplicaNotServed` per replica and reason the agent gives, or per message for a host's loader
   failing to load it: its reason, FetchFailed, ModelInvalid..., is then Ready's) and the
   `Progressing` condition (the roll);
-- the namespace's model hosts: one pod per node with a replica placed there, named
-  `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
-  that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there
-  (garbage collection removes it with the last), naming its replicas in
-  `<prefix>hosted-models` (with what their proofs' claims need: model, model uid, ordinal, GPU,
-  residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
-  agent's, on the host: `host_changed`) is True, or False only as asleep (ModelSleeping: the
-  host's proxy wakes it on the next request), and that is not draining; awake first: a sleeping
-  replica's label is `asleep` (outside the Service) while another replica of its model is awake
-  and has room (`binder.room`, judged on the autoscaler's readings: `observe_load`), so a
-  request wakes one only when no awake one has room; deleted when its last replica leaves, unless
-  a model of the namespace at zero replicas is parked there (`binder.parking`: named in
-  `<prefix>parked-models` and labelled to serve it, its requests held by the host's proxy);
+- the namespace's model hosts (`binder.hostwriter`: one pod per node with a replica there, or a
+  model of it parked at zero replicas, `binder.parking`), each labelled `<prefix>serves-<model>`
+  for a replica whose loaded condition (the agent's, on the host: `host_changed`) is True, or
+  False only as asleep (ModelSleeping: the host's proxy wakes it on the next request), and that
+  is not draining; awake first: a sleeping replica's label is `asleep` (outside the Service)
+  while another replica of its model is awake and has room (`binder.room`, judged on the
+  autoscaler's readings: `observe_load`), so a request wakes one only when no awake one has room;
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
   is loaded.
@@ -72,9 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
@@ -82,15 +74,15 @@ from dataclasses import replace
 from typing import Any
 
 from binder.cache import Ledger
-from binder.errors import ApiError, ConflictError, NotFoundError
-from binder.hostpod import host_image, host_spec, mounted_secrets, template_hash
+from binder.errors import ApiError, ConflictError
+from binder.hostwriter import HostWriter
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
-    TRITONMODEL_API_VERSION,
-    TRITONMODEL_KIND,
     ModelInfo,
     PodInfo,
+    event_object,
     is_replica,
+    owner_reference,
 )
 from binder.modelstatus import StatusWriter, Write
 from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
@@ -111,23 +103,16 @@ from binder.rolling import (
     Rollout,
 )
 from binder.room import Room, capacity
-from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
+from common.contract import Keys
 from common.hosted import (
     LOAD_FAILURE_REASONS,
     SERVES_ASLEEP,
     SLEEPING_REASON,
     HostedError,
-    HostedReplica,
-    Parked,
     decode_hosted,
-    encode_hosted,
-    encode_parked,
-    host_label,
     host_name,
-    host_template_annotation,
     hosted_models_annotation,
     loaded_condition,
-    parked_models_annotation,
     replica_uid,
     serves_label,
 )
@@ -161,27 +146,6 @@ SERVICE_PORTS = [
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
 ]
 """As a model pod's Service (deploy/example/model-service.yaml)."""
-
-
-def _owner(model: ModelInfo, controller: bool) -> JsonObject:
-    return {
-        "apiVersion": TRITONMODEL_API_VERSION,
-        "kind": TRITONMODEL_KIND,
-        "name": model.name,
-        "uid": model.uid,
-        "controller": controller,
-    }
-
-
-def _involved(model: ModelInfo) -> JsonObject:
-    """The model as an Event's involvedObject."""
-    return {
-        "apiVersion": TRITONMODEL_API_VERSION,
-        "kind": TRITONMODEL_KIND,
-        "namespace": model.namespace,
-        "name": model.name,
-        "uid": model.uid,
-    }
 
 
 class Missing(Container[str]):
@@ -259,9 +223,6 @@ class ModelController:
         self._ring = placement_keys
         self._executor = executor
         self._identity = identity
-        self._scheduler_name = scheduler_name
-        self._host_image = host_image
-        self._access = access
         self._drain_seconds = drain_seconds
         self._clock = clock
         self._queue = (
@@ -304,19 +265,6 @@ class ModelController:
         """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
         self._stale: set[str] = set()
         """Namespaces whose hosts are all to be checked again."""
-        self._waiting: set[str] = set()
-        """Namespaces with a replica on a node whose old host is still terminating."""
-        self._templates: dict[str, str] = {}
-        """Node -> `template_hash` of the hosts this binder makes there."""
-        self._replaced_at: dict[str, float] = {}
-        """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
-        self._replacing: dict[str, str] = {}
-        """Namespace -> the uid of the host it replaced last."""
-        self._host_refusals: dict[str, str] = {}
-        """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
-        self._refused_hosts: dict[tuple[str, str], str] = {}
-        """(namespace, node) -> why the API server refuses the host there now (the Ready
-        condition of the models placed there says it)."""
         self._hosts_seen: set[tuple[str, str]] = set()
         """(namespace, node) of hosts whose labels, annotation or conditions changed."""
         self._reported: dict[str, str] = {}
@@ -341,6 +289,26 @@ class ModelController:
             holds=self._preemption.holds,
             draining=self._draining,
         )
+        self._hosts = HostWriter(
+            kube,
+            ledger,
+            keys=keys,
+            executor=executor,
+            identity=identity,
+            scheduler_name=scheduler_name,
+            host_image=host_image,
+            access=access,
+            drain_seconds=drain_seconds,
+            clock=clock,
+            draining=self._draining,
+            parked=self._parked,
+            loaded=self._loaded,
+            served=self._served,
+            serves_value=self._serves_value,
+            uri=self._rollout.uri,
+            changed=self.changed,
+        )
+        """The namespace's model hosts (`binder.hostwriter`)."""
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -526,7 +494,7 @@ class ModelController:
                 self.changed(again)
             for draining in {rid.rpartition("/")[0] for rid in self._draining}:
                 self.changed(draining)
-            waiting, self._waiting = self._waiting, set()
+            waiting, self._hosts.waiting = self._hosts.waiting, set()
             for namespace in waiting:
                 self.hosts_changed(namespace)
         seen, self._hosts_seen = self._hosts_seen, set()
@@ -535,7 +503,7 @@ class ModelController:
                 self._hosts_seen.add((namespace, node))
                 continue
             try:
-                await self._reconcile_hosts(namespace, {node})
+                await self._hosts.reconcile(namespace, {node})
             except ApiError as e:
                 log.warning(
                     "Updating the model host of namespace %s on node %s has failed (%s): retrying.",
@@ -580,7 +548,7 @@ class ModelController:
             self._refused.pop(uid, None)
             self._retry.discard(uid)
             self._writes.forget(uid)
-            self._host_refusals.pop(uid, None)
+            self._hosts.forget(uid)
             self._services.discard(uid)
             for rid in [r for r in self._draining if r.rpartition("/")[0] == uid]:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
@@ -592,7 +560,7 @@ class ModelController:
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
-                await self._reconcile_hosts(namespace, {entry[1] for entry in before})
+                await self._hosts.reconcile(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
             self._parked.pop(uid, None)
             self._awake_seen = {k for k in self._awake_seen if k[0] != uid}
@@ -621,7 +589,7 @@ class ModelController:
         changed = any(model.status.get(k) != v for k, v in status.items())
         new_refusal = refusal if refusal and self._refused.get(uid) != refusal else ""
         if changed or new_refusal:
-            self._writes.put(Write(_involved(model), status if changed else None, new_refusal))
+            self._writes.put(Write(event_object(model), status if changed else None, new_refusal))
         if refusal:
             self._refused[uid] = refusal
         else:
@@ -638,10 +606,10 @@ class ModelController:
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
             self._stale.discard(model.namespace)
-            await self._reconcile_hosts(model.namespace, None)
+            await self._hosts.reconcile(model.namespace, None)
         elif hosted != last:
             nodes = {entry[1] for entry in hosted | (last or frozenset())}
-            await self._reconcile_hosts(model.namespace, nodes)
+            await self._hosts.reconcile(model.namespace, nodes)
         self._hosts_for[uid] = hosted
         if uid not in self._services:
             try:
@@ -653,7 +621,7 @@ class ModelController:
                     raise
                 await self._call(
                     self._kube.record_object_event,
-                    _involved(model),
+                    event_object(model),
                     reason="FailedCreateService",
                     message=f"the binder cannot create Service {model.name}: {e}",
                     reporting_instance=self._identity,
@@ -701,18 +669,6 @@ class ModelController:
         elif self._parked.get(model.uid) != node:
             log.info("TritonModel %s is at zero replicas: parked on node %s.", model.key, node)
             self._parked[model.uid] = node
-
-    def _parked_on(self, namespace: str, node: str) -> list[ModelInfo]:
-        """The namespace's models parked on its host on `node`."""
-        models = self._ledger.models
-        return sorted(
-            (
-                models[uid]
-                for uid in self._ledger.by_namespace.get(namespace, ())
-                if self._parked.get(uid) == node and uid in models
-            ),
-            key=lambda m: m.name,
-        )
 
     def _quota(self, model: ModelInfo) -> QuotaCheck | None:
         """The namespace's quotas on GPU memory, when a replica is to be placed."""
@@ -848,7 +804,7 @@ class ModelController:
         for why in self._preemption.unwritten(model.uid):
             await self._call(
                 self._kube.record_object_event,
-                _involved(model),
+                event_object(model),
                 reason=PREEMPTED,
                 message=why,
                 reporting_instance=self._identity,
@@ -882,7 +838,7 @@ class ModelController:
             if victims:
                 await self._call(
                     self._kube.record_object_event,
-                    _involved(preemptor),
+                    event_object(preemptor),
                     reason=PREEMPTING,
                     message=f"replica {ordinal}: preempting {len(victims)} lower-priority "
                     f"pod(s) and replica(s) on node {node}: {', '.join(victims)}",
@@ -953,7 +909,7 @@ class ModelController:
         the host's proxy wakes it on the next request), and why not."""
         node = replica.node_name
         host = self._ledger.hosts.get(model.namespace, {}).get(node)
-        refused = self._refused_hosts.get((model.namespace, node))
+        refused = self._hosts.refused.get((model.namespace, node))
         if host is None and refused:
             return Loaded(False, refused, HOST_REFUSED)
         if host is None:
@@ -1040,7 +996,7 @@ class ModelController:
             return
         await self._call(
             self._kube.record_object_event,
-            _involved(model),
+            event_object(model),
             reason=said[0],
             message=said[1],
             reporting_instance=self._identity,
@@ -1064,7 +1020,7 @@ class ModelController:
                 continue
             await self._call(
                 self._kube.record_object_event,
-                _involved(model),
+                event_object(model),
                 reason=NOT_SERVED_EVENT,
                 message=f"replica {ordinal} on node {replica.node_name}: {loaded.why}",
                 reporting_instance=self._identity,
@@ -1178,276 +1134,6 @@ class ModelController:
 
     # ---- hosts and Services --------------------------------------------------------------------
 
-    def _hosted(self, namespace: str) -> dict[str, list[tuple[ModelInfo, int, PodInfo]]]:
-        """Node -> the replicas of the namespace charged there (model, ordinal, replica),
-        draining ones too."""
-        state = self._ledger.state
-        nodes: dict[str, list[tuple[ModelInfo, int, PodInfo]]] = {}
-        for uid in self._ledger.by_namespace.get(namespace, ()):
-            model = self._ledger.models[uid]
-            for rid in self._ledger.replica_uids(uid):
-                replica = state.charged_pod(rid)
-                if replica is not None:
-                    ordinal = int(rid.rpartition("/")[2])
-                    nodes.setdefault(replica.node_name, []).append((model, ordinal, replica))
-        return nodes
-
-    async def _reconcile_hosts(self, namespace: str, nodes: set[str] | None) -> None:
-        """Create, update or delete the namespace's hosts on `nodes` (None: every node) to
-        serve the replicas charged there."""
-        wanted = self._hosted(namespace)
-        for uid in self._ledger.by_namespace.get(namespace, ()):
-            if uid in self._parked:
-                wanted.setdefault(self._parked[uid], [])
-        label = host_label(self._keys)
-        there_now = self._ledger.hosts.get(namespace, {})
-        for node, replicas in sorted(wanted.items()):
-            if nodes is not None and node not in nodes:
-                continue
-            body = self._host(namespace, node, replicas)
-            there = there_now.get(node)
-            if there is not None and (there.get("metadata") or {}).get("deletionTimestamp"):
-                # The last one is going away: a new host once it is gone.
-                self._waiting.add(namespace)
-                continue
-            if there is None:
-                try:
-                    # A 409: made already, and its watch event is on the way.
-                    with contextlib.suppress(ConflictError):
-                        await self._call(self._kube.create_pod, namespace, body)
-                except ApiError as e:
-                    if e.status not in (403, 422):
-                        raise
-                    await self._host_refused(namespace, node, replicas, e)
-                else:
-                    self._host_accepted(namespace, node, replicas)
-                continue
-            outdated = self._outdated(there, body)
-            if outdated and self._may_replace(namespace, node, wanted, there_now):
-                await self._replace(namespace, node, there, outdated)
-                continue
-            if outdated:
-                self._waiting.add(namespace)  # its turn comes once the namespace's hosts settle
-            meta = there.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            patch_labels: dict[str, Any] = dict(body["metadata"]["labels"])
-            for key in labels:
-                if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
-                    patch_labels[key] = None
-            # The template annotation is written at creation only: it says what made the host.
-            annotations = {
-                key: body["metadata"]["annotations"].get(key)
-                for key in (
-                    hosted_models_annotation(self._keys),
-                    parked_models_annotation(self._keys),
-                )
-            }
-            if (
-                any(labels.get(k) != v for k, v in patch_labels.items())
-                or any((meta.get("annotations") or {}).get(k) != v for k, v in annotations.items())
-                or meta.get("ownerReferences") != body["metadata"]["ownerReferences"]
-            ):
-                # One write: a replica leaves its Service as it is marked draining.
-                patch = {
-                    "metadata": {
-                        "labels": patch_labels,
-                        "annotations": annotations,
-                        "ownerReferences": body["metadata"]["ownerReferences"],
-                    }
-                }
-                await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
-        for key in [k for k in self._refused_hosts if k[0] == namespace and k[1] not in wanted]:
-            del self._refused_hosts[key]  # no replica of the namespace there any more
-        for node, there in list(there_now.items()):
-            meta = there.get("metadata") or {}
-            if node in wanted or meta.get("deletionTimestamp") or (nodes and node not in nodes):
-                continue
-            if (meta.get("labels") or {}).get(label) != "true":
-                continue
-            with contextlib.suppress(NotFoundError, ConflictError):
-                await self._call(
-                    self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
-                )
-
-    def _outdated(self, there: JsonObject, body: JsonObject) -> str:
-        """Why the host `there` no longer matches the host the binder would create now, `body`
-        ("" when it does). A pod's spec cannot change, so a host made from another template
-        (another --host-image, ports or pod settings: another binder's), or without a storage
-        Secret its replicas need, is replaced."""
-        key = host_template_annotation(self._keys)
-        made = ((there.get("metadata") or {}).get("annotations") or {}).get(key)
-        if made != body["metadata"]["annotations"][key]:
-            old, new = host_image(there.get("spec") or {}), host_image(body["spec"])
-            if old != new:
-                return f"its image is {old}, and --host-image is {new}"
-            return "it was made from another pod template (ports, arguments or settings)"
-        missing = mounted_secrets(body["spec"]) - mounted_secrets(there.get("spec") or {})
-        if missing:
-            return f"it does not mount Secret {', '.join(sorted(missing))}"
-        return ""
-
-    def _may_replace(
-        self,
-        namespace: str,
-        node: str,
-        wanted: dict[str, list[tuple[ModelInfo, int, PodInfo]]],
-        there_now: dict[str, JsonObject],
-    ) -> bool:
-        """Whether the namespace's host on `node` may be replaced now: one host of a namespace
-        at a time, so its models stay served by their replicas on other nodes. The next waits
-        until no host of the namespace is being deleted and every other one serves its
-        replicas, or --host-drain-seconds after the last replacement at most."""
-        deleted = self._replacing.get(namespace)
-        for host in there_now.values():
-            meta = host.get("metadata") or {}
-            if meta.get("deletionTimestamp") or meta.get("uid") == deleted:
-                return False  # one is going (or its deletion is not in the cache yet)
-        if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
-            return True
-        for other, replicas in wanted.items():
-            if other == node:
-                continue
-            if other not in there_now:
-                return False
-            for model, _, replica in replicas:
-                if replica.uid not in self._draining and not self._served(model, replica).ready:
-                    return False
-        return True
-
-    async def _replace(self, namespace: str, node: str, there: JsonObject, why: str) -> None:
-        """Delete the outdated host on `node`: its proxy drains as a model pod's does (out of
-        its Services as it terminates), and the host is created anew once it is gone."""
-        meta = there.get("metadata") or {}
-        log.info(
-            "Replacing the model host %s/%s on node %s (%s): its replicas there are served "
-            "again once its successor has loaded them.",
-            namespace,
-            meta.get("name"),
-            node,
-            why,
-        )
-        self._replaced_at[namespace] = self._clock()
-        self._replacing[namespace] = str(meta.get("uid"))
-        self._waiting.add(namespace)
-        with contextlib.suppress(NotFoundError, ConflictError):
-            await self._call(self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"]))
-
-    async def _host_refused(
-        self,
-        namespace: str,
-        node: str,
-        replicas: list[tuple[ModelInfo, int, PodInfo]],
-        error: ApiError,
-    ) -> None:
-        """The API server refuses the host (403: a ResourceQuota on pods, CPU or memory, a
-        policy; 422: a LimitRange): each model placed there gets a Warning Event with its words,
-        once per message, and its Ready condition False with them; the namespace's hosts are
-        tried again every RETRY_SECONDS."""
-        self._waiting.add(namespace)
-        message = f"the binder cannot create model host {host_name(node)} on node {node}: "
-        message += error.message
-        if self._refused_hosts.get((namespace, node)) != message:
-            self._refused_hosts[(namespace, node)] = message
-            for model, _, _ in replicas:
-                self.changed(model.uid)  # its Ready condition says so
-        for model in {model.uid: model for model, _, _ in replicas}.values():
-            if self._host_refusals.get(model.uid) == message:
-                continue
-            self._host_refusals[model.uid] = message
-            await self._call(
-                self._kube.record_object_event,
-                _involved(model),
-                reason="FailedCreate",
-                message=message,
-                reporting_instance=self._identity,
-            )
-
-    def _host_accepted(
-        self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
-    ) -> None:
-        """The host refused before is created: its models' conditions no longer say so."""
-        if self._refused_hosts.pop((namespace, node), None) is not None:
-            for model, _, _ in replicas:
-                self._host_refusals.pop(model.uid, None)
-                self.changed(model.uid)
-
-    def _host(
-        self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
-    ) -> JsonObject:
-        """The host pod of `namespace` on `node` serving `replicas`: labelled to serve each
-        model whose replica there is loaded (the agent's condition on the host) and not
-        draining."""
-        labels = {host_label(self._keys): "true"}
-        owners: dict[str, JsonObject] = {}
-        hosted = []
-        secrets = set()
-        for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
-            draining = replica.uid in self._draining
-            if not draining and self._loaded(model, replica).ready:
-                labels[serves_label(self._keys, model.name)] = self._serves_value(model, node)
-            owners.setdefault(model.uid, _owner(model, False))
-            if model.storage_secret and not draining:
-                secrets.add(model.storage_secret)
-            hosted.append(
-                HostedReplica(
-                    model=model.name,
-                    model_id=replica.model_id,
-                    uid=model.uid,
-                    replica=ordinal,
-                    gpu=replica.gpu_uuid,
-                    residency=RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
-                    proof=replica.placement,
-                    storage_uri=self._rollout.uri(model, ordinal),
-                    concurrency=model.concurrency,
-                    idle_seconds=model.idle_seconds,
-                    draining=draining,
-                    storage_secret=model.storage_secret,
-                    storage_options=model.storage_options,
-                )
-            )
-        annotations = {
-            hosted_models_annotation(self._keys): encode_hosted(hosted),
-            host_template_annotation(self._keys): self._template(node),
-        }
-        parked = self._parked_on(namespace, node)
-        for model in parked:
-            # The Service reaches the parked model's host, whose proxy holds its requests.
-            labels[serves_label(self._keys, model.name)] = "true"
-            owners.setdefault(model.uid, _owner(model, False))
-        if parked:
-            annotations[parked_models_annotation(self._keys)] = encode_parked(
-                Parked(m.name, m.template.model_id, m.concurrency) for m in parked
-            )
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": host_name(node),
-                "namespace": namespace,
-                "labels": labels,
-                "annotations": annotations,
-                "ownerReferences": list(owners.values()),
-            },
-            "spec": host_spec(
-                node,
-                self._scheduler_name,
-                self._host_image,
-                self._access,
-                self._keys,
-                len(replicas),
-                secrets,
-            ),
-        }
-
-    def _template(self, node: str) -> str:
-        """The template hash of this binder's hosts on `node` (computed once per node)."""
-        found = self._templates.get(node)
-        if found is None:
-            found = self._templates[node] = template_hash(
-                node, self._scheduler_name, self._host_image, self._access, self._keys
-            )
-        return found
-
     def _service(self, model: ModelInfo) -> JsonObject:
         return {
             "apiVersion": "v1",
@@ -1455,7 +1141,7 @@ class ModelController:
             "metadata": {
                 "name": model.name,
                 "namespace": model.namespace,
-                "ownerReferences": [_owner(model, True)],
+                "ownerReferences": [owner_reference(model, controller=True)],
             },
             "spec": {
                 "selector": {serves_label(self._keys, model.name): "true"},

@@ -27,7 +27,7 @@ import math
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -492,19 +492,31 @@ class Kube:
         data = self._request("GET", _pod_path(namespace, name), timeout)
         return str((json.loads(data).get("spec") or {}).get("nodeName") or "")
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST pods/{name}/binding, as kube-scheduler does. Raw answers: the client's V1Binding
-        model fails to read the Status the server answers with (kubernetes-client/python #547,
-        #825).
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """POST pods/{name}/binding, as kube-scheduler does, with `annotations`, which the API
+        server sets on the pod as it binds it (kube-apiserver's BindingREST): one write, and a
+        pod bound already is refused (409) whole, its annotations untouched. Raw answers: the
+        client's V1Binding model fails to read the Status the server answers with
+        (kubernetes-client/python #547, #825).
 
         After an attempt whose answer was lost (no answer, or a 5xx from a server that may have
         committed it), the pod is read before the next attempt: already on `node` is success,
         on another node a ConflictError. If the budget runs out still unsure, the pod is
-        remembered so its next annotation patch checks first."""
+        remembered so its next annotation patch (a nomination's) checks first."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         unsure = False

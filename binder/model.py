@@ -803,3 +803,26 @@ def _where(entry: Mapping[str, Any]) -> tuple[str, str, str]:
 def _whole(value: object) -> int:
     """A positive whole number of the spec, else 0 (the schema already refuses the others)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def owner_reference(model: ModelInfo, *, controller: bool) -> dict[str, Any]:
+    """The ownerReference to `model` of what it owns (its Service: the controller) or shares
+    (its hosts)."""
+    return {
+        "apiVersion": TRITONMODEL_API_VERSION,
+        "kind": TRITONMODEL_KIND,
+        "name": model.name,
+        "uid": model.uid,
+        "controller": controller,
+    }
+
+
+def event_object(model: ModelInfo) -> dict[str, Any]:
+    """The model as an Event's involvedObject."""
+    return {
+        "apiVersion": TRITONMODEL_API_VERSION,
+        "kind": TRITONMODEL_KIND,
+        "namespace": model.namespace,
+        "name": model.name,
+        "uid": model.uid,
+    }

@@ -22,7 +22,7 @@ from tests.binder.simcluster import (
     node_of,
 )
 
-PODS = 50  # two writes each: 100 writes
+PODS = 100  # one write each
 
 
 def test_a_hundred_writes_in_a_row_use_one_connection(
@@ -55,7 +55,7 @@ async def test_a_hundred_binder_writes_open_a_handful_of_connections(
         lambda: all(node_of(core, f"m-{i}") for i in range(PODS)), within=60, what="every bind"
     )
     writes = binder_writes(apiserver)
-    assert len(writes) == 2 * PODS
+    assert len(writes) == PODS
     connections = {w.peer for w in writes}
     # At most one per write in flight at once (the bind workers), however many writes.
     assert len(connections) <= binder.settings.bind_workers, sorted(connections)

@@ -34,7 +34,7 @@ from tests.binder.simcluster import (
 from tests.fixtures_sim import PlacementKeys, coordination_v1
 
 
-async def test_binds_a_pod_with_two_api_calls_and_the_gpu_annotation(
+async def test_binds_a_pod_with_one_api_call_carrying_the_gpu_annotation(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     core: Any,
@@ -49,7 +49,6 @@ async def test_binds_a_pod_with_two_api_calls_and_the_gpu_annotation(
     assert pod.metadata.annotations[KEYS.gpu] in ("GPU-gpu-1-0", "GPU-gpu-1-1")
     writes = binder_writes(apiserver, "resnet")
     assert [(w.verb, w.resource, w.subresource) for w in writes] == [
-        ("patch", "pods", ""),
         ("create", "pods", "binding"),
     ]
     assert all(w.user_agent == USER_AGENT for w in writes)
@@ -59,7 +58,7 @@ async def test_binds_a_pod_with_two_api_calls_and_the_gpu_annotation(
     assert binder.cache.state.allocated("gpu-1") in ([4 * GI, 0], [0, 4 * GI])
 
 
-async def test_the_gpu_patch_carries_a_proof_of_placement_bound_to_this_pod(
+async def test_the_binding_carries_a_proof_of_placement_bound_to_this_pod(
     core: Any,
     kube_api: kubernetes.client.ApiClient,
     make_binder: MakeBinder,
@@ -282,17 +281,17 @@ async def test_a_conflict_or_a_deleted_pod_drops_the_assumption(
         state.assume(pod, placement.node, placement.gpu.uuid)
         await binder.controller._slots.acquire()
         binder.controller._bind(pod, placement)
-    # Neither assumption stays, and "gone" is charged nowhere. "raced" carries the proof of our
-    # placement: charged where it is when that is the node we chose (the proof holds), and
-    # nowhere, reported as unproven, when it was bound elsewhere.
+    # Neither assumption stays, and "gone" is charged nowhere. Our Binding of "raced" is refused
+    # whole, its annotations with it: the pod someone else bound carries no proof of ours, and
+    # is charged nowhere, reported as not placed by the binder, on either node.
     await eventually(lambda: not state.assumed_uids(), what="assumptions dropped")
     raced = by_name["raced"].uid
-    if not elsewhere:
-        assert {p.name: p.node_name for p in state.assigned_pods()} == {"raced": theirs}
-    else:
-        await eventually(lambda: raced in binder.cache.unproven, what="raced seen unproven")
-        assert state.assigned_pods() == []
-        assert binder.cache.unproven[raced].reason == "PlacementChanged"
+    await eventually(lambda: raced in binder.cache.unproven, what="raced seen unproven")
+    assert state.assigned_pods() == []
+    assert binder.cache.unproven[raced].reason == "NotPlacedByBinder"
+    assert KEYS.placement not in (
+        core.read_namespaced_pod("raced", "default").metadata.annotations or {}
+    )
 
 
 async def test_http_endpoints_report_readiness_role_and_gpu_metrics(
@@ -319,6 +318,10 @@ async def test_http_endpoints_report_readiness_role_and_gpu_metrics(
     assert "tritonshare_binder_is_leader 1.0" in text
     assert "tritonshare_binder_pending_pods 0.0" in text
     assert 'tritonshare_binder_api_writes_total{call="bind"} 1.0' in text
+    # One write a pod: the Binding carries the GPU and the proof, which the pod then has.
+    assert 'call="annotate"' not in text
+    annotations = core.read_namespaced_pod("m", "default").metadata.annotations
+    assert annotations[KEYS.gpu] == "GPU-gpu-1-0" and annotations[KEYS.placement]
 
 
 def test_pod_from_api_reads_what_the_binder_patched() -> None:
