@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
+from agent.errors import TritonError
 from agent.repository import Staging
+from agent.triton import IndexEntry
 from common.tritonname import private_triton_name
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
@@ -130,6 +132,15 @@ async def every_call_refused(running: RunningAgent, token: str, source: Path) ->
     ]
 
 
+async def index_or_none(running: RunningAgent) -> dict[str, IndexEntry] | None:
+    """Triton's repository index, or None when Triton refused it: an index taken while the
+    agent removes a model's files can fail to stat them, and is asked again."""
+    try:
+        return await running.agent.triton.index()
+    except TritonError:
+        return None
+
+
 @pytest.mark.parametrize("copied", [False, True], ids=["no-proof", "proof-copied-from-victim"])
 async def test_a_pod_created_with_node_name_cannot_read_replace_or_unload_another_teams_model(
     running: RunningAgent,
@@ -233,7 +244,9 @@ async def test_annotations_edited_after_binding_prove_nothing(
     assert all(r.gpu_uuid != running.mock.gpus[1].uuid for r in records.values())
 
     async def removed() -> bool:
-        index = await running.agent.triton.index()
+        index = await index_or_none(running)
+        if index is None:
+            return False
         entry = index.get(name)
         return entry is None or entry.state == "UNAVAILABLE"
 
@@ -559,7 +572,9 @@ async def test_what_triton_runs_behind_the_agents_back_is_not_adopted(
     assert infer(triton, name) == 101.0
 
     async def gone() -> bool:
-        index = await running.agent.triton.index()
+        index = await index_or_none(running)
+        if index is None:
+            return False
         entry = index.get(name)
         return (entry is None or entry.state == "UNAVAILABLE") and not (
             model_repository / name
@@ -591,7 +606,9 @@ async def test_files_swapped_under_a_loaded_model_are_not_vouched_for(
         client.close()
 
     async def taken_out() -> bool:
-        index = await running.agent.triton.index()
+        index = await index_or_none(running)
+        if index is None:
+            return False
         entry = index.get(name)
         unloaded = entry is None or entry.state == "UNAVAILABLE"
         return unloaded and not (model_repository / name).exists()
