@@ -127,6 +127,7 @@ def test_readiness_says_not_ready_at_once_and_wakes_nothing(host: RunningProxy) 
             urllib.request.urlopen(f"http://{host.http_url}/v2/models/add_one/ready", timeout=5)
         assert not_ready.value.code == 400
         assert "scaled to zero and not ready" in not_ready.value.read().decode()
+        not_ready.value.close()
         assert _held(host) == 0
         assert host.proxy.table is not None
         assert host.proxy.table.models["add_one"].limiter.concurrency_seconds() == 0
@@ -181,6 +182,7 @@ def test_a_call_that_waits_too_long_is_told_when_to_retry(impatient: RunningProx
     )
     with pytest.raises(urllib.error.HTTPError) as too_long:
         urllib.request.urlopen(request, timeout=30)
+    too_long.value.close()  # its socket, else collected (a ResourceWarning) in a later test
     assert too_long.value.code == 503 and too_long.value.headers["Retry-After"] == "1"
     assert time.monotonic() - started < 10, "answered past the bound, never left hanging"
     assert impatient.proxy.parking.waiting == 0
