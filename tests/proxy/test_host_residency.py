@@ -171,7 +171,8 @@ def test_an_on_demand_model_of_a_host_sleeps_when_idle_and_its_next_request_wake
             assert identity.state == LOADED
 
             _until(lambda: servicer.count("UnloadModel", "identity", idle=True) == 1, "a sleep")
-            assert identity.state == ASLEEP
+            # The agent's answer reaches the proxy a moment after the agent counts the call.
+            _until(lambda: identity.state == ASLEEP, "identity asleep once the agent answered")
             assert not _ready_in_triton(models, "identity")
             readyz = host.metrics_url.replace("/metrics", "/readyz")
             with urllib.request.urlopen(readyz, timeout=10) as response:
