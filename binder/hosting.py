@@ -471,9 +471,11 @@ class ModelController:
         """Whether `uid`, taken from the queue, is a model's (else a pod's)."""
         return uid in self._known
 
-    def _write_failed(self, uid: str) -> None:
-        """A status or Event write failed: the model is reconciled again, its Event with it."""
-        self._refused.pop(uid, None)
+    def _write_failed(self, uid: str, event_owed: bool) -> None:
+        """A status or Event write failed: the model is reconciled again, with its Event when
+        that was not written (one written is not repeated: a refusal counts once)."""
+        if event_owed:
+            self._refused.pop(uid, None)
         self._retry.add(uid)
 
     async def run_writes(self, stop: asyncio.Event) -> None:

@@ -7,7 +7,7 @@ latest status (a newer one replaces one not yet sent, with its Event if the newe
 models are written in turns by namespace (`binder.queue`), so another namespace's placement
 reaches its status after at most one of theirs. A write the API server refuses for the model
 (deleted, or recreated under its name: 404, 409) is dropped; another failure is tried again
-with backoff.
+with backoff, its Event again only if it was not written (a refusal counts once).
 
 Owns no decision; writes only through `binder.kube`.
 """
@@ -49,10 +49,11 @@ class StatusWriter:
         identity: str,
         *,
         leading: asyncio.Event,
-        on_failed: Callable[[str], None],
+        on_failed: Callable[[str, bool], None],
     ) -> None:
-        """`on_failed(uid)`: a write failed for a reason other than the model's own (the
-        controller reconciles it again)."""
+        """`on_failed(uid, event_owed)`: a write failed for a reason other than the model's own
+        (the controller reconciles it again); `event_owed`: its refusal's Event was not
+        written."""
         self._kube = kube
         self._executor = executor
         self._identity = identity
@@ -97,16 +98,17 @@ class StatusWriter:
                     write.involved["name"],
                     e,
                 )
-                self._on_failed(uid)
+                self._on_failed(uid, bool(write.refusal))
             except Exception:  # one model's failure must not stop the others' writes
                 log.exception(
                     "Writing the status of TritonModel %s/%s has failed: retrying.",
                     write.involved["namespace"],
                     write.involved["name"],
                 )
-                self._on_failed(uid)
+                self._on_failed(uid, bool(write.refusal))
 
     async def _send(self, write: Write) -> None:
+        """The status, then the Event; `write.refusal` is emptied once its Event is written."""
         loop = asyncio.get_running_loop()
         model = write.involved
         namespace, name, uid = str(model["namespace"]), str(model["name"]), str(model["uid"])
@@ -126,3 +128,4 @@ class StatusWriter:
                     reporting_instance=self._identity,
                 ),
             )
+            write.refusal = ""

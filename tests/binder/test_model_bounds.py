@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks.model_hosts import add, controller, tritonmodel
 from binder.cache import Ledger
+from binder.errors import ApiError
 from binder.hosting import PLACEMENTS_PER_TURN
 from binder.kube import Kube
 from binder.model import lease_expiry, node_from_api
@@ -136,10 +137,15 @@ async def test_a_namespace_of_unplaceable_models_delays_another_by_a_turn(
     await eventually(lambda: refused_so_far(custom) == 1000, within=240, what="all refused")
     condition = placed_condition(custom, "huge-0999", "attacker")
     assert condition["status"] == "False" and "more than any healthy GPU" in condition["message"]
-    events = core.list_namespaced_event(
-        "attacker", field_selector="involvedObject.name=huge-0999"
-    ).items
-    assert [(e.reason, e.count or 1) for e in events] == [("FailedScheduling", 1)]
+
+    # The Event follows its model's status on the writer's task.
+    def refusal_events() -> list[tuple[str, int]]:
+        selector = "involvedObject.name=huge-0999"
+        events = core.list_namespaced_event("attacker", field_selector=selector).items
+        return [(e.reason, e.count or 1) for e in events]
+
+    events = await eventually(refusal_events, within=30, what="huge-0999's Event")
+    assert events == [("FailedScheduling", 1)]
 
     # What the model controller does from the moment it learns of another namespace's model
     # until its turn: at most the attacker's turn under way and the one before it.
@@ -226,10 +232,14 @@ async def test_status_writes_keep_the_latest_and_take_turns_by_namespace() -> No
 
     leading = asyncio.Event()
     leading.set()
-    failed: list[str] = []
+    failed: list[tuple[str, bool]] = []
     with ThreadPoolExecutor(1) as executor:
         writer = StatusWriter(
-            cast(Kube, Recorder()), executor, "binder-0", leading=leading, on_failed=failed.append
+            cast(Kube, Recorder()),
+            executor,
+            "binder-0",
+            leading=leading,
+            on_failed=lambda uid, owed: failed.append((uid, owed)),
         )
         for i in range(100):
             writer.put(Write(model_ref("attacker", f"m{i}"), {"n": 1}, "fits nowhere"))
@@ -250,6 +260,63 @@ async def test_status_writes_keep_the_latest_and_take_turns_by_namespace() -> No
         ("event", "fits nowhere"),
     ]
     assert len(sent) == 201 and not failed
+
+
+async def test_a_failed_status_write_repeats_only_an_event_not_written() -> None:
+    """A write that fails is reconciled again; its refusal's Event is owed again only when it was
+    not written, so a status write that fails after its Event does not count the refusal twice."""
+    failing = {"status": 0, "event": 0}
+    sent: list[str] = []
+
+    class Flaky:
+        def patch_model_status(self, namespace: str, name: str, uid: str, status: Any) -> None:
+            if failing["status"]:
+                failing["status"] -= 1
+                raise ApiError(504, "Timeout", f"status of {name}: timed out")
+            sent.append(f"status {name}")
+
+        def record_object_event(self, involved: Any, **kw: Any) -> None:
+            if failing["event"]:
+                failing["event"] -= 1
+                raise ApiError(504, "Timeout", f"event of {involved['name']}: timed out")
+            sent.append(f"event {involved['name']}")
+
+    def ref(name: str) -> dict[str, str]:
+        return {"namespace": "a", "name": name, "uid": name}
+
+    leading = asyncio.Event()
+    leading.set()
+    failed: list[tuple[str, bool]] = []
+    with ThreadPoolExecutor(1) as executor:
+        writer = StatusWriter(
+            cast(Kube, Flaky()),
+            executor,
+            "binder-0",
+            leading=leading,
+            on_failed=lambda uid, owed: failed.append((uid, owed)),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(writer.run(stop))
+        try:
+            # The Event fails after its status: owed. The status fails first: both owed.
+            failing["event"] = 1
+            writer.put(Write(ref("m1"), {"n": 1}, "fits nowhere"))
+            await eventually(lambda: len(failed) == 1, what="the first failure")
+            failing["status"] = 1
+            writer.put(Write(ref("m2"), {"n": 1}, "fits nowhere"))
+            await eventually(lambda: len(failed) == 2, what="the second failure")
+            # Its Event written, a later status write alone fails: no Event owed.
+            writer.put(Write(ref("m3"), {"n": 1}, "fits nowhere"))
+            await eventually(lambda: "event m3" in sent, what="m3's Event")
+            failing["status"] = 1
+            writer.put(Write(ref("m3"), {"n": 2}, ""))
+            await eventually(lambda: len(failed) == 3, what="the third failure")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert failed == [("m1", True), ("m2", True), ("m3", False)]
+    assert sent == ["status m1", "status m3", "event m3"]
 
 
 def test_a_model_of_many_small_replicas_places_a_bounded_number_per_turn() -> None:
