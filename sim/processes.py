@@ -73,15 +73,19 @@ class ManagedProcess:
         return self.process.returncode
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float, on_fail: str = "") -> Any:
-    """Poll `check` until it returns something truthy; ClusterError after `timeout` seconds."""
+def wait_until(
+    what: str, check: Callable[[], Any], timeout: float, on_fail: str | Callable[[], str] = ""
+) -> Any:
+    """Poll `check` until it returns something truthy; ClusterError after `timeout` seconds,
+    saying `on_fail` (or what it returns then)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = check()
         if result:
             return result
         time.sleep(0.1)
-    raise ClusterError(f"{what} did not happen within {timeout:.0f} s. {on_fail}".strip())
+    said = on_fail if isinstance(on_fail, str) else on_fail()
+    raise ClusterError(f"{what} did not happen within {timeout:.0f} s. {said}".strip())
 
 
 def http_ok(url: str) -> bool:

@@ -629,6 +629,29 @@ class Scaled(Protocol):
 
     def watch(self, targets: Path) -> PodWatch | ReplicaWatch: ...
 
+    def describe(self) -> str:
+        """Its replicas and conditions, for a wait that timed out."""
+        ...
+
+
+def pods_state(cluster: SimCluster, namespace: str) -> str:
+    """Each pod of `namespace` in a line (node, phase, the conditions not True, the containers
+    not running): what a wait that timed out shows of the cluster."""
+    lines = []
+    for pod in cast(Any, cluster.core).list_namespaced_pod(namespace).items:
+        status = pod.status
+        off = [f"{c.type}={c.status}" for c in status.conditions or [] if c.status != "True"]
+        stopped = [
+            f"{c.name}:{(c.state.waiting or c.state.terminated).reason}"
+            for c in [*(status.init_container_statuses or []), *(status.container_statuses or [])]
+            if c.state is not None and (c.state.waiting or c.state.terminated)
+        ]
+        lines.append(
+            f"{pod.metadata.name} on {pod.spec.node_name or '-'}: {status.phase} "
+            f"{' '.join(off + stopped)}".rstrip()
+        )
+    return "Pods: " + ("; ".join(lines) or "none") + "."
+
 
 class ScaledDeployment:
     """A model Deployment on the node with the real Triton (the short form, completed by the
@@ -660,6 +683,10 @@ class ScaledDeployment:
     def watch(self, targets: Path) -> PodWatch:
         assert self.cluster.kube is not None
         return PodWatch(self.cluster.kube, self.namespace, targets)
+
+    def describe(self) -> str:
+        asked, ready = self.replicas()
+        return f"{asked} replicas asked for, {ready} ready."
 
 
 class ScaledTritonModel:
@@ -716,6 +743,18 @@ class ScaledTritonModel:
     def watch(self, targets: Path) -> ReplicaWatch:
         assert self.cluster.kube is not None
         return ReplicaWatch(self.cluster.kube, self.namespace, NAME, targets)
+
+    def describe(self) -> str:
+        obj = self._object()
+        status = obj.get("status") or {}
+        conditions = "; ".join(
+            f"{c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+            for c in status.get("conditions") or []
+        )
+        return (
+            f"{obj['spec'].get('replicas')} replicas asked for, placements "
+            f"{status.get('placements')}, {status.get('readyReplicas') or 0} ready; {conditions}."
+        )
 
 
 SCALED: dict[str, Callable[[SimCluster, str], Scaled]] = {
@@ -794,7 +833,12 @@ def run(
                 "scaledobjects",
                 scaled_object(namespace, max_replicas, scale_down_window, signal, ref=scaled.ref),
             )
-        wait_until("the first replica Ready", lambda: scaled.replicas()[1] >= 1, 180)
+        wait_until(
+            "the first replica Ready",
+            lambda: scaled.replicas()[1] >= 1,
+            180,
+            lambda: f"{scaled.kind} {NAME}: {scaled.describe()} {pods_state(cluster, namespace)}",
+        )
         first = set(watch.pods)
         if builtin:
             say(
