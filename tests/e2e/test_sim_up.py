@@ -105,6 +105,18 @@ def sim_up(
         _sim_up("stop", "--dir", str(directory), env=env)
 
 
+def _logs_of(sim: SimUp, namespace: str, selector: str) -> str:
+    """For a failure's message: the last lines of the pods' proxies and of the node's agent."""
+    said = []
+    for pod in sim.get("pods", "-n", namespace, "-l", selector)["items"]:
+        name = pod["metadata"]["name"]
+        logs = sim.run(sim.kubectl, "logs", "-n", namespace, name, "-c", "proxy")
+        said.append(f"--- {namespace}/{name} proxy:\n" + "\n".join(logs.splitlines()[-30:]))
+    for path in sorted((sim.directory / "logs").glob("agent*.log")):
+        said.append(f"--- {path.name}:\n" + "\n".join(path.read_text().splitlines()[-40:]))
+    return "\n" + "\n".join(said)
+
+
 def _ready_pod(sim: SimUp, namespace: str, selector: str) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while True:
@@ -188,6 +200,8 @@ def test_the_concepts_residency_walkthrough_runs_as_written(sim_up: SimUp) -> No
     block = block.replace("sleep 10; ", poll)
     uri = next(x for x in sim_up.output.splitlines() if x.startswith("export MODEL_URI="))
     output = sim_up.run("bash", "-c", "\n".join(["set -e", uri, block]))
+    if "on-demand, asleep" not in output:
+        output += _logs_of(sim_up, "team-b", "app=add-one")
     assert "team-b/add-one-" in output and "on-demand, asleep" in output, output
     node = sim_up.get("node", "gpu-node-0")
     assert node["metadata"]["labels"]["tritonshare.io/gpu-mem-overcommit"] == "3"
