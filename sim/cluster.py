@@ -89,6 +89,8 @@ KEYS = Keys()
 # The cluster's own calls (registering nodes, creating the scenario's pods) in the audit log.
 USER_AGENT = "tritonshare-sim-cluster"
 BINDER_LEASE_SECONDS = 6
+AGENT_GPUS_SECONDS = 60.0
+"""How long a node's agent may take to publish its GPUs before the cluster gives up."""
 ADMISSION_POLICY_FILES = tuple(
     Path(__file__).resolve().parents[1] / "deploy" / "base" / name
     for name in (
@@ -584,7 +586,7 @@ class SimCluster:
             wait_until(
                 f"node {name}'s GPUs published by its agent",
                 partial(self._has_gpus, name),
-                60,
+                AGENT_GPUS_SECONDS,
                 f"See {self.agents[name].process.log_path}.",
             )
             wait_until(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sim import cluster
 from sim.cluster import REAL_GPUS, NodeSpec, SimCluster
 from sim.demo.gpucheck import MODELS, STAND_IN_CONTEXT, machine_gpus, run_gpu_check
 from sim.processes import ClusterError
@@ -57,11 +58,13 @@ def test_the_real_gpu_mode_says_first_when_this_machine_has_no_gpu(tmp_path: Pat
 
 @pytest.mark.slow
 def test_a_real_gpu_node_runs_the_agent_on_this_machines_nvml(
-    tmp_path: Path, triton_install: TritonInstall
+    tmp_path: Path, triton_install: TritonInstall, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A `REAL_GPUS` node's agent is `python -m agent` itself (no mock, no --cpu-only), so here,
     without a driver, it reads no GPU and the cluster does not come up, its log saying why."""
     without_gpus()
+    # It never publishes GPUs here: a shorter wait for them than a cluster's.
+    monkeypatch.setattr(cluster, "AGENT_GPUS_SECONDS", 20.0)
     node = NodeSpec("gpu-node-0", REAL_GPUS, real=True)
     with pytest.raises(ClusterError), SimCluster(tmp_path, [node], binders=0):
         pass
