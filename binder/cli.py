@@ -43,6 +43,7 @@ from binder.placement import Placement, explain, place
 from binder.proofs import Unproven
 from binder.quota import Usage, usage
 from binder.report import (
+    asleep_keys,
     explain_document,
     load_state,
     load_states,
@@ -191,7 +192,13 @@ def write_usage(rows: list[Usage], output: str, out: TextIO) -> None:
         _table(table, out)
 
 
-def status(cache: ClusterCache, out: TextIO, now: float, namespace: str | None = None) -> None:
+def status(
+    cache: ClusterCache,
+    out: TextIO,
+    now: float,
+    namespace: str | None = None,
+    asleep: frozenset[str] = frozenset(),
+) -> None:
     """Every node and GPU (the figures count every namespace: GPUs are shared), with the pods
     and TritonModel replicas on each, of `namespace` alone when given."""
     state = cache.state
@@ -214,7 +221,7 @@ def status(cache: ClusterCache, out: TextIO, now: float, namespace: str | None =
             measured = info.measured_of(pod)
             uses = f", uses {format_bytes(measured)}" if measured is not None else ""
             if pod.on_demand:
-                uses += ", on-demand" + (", asleep" if measured is None else "")
+                uses += ", on-demand" + (", asleep" if pod.key in asleep else "")
             placed.setdefault(position, []).append(pod)
             if namespace is not None and pod.namespace != namespace:
                 continue
@@ -250,9 +257,9 @@ def status(cache: ClusterCache, out: TextIO, now: float, namespace: str | None =
     )
     if any(state.nodes[name].gpus for name in state.names):
         out.write(
-            "LOADED, SLEEPING, USED, `uses` and `asleep` are what each agent last published: it "
-            "rewrites them at most every --usage-publish-seconds (60 s by default), so they may "
-            "be that old.\n"
+            "LOADED, SLEEPING, USED and `uses` are what each agent last published: it rewrites "
+            "them at most every --usage-publish-seconds (60 s by default), so they may be that "
+            "old; `asleep` is the model's condition, written as it falls asleep.\n"
         )
     unproven_status(cache, out)
 
@@ -848,14 +855,16 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         if args.command == "status":
             states = load_states(listing.pods, keys.model_loaded)
             states.update(replica_states(listing.models))
+            charged = [p for name in cache.state.names for p, _ in cache.state.pods_on(name)]
+            asleep = asleep_keys(listing.pods, charged, keys)
             held = [r for r in quarantined(listing.nodes, keys) if only in (None, r["namespace"])]
             if output == "text":
-                status(cache, out, now, only)
+                status(cache, out, now, only, asleep)
                 write_unserved(cache, states, out, only)
                 write_quarantined(held, out)
                 write_reserve(reserve, given_reserve, published, out)
             else:
-                document = status_document(cache, now, states, only)
+                document = status_document(cache, now, states, only, asleep)
                 document["quarantined"] = held
                 write_document(document, output, out)
             return 0

@@ -17,6 +17,7 @@ from binder.kube import JsonObject
 from binder.model import NodeInfo, PodInfo, is_replica
 from binder.placement import Placement, explain, place
 from common.contract import BINDER_LEADER_LEASE, Keys
+from common.hosted import SLEEPING_REASON, host_label, loaded_condition
 from common.quantity import format_bytes
 from common.settings import names
 
@@ -33,6 +34,40 @@ def residency_figures(info: NodeInfo, pods: Iterable[PodInfo]) -> tuple[int, int
         elif pod.on_demand:
             sleeping += pod.request
     return loaded, sleeping
+
+
+def asleep_keys(
+    objects: Iterable[JsonObject], charged: Iterable[PodInfo], keys: Keys
+) -> frozenset[str]:
+    """The pods and TritonModel replicas (by `PodInfo.key`) whose on-demand model the agent
+    reports asleep: a model pod's ModelLoaded condition, a replica's loaded condition on its
+    host, False with reason ModelSleeping. Written by the agent as the model falls asleep or
+    wakes, so it is current where the published measurements may be a period old (a model
+    not measured yet is loading, not asleep). `objects`: the pods as listed; `charged`: the
+    pods and replicas on the nodes."""
+    sleeping: set[str] = set()
+    hosts: dict[tuple[str, str], dict[str, str]] = {}
+    for pod in objects:
+        metadata = pod.get("metadata") or {}
+        reasons = {
+            str(c.get("type")): str(c.get("reason") or "")
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("status") == "False"
+        }
+        namespace = str(metadata.get("namespace", ""))
+        if (metadata.get("labels") or {}).get(host_label(keys)) == "true":
+            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            hosts[(namespace, node)] = reasons
+        elif reasons.get(keys.model_loaded) == SLEEPING_REASON:
+            sleeping.add(f"{namespace}/{metadata.get('name', '')}")
+    for replica in charged:
+        model, _, ordinal = replica.name.rpartition("/")
+        if not is_replica(replica.uid) or not ordinal.isdigit():
+            continue
+        reasons = hosts.get((replica.namespace, replica.node_name), {})
+        if reasons.get(loaded_condition(keys, model, int(ordinal))) == SLEEPING_REASON:
+            sleeping.add(replica.key)
+    return frozenset(sleeping)
 
 
 def published_reserve(leases: list[JsonObject], keys: Keys) -> int | None:
@@ -272,6 +307,7 @@ def status_document(
     now: float,
     states: Mapping[str, tuple[str, str]] | None = None,
     namespace: str | None = None,
+    asleep: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """What `status` prints, for `-o json` and `-o yaml`: bytes as integers, every pod and
     TritonModel replica charged to a GPU (of `namespace` alone when given) with its request, its
@@ -302,6 +338,7 @@ def status_document(
                     "tritonName": pod.triton_name or None,
                     "request": pod.request,
                     "residency": "on-demand" if pod.on_demand else "always",
+                    "asleep": pod.key in asleep,
                     "measured": info.measured_of(pod),
                     "holds": state.held(pod, name),
                     "load": dict(

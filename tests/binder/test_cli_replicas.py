@@ -18,8 +18,9 @@ import pytest
 
 from binder.cli import explain_target
 from binder.cli import main as cli
+from common.hosted import SLEEPING_REASON, host_label, loaded_condition
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
-from tests.binder.objects import GI, pod_obj
+from tests.binder.objects import GI, KEYS, pod_obj
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
 from tests.deploy.rendering import CHART
 from tests.fixtures_sim import PlacementKeys
@@ -219,3 +220,54 @@ def test_explain_reads_names_as_kubectl_does(
 def test_explain_refuses_what_names_nothing(words: list[str]) -> None:
     with pytest.raises(ValueError, match="write POD, NAMESPACE/POD"):
         explain_target(words)
+
+
+async def test_status_says_asleep_what_the_agent_reports_asleep_not_what_is_unmeasured(
+    kubeconfig: Path,
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    make_binder: MakeBinder,
+    placement_keys: PlacementKeys,
+) -> None:
+    """An on-demand model the node has not measured yet is loading, not asleep: `asleep` is the
+    agent's ModelSleeping condition, on a model pod or on the replica's host."""
+    custom: Any = kubernetes.client.CustomObjectsApi(kube_api)
+    add_node(kube_api, "gpu-1", [15 * GI])
+    await make_binder()
+    model = _model("lazy", 1, "2Gi")
+    model["spec"]["residency"] = "on-demand"
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model)
+    add_pod(core, "pod-od", mem="1Gi", model="bert", annotations={KEYS.residency: "on-demand"})
+    await eventually(lambda: node_of(core, "pod-od"), what="the pod bound")
+
+    def host() -> Any:
+        hosts = core.list_namespaced_pod("default", label_selector=f"{host_label(KEYS)}=true")
+        return hosts.items[0] if hosts.items else None
+
+    host_pod = await eventually(host, what="the replica's host")
+
+    def shown() -> tuple[str, dict[str, bool]]:
+        code, text = _cli(kubeconfig, placement_keys, "status")
+        assert code == 0, text
+        [row] = _gpu_rows(text).values()
+        _, data = _cli(kubeconfig, placement_keys, "status", "-o", "json")
+        [gpu] = json.loads(data)["nodes"][0]["gpus"]
+        return row[11], {p["pod"]: p["asleep"] for p in gpu["pods"]}
+
+    text, asleep = shown()
+    assert "default/pod-od: bert (asks 1Gi, on-demand)" in text, text
+    assert "default/lazy replica 0: big_model (asks 2Gi, on-demand)" in text, text
+    assert asleep == {"default/pod-od": False, "default/lazy/0": False}
+
+    sleeping = {"status": "False", "reason": SLEEPING_REASON, "message": "asleep"}
+    core.patch_namespaced_pod_status(
+        "pod-od", "default", {"status": {"conditions": [{"type": KEYS.model_loaded, **sleeping}]}}
+    )
+    replica = {"type": loaded_condition(KEYS, "lazy", 0), **sleeping}
+    core.patch_namespaced_pod_status(
+        host_pod.metadata.name, "default", {"status": {"conditions": [replica]}}
+    )
+    text, asleep = shown()
+    assert "default/pod-od: bert (asks 1Gi, on-demand, asleep)" in text, text
+    assert "default/lazy replica 0: big_model (asks 2Gi, on-demand, asleep)" in text, text
+    assert asleep == {"default/pod-od": True, "default/lazy/0": True}
