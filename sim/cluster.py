@@ -371,6 +371,15 @@ class SimCluster:
         real = self.real_node
         return None if real is None else self.kubelets.get(real.name)
 
+    def log_tails(self, lines: int = 15) -> str:
+        """The last `lines` of the binders' and agents' logs, for a wait that timed out."""
+        said = []
+        for pattern in ("binder-*.log", "agent-*.log"):
+            for path in sorted((self.workdir / "logs").glob(pattern)):
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                said.append(f"--- {path.name}:\n" + "\n".join(tail))
+        return "\n".join(said)
+
     def _suffix(self, node: NodeSpec) -> str:
         """'' for the first real node, `-<name>` for another: its files' and groups' names."""
         return "" if node == self.real_node else f"-{node.name}"

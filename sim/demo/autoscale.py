@@ -837,7 +837,10 @@ def run(
             "the first replica Ready",
             lambda: scaled.replicas()[1] >= 1,
             180,
-            lambda: f"{scaled.kind} {NAME}: {scaled.describe()} {pods_state(cluster, namespace)}",
+            lambda: (
+                f"{scaled.kind} {NAME}: {scaled.describe()} {pods_state(cluster, namespace)}\n"
+                f"{cluster.log_tails()}"
+            ),
         )
         first = set(watch.pods)
         if builtin:
