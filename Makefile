@@ -5,9 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (whole files each, tests/parallel.py); 0 runs in one process.
-# Four on two cores: the suite waits on real servers far more than it computes (about 1.2 cores
-# busy on average with four).
-PYTEST_WORKERS ?= 4
+# Three on two cores: the suite waits on real servers far more than it computes.
+PYTEST_WORKERS ?= 3
 
 .PHONY: demo sim-up sim-down test lint types imports unit proto proto-check native clean venv
 

@@ -1,4 +1,4 @@
-"""How the suite splits between pytest-xdist workers (`make test` runs `-n 4 --dist loadfile`).
+"""How the suite splits between pytest-xdist workers (`make test` runs `-n 3 --dist loadfile`).
 
 A worker takes whole files, so a module-scoped fixture (a real Triton, a gateway, a simulated
 cluster) starts once per file, not once per worker. The files that read the demo's run
