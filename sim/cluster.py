@@ -200,6 +200,10 @@ def _port_free(address: str, port: int) -> bool:
     return True
 
 
+class PortTakenError(ClusterError):
+    """A part could not bind the port chosen for it: another process took it meanwhile."""
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One simulated GPU node."""
@@ -433,8 +437,7 @@ class SimCluster:
         # Each Triton takes seconds to start: the nodes' start side by side, as nodes boot.
         with ThreadPoolExecutor(max(1, len(self.real_nodes))) as starting:
             list(starting.map(self._start_triton, self.real_nodes))
-        for node in self.real_nodes:
-            self._start_gateway(node)
+        self._start_gateways()
         self._start_agents()
         if self.webhook_wanted:
             self._start_webhook()
@@ -602,6 +605,22 @@ class SimCluster:
                 f"node {name}'s agent lease", partial(self._lease, agent_lease_name(name)), 60
             )
 
+    def _start_gateways(self) -> None:
+        """Every real node's gateway; the node ports chosen again (up to twice) when one of them
+        was taken by another process between their choice and the gateway's bind."""
+        for attempt in range(3):
+            try:
+                for node in self.real_nodes:
+                    self._start_gateway(node)
+                return
+            except PortTakenError:
+                for gateway in self.gateways.values():
+                    gateway.process.stop()
+                self.gateways.clear()
+                if self.node_ports or attempt == 2:
+                    raise
+                self.ports = NodePorts(*(self._free_node_port() for _ in range(4)))
+
     def _start_gateway(self, node: NodeSpec) -> None:
         """A real node's gateway, on the node's address, before its agent, which writes the
         caller table the gateway follows (until then the gateway refuses everyone)."""
@@ -633,11 +652,17 @@ class SimCluster:
         )
         handle.process.start(self.env)
         self._weigh(node, "gateway", handle.process.process)
-        wait_started(
-            handle.process,
-            f"the gateway of node {node.name}",
-            partial(http_ok, f"http://{address}:{handle.metrics}/healthz"),
-        )
+        try:
+            wait_started(
+                handle.process,
+                f"the gateway of node {node.name}",
+                partial(http_ok, f"http://{address}:{handle.metrics}/healthz"),
+            )
+        except ClusterError as e:
+            handle.process.stop()
+            if "address already in use" in handle.process.log_tail(40).lower():
+                raise PortTakenError(str(e)) from e
+            raise
         self.gateways[node.name] = handle
         self.say(
             f"Node {node.name}'s gateway is the model pods' one way to Triton (REST "

@@ -8,6 +8,7 @@ nothing of Kubernetes; `sim.cluster` decides what runs.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.util
 import os
 import signal
@@ -89,10 +90,12 @@ def wait_until(
 
 
 def http_ok(url: str) -> bool:
+    """Whether `url` answers 200 (not when it answers something that is not HTTP/1: another
+    server took the port)."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
             return int(response.status) == 200
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return False
 
 
