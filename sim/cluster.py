@@ -377,12 +377,8 @@ class SimCluster:
 
     def log_tails(self, lines: int = 15) -> str:
         """The last `lines` of the binders' and agents' logs, for a wait that timed out."""
-        said = []
-        for pattern in ("binder-*.log", "agent-*.log"):
-            for path in sorted((self.workdir / "logs").glob(pattern)):
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
-                said.append(f"--- {path.name}:\n" + "\n".join(tail))
-        return "\n".join(said)
+        parts = [b.process for b in self.binders] + [a.process for a in self.agents.values()]
+        return "\n".join(f"--- {p.log_path.name}:\n{p.log_tail(lines)}" for p in parts)
 
     def _suffix(self, node: NodeSpec) -> str:
         """'' for the first real node, `-<name>` for another: its files' and groups' names."""
