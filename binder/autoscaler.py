@@ -224,10 +224,14 @@ class Decider:
     def observe(self, now: float, counters: Mapping[str, float], scaling: Scaling) -> None:
         """Add the sources' cumulative counters (held seconds, or requests, by source) read at
         `now`. A source seen for the first time adds nothing yet; one whose counter went down
-        (its proxy restarted) adds its new value; one that is gone is forgotten."""
+        (its proxy restarted) adds its new value; one that is gone is forgotten. A value that
+        is no count (negative, NaN, infinite) is ignored, and the running total never becomes
+        non-finite, so one bad reading cannot stop the decisions for good."""
         last = self._last
         added = 0.0
         for source, value in counters.items():
+            if not math.isfinite(value) or value < 0:
+                continue  # never a count: the source is as if not read
             before = last.get(source)
             if before is not None:
                 added += value - before if value >= before else value
@@ -235,7 +239,8 @@ class Decider:
         if len(last) > len(counters):
             for source in [s for s in last if s not in counters]:
                 del last[source]
-        self._total += added
+        if math.isfinite(self._total + added):
+            self._total += added
         self._stable.add(now, self._total, scaling.window)
         self._panic.add(now, self._total, scaling.panic_window)
 

@@ -26,9 +26,9 @@ leadership is lost (`Kube._write`).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from functools import partial
@@ -40,8 +40,17 @@ from binder.autoscaler import Decider, Decision, Scaling
 from binder.cache import Informer, Ledger
 from binder.inbox import Inbox
 from binder.kube import Kube, now_rfc3339
+from binder.loadcounts import Counts, answer_bound, parse_counts
+from binder.parking import parked_on
 from binder.room import needs_room
-from binder.scaletargets import Index, Target, host_sources, model_target
+from binder.scaletargets import (
+    INVALID_SETTINGS,
+    NOT_MODEL_PODS,
+    Index,
+    Target,
+    host_sources,
+    model_target,
+)
 from common.contract import PROXY_AUTOSCALING_PATH, Keys
 
 log = logging.getLogger(__name__)
@@ -49,21 +58,31 @@ log = logging.getLogger(__name__)
 DEFAULT_KEYS = Keys()
 
 CONDITION = "Autoscaling"
+WARNINGS = frozenset({INVALID_SETTINGS, NOT_MODEL_PODS})
+"""Reasons a Deployment's Event is a Warning for."""
 GROUPS = {
     "TritonModel": ("tritonshare.io", "v1alpha1", "tritonmodels"),
     "Deployment": ("apps", "v1", "deployments"),
 }
-Counts = Mapping[str, list[float]]
 Source = tuple[str, str, str]
 """(source, address, model): `Target.sources`."""
 Readings = Mapping[str, Mapping[str, float]]
 """Model uid -> source (node) -> the seconds its requests were held there (cumulative)."""
 Report = tuple[str, str, str]
 """(status, reason, message) of who scales a target."""
-MAX_ANSWER_BYTES = 1 << 20
-"""The most of one proxy's /autoscaling answer read (a host of 10,000 models answers ~400 KiB)."""
+MAX_ANSWER_BYTES = 4 << 20
+"""The most of one proxy's /autoscaling answer read: a host of 10,000 models with ids of 128
+characters answers at most 1.9 MiB. A pod's own bound is smaller: `answer_bound` of the models
+it serves."""
 PARALLEL_READS = 64
-"""Proxies read at once."""
+"""Proxies read at once, all namespaces together."""
+PARALLEL_READS_PER_NAMESPACE = 8
+"""Proxies of one namespace read at once: a namespace of slow pods holds no more of the reads."""
+WRITES_PER_NAMESPACE = 8
+"""Condition and Event writes saying who scales a target, at most, for one namespace in a tick;
+the rest wait for the next ticks (a namespace of many Deployments takes its turns)."""
+YIELD_EVERY = 100
+"""Targets handled between two yields to the binder's loop (placement, /healthz)."""
 MAX_SOURCES_EXTRA = 5
 """A Deployment's pods read beyond its replicas (a roll's surge): more pods matching its selector,
 which its namespace could create, cost the binder no more reads."""
@@ -134,9 +153,10 @@ class Autoscaling:
             )
             informer.start()
             self.informers.append(informer)
-        timeout = aiohttp.ClientTimeout(total=max(0.2, self.period * 0.8))
+        timeout = aiohttp.ClientTimeout(total=self.read_timeout)
+        connector = aiohttp.TCPConnector(limit=PARALLEL_READS)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
                 while not stop.is_set():
                     if not self._leading.is_set():
                         # A new leader starts its windows afresh.
@@ -165,71 +185,144 @@ class Autoscaling:
             if (target := model_target(model, hosts.get(model.namespace) or {}, self._keys))
             is not None
         ]
-        return [*found, *self.index.deployment_targets()]
+        return [*found, *self.index.deployment_targets(self._ledger.state.is_accounted)]
 
     async def tick(self, session: aiohttp.ClientSession) -> None:
-        """One read of the proxies, one decision and at most one write per scaled target."""
+        """One read of the proxies, one decision and at most one write per scaled target.
+
+        Its cost is bounded by what runs, not by what a namespace writes: each proxy is read
+        once, at most `answer_bound` bytes for the models it serves, and each target sums only
+        its own sources' entries; a namespace's reads and writes take turns with the others',
+        one target's failure is that target's alone, and the loop yields every `YIELD_EVERY`
+        targets."""
         if len(self.index.listed) < 2:
             return
         scaled: list[tuple[Target, Scaling]] = []
         targets = self.targets()
         await self._clear_stale()
-        for target in targets:
+        writes: Counter[str] = Counter()
+        for turn, target in enumerate(targets):
+            if turn % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
             owner = self.index.owner(
                 target.namespace, GROUPS[target.kind][0], target.kind, target.name
             )
             if owner is not None:
                 reason, message = owner
-                await self._report(
-                    target, ("False", reason, f"{message}: the built-in autoscaler leaves it alone")
-                )
+                wanted = ("False", reason, f"{message}: the built-in autoscaler leaves it alone")
             elif target.scaling is None:
-                await self._report(target, ("False", "InvalidSettings", target.problem))
+                wanted = ("False", target.reason, target.problem)
             else:
-                await self._report(target, ("True", "BuiltIn", describe(target.scaling)))
+                wanted = ("True", "BuiltIn", describe(target.scaling))
                 scaled.append((target, target.scaling))
+            await self._report(target, wanted, writes)
         self._forget({target.uid for target, _ in scaled}, {t.uid for t in targets})
         hosts = self._ledger.hosts
         room = [
-            (model.uid, list(host_sources(model, hosts.get(model.namespace) or {})))
+            (model.uid, model.namespace, list(host_sources(model, hosts.get(model.namespace, {}))))
             for model in list(self._ledger.models.values())
             if self._on_load is not None and needs_room(model)
         ]
-        addresses = sorted(
-            {
-                address
-                for target, _ in scaled
-                for _, address, _ in target.sources[
-                    : max(target.replicas, target.ready) + MAX_SOURCES_EXTRA
-                ]
-            }
-            | {address for _, sources in room for _, address, _ in sources}
-        )
-        answers = await asyncio.gather(*(self._read(session, a) for a in addresses))
-        counts = dict(zip(addresses, answers, strict=True))
+        counts = await self._read_all(session, self._reads_for(scaled, room))
         now = self._monotonic()
         if self._on_load is not None and self._leading.is_set():
             self._on_load(now, _held(room, counts))
-        for target, scaling in scaled:
-            column = 0 if scaling.metric == "concurrency" else 1
-            counters: dict[str, float] = {}
-            for source, address, model in target.sources:
-                answer = counts.get(address) or {}  # one not read: no counters from it
-                entries = [answer[model]] if model in answer else [] if model else answer.values()
-                for entry in entries:
-                    counters[source] = counters.get(source, 0.0) + float(entry[column])
-            decider = self._deciders.setdefault(target.uid, Decider())
-            decider.observe(now, counters, scaling)
-            current = target.replicas
-            asked = self._asked.get(target.uid)
-            if asked is not None:
-                if target.generation > asked[1]:
-                    del self._asked[target.uid]
-                else:
-                    current = asked[0]
-            decision = decider.decide(now, scaling, target.ready, current)
-            if decision.replicas != current and self._leading.is_set():
-                await self._scale(target, current, scaling, decision)
+        for turn, (target, scaling) in enumerate(scaled):
+            if turn % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+            try:
+                await self._decide(target, scaling, counts, now)
+            except Exception:
+                log.exception(
+                    "Deciding the scale of %s %s has failed: its replicas stay as they are "
+                    "this period.",
+                    target.kind,
+                    target.key,
+                )
+
+    def _reads_for(
+        self, scaled: list[tuple[Target, Scaling]], room: list[tuple[str, str, list[Source]]]
+    ) -> dict[str, tuple[str, int]]:
+        """Address -> (namespace, the most bytes read of its answer) of each proxy to read: a
+        model pod answers for one model, a host for the models of its namespace placed or
+        parked on its node."""
+        served: Counter[tuple[str, str]] = Counter()
+        for model in list(self._ledger.models.values()):
+            for node in {node for node, _, _ in model.placed.values()}:
+                served[model.namespace, node] += 1
+        for namespace, nodes in self._ledger.hosts.items():
+            for node, host in nodes.items():
+                served[namespace, node] += len(parked_on(host, self._keys))
+        reads: dict[str, tuple[str, int]] = {}
+        for target, _ in scaled:
+            for source, address, _ in target.sources[
+                : max(target.replicas, target.ready) + MAX_SOURCES_EXTRA
+            ]:
+                models = 1 if target.kind == "Deployment" else served[target.namespace, source]
+                reads[address] = (target.namespace, answer_bound(models, MAX_ANSWER_BYTES))
+        for _, namespace, sources in room:
+            for node, address, _ in sources:
+                models = served[namespace, node]
+                reads[address] = (namespace, answer_bound(models, MAX_ANSWER_BYTES))
+        return reads
+
+    async def _read_all(
+        self, session: aiohttp.ClientSession, reads: Mapping[str, tuple[str, int]]
+    ) -> dict[str, Counts]:
+        """Every proxy of `reads` read side by side, each namespace's at most
+        PARALLEL_READS_PER_NAMESPACE at once, all within the read timeout: a proxy not read by
+        then gives no counters this period (its namespace's slow pods cost the others
+        nothing)."""
+        if not reads:
+            return {}
+        turns: dict[str, asyncio.Semaphore] = {}
+
+        async def read(address: str, namespace: str, bound: int) -> Counts:
+            turn = turns.setdefault(namespace, asyncio.Semaphore(PARALLEL_READS_PER_NAMESPACE))
+            async with turn, self._reads:
+                return await read_counts(session, f"http://{address}:{self._port}", bound)
+
+        tasks = {
+            address: asyncio.ensure_future(read(address, namespace, bound))
+            for address, (namespace, bound) in sorted(reads.items())
+        }
+        done, late = await asyncio.wait(tasks.values(), timeout=self.read_timeout)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+        return {
+            address: task.result()
+            for address, task in tasks.items()
+            if task in done and task.exception() is None
+        }
+
+    @property
+    def read_timeout(self) -> float:
+        """How long a tick's reads take at most (one read's too)."""
+        return max(0.2, self.period * 0.8)
+
+    async def _decide(
+        self, target: Target, scaling: Scaling, counts: Mapping[str, Counts], now: float
+    ) -> None:
+        column = 0 if scaling.metric == "concurrency" else 1
+        counters: dict[str, float] = {}
+        for source, address, model in target.sources:
+            entry = (counts.get(address) or {}).get(model)  # one not read: no counters from it
+            if entry is not None:
+                counters[source] = counters.get(source, 0.0) + entry[column]
+        decider = self._deciders.setdefault(target.uid, Decider())
+        decider.observe(now, counters, scaling)
+        current = target.replicas
+        asked = self._asked.get(target.uid)
+        if asked is not None:
+            if target.generation > asked[1]:
+                del self._asked[target.uid]
+            else:
+                current = asked[0]
+        decision = decider.decide(now, scaling, target.ready, current)
+        if decision.replicas != current and self._leading.is_set():
+            await self._scale(target, current, scaling, decision)
 
     def _forget(self, scaled: set[str], targets: set[str]) -> None:
         for memory in (self._deciders, self._asked):
@@ -263,10 +356,6 @@ class Autoscaling:
                 {"conditions": kept},
             ):
                 self._written[model.uid] = (None, self._monotonic())
-
-    async def _read(self, session: aiohttp.ClientSession, address: str) -> Counts:
-        async with self._reads:
-            return await read_counts(session, f"http://{address}:{self._port}")
 
     async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         loop = asyncio.get_running_loop()
@@ -324,17 +413,19 @@ class Autoscaling:
         self._asked[target.uid] = (decision.replicas, target.generation)
         await self._event(target, "SuccessfulRescale", message, "Normal")
 
-    async def _report(self, target: Target, wanted: Report) -> None:
+    async def _report(self, target: Target, wanted: Report, writes: Counter[str]) -> None:
         """Say who scales the target: a TritonModel's condition, a Deployment's Event; written
-        only when it changes."""
-        if not self._leading.is_set():
+        only when it changes, at most WRITES_PER_NAMESPACE of a namespace a tick (`writes`
+        counts them)."""
+        if not self._leading.is_set() or writes[target.namespace] >= WRITES_PER_NAMESPACE:
             return
         written = self._written.get(target.uid)
         fresh = written is not None and self._monotonic() - written[1] < REWRITE_SECONDS
         if target.kind == "Deployment":
             if written is None or written[0] != wanted:
+                writes[target.namespace] += 1
                 status, reason, message = wanted
-                kind = "Warning" if reason == "InvalidSettings" else "Normal"
+                kind = "Normal" if status == "True" or reason not in WARNINGS else "Warning"
                 if await self._event(target, reason, message, kind):
                     self._written[target.uid] = (wanted, self._monotonic())
             return
@@ -344,6 +435,7 @@ class Autoscaling:
             return
         if fresh and written is not None and written[0] == wanted:
             return  # written, and the cache has not seen it yet
+        writes[target.namespace] += 1
         status, reason, message = wanted
         kept = old is not None and old.get("status") == status
         conditions = [c for c in conditions if c.get("type") != CONDITION]
@@ -370,41 +462,42 @@ class Autoscaling:
             self._written[target.uid] = (wanted, self._monotonic())
 
 
-def _held(room: list[tuple[str, list[Source]]], counts: Mapping[str, Counts]) -> Readings:
+def _held(room: list[tuple[str, str, list[Source]]], counts: Mapping[str, Counts]) -> Readings:
     """The held seconds of each model read for room, by source (none from a proxy not read)."""
     readings: dict[str, dict[str, float]] = {}
-    for uid, sources in room:
+    for uid, _, sources in room:
         found = readings[uid] = {}
         for source, address, model in sources:
             entry = (counts.get(address) or {}).get(model)
             if entry is not None:
-                found[source] = float(entry[0])
+                found[source] = entry[0]
     return readings
 
 
-async def read_counts(session: aiohttp.ClientSession, base: str) -> Counts:
-    """A proxy's counts at `base`; {} when it does not answer in time or answers more than
-    MAX_ANSWER_BYTES, and only well-formed entries (a tenant's pod may answer anything: it costs
-    the binder no more)."""
+async def read_counts(
+    session: aiohttp.ClientSession, base: str, bound: int = MAX_ANSWER_BYTES
+) -> Counts:
+    """A proxy's counts at `base`: its whole answer, read up to `bound` bytes, then only its
+    well-formed entries (`binder.loadcounts`); {} when it does not answer in time, fails in any
+    way or answers more (a tenant's pod may answer anything: it costs the binder no more)."""
     url = f"{base}{PROXY_AUTOSCALING_PATH}"
     try:
         async with session.get(url) as response:
-            data = await response.content.read(MAX_ANSWER_BYTES + 1)
-            if response.status != 200 or len(data) > MAX_ANSWER_BYTES:
+            if response.status != 200:
                 return {}
-            body = json.loads(data)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            data = bytearray()
+            while len(data) <= bound:
+                chunk = await response.content.read(bound + 1 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            if len(data) > bound:
+                log.debug("%s answered more than %d bytes: its counts are not read.", url, bound)
+                return {}
+    except Exception as e:
         log.debug("Reading the counts of %s has failed (%s).", url, e)
         return {}
-    if not isinstance(body, dict):
-        return {}
-    return {
-        str(model): entry
-        for model, entry in body.items()
-        if isinstance(entry, list)
-        and len(entry) == 2
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in entry)
-    }
+    return parse_counts(bytes(data))
 
 
 async def _first(*waits: Any) -> None:

@@ -1,24 +1,28 @@
 """What the built-in autoscaler scales, as `Target`s: TritonModels with spec.autoscaling (from the
 ledger, their hosts as sources) and Deployments of model pods with Knative's
 `autoscaling.knative.dev/target` annotation (from this module's own index of Deployments, HPAs
-and model pods, fed by informers), each with the proxies to read and who owns its `scale`.
+and each Deployment's own running pods, fed by informers), each with the proxies to read and
+who owns its `scale`. A source is read only for the models it serves: a host for its
+namespace's replicas placed (or parked) on it, a Deployment's model pod (placed by the binder,
+its proof verified) for its own model id.
 
 It converts API objects once, where they enter; it does no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from binder.autoscaler import Scaling, ScalingError, scaling_from, scaling_from_annotations
 from binder.model import ModelInfo
 from binder.parking import parked_on
-from binder.podterms import LabelSelector, selector_from_api
 from common.contract import Keys
 
 KEDA_LABEL = "scaledobject.keda.sh/name"
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+INVALID_SETTINGS = "InvalidSettings"
 DEFAULT_KEYS = Keys()
 JsonObject = dict[str, Any]
 Owner = tuple[str, str]
@@ -40,10 +44,12 @@ class Target:
     scaling: Scaling | None
     problem: str = ""
     """Why its settings cannot be acted on ("" when they can)."""
+    reason: str = INVALID_SETTINGS
+    """The reason reported with `problem`."""
     sources: tuple[tuple[str, str, str], ...] = ()
     """(source, address, model): the proxies to read and the model id (the one its clients
-    send, spec.modelName) whose counts count there ("" for every model of the answer: a model
-    pod's)."""
+    send, spec.modelName) whose counts count there: a source answers only for its own
+    models."""
     status: Mapping[str, Any] = field(default_factory=dict)
     """A TritonModel's status as the cache has it (its conditions)."""
 
@@ -127,21 +133,53 @@ class _Deployment:
     generation: int
     replicas: int
     ready: int
-    selector: LabelSelector
     annotations: Mapping[str, str]
 
 
+@dataclass(frozen=True)
+class _OwnPod:
+    """A running pod of a Deployment (through its ReplicaSet)."""
+
+    name: str
+    address: str
+    model_id: str
+    """Its model id annotation ("" for a pod that is no model pod)."""
+
+
+NOT_MODEL_PODS = "NotModelPods"
+"""Report reason: a Deployment whose own pods are not all model pods the binder placed."""
+
+
+def deployment_of(meta: Mapping[str, Any]) -> str:
+    """The name of the Deployment whose ReplicaSet controls a pod ("" for none): the
+    ReplicaSet's name is the Deployment's and the pod's `pod-template-hash` label, as the
+    Deployment controller names it."""
+    template_hash = str((meta.get("labels") or {}).get(TEMPLATE_HASH_LABEL) or "")
+    if not template_hash:
+        return ""
+    for owner in meta.get("ownerReferences") or []:
+        if not isinstance(owner, Mapping) or not owner.get("controller"):
+            continue
+        name = str(owner.get("name") or "")
+        if owner.get("kind") == "ReplicaSet" and name.endswith(f"-{template_hash}"):
+            return name[: -len(template_hash) - 1]
+    return ""
+
+
 class Index:
-    """The HPAs' targets, annotated Deployments and model pods' addresses, kept from watch
-    events (`apply_*`, `replace_*`) on the loop."""
+    """The HPAs' targets, annotated Deployments and their running pods' addresses, kept from
+    watch events (`apply_*`, `replace_*`) on the loop."""
 
     def __init__(self, model_id_key: str) -> None:
         self._model_id_key = model_id_key
         self.owners: dict[tuple[str, str, str, str], Owner] = {}
         self._by_hpa: dict[str, tuple[str, str, str, str]] = {}
         self.deployments: dict[str, _Deployment] = {}
-        self._pods: dict[str, dict[str, tuple[Mapping[str, str], str]]] = {}
-        """Namespace -> model pod uid -> (labels, address), for running model pods only."""
+        self._pods: dict[tuple[str, str], dict[str, _OwnPod]] = {}
+        """(namespace, Deployment) -> pod uid -> the pod, for its running pods only: a
+        Deployment finds its own pods in O(its pods), whatever else its namespace runs."""
+        self._pod_keys: dict[str, tuple[str, str]] = {}
+        """Pod uid -> its key in `_pods`."""
         self.listed: set[str] = set()
         """The kinds listed at least once."""
 
@@ -194,50 +232,75 @@ class Index:
             generation=int(meta.get("generation") or 0),
             replicas=replicas if isinstance(replicas, int) else 1,
             ready=int(status.get("readyReplicas") or 0),
-            selector=selector_from_api(spec.get("selector")),
             annotations=annotations,
         )
 
-    # ---- model pods ----
+    # ---- Deployments' pods ----
 
     def replace_pods(self, items: list[JsonObject]) -> None:
         self._pods.clear()
+        self._pod_keys.clear()
         for item in items:
             self.apply_pod("ADDED", item)
 
     def apply_pod(self, event: str, obj: JsonObject) -> None:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-        namespace, uid = str(meta.get("namespace", "")), str(meta.get("uid", ""))
-        pods = self._pods.get(namespace)
+        uid = str(meta.get("uid", ""))
+        old = self._pod_keys.pop(uid, None)
+        if old is not None:
+            pods = self._pods[old]
+            del pods[uid]
+            if not pods:
+                del self._pods[old]
         address = str(status.get("podIP") or "")
-        model_pod = self._model_id_key in (meta.get("annotations") or {})
+        deployment = deployment_of(meta)
         if (
             event == "DELETED"
-            or not model_pod
+            or not deployment
             or not address
             or meta.get("deletionTimestamp")
             or status.get("phase") != "Running"
         ):
-            if pods is not None and pods.pop(uid, None) is not None and not pods:
-                del self._pods[namespace]
             return
-        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        self._pods.setdefault(namespace, {})[uid] = (labels, address)
+        key = (str(meta.get("namespace", "")), deployment)
+        model_id = (meta.get("annotations") or {}).get(self._model_id_key)
+        self._pods.setdefault(key, {})[uid] = _OwnPod(
+            name=str(meta.get("name", "")),
+            address=address,
+            model_id=model_id if isinstance(model_id, str) else "",
+        )
+        self._pod_keys[uid] = key
 
-    def deployment_targets(self) -> Iterator[Target]:
+    def deployment_targets(self, placed: Callable[[str], bool]) -> Iterator[Target]:
+        """The annotated Deployments; each reads its own running pods (`placed`: whether the
+        binder placed the pod of a uid, its proof verified), each for its own model id only.
+        One whose own pods are not all model pods the binder placed is not scaled: such a pod
+        may answer for anything."""
         for deployment in list(self.deployments.values()):
-            scaling, problem = None, ""
+            scaling, problem, reason = None, "", INVALID_SETTINGS
             try:
                 scaling = scaling_from_annotations(deployment.annotations)
             except ScalingError as e:
                 problem = str(e)
             if scaling is None and not problem:
                 continue  # Knative keys without a target: not ours
-            pods = self._pods.get(deployment.namespace) or {}
+            pods = self._pods.get((deployment.namespace, deployment.name)) or {}
+            foreign = sorted(
+                pod.name for uid, pod in pods.items() if not pod.model_id or not placed(uid)
+            )
+            if foreign and scaling is not None:
+                scaling, reason = None, NOT_MODEL_PODS
+                problem = (
+                    f"its pod {deployment.namespace}/{foreign[0]}"
+                    + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")
+                    + " is not a model pod placed by the tritonshare binder (no model id, or no "
+                    "proof of placement), so its counts cannot be believed; the built-in "
+                    "autoscaler scales only Deployments of model pods"
+                )
             sources = tuple(
-                (uid, address, "")
-                for uid, (labels, address) in sorted(pods.items())
-                if deployment.selector.matches(labels)
+                (uid, pod.address, pod.model_id)
+                for uid, pod in sorted(pods.items())
+                if pod.model_id
             )
             yield Target(
                 uid=deployment.uid,
@@ -249,5 +312,6 @@ class Index:
                 ready=deployment.ready,
                 scaling=scaling,
                 problem=problem,
-                sources=sources,
+                reason=reason,
+                sources=sources if scaling is not None else (),
             )

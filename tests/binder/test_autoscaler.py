@@ -140,6 +140,21 @@ def test_a_restarted_source_and_a_new_one_add_no_spike() -> None:
     assert decision.stable == pytest.approx(1.5)  # 3 request-seconds over 2 s
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), -5.0])
+def test_a_value_that_is_no_count_leaves_the_decisions_as_they_were(bad: float) -> None:
+    """A source's NaN, Infinity or negative reading is skipped: the windows stay finite, and
+    its next reading counts from its last good one."""
+    decider = Decider()
+    scaling = Scaling(target=1.0, window=10.0, max_replicas=5)
+    decider.observe(0.0, {"a": 0.0, "b": 0.0}, scaling)
+    decider.observe(1.0, {"a": 1.0, "b": bad}, scaling)
+    decider.observe(2.0, {"a": 2.0, "b": 0.5}, scaling)
+    decider.observe(3.0, {"a": 3.0, "b": 1.5}, scaling)
+    decision = decider.decide(3.0, scaling, 1, 1)
+    assert decision.stable == pytest.approx(1.5)  # a: 3, b: 1.5 over 3 s
+    assert 1 <= decision.replicas <= 5  # decided, not raised
+
+
 def test_fewer_than_two_samples_keep_the_current_count() -> None:
     decider = Decider()
     scaling = Scaling(target=1.0, max_replicas=4)

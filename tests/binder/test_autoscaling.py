@@ -8,8 +8,10 @@ Deployment with Knative's annotations is scaled on its model pods' counts, and t
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, cast
 
 import aiohttp
@@ -19,17 +21,19 @@ from aiohttp import web
 
 from binder.app import Binder
 from binder.autoscaling import read_counts
+from binder.loadcounts import answer_bound
 from binder.room import ROOM_SECONDS
 from common.contract import DEFAULT_PROXY_METRICS_PORT, PROXY_AUTOSCALING_PATH
 from common.hosted import host_name
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
-from tests.binder.objects import GI
-from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.binder.objects import GI, pod_obj
+from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
 from tests.binder.test_model_hosts import HOST_READY
 from tests.binder.test_tritonmodels import SERVES, hosts, loaded_types
 from tests.conftest import require_executable
 from tests.deploy.rendering import CHART, render
 from tests.e2e.test_rbac import describe, grants_for
+from tests.fixtures_sim import apps_v1
 
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
 HOST_IP = "127.3.0.1"
@@ -287,57 +291,94 @@ async def test_awake_first_admits_sleeping_replicas_while_the_awake_one_is_full_
     assert counts.reads - reads <= took / binder.settings.autoscale_period_seconds + 2
 
 
+KNATIVE = "autoscaling.knative.dev/"
+TEMPLATE_HASH = "5d9c7b6f4"
+
+
+def deployment(name: str, *, target: str = "1", paused: bool = False) -> dict[str, Any]:
+    """A Deployment with Knative's annotations whose pods are labelled app=`name`."""
+    labels = {"app": name}
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {
+                f"{KNATIVE}target": target,
+                f"{KNATIVE}max-scale": "3",
+                f"{KNATIVE}window": "6s",
+            },
+        },
+        "spec": {
+            "replicas": 1,
+            "paused": paused,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "proxy", "image": "x"}]},
+            },
+        },
+    }
+
+
+async def own_pod(
+    core: Any,
+    namespace: str,
+    owner: str,
+    name: str,
+    address: str,
+    *,
+    placed: bool = True,
+    labels: dict[str, str] | None = None,
+) -> None:
+    """A running pod of Deployment `owner` (through its ReplicaSet, as the Deployment
+    controller makes it) at `address`: a model pod placed by the binder, or (placed=False) one
+    created on a node directly. No controller or kubelet runs here: the test creates the pod and
+    writes its status."""
+    obj = pod_obj(
+        name,
+        namespace=namespace,
+        model=owner,
+        node="" if placed else "n1",
+        labels=(labels or {"app": owner}) | {"pod-template-hash": TEMPLATE_HASH},
+    )
+    del obj["metadata"]["uid"], obj["metadata"]["creationTimestamp"]
+    obj["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": f"{owner}-{TEMPLATE_HASH}",
+            "uid": f"rs-{namespace}-{owner}",
+            "controller": True,
+        }
+    ]
+    core.create_namespaced_pod(namespace, obj)
+    await eventually(
+        lambda: core.read_namespaced_pod(name, namespace).spec.node_name, what=f"{name} bound"
+    )
+    core.patch_namespaced_pod_status(
+        name, namespace, {"status": {"podIP": address, "phase": "Running"}}
+    )
+
+
+def deployment_events(core: Any, namespace: str, name: str, reason: str) -> list[str]:
+    found = core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.kind=Deployment,involvedObject.name={name}"
+    ).items
+    return [e.message for e in found if e.reason == reason]
+
+
 async def test_a_deployment_with_knative_s_annotations_is_scaled_on_its_model_pods(
     binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, counts: Counts
 ) -> None:
-    apps = cast(Any, kubernetes.client.AppsV1Api(kube_api))
+    apps = apps_v1(kube_api)
     custom = cast(Any, kubernetes.client.CustomObjectsApi(kube_api))
-    knative = "autoscaling.knative.dev/"
-    labels = {"app": "resnet"}
-    apps.create_namespaced_deployment(
-        "default",
-        {
-            "metadata": {
-                "name": "resnet",
-                "annotations": {
-                    f"{knative}target": "1",
-                    f"{knative}max-scale": "3",
-                    f"{knative}window": "6s",
-                },
-            },
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {"containers": [{"name": "proxy", "image": "x"}]},
-                },
-            },
-        },
-    )
-    # Its one model pod (no controller runs here), on the stand-in proxy's address; a pod of
-    # another app there too, which does not count.
-    for name, pod_labels in (("resnet-0", labels), ("other-0", {"app": "other"})):
-        core.create_namespaced_pod(
-            "default",
-            {
-                "metadata": {
-                    "name": name,
-                    "labels": pod_labels,
-                    "annotations": {"tritonshare.io/model-id": "resnet"},
-                },
-                "spec": {"nodeName": "n1", "containers": [{"name": "proxy", "image": "x"}]},
-            },
-        )
-        core.patch_namespaced_pod_status(
-            name, "default", {"status": {"podIP": HOST_IP, "phase": "Running"}}
-        )
+    apps.create_namespaced_deployment("default", deployment("resnet"))
+    # Its one model pod, placed by the binder, on the stand-in proxy's address; a pod of another
+    # app there too, matching the selector but not the Deployment's own, which does not count.
+    await own_pod(core, "default", "resnet", "resnet-0", HOST_IP)
+    await own_pod(core, "default", "other", "other-0", HOST_IP, labels={"app": "resnet"})
 
     def events(reason: str) -> list[str]:
-        found = core.list_namespaced_event(
-            "default", field_selector="involvedObject.kind=Deployment,involvedObject.name=resnet"
-        ).items
-        return [e.message for e in found if e.reason == reason]
+        return deployment_events(core, "default", "resnet", reason)
 
     await eventually(lambda: events("BuiltIn"), what="the BuiltIn Event")
     await eventually(lambda: counts.reads >= 2, what="the pod's counts read")
@@ -360,12 +401,168 @@ async def test_a_deployment_with_knative_s_annotations_is_scaled_on_its_model_po
     assert said[0].startswith("KEDA ScaledObject resnet scales it")
 
 
+async def test_a_deployment_whose_pods_the_binder_did_not_place_is_not_scaled(
+    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, counts: Counts
+) -> None:
+    """A pod created on a node directly proves nothing and may answer anything: its Deployment
+    is left alone, with a Warning Event that names the pod."""
+    apps = apps_v1(kube_api)
+    apps.create_namespaced_deployment("default", deployment("resnet"))
+    await own_pod(core, "default", "resnet", "resnet-0", HOST_IP, placed=False)
+    said = await eventually(
+        lambda: deployment_events(core, "default", "resnet", "NotModelPods"),
+        what="the NotModelPods Event",
+    )
+    assert said[0].startswith("its pod default/resnet-0 is not a model pod placed by"), said
+    counts.concurrency = 3.0
+    # Three periods with a load that scales within seconds above: neither read nor scaled.
+    await asyncio.sleep(3 * binder.settings.autoscale_period_seconds)
+    assert counts.reads == 0
+    assert apps.read_namespaced_deployment("resnet", "default").spec.replicas == 1
+    assert not deployment_events(core, "default", "resnet", "BuiltIn")
+
+
+class Answers:
+    """Stand-ins for proxies' /autoscaling on several addresses, each answering what its
+    function gives, and the times each was read."""
+
+    def __init__(self) -> None:
+        self.answer: dict[str, Callable[[], bytes]] = {}
+        self.read_at: dict[str, list[float]] = {}
+        self._runners: list[web.AppRunner] = []
+
+    async def serve(self, address: str, answer: Callable[[], bytes]) -> None:
+        self.answer[address] = answer
+        self.read_at[address] = []
+
+        async def handle(request: web.Request) -> web.Response:
+            self.read_at[address].append(time.monotonic())
+            return web.Response(body=self.answer[address](), content_type="application/json")
+
+        app = web.Application()
+        app.router.add_get(PROXY_AUTOSCALING_PATH, handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        self._runners.append(runner)
+        await web.TCPSite(runner, address, DEFAULT_PROXY_METRICS_PORT).start()
+
+    async def close(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+
+
+@pytest.fixture
+async def answers() -> AsyncIterator[Answers]:
+    served = Answers()
+    try:
+        yield served
+    finally:
+        await served.close()
+
+
+async def test_a_poisoned_answer_costs_only_its_own_targets(
+    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, answers: Answers
+) -> None:
+    """A tenant's model pod answers the binder's read with, in turn, an array nested 2,000
+    deep, NaN, Infinity and 1e400: a neighbour's Deployment (scaled after the tenant's in the
+    tick) still scales on its load, and back down."""
+    apps = apps_v1(kube_api)
+    for namespace in ("evil", "team"):
+        core.create_namespace({"metadata": {"name": namespace}})
+    poisons = [
+        b"[" * 2000 + b"]" * 2000,
+        b'{"evil": [NaN, NaN]}',
+        b'{"evil": [Infinity, 1]}',
+        b'{"evil": [1e400, 1e400]}',
+    ]
+    served = iter(range(1 << 30))
+    await answers.serve("127.3.0.9", lambda: poisons[next(served) % len(poisons)])
+    apps.create_namespaced_deployment("evil", deployment("evil"))
+    await own_pod(core, "evil", "evil", "evil-0", "127.3.0.9")
+    neighbour = Counts()
+    await answers.serve(HOST_IP, lambda: json.dumps(neighbour.read()).encode())
+    apps.create_namespaced_deployment("team", deployment("resnet"))
+    await own_pod(core, "team", "resnet", "resnet-0", HOST_IP)
+    await eventually(
+        lambda: len(answers.read_at["127.3.0.9"]) >= 2 * len(poisons), what="every poison read"
+    )
+    neighbour.concurrency = 3.0
+    await eventually(
+        lambda: apps.read_namespaced_deployment("resnet", "team").spec.replicas == 3,
+        what="the neighbour scaled to 3",
+    )
+    neighbour.concurrency = 0.0
+    await eventually(
+        lambda: apps.read_namespaced_deployment("resnet", "team").spec.replicas == 1,
+        within=40,
+        what="the neighbour back to 1",
+    )
+    # The tenant's own Deployment was never scaled on its poison.
+    assert apps.read_namespaced_deployment("evil", "evil").spec.replicas == 1
+
+
+PAUSED = 1000
+"""Paused Deployments a tenant makes over its pods."""
+
+
+async def test_a_namespace_s_targets_and_answers_cost_the_others_nothing(
+    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, answers: Answers
+) -> None:
+    """A tenant's ten model pods answer 100 KB each (7,000 entries) and 1,000 paused
+    Deployments with Knative's annotations select them: a neighbour's pod is still read every
+    period, a neighbour's new pod is placed within a second, and /healthz answers within a
+    second."""
+    apps = apps_v1(kube_api)
+    for namespace in ("evil", "team"):
+        core.create_namespace({"metadata": {"name": namespace}})
+    entries = {f"m{i}": [1, 1] for i in range(7000)}
+    big = json.dumps(entries, separators=(",", ":")).encode()
+    assert 90_000 < len(big) < 100_000
+    await answers.serve("127.3.0.9", lambda: big)
+    apps.create_namespaced_deployment("evil", deployment("evil"))
+    for i in range(10):
+        await own_pod(core, "evil", "evil", f"evil-{i}", "127.3.0.9")
+    for i in range(PAUSED):
+        paused = deployment(f"paused-{i}", paused=True)
+        paused["spec"]["selector"]["matchLabels"] = {"app": "evil"}
+        paused["spec"]["template"]["metadata"]["labels"] = {"app": "evil"}
+        apps.create_namespaced_deployment("evil", paused)
+    neighbour = Counts()
+    await answers.serve(HOST_IP, lambda: json.dumps(neighbour.read()).encode())
+    apps.create_namespaced_deployment("team", deployment("resnet"))
+    await own_pod(core, "team", "resnet", "resnet-0", HOST_IP)
+    await eventually(lambda: len(answers.read_at["127.3.0.9"]) >= 3, what="the tenant's pods read")
+
+    # Ten periods: the neighbour's reads, /healthz and a new pod's placement.
+    period = binder.settings.autoscale_period_seconds
+    start = time.monotonic()
+    slowest = 0.0
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() - start < 10 * period:
+            asked = time.monotonic()
+            async with session.get(f"http://127.0.0.1:{binder.http.port}/healthz") as response:
+                assert response.status == 200
+            slowest = max(slowest, time.monotonic() - asked)
+            await asyncio.sleep(0.2)
+    assert slowest < 1.0, f"/healthz took {slowest:.2f} s"
+    reads = [t for t in answers.read_at[HOST_IP] if t >= start]
+    gaps = [b - a for a, b in itertools.pairwise([start, *reads, time.monotonic()])]
+    assert max(gaps) <= 2 * period, f"the neighbour's pod went unread for {max(gaps):.2f} s"
+    created = time.monotonic()
+    add_pod(core, "newcomer", mem="1Gi")
+    await eventually(lambda: node_of(core, "newcomer"), what="the newcomer placed")
+    assert time.monotonic() - created < 1.0
+
+
 async def test_a_proxy_s_answer_costs_the_binder_a_bounded_read() -> None:
-    """A tenant's pod answers the binder's read with whatever it likes: an answer past
-    MAX_ANSWER_BYTES is dropped unread beyond the bound, and malformed entries are ignored."""
+    """A tenant's pod answers the binder's read with whatever it likes: an answer past its
+    bound is dropped unread beyond the bound, malformed entries are ignored, and an answer is
+    read whole up to its bound: a host of 10,000 models with the longest ids is read."""
+    host = {f"{i:04d}" + "m" * 124: [123456789.123456, 1234567890123] for i in range(10_000)}
     answers: dict[str, bytes] = {
         "huge": b'{"m": [1, 2], "pad": "' + b"x" * (8 << 20) + b'"}',
-        "odd": b'{"m": [1, 2], "n": [1], "o": "x", "p": [true, 1], "q": [0.5, 3]}',
+        "odd": b'{"m": [1, 2], "n": [1], "o": "x", "p": [true, 1], "q": [0.5, 3], "r": [-1, 1]}',
+        "host": json.dumps(host).encode(),
     }
 
     async def answer(request: web.Request) -> web.Response:
@@ -382,7 +579,13 @@ async def test_a_proxy_s_answer_costs_the_binder_a_bounded_read() -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             base = f"http://127.0.0.1:{port}"
             assert await read_counts(session, f"{base}/huge") == {}
-            assert await read_counts(session, f"{base}/odd") == {"m": [1, 2], "q": [0.5, 3]}
+            assert await read_counts(session, f"{base}/odd") == {"m": (1.0, 2.0), "q": (0.5, 3.0)}
             assert await read_counts(session, "http://127.0.0.1:1") == {}  # nothing listens
+            assert len(answers["host"]) > 1 << 20
+            read = await read_counts(session, f"{base}/host", answer_bound(10_000, 4 << 20))
+            assert len(read) == 10_000
+            assert read["0042" + "m" * 124] == (123456789.123456, 1234567890123.0)
+            # The same answer from a pod that serves one model is not read.
+            assert await read_counts(session, f"{base}/host", answer_bound(1, 4 << 20)) == {}
     finally:
         await runner.cleanup()

@@ -151,6 +151,7 @@ def test_another_namespace_s_host_naming_the_model_is_no_source_of_its_demand() 
             "team-a": {"n1": host("10.0.0.1", ["m"])},
             "team-b": {"n1": host("10.0.9.9", ["m"]), "n2": host("10.0.9.8", ["m"])},
         },
+        state=SimpleNamespace(is_accounted=lambda uid: False),
     )
     autoscaling = Autoscaling(
         cast(Any, None),
