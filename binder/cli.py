@@ -177,17 +177,20 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
 
 
 def write_usage(rows: list[Usage], output: str, out: TextIO) -> None:
-    """`tritonshare quota`: each GPU memory limit with its pods' and replicas' use."""
+    """`tritonshare quota`: each GPU memory limit with its pods' and replicas' use, the
+    per-process allowance booked with them included (and shown apart)."""
     if output != "text":
-        fields = ("namespace", "quota", "key", "hard", "pods", "replicas", "used")
+        fields = ("namespace", "quota", "key", "hard", "pods", "replicas", "used", "allowance")
         document = [{name: getattr(row, name) for name in fields} for row in rows]
         write_document({"quotas": document}, output, out)
     elif not rows:
         out.write("No ResourceQuota limits GPU memory.\n")
     else:
-        table = [["NAMESPACE", "QUOTA", "RESOURCE", "HARD", "PODS", "REPLICAS", "USED", "FREE"]]
+        header = ["NAMESPACE", "QUOTA", "RESOURCE", "HARD", "PODS", "REPLICAS", "USED", "FREE"]
+        table = [[*header, "ALLOWANCE"]]
         for row in rows:
-            sizes = (row.hard, row.pods, row.replicas, row.used, max(0, row.hard - row.used))
+            free = max(0, row.hard - row.used)
+            sizes = (row.hard, row.pods, row.replicas, row.used, free, row.allowance)
             table.append([row.namespace, row.quota, row.key, *(format_bytes(n) for n in sizes)])
         _table(table, out)
 

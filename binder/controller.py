@@ -323,7 +323,7 @@ class Controller:
         check = check_for(
             self._ledger, self._keys, pod.namespace, pod.priority_class, pod=pod.asked
         )
-        return check.refusal(pod.asked) if check is not None else ""
+        return check.refusal(pod.request, pod.allowance) if check is not None else ""
 
     def _displace(self, lower: list[str], node: str) -> None:
         """A higher-priority pod took room on `node`: the lower-priority pods holding room there

@@ -780,7 +780,7 @@ class ModelController:
         clash = self._ledger.name_clash(model)
         if clash:
             return f'tritonmodel "{model.name}" replica {ordinal}: {clash}'
-        exceeded = quota.refusal(replica.asked) if quota is not None else ""
+        exceeded = quota.refusal(replica.request, replica.allowance) if quota is not None else ""
         if exceeded:
             return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
         now = time.time()
@@ -794,7 +794,7 @@ class ModelController:
         spans = self._ledger.spans
         spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
         if quota is not None:
-            quota.charge(replica.asked)
+            quota.charge(replica.request)
         self._rollout.files[replica.uid] = model.storage_uri
         return replica.bound(decision.node, decision.gpu.uuid, proof)
 

@@ -197,7 +197,8 @@ class PodInfo:
     """GPU memory booked in bytes: the effective request, plus the per-process allowance for a
     model that may run in a process of its own (0 when the pod asks for none)."""
     allowance: int = 0
-    """The part of `request` that is the per-process allowance; quotas count `asked`."""
+    """The part of `request` that is the per-process allowance, charged to quotas with the
+    rest as Kubernetes charges a pod's overhead; the API server counts `asked` alone."""
     model_id: str = ""
     revision: str = ""
     """The pod's `pod-template-hash` (Deployment) or `controller-revision-hash` (StatefulSet)
@@ -247,7 +248,8 @@ class PodInfo:
 
     @property
     def asked(self) -> int:
-        """The GPU memory the pod or TritonModel asks, as a ResourceQuota counts it."""
+        """The GPU memory the pod or TritonModel asks, as the API server's quota admission
+        counts a pod (the binder's quota check adds the allowance: `binder.quota`)."""
         return self.request - self.allowance
 
     def __post_init__(self) -> None:
@@ -278,6 +280,7 @@ class PodInfo:
             constraints=self.constraints,
             created=self.created,
             priority=self.priority,
+            priority_class=self.priority_class,
             controlled=self.controlled,
             labels=self.labels,
             resources=self.resources,

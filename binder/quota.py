@@ -4,16 +4,23 @@ A replica is no pod, so the API server's quota admission never sees it, and it a
 counting pods only; the binder applies the rule to both before it places one. A quota binds
 through `requests.<prefix>gpu-mem` in its `status.hard` (what the API server's admission reads),
 `limits.<prefix>gpu-mem` (to which the API server counts no pod: the pods the binder placed
-count), and `<prefix>gpu-mem` alone, which binds replicas only. The namespace's use is its pods'
-(for the `requests.` key the larger of the quota's `status.used`, the pods the quota controller
-counts, and the GPU memory of the pods the binder has placed there, so a status not yet updated
-hides none) plus the GPU memory of every replica the binder has charged in the namespace; a pod
-being placed is counted by the API server already, and is not counted twice. The binder decides
-one pod or replica at a time, so two created at once cannot both pass. One that would take the
-use past a hard limit is refused in the API server's words
-(`exceeded quota: NAME, requested: ..., used: ..., limited: ...`); a quota whose status does not
-yet count a key it limits refuses a replica too (`status unknown for quota`), as admission does
-for pods.
+count), and `<prefix>gpu-mem` alone, which binds replicas only.
+
+A quota counts what the binder books: a pod's or replica's request plus the per-process allowance
+booked with it (`common.backends`), as Kubernetes counts a pod's RuntimeClass overhead against
+its namespace's quota; otherwise a namespace's models that declare no backend would take from
+the GPU many times their quota. The namespace's use is its pods' (for the `requests.` key the
+larger of the quota's `status.used`, the requests the quota controller counts, and the requests
+of the pods the binder has placed there, so a status not yet updated hides none; plus the
+allowance booked for the pods it placed, which no status counts) plus what the binder booked for
+every replica it has charged in the namespace; a pod being placed is counted by the API server
+already (its request, not its allowance), and is not counted twice. The binder decides one pod or
+replica at a time, so two created at once cannot both pass. One that would take the use past a
+hard limit is refused in the API server's words
+(`exceeded quota: NAME, requested: ..., used: ..., limited: ...`), followed, when the charge
+includes an allowance, by how much and how a model that runs in Triton's process declares its
+backend so that none is booked; a quota whose status does not yet count a key it limits refuses a
+replica too (`status unknown for quota`), as admission does for pods.
 A pod or replica already placed is never taken back: lowering a quota only stops new placements.
 A quota's scopes select replicas as the API server's select pods: `Terminating` and `BestEffort`
 none, `PriorityClass` by the class the model's replicas take (`binder.priorities`, its name
@@ -25,13 +32,14 @@ Pure: the quotas and the charges come from the cache's ledger.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from binder.cache import Ledger
-from binder.model import ModelInfo
+from binder.model import ModelInfo, PodInfo
 from binder.priorities import class_of
+from common.backends import IN_PROCESS_BACKENDS
 from common.contract import Keys
 from common.quantity import (
     BINARY_SI,
@@ -156,12 +164,11 @@ def _form(value: int) -> str:
     return BINARY_SI if value >= 1024 and value % 1024 == 0 else DECIMAL_SI
 
 
-def charged_in(
-    ledger: Ledger, namespace: str, counted: Callable[[ModelInfo], bool] = lambda _: True
-) -> int:
-    """The GPU memory of the namespace's replicas the binder has charged, in bytes, of the models
-    `counted` selects: every replica that is not draining (a roll's surge replica too)."""
-    total = 0
+def _charged_replicas(
+    ledger: Ledger, namespace: str, counted: Callable[[ModelInfo], bool]
+) -> Iterator[PodInfo]:
+    """The namespace's replicas the binder has charged, of the models `counted` selects: every
+    replica that is not draining (a roll's surge replica too)."""
     for uid in ledger.by_namespace.get(namespace, ()):
         model = ledger.models[uid]
         if not counted(model):
@@ -169,8 +176,37 @@ def charged_in(
         for rid in ledger.replica_uids(uid):
             replica = ledger.state.charged_pod(rid)
             if replica is not None and rid not in ledger.draining:
-                total += replica.asked
-    return total
+                yield replica
+
+
+def charged_in(
+    ledger: Ledger, namespace: str, counted: Callable[[ModelInfo], bool] = lambda _: True
+) -> int:
+    """The GPU memory the binder booked for the namespace's charged replicas of the models
+    `counted` selects, in bytes, the allowance included."""
+    return sum(replica.request for replica in _charged_replicas(ledger, namespace, counted))
+
+
+def pods_allowance_in(ledger: Ledger, namespace: str, quota: Mapping[str, Any]) -> int:
+    """The allowance booked for the namespace's placed pods that the quota's scopes select, in
+    bytes: what the binder adds to the requests the quota's status counts."""
+    by_class = ledger.state.pods_allowance.get(namespace)
+    if not by_class:
+        return 0
+    return sum(booked for name, booked in by_class.items() if selects(quota, name))
+
+
+def allowance_advice(request: int, allowance: int, key: str) -> str:
+    """What a refusal adds when `allowance` of the `request` bytes charged is the per-process
+    allowance: how much, and how a model declares that it runs in Triton's process (`key`)."""
+    *others, last = sorted(IN_PROCESS_BACKENDS)
+    return (
+        f"; {format_quantity(allowance, _form(allowance))} of the"
+        f" {format_quantity(request, _form(request))} requested is the process allowance,"
+        " booked for a model that may run in a process of its own (the Python backend): a model"
+        " that runs in Triton's process books none once its pod or TritonModel declares its"
+        f" backend in the annotation {key} ({', '.join(others)} or {last})"
+    )
 
 
 @dataclass
@@ -180,23 +216,29 @@ class QuotaCheck:
 
     limits: list[Limit]
     charged: int
-    """Bytes of the namespace's replicas charged so far."""
+    """Bytes booked for the namespace's replicas charged so far, their allowance included."""
     charged_by_quota: dict[str, int] = field(default_factory=dict)
     """For a quota scoped by PriorityClass: bytes of the replicas it selects charged so far
     (instead of `charged`)."""
     refused: bool = field(default=False)
     """Whether a replica was refused (the condition's reason is then EXCEEDED_QUOTA)."""
     pods_placed: int = 0
-    """Bytes of the namespace's pods the binder has placed (`ClusterState.pods_memory`): a
+    """Bytes the namespace's pods the binder has placed ask (`ClusterState.pods_memory`): a
     floor on its pods' use, which a quota's status may not count yet."""
     pod: int = 0
-    """Bytes of the pod being decided, which the API server admitted and counts (0: a
+    """Bytes the pod being decided asks, which the API server admitted and counts (0: a
     replica)."""
+    pods_allowance: dict[str, int] = field(default_factory=dict)
+    """Per quota, bytes of allowance booked for the namespace's placed pods it selects
+    (`pods_allowance_in`), which its status does not count."""
+    backend_key: str = Keys().backend
+    """The annotation that declares a model's backend, named by a refusal's advice."""
 
-    def refusal(self, request: int) -> str:
-        """Why a replica asking `request` bytes may not be placed ("" when every quota allows
-        it), in the API server's words: the first quota (by name) it would exceed, with each of
-        that quota's keys it would exceed."""
+    def refusal(self, request: int, allowance: int = 0) -> str:
+        """Why a pod or replica booking `request` bytes, `allowance` of them the per-process
+        allowance, may not be placed ("" when every quota allows it), in the API server's
+        words: the first quota (by name) it would exceed, with each of that quota's keys it
+        would exceed; then, with an allowance, `allowance_advice`."""
         by_quota: dict[str, list[Limit]] = {}
         for limit in self.limits:
             by_quota.setdefault(limit.quota, []).append(limit)
@@ -219,22 +261,25 @@ class QuotaCheck:
                 used.append(f"{limit.key}={format_quantity(total, form)}")
                 hard = format_quantity(limit.hard, quantity_format(limit.hard_text))
                 limited.append(f"{limit.key}={hard}")
+            advice = allowance_advice(request, allowance, self.backend_key) if allowance else ""
             return (
                 f"exceeded quota: {name}, requested: {','.join(requested)},"
-                f" used: {','.join(used)}, limited: {','.join(limited)}"
+                f" used: {','.join(used)}, limited: {','.join(limited)}{advice}"
             )
         return ""
 
     def pods_use(self, limit: Limit, quota: str) -> int:
-        """The pods' use of the limit's key but the pod being decided's."""
+        """The pods' use of the limit's key but the pod being decided's, their allowance
+        included."""
+        allowance = self.pods_allowance.get(quota, 0)
         if limit.key.startswith("limits."):
-            return self.pods_placed  # no pod is charged to it: the binder's own count
+            return self.pods_placed + allowance  # no pod is charged to it: the binder's count
         if not limit.key.startswith("requests."):
             return limit.used or 0  # the bare key binds replicas only
         counted = max(0, (limit.used or 0) - self.pod)
         if quota in self.charged_by_quota:
-            return counted  # scoped by PriorityClass: the quota controller's count alone
-        return max(counted, self.pods_placed)
+            return counted + allowance  # scoped by PriorityClass: the quota controller's count
+        return max(counted, self.pods_placed) + allowance
 
     def charge(self, request: int) -> None:
         """A replica placed: every quota checked selects it."""
@@ -258,16 +303,18 @@ def check_for(
     pod: int = 0,
 ) -> QuotaCheck | None:
     """The namespace's GPU memory limits (its quotas as the cache holds them) for a pod asking
-    `pod` bytes, or a replica (`pod` 0), of `priority_class`, with what its pods and replicas
-    use; None when no quota binds it."""
+    `pod` bytes (as the API server counts it: its allowance aside), or a replica (`pod` 0), of
+    `priority_class`, with what its pods and replicas use; None when no quota binds it."""
     quotas = list(ledger.quotas.get(namespace, {}).values())
     limits = limits_from_api(quotas, keys, priority_class)
     if not limits:
         return None
     bound = {limit.quota for limit in limits}
-    by_quota = {}
+    by_quota, pods_allowance = {}, {}
     for quota in quotas:
         name = str((quota.get("metadata") or {}).get("name", ""))
+        if name in bound:
+            pods_allowance[name] = pods_allowance_in(ledger, namespace, quota)
         if class_scoped(quota) and name in bound:
 
             def selected(model: ModelInfo, quota: Mapping[str, Any] = quota) -> bool:
@@ -280,6 +327,8 @@ def check_for(
         by_quota,
         pods_placed=ledger.state.pods_memory.get(namespace, 0),
         pod=pod,
+        pods_allowance=pods_allowance,
+        backend_key=keys.backend,
     )
 
 
@@ -294,7 +343,9 @@ class Usage:
     pods: int
     """The namespace's pods' use (`QuotaCheck`'s: counted or placed, the larger)."""
     replicas: int
-    """The GPU memory of the namespace's replicas the quota selects, charged."""
+    """The GPU memory booked for the namespace's replicas the quota selects, charged."""
+    allowance: int = 0
+    """The part of `used` that is the per-process allowance (pods' and replicas')."""
 
     @property
     def used(self) -> int:
@@ -314,10 +365,22 @@ def usage(ledger: Ledger, keys: Keys, namespace: str | None = None) -> list[Usag
             def selected(model: ModelInfo, quota: Mapping[str, Any] = quota) -> bool:
                 return selects(quota, replica_class(ledger, model))
 
-            replicas = charged_in(ledger, where, selected)
+            charged = list(_charged_replicas(ledger, where, selected))
+            replicas = sum(replica.request for replica in charged)
+            replicas_allowance = sum(replica.allowance for replica in charged)
+            pods_allowance = pods_allowance_in(ledger, where, quota)
             for limit in limits_from_api([quota], keys):
-                check = QuotaCheck([limit], replicas, {limit.quota: replicas} if scoped else {})
-                check.pods_placed = ledger.state.pods_memory.get(where, 0)
+                check = QuotaCheck(
+                    [limit],
+                    replicas,
+                    {limit.quota: replicas} if scoped else {},
+                    pods_placed=ledger.state.pods_memory.get(where, 0),
+                    pods_allowance={limit.quota: pods_allowance},
+                )
                 pods = check.pods_use(limit, limit.quota)
-                rows.append(Usage(where, limit.quota, limit.key, limit.hard, pods, replicas))
+                counts_pods = limit.key.startswith(("requests.", "limits."))
+                allowance = replicas_allowance + (pods_allowance if counts_pods else 0)
+                rows.append(
+                    Usage(where, limit.quota, limit.key, limit.hard, pods, replicas, allowance)
+                )
     return rows

@@ -194,7 +194,7 @@ class Rollout:
         if quota is not None:
             quota.charged -= leaving.request
             try:
-                exceeded = quota.refusal(replica.asked)
+                exceeded = quota.refusal(replica.request, replica.allowance)
             finally:
                 quota.charged += leaving.request
             if exceeded:

@@ -178,9 +178,12 @@ class ClusterState:
         self._assumed_only: set[str] = set()
         """Pods in `pods` only by assumption: the watch has not shown them bound yet."""
         self._priorities: Counter[int] = Counter()
-        self.pods_memory: Counter[str] = Counter()
-        """Per namespace, the GPU memory charged to its pods (not replicas: `binder.quota`)."""
         """spec.priority of the charged pods: whether any pod could be preempted for another."""
+        self.pods_memory: Counter[str] = Counter()
+        """Per namespace, the GPU memory its pods ask (not replicas: `binder.quota`)."""
+        self.pods_allowance: dict[str, Counter[str]] = {}
+        """Per namespace and priority class, the per-process allowance booked for its pods,
+        which no quota's status counts (`binder.quota`)."""
         self.nominated: dict[str, str] = {}
         """Pods holding room freed by their preemption, and the node (see `nominate`)."""
         self.namespace_labels: dict[str, Labels] = {}
@@ -350,6 +353,13 @@ class ClusterState:
             self.pods_memory[account.pod.namespace] -= account.pod.asked
             if self.pods_memory[account.pod.namespace] <= 0:
                 del self.pods_memory[account.pod.namespace]
+            if account.pod.allowance:
+                by_class = self.pods_allowance[account.pod.namespace]
+                by_class[account.pod.priority_class] -= account.pod.allowance
+                if by_class[account.pod.priority_class] <= 0:
+                    del by_class[account.pod.priority_class]
+                if not by_class:
+                    del self.pods_allowance[account.pod.namespace]
         self._by_node[account.node].pop(uid, None)
         if not self._by_node[account.node]:
             del self._by_node[account.node]
@@ -528,6 +538,9 @@ class ClusterState:
         self._priorities[account.pod.priority] += 1
         if account.pod.host is None:
             self.pods_memory[account.pod.namespace] += account.pod.asked
+            if account.pod.allowance:
+                by_class = self.pods_allowance.setdefault(account.pod.namespace, Counter())
+                by_class[account.pod.priority_class] += account.pod.allowance
         self._by_node.setdefault(account.node, {})[account.pod.uid] = account
         if account.pod.model_id:
             model = account.pod.model_key

@@ -254,7 +254,7 @@ async def test_a_pod_after_replicas_past_the_quota_stays_pending_until_they_leav
         "default",
         "gpu",
         KEY,
-        *["7Gi", "7Gi", "7Gi", "14Gi", "0"],
+        *["7Gi", "7Gi", "7Gi", "14Gi", "0", "0"],
     ]
     code, text = run_cli(kubeconfig, "quota", "-o", "json")
     assert json.loads(text)["quotas"] == [
@@ -266,6 +266,7 @@ async def test_a_pod_after_replicas_past_the_quota_stays_pending_until_they_leav
             "pods": 7 * GI,
             "replicas": 7 * GI,
             "used": 14 * GI,
+            "allowance": 0,
         }
     ]
 

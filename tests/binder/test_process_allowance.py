@@ -24,6 +24,7 @@ from tests.binder.simcluster import (
     add_node,
     add_pod,
     eventually,
+    failure,
     node_of,
     scheduled_condition,
 )
@@ -164,24 +165,30 @@ async def test_explain_books_the_allowance_the_binder_leader_publishes(
     assert verdict["free"] == [16 * GI - 3 * (4 * GI + ALLOWANCE)]
 
 
-async def test_a_quota_counts_what_is_asked_not_the_allowance(
+async def test_a_quota_counts_the_allowance_as_kubernetes_counts_a_pods_overhead(
     kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
 ) -> None:
-    """A ResourceQuota counts the request a user wrote, as the API server counts a pod's: the
-    allowance the binder books on top takes GPU memory, not quota. 4Gi of quota holds two 2Gi
-    Python models (the binder counted 2Gi + 640Mi for the first and held the second back)."""
+    """A ResourceQuota counts what the binder books, the allowance included, as the API server
+    counts a pod's RuntimeClass overhead: 5Gi of quota, which the API server fills with two 2Gi
+    pods' requests, holds one 2Gi Python model (2Gi + 640Mi), not two; the other stays pending
+    and says how much of its charge is the allowance."""
     add_node(kube_api, "gpu-1", [16 * GI])
     key = f"requests.{KEYS.gpu_mem}"
     core.create_namespaced_resource_quota(
         "default",
         {
             "metadata": {"name": "gpu"},
-            "spec": {"hard": {key: "4Gi"}},
-            "status": {"hard": {key: "4Gi"}},
+            "spec": {"hard": {key: "5Gi"}},
+            "status": {"hard": {key: "5Gi"}},
         },
     )
     binder = await make_binder(gpu_mem_process_allowance=ALLOWANCE)
-    for name in ("py-0", "py-1"):
-        add_pod(core, name, mem="2Gi")
-        await eventually(partial(node_of, core, name), what=f"{name} bound")
-    assert binder.cache.state.gpu_free("gpu-1") == [16 * GI - 2 * (2 * GI + ALLOWANCE)]
+    add_pod(core, "py-0", mem="2Gi")
+    await eventually(partial(node_of, core, "py-0"), what="py-0 bound")
+    add_pod(core, "py-1", mem="2Gi")
+    message = await eventually(partial(failure, core, "py-1"), what="py-1's refusal")
+    assert message.startswith(f"exceeded quota: gpu, requested: {key}=2688Mi, used: {key}=")
+    assert "640Mi of the 2688Mi requested is the process allowance" in message
+    assert f"in the annotation {KEYS.backend} (onnxruntime," in message
+    assert not node_of(core, "py-1")
+    assert binder.cache.state.gpu_free("gpu-1") == [16 * GI - (2 * GI + ALLOWANCE)]
