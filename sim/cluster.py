@@ -463,8 +463,9 @@ class SimCluster:
             raise ClusterError(f"the real Triton of node {node.name} did not start: {e}") from e
         self.tritons[node.name] = triton
         self._weigh(node, "triton", triton.process)
+        where = "on this machine's GPUs" if node.gpus == REAL_GPUS else "on the CPU"
         self.say(
-            f"A real Triton 2.51 is serving node {node.name} on the CPU (HTTP "
+            f"A real Triton 2.51 is serving node {node.name} {where} (HTTP "
             f"{triton.http_url}, gRPC {triton.grpc_url}; admin APIs restricted)."
         )
 

@@ -58,6 +58,16 @@ if missing:
 print(f"numpy {numpy.__version__}, python {sys.version_info[0]}.{sys.version_info[1]}")
 '
 
+# The site-packages of a python that runs in a venv (none for a base interpreter, conda's
+# included, whose packages --system-site-packages already reaches); and the venv's own.
+SITES='
+import site, sys, sysconfig
+if sys.prefix != sys.base_prefix:
+    paths = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    print("\n".join(dict.fromkeys(paths)))
+'
+SITES_HERE='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+
 run() {
   if [ -n "$dry" ]; then echo "would run: $*"; else "$@"; fi
 }
@@ -70,6 +80,14 @@ build_env() {
       echo "cannot create a venv with $python: install its venv module (python3-venv)" >&2
       return 1
     }
+    # --system-site-packages reaches the base interpreter's packages only: where $python is
+    # itself a venv's (or uv's), its own site-packages are listed in a .pth after the venv's.
+    local sites
+    sites=$("$python" -c "$SITES") || return 1
+    if [ -n "$sites" ]; then
+      echo "$sites" >"$("$venv/bin/python3" -c "$SITES_HERE")/zz-tritonshare-launcher.pth"
+      echo "The venv also sees the packages of $python: ${sites//$'\n'/, }"
+    fi
   fi
   if ! "$venv/bin/python3" -c "$PROBE" >/dev/null 2>&1; then
     local from=()

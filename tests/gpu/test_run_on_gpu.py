@@ -5,6 +5,7 @@ run that needs neither the project's pytest configuration nor its plugins."""
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,34 @@ def test_the_gpu_tests_run_without_the_projects_pytest_config_or_plugins() -> No
     assert result.returncode == 0, result.stdout + result.stderr
     assert "INTERNALERROR" not in result.stdout
     assert "4 skipped" in result.stdout, result.stdout
+
+
+def test_a_python_inside_a_venv_lends_its_packages_to_the_check_s_venv(tmp_path: Path) -> None:
+    """The GPU machine's python3 may itself be a venv's (or uv's): a venv made from it with
+    --system-site-packages sees only the base interpreter's packages, so the script lists the
+    launching venv's site-packages in a .pth, and nothing is missing."""
+    if sys.prefix == sys.base_prefix:
+        raise AssertionError("the suite runs in the project's venv (make test)")
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "GPU_ROOT": str(tmp_path / "gpu"),
+        "OUT": str(tmp_path / "out"),
+        "CARRY": str(tmp_path / "carry"),
+        "DRY_RUN": "1",
+    }
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "env"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "would run" not in result.stdout, result.stdout  # nothing to install
+    venv = tmp_path / "gpu" / "venv"
+    [pth] = venv.glob("lib/python*/site-packages/zz-tritonshare-launcher.pth")
+    assert site.getsitepackages()[0] in pth.read_text().splitlines()
+    probe = subprocess.run(
+        [str(venv / "bin" / "python3"), "-c", "import pynvml, numpy"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode == 0, probe.stderr
