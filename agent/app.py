@@ -353,6 +353,7 @@ class Agent:
             on_reinstall=self.conditions.reinstalling,
             on_loaded=self.conditions.loaded,
             load_failures=self.load_failures,
+            on_failures_reported=self.conditions.failures_reported,
         )
         self.gate = Gate(
             self.authorizer,

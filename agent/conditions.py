@@ -27,9 +27,11 @@ the agent itself is down, nobody here writes: the binder's `agentdown` marks the
 (status Unknown), and this pass sets them back once the agent runs again.
 A model host's replica (`agent.pods`) is a pod here: its condition is the host's
 `<prefix>loaded-<model>`, judged once the host runs; until the host's loader first makes it READY
-a missing or unloaded model reads ModelPending, or, while the host's loader reports it cannot
-load it (`agent.loadfailures`), the loader's reason (FetchFailed, ModelInvalid...) with its
-message and an Event; once a draining replica is not served it reads ModelDrained (no Event).
+a missing, unloaded or failed model reads ModelPending, or, while the host's loader reports it
+cannot load it (`agent.loadfailures`), the loader's reason (FetchFailed, ModelInvalid...) with its
+message and an Event: the loader names the cause as a model pod's loader does, Triton's refusal
+included, so the agent's own ModelFailed waits for its word; the pass runs at once when a
+host's report changes. Once a draining replica is not served it reads ModelDrained (no Event).
 A replica whose proof fails reads False with the prover's reason (NotPlacedByBinder,
 PlacementChanged); the condition of a replica that left the host is taken off.
 The write is a strategic-merge patch of pods/status (one condition, merged by type), which the
@@ -103,11 +105,20 @@ def missing(model_id: str) -> Verdict:
     )
 
 
+LOADERS_TO_SAY = frozenset(
+    {CONDITIONS[state][1] for state in (ModelState.ABSENT, ModelState.INSTALLED, ModelState.FAILED)}
+    | {GIVEN_UP_REASON}
+)
+"""A replica's verdicts its host's loader says instead while it has not made it READY once: the
+loader drives its first load, and names the cause as a model pod's loader does."""
+
+
 def pending(pod: PodInfo, wanted: Verdict, failure: LoadFailure | None = None) -> Verdict:
     """What a replica's condition says before its host's loader first makes it READY: a
     missing or unloaded model is on its way (no Event), or failing to load as its loader
-    reports (`failure`); a failure or refusal the agent knows says so."""
-    if wanted.reason not in (CONDITIONS[ModelState.ABSENT][1], CONDITIONS[ModelState.INSTALLED][1]):
+    reports (`failure`: Triton's refusal among them, which the loader reports a moment after
+    the agent sees it); a quarantine, a refusal or Triton down the agent knows says so."""
+    if wanted.reason not in LOADERS_TO_SAY:
         return wanted
     if failure is not None:
         return Verdict(
@@ -255,6 +266,11 @@ class ModelConditions:
     def loaded(self) -> None:
         """A model was loaded on the node: its pod's (or host replica's) condition says so at
         the next pass, now, not up to a period later (the Service waits on it)."""
+        self._wake.set()
+
+    def failures_reported(self) -> None:
+        """A host's loader reports other failures than before: its replicas' conditions say
+        so at the next pass, now (the TritonModel's status follows them)."""
         self._wake.set()
 
     async def sync(self, pods: Iterable[Proven], triton_live: bool) -> None:

@@ -73,6 +73,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         on_reinstall: Callable[[Proven], None] | None = None,
         on_loaded: Callable[[], None] | None = None,
         load_failures: LoadFailures | None = None,
+        on_failures_reported: Callable[[], None] | None = None,
     ) -> None:
         self.models = models
         self.authorizer = authorizer
@@ -86,6 +87,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         """Called when a LoadModel call has loaded its model (agent.conditions says so at once)."""
         self.load_failures = load_failures
         """Where ListHosted keeps what a host's loader reports it cannot load."""
+        self.on_failures_reported = on_failures_reported
+        """Called when a host's loader reports other failures than before (agent.conditions
+        says so at once)."""
 
     def _fail(
         self,
@@ -269,12 +273,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             parked, problem = self.authorizer.parked(host)
             if problem:
                 refused.append(problem)
-            if self.load_failures is not None:
-                self.load_failures.report(
-                    caller.pod_uid,
-                    (proven for _, proven in hosted),
-                    ((f.model_id, f.replica, f.reason, f.message) for f in request.failures),
-                )
+            changed = self.load_failures is not None and self.load_failures.report(
+                caller.pod_uid,
+                hosted,
+                ((f.model_id, f.replica, f.reason, f.message) for f in request.failures),
+            )
+            if changed and self.on_failures_reported is not None:
+                self.on_failures_reported()
             statuses = await asyncio.gather(
                 *(self.models.status_for(proven) for _, proven in hosted),
                 return_exceptions=True,

@@ -1,7 +1,9 @@
 """What `tritonshare explain` says of a TritonModel: each replica as the binder sees it.
 
 A replica placed in the model's status is charged when its proof verifies (the binder's own cache
-decided that when the listing was folded, `binder.cache`); each other replica wanted is what the
+decided that when the listing was folded, `binder.cache`), and is served or not as its
+status.placements entry says (`ready`, and why not: the agent's loaded condition on its host,
+such as its host's loader failing to fetch or load it); each other replica wanted is what the
 binder's model controller would place next, in order of ordinal: refused for the same model-level
 reasons (`host_storage_problem`, the priority class, a model id another TritonModel of the
 namespace has: `Ledger.name_clash`), else judged by the binder's placement core (`place`) on the
@@ -13,6 +15,7 @@ assumptions into the CLI's own copy of it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from binder.cache import ClusterCache
@@ -60,9 +63,11 @@ def model_document(cache: ClusterCache, model: ModelInfo, now: float) -> dict[st
         for ordinal in range(span)
         if (replica := state.charged_pod(model.replica(ordinal).uid)) is not None
     }
+    written = _written_placements(model)
     for ordinal, replica in sorted(charged.items()):
         node = state.nodes.get(replica.node_name)
         gpu = next((g for g in (node.gpus if node else ()) if g.uuid == replica.gpu_uuid), None)
+        served = written.get(ordinal, {})
         document["placements"].append(
             {
                 "replica": ordinal,
@@ -72,6 +77,8 @@ def model_document(cache: ClusterCache, model: ModelInfo, now: float) -> dict[st
                     "index": gpu.index if gpu is not None else None,
                     "measured": node.measured_of(replica) if node is not None else None,
                 },
+                "ready": served.get("ready") is True,
+                "message": str(served.get("message") or "") or None,
             }
         )
     unproven = sorted(set(model.placed) - set(charged))
@@ -95,6 +102,15 @@ def model_document(cache: ClusterCache, model: ModelInfo, now: float) -> dict[st
     return document
 
 
+def _written_placements(model: ModelInfo) -> dict[int, Mapping[str, Any]]:
+    """status.placements as the binder wrote them, by ordinal."""
+    found: dict[int, Mapping[str, Any]] = {}
+    for entry in model.status.get("placements") or []:
+        if isinstance(entry, Mapping) and type(entry.get("replica")) is int:
+            found[entry["replica"]] = entry
+    return found
+
+
 def write_model(document: dict[str, Any], out: TextIO) -> None:
     """`model_document` as sentences."""
     out.write(
@@ -112,9 +128,16 @@ def write_model(document: dict[str, Any], out: TextIO) -> None:
         placed = entry.get("placed")
         if placed is not None:
             index = "?" if placed["index"] is None else placed["index"]
+            served = (
+                "served"
+                if entry.get("ready")
+                else f"not served: {entry['message']}"
+                if entry.get("message")
+                else "not served yet"
+            )
             out.write(
                 f"Replica {ordinal} is placed on node {placed['node']}, GPU {index} "
-                f"({placed['gpu']}).\n"
+                f"({placed['gpu']}); {served}.\n"
             )
         elif entry["decision"] is not None:
             decision = entry["decision"]

@@ -17,7 +17,7 @@ from binder.kube import JsonObject
 from binder.model import NodeInfo, PodInfo, is_replica
 from binder.placement import Placement, explain, place
 from common.contract import BINDER_LEADER_LEASE, Keys
-from common.hosted import SLEEPING_REASON, host_label, loaded_condition
+from common.hosted import LOAD_FAILURE_REASONS, SLEEPING_REASON, host_label, loaded_condition
 from common.quantity import format_bytes
 from common.settings import names
 
@@ -156,7 +156,9 @@ def shown(pod: PodInfo) -> str:
 def replica_states(models: list[JsonObject]) -> dict[str, tuple[str, str]]:
     """Each placed replica's load state by its key (`namespace/model/ordinal`), as `load_state`
     gives a pod's: from its TritonModel's status.placements (`ready`, `message`), which the
-    binder writes from the agent's condition on the host."""
+    binder writes from the agent's condition on the host: `serving`, `failed` when its host's
+    loader cannot fetch or load it (a reason of `LOAD_FAILURE_REASONS`, as a model pod's loader
+    failing reads), else `waiting`, each with the message."""
     states = {}
     for obj in models:
         metadata = obj.get("metadata") or {}
@@ -164,8 +166,13 @@ def replica_states(models: list[JsonObject]) -> dict[str, tuple[str, str]]:
             if not isinstance(entry, Mapping):
                 continue
             key = f"{metadata.get('namespace')}/{metadata.get('name')}/{entry.get('replica')}"
-            ready = entry.get("ready") is True
-            states[key] = ("serving", "") if ready else ("waiting", str(entry.get("message") or ""))
+            message = str(entry.get("message") or "")
+            if entry.get("ready") is True:
+                states[key] = ("serving", "")
+            elif message.partition(":")[0] in LOAD_FAILURE_REASONS:
+                states[key] = ("failed", message)
+            else:
+                states[key] = ("waiting", message)
     return states
 
 

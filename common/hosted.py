@@ -214,8 +214,10 @@ LOAD_FAILURE_REASONS = frozenset(
     | {HOST_MEMORY_REASON, LOAD_FAILED_REASON}
 )
 """The reasons a host's loader reports to the agent (ListHosted) for a replica it cannot load:
-its files cannot be fetched (the store's answer, a credential), are invalid, refused by the agent
-(Triton's host memory among them) or rejected by Triton, or the load timed out. The agent writes
+its files cannot be fetched (FetchFailed: the store's answer, a credential), are invalid
+(ModelInvalid: the loader's checks, such as a config.pbtxt naming another model, the agent's, or
+Triton refusing them, with Triton's message), are refused by the agent or do not fit
+(ModelRejected; Triton's host memory has its own reason), or the load timed out. The agent writes
 them on the replica's loaded condition; any other reason reads LOAD_FAILED_REASON."""
 LOAD_FAILURE_MESSAGE_CHARS = 400
 """The most of a loader's failure message the agent keeps (and the loader sends)."""

@@ -64,6 +64,11 @@ class ModelRejectedError(LoaderError):
     exit_code = ExitCode.MODEL_REJECTED
 
 
+class TritonRejectedError(ModelRejectedError):
+    """Triton refused to load the model's files (the message carries Triton's reason): its
+    config.pbtxt or files are invalid, as Triton judges them."""
+
+
 class HostMemoryError(ModelRejectedError):
     """The agent refused the load: it would take Triton past its host memory, or the model's
     namespace past its share of it."""
@@ -135,7 +140,7 @@ _PERMANENT: dict[tuple[str, grpc.StatusCode], tuple[type[LoaderError], str]] = {
         "the agent refused the model files: {details}; fix the model directory",
     ),
     (LOAD, grpc.StatusCode.INVALID_ARGUMENT): (
-        ModelRejectedError,
+        TritonRejectedError,
         "Triton rejected the model: {details}; fix config.pbtxt or the model files",
     ),
     (INSTALL, grpc.StatusCode.FAILED_PRECONDITION): (

@@ -68,6 +68,7 @@ from loader.errors import (
     RefusedError,
     TimedOutError,
     TransientError,
+    TritonRejectedError,
 )
 from loader.fetch import check_uri, fetch
 from loader.loading import Agent, Loading, Outcome, Timing
@@ -559,6 +560,7 @@ def _cause(e: LoaderError | TransientError) -> str:
     for kind, reason in (
         (FetchError, "FetchFailed"),
         (InvalidModelError, "ModelInvalid"),
+        (TritonRejectedError, "ModelInvalid"),
         (HostMemoryError, HOST_MEMORY_REASON),
         (ModelRejectedError, "ModelRejected"),
         (RefusedError, "LoadRefused"),

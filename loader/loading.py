@@ -26,9 +26,9 @@ from loader.agentclient import InstallResult, ModelState, ModelStatus
 from loader.errors import (
     AgentFailedError,
     AgentUnreachableError,
-    ModelRejectedError,
     TimedOutError,
     TransientError,
+    TritonRejectedError,
 )
 from loader.retry import Backoff, Deadline
 from loader.validate import ModelDirectory
@@ -293,7 +293,7 @@ class Loading:
             return status
         if status.state is ModelState.FAILED:
             reason = status.reason or f"Triton could not load model {model_id} (no reason given)"
-            raise ModelRejectedError(f"{reason}; fix config.pbtxt or the model files")
+            raise TritonRejectedError(f"{reason}; fix config.pbtxt or the model files")
         # INSTALLED or ABSENT after a load: the node changed under us (an agent or Triton
         # restart); ask again from the start.
         raise TransientError(

@@ -34,21 +34,28 @@ Causes = list[tuple[str, str]]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_PATH_PART = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]")
+_PATH_PART = re.compile(
+    r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_-]+)==[\"']([^\"']*)[\"']\)\]"
+)
 _SCALE_PATH = re.compile(r"\.(spec|status)(\.[A-Za-z0-9_-]+)+")
 DEFAULT_AGE_COLUMN = PrinterColumn("Age", "date", ".metadata.creationTimestamp")
 
 
 def field_at(obj: Any, path: str) -> Any:
-    """The value at a simple JSONPath (`.status.replicas`, `.spec.items[0].name`), or None."""
+    """The value at a simple JSONPath (`.status.replicas`, `.spec.items[0].name`, or a filter
+    on a list's first match, as printer columns write it:
+    `.status.conditions[?(@.type=="Ready")].reason`), or None."""
     value = obj
     for match in _PATH_PART.finditer(path):
-        key, index = match.groups()
+        key, index, field, wanted = match.groups()
         if key is not None:
             value = value.get(key) if isinstance(value, dict) else None
-        else:
+        elif index is not None:
             position = int(index)
             value = value[position] if isinstance(value, list) and position < len(value) else None
+        else:
+            items = value if isinstance(value, list) else []
+            value = next((i for i in items if isinstance(i, dict) and i.get(field) == wanted), None)
         if value is None:
             return None
     return value

@@ -12,6 +12,7 @@ import pytest
 
 from agent.conditions import REINSTALL_WRITE_SECONDS, ModelConditions, verdict
 from agent.errors import KubeError
+from agent.loadfailures import LoadFailure
 from agent.models import ModelState, ModelStatus, PodQuarantine
 from agent.placement import Proven
 from agent.pods import PodInfo
@@ -253,3 +254,44 @@ async def test_a_quarantined_pod_is_told_in_its_loader_and_failed_once_when_cont
     # Without a controller: told, not failed.
     await watcher.sync([proven("a", phase="Pending")], triton_live=True)
     assert failed == ["a"]
+
+
+async def test_a_replica_triton_refused_reads_its_loaders_reason_as_soon_as_reported() -> None:
+    """Before its host's loader first makes it READY, a replica Triton refused is pending (no
+    ModelFailed, no Event) until its loader reports why, then reads the loader's reason and
+    message, and an Event; a report wakes the pass at once (a pass a day apart here)."""
+    writer, events = Writer(), Events()
+    states = {"m/0": ModelStatus("model_m", ModelState.FAILED, reason="Triton refused it")}
+    reported: dict[str, LoadFailure] = {}
+    watcher = ModelConditions(
+        writer,
+        events,  # type: ignore[arg-type]
+        CONDITION,
+        lambda p: asyncio.sleep(0, states[p.pod.name]),
+        load_failure=lambda pod: reported.get(pod.uid),
+        clock=Clock(),
+    )
+    replica = replace(
+        proven("m/0", loaded=("False", "ModelPending")).pod,
+        host="tritonshare-host-1",
+        host_uid="host-uid",
+    )
+    stop = asyncio.Event()
+    runner = asyncio.create_task(
+        watcher.run(stop, lambda: [Proven(replica, 1024)], lambda: True, 86400)
+    )
+    try:
+        await asyncio.sleep(0.05)
+        assert writer.written == [] and events.warned == [], "pending until the loader says"
+        said = "Triton refused it; fix config.pbtxt or the model files"
+        reported[replica.uid] = LoadFailure("ModelInvalid", said)
+        watcher.failures_reported()
+        await eventually(
+            lambda: writer.written == [("tritonshare-host-1", "False", "ModelInvalid")],
+            10,
+            "the loader's word",
+        )
+        assert events.warned == [("models/m/0", "ModelNotServed")]
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, 10)

@@ -1,6 +1,7 @@
 """What the agent keeps of a host's loader's failure reports (`agent.loadfailures`): only the
-reporting host's own replicas that are not draining, a known reason, one bounded line; each
-report replaces the host's last; a bounded number of hosts."""
+reporting host's own replicas that are not draining, found by the model id and ordinal the loader
+names them by (spec.modelName, where the TritonModel has one), a known reason, one bounded line;
+each report replaces the host's last and says whether it changed; a bounded number of hosts."""
 
 from __future__ import annotations
 
@@ -10,29 +11,35 @@ from agent import loadfailures
 from agent.loadfailures import LoadFailure, LoadFailures
 from agent.placement import Proven
 from agent.pods import PodInfo
+from common.hosted import HostedReplica
+
+Hosted = tuple[HostedReplica, Proven]
 
 
-def replica(model: str, host_uid: str = "host-a", **fields: object) -> Proven:
+def replica(model: str, host_uid: str = "host-a", model_id: str = "", **fields: object) -> Hosted:
+    """Replica 0 of TritonModel `model` (served as `model_id`, its spec.modelName, when given)
+    on the host of uid `host_uid`, beside its entry in the host's annotation."""
+    entry = HostedReplica(model, f"uid-{model}", 0, "GPU-1", "always", "proof", model_id=model_id)
     pod = PodInfo(
         namespace="team-a",
-        name=f"{model}/0",
-        uid=f"uid-{model}/0",
+        name=entry.replica_name,
+        uid=entry.replica_uid,
         node_name="gpu-1",
         scheduler_name="tritonshare",
         phase="Running",
-        model_id=model,
+        model_id=entry.model_id,
         gpu_uuid="GPU-1",
         host="tritonshare-host-1",
         host_uid=host_uid,
     )
-    return Proven(replace(pod, **fields), 1024)  # type: ignore[arg-type]
+    return entry, Proven(replace(pod, **fields), 1024)  # type: ignore[arg-type]
 
 
 def test_a_report_counts_only_for_the_hosts_own_replicas_and_replaces_the_last() -> None:
     kept = LoadFailures()
     mine, leaving = replica("mine"), replica("leaving", draining=True)
     other_host = replica("theirs", host_uid="host-b")
-    kept.report(
+    assert kept.report(
         "host-a",
         [mine, leaving],
         [
@@ -41,16 +48,33 @@ def test_a_report_counts_only_for_the_hosts_own_replicas_and_replaces_the_last()
             ("theirs", 0, "FetchFailed", "forged"),
         ],
     )
-    failure = kept.of(mine.pod)
+    failure = kept.of(mine[1].pod)
     assert failure is not None and failure.reason == "ModelLoadFailed"
     assert failure.message.startswith("line one line two x") and len(failure.message) == 400
-    assert kept.of(leaving.pod) is None and kept.of(other_host.pod) is None
+    assert kept.of(leaving[1].pod) is None and kept.of(other_host[1].pod) is None
     # Same replica uid on another host (a copied entry) reads nothing of this host's report.
-    assert kept.of(replace(mine.pod, host_uid="host-b")) is None
-    kept.report("host-a", [mine], [("mine", 0, "FetchFailed", "HTTP 403")])
-    assert kept.of(mine.pod) == LoadFailure("FetchFailed", "HTTP 403")
-    kept.report("host-a", [mine], [])
-    assert kept.of(mine.pod) is None
+    assert kept.of(replace(mine[1].pod, host_uid="host-b")) is None
+    assert kept.report("host-a", [mine], [("mine", 0, "FetchFailed", "HTTP 403")])
+    assert kept.of(mine[1].pod) == LoadFailure("FetchFailed", "HTTP 403")
+    assert not kept.report("host-a", [mine], [("mine", 0, "FetchFailed", "HTTP 403")])
+    assert kept.report("host-a", [mine], [])
+    assert kept.of(mine[1].pod) is None
+    assert not kept.report("host-a", [mine], [])
+
+
+def test_a_replica_served_under_its_model_name_is_found_by_that_name() -> None:
+    """The loader names a replica by the model id its clients send (spec.modelName), which
+    need not be the TritonModel's name; the TritonModel's name finds nothing."""
+    kept = LoadFailures()
+    renamed = replica("wrongname", model_id="other_name")
+    said = "config.pbtxt names the model 'add_one' but the model id is 'other_name'"
+    assert kept.report("host-a", [renamed], [("other_name", 0, "ModelInvalid", said)])
+    assert kept.of(renamed[1].pod) == LoadFailure("ModelInvalid", said)
+    assert kept.report("host-a", [renamed], [("wrongname", 0, "ModelInvalid", said)])
+    assert kept.of(renamed[1].pod) is None
+    # Another ordinal of the same model is another replica.
+    assert not kept.report("host-a", [renamed], [("other_name", 1, "ModelInvalid", said)])
+    assert kept.of(renamed[1].pod) is None
 
 
 def test_the_hosts_remembered_are_bounded() -> None:
@@ -61,5 +85,5 @@ def test_the_hosts_remembered_are_bounded() -> None:
         kept.report(
             f"host-{n}", [replica("m", host_uid=f"host-{n}")], [("m", 0, "FetchFailed", "x")]
         )
-    assert kept.of(first.pod) is None, "forgotten; the host reports again at its next poll"
+    assert kept.of(first[1].pod) is None, "forgotten; the host reports again at its next poll"
     assert len(kept._by_host) <= loadfailures.REMEMBERED_HOSTS

@@ -122,9 +122,11 @@ async def test_status_and_explain_count_every_replica_as_the_binder_does(
     fits_nowhere = next(line for line in text.splitlines() if line.startswith("It fits nowhere"))
     assert fits_nowhere == f"It fits nowhere now: {said}"
 
-    # explain of the TritonModel, three ways of naming it: placed where its status says.
+    # explain of the TritonModel, three ways of naming it: placed where its status says, and
+    # not served as its status says (no agent here to load it).
     placed = (
-        f"Replica 0 is placed on node gpu-1, GPU {_index(rows, replica['gpu'])} ({replica['gpu']})."
+        f"Replica 0 is placed on node gpu-1, GPU {_index(rows, replica['gpu'])} "
+        f"({replica['gpu']}); not served: not loaded on its model host yet."
     )
     for words in (["tm/big"], ["tritonmodel", "big"], ["big"], ["tm/default/big"]):
         code, text = _cli(kubeconfig, placement_keys, "explain", *words)

@@ -36,7 +36,7 @@ def test_the_crd_is_valid_and_shaped_like_a_workload_api() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [c["name"] for c in served["additionalPrinterColumns"]]
-    assert columns == ["Ready", "Replicas", "GPU-Mem", "Residency", "Age"]
+    assert columns == ["Ready", "Replicas", "GPU-Mem", "Residency", "Reason", "Age", "Message"]
     spec = served["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["required"] == ["storageUri", "gpuMemory"]
     assert spec["properties"]["residency"]["default"] == "always"

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -54,6 +55,8 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     """Models Triton refuses to load."""
     no_host_memory: set[str] = field(default_factory=set)
     """Models the agent refuses to load: they do not fit in Triton's host memory."""
+    aborts: dict[str, tuple[str, grpc.StatusCode, str]] = field(default_factory=dict)
+    """model id -> (the call, the code and the details it is refused with)."""
     strict: bool = False
     """Refuse calls about a model the host no longer lists, as the real agent does."""
     calls: list[tuple[str, str, float]] = field(default_factory=list)
@@ -102,8 +105,11 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             sleeping=model in self.sleeping,
         )
 
-    def _note(self, rpc: str, model: str) -> None:
+    async def _note(self, rpc: str, model: str, context: Context) -> None:
         self.calls.append((rpc, model, time.time()))
+        call, code, details = self.aborts.get(model, ("", grpc.StatusCode.OK, ""))
+        if call == rpc:
+            await context.abort(code, details)
 
     async def ListHosted(  # noqa: N802 - the generated servicer's name
         self, request: agent_pb2.ListHostedRequest, context: Context
@@ -122,7 +128,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     async def GetModel(  # noqa: N802
         self, request: agent_pb2.GetModelRequest, context: Context
     ) -> agent_pb2.ModelStatus:
-        self._note("GetModel", request.model_id)
+        await self._note("GetModel", request.model_id, context)
         if request.model_id not in self.models:
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
         return self._status(request.model_id)
@@ -141,7 +147,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             if request.HasField("header"):
                 header = request.header
         assert header is not None
-        self._note("InstallModel", header.model_id)
+        await self._note("InstallModel", header.model_id, context)
         digest = manifest_digest(entries_from_proto(header.manifest))
         self.models[header.model_id] = (agent_pb2.MODEL_STATE_INSTALLED, digest)
         return agent_pb2.InstallModelResponse(model_id=header.model_id, manifest_digest=digest)
@@ -149,7 +155,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     async def LoadModel(  # noqa: N802
         self, request: agent_pb2.LoadModelRequest, context: Context
     ) -> agent_pb2.ModelStatus:
-        self._note("LoadModel", request.model_id)
+        await self._note("LoadModel", request.model_id, context)
         _, digest = self.models[request.model_id]
         if request.model_id in self.no_host_memory:
             await context.abort(
@@ -165,7 +171,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     async def UnloadModel(  # noqa: N802
         self, request: agent_pb2.UnloadModelRequest, context: Context
     ) -> agent_pb2.ModelStatus:
-        self._note("UnloadModel", request.model_id)
+        await self._note("UnloadModel", request.model_id, context)
         if self.strict and request.model_id not in self.replicas:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not this host's replica")
         if self.models.pop(request.model_id, None) is None:
@@ -240,6 +246,7 @@ async def following(
     parallel: int = 2,
     proxy_holds: Callable[[str], Awaitable[bool | None]] | None = None,
     secret_dir: Path | None = None,
+    load_seconds: float = 30.0,
 ) -> AsyncIterator[Host]:
     client = AgentClient(
         address, tmp_path / "token", chunk_bytes=1 << 20, reconnect_max_seconds=1.0
@@ -249,7 +256,9 @@ async def following(
         poll_seconds=0.05,
         drain_seconds=drain_seconds,
         call_seconds=10.0,
-        load=Timing(total_seconds=30.0, attempt_seconds=10.0, poll_seconds=0.05, backoff=backoff),
+        load=Timing(
+            total_seconds=load_seconds, attempt_seconds=10.0, poll_seconds=0.05, backoff=backoff
+        ),
         unroute_seconds=unroute_seconds,
         drain_check_seconds=0.05,
     )
@@ -380,11 +389,98 @@ async def test_a_failing_replica_does_not_hold_up_another(
         reason, message = servicer.reported["absent"]
         assert reason == "FetchFailed" and "HTTP 404" in message, servicer.reported
         reason, message = servicer.reported["identity"]
-        assert reason == "ModelRejected" and "Triton" in message, servicer.reported
+        assert reason == "ModelInvalid" and "Triton refused it" in message, servicer.reported
         # Fixed upstream: the next attempt serves it, and its failure is no longer reported.
         servicer.rejects.clear()
         await until(lambda: names(tmp_path) == ["add_one", "identity"], "identity listed")
         await until(lambda: set(servicer.reported) == {"absent"}, "identity's failure cleared")
+
+
+def _unnamed(directory: Path) -> Path:
+    """add_one's files with no name in config.pbtxt: served under any model id."""
+    shutil.copytree(MODELS_DIR / "add_one", directory, ignore=shutil.ignore_patterns("__pycache__"))
+    config = directory / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "add_one"\n', ""))
+    return directory
+
+
+def _config_only(directory: Path) -> Path:
+    """A model directory with a config.pbtxt and no version directory."""
+    directory.mkdir()
+    shutil.copy(MODELS_DIR / "add_one" / "config.pbtxt", directory)
+    return directory
+
+
+FAILURES = {
+    # model id: (where its files are, the call the agent refuses and how, reason, words said)
+    "other_name": ("add_one", None, "ModelInvalid", ["'add_one'", "'other_name'"]),
+    "absent": ("absent", None, "FetchFailed", ["answered HTTP 404"]),
+    "no_version": ("no_version", None, "ModelInvalid", ["has no version directory"]),
+    "triton_says_no": ("unnamed", None, "ModelInvalid", ["Triton refused it", "config.pbtxt"]),
+    "files_refused": (
+        "unnamed",
+        ("InstallModel", grpc.StatusCode.INVALID_ARGUMENT, "1/model.py is not allowed"),
+        "ModelInvalid",
+        ["the agent refused the model files: 1/model.py is not allowed"],
+    ),
+    "no_room": (
+        "unnamed",
+        ("LoadModel", grpc.StatusCode.RESOURCE_EXHAUSTED, "GPU-1 has 512Mi free"),
+        "ModelRejected",
+        ["does not fit on its GPU now: GPU-1 has 512Mi free"],
+    ),
+    "quarantined": (
+        "unnamed",
+        ("LoadModel", grpc.StatusCode.FAILED_PRECONDITION, "these files are quarantined"),
+        "ModelRejected",
+        ["the agent refused to load the model: these files are quarantined"],
+    ),
+    "tenant_code": (
+        "unnamed",
+        ("LoadModel", grpc.StatusCode.PERMISSION_DENIED, "the python backend is not allowed"),
+        "LoadRefused",
+        ["the python backend is not allowed"],
+    ),
+    "never_ready": (
+        "unnamed",
+        ("LoadModel", grpc.StatusCode.ABORTED, "another load won"),
+        "LoadTimedOut",
+        ["was not READY after"],
+    ),
+    "agent_bug": (
+        "unnamed",
+        ("LoadModel", grpc.StatusCode.INTERNAL, "an internal error"),
+        "ModelLoadFailed",
+        ["the agent failed the LoadModel call with INTERNAL: an internal error"],
+    ),
+}
+
+
+async def test_every_way_a_replica_fails_reaches_the_agent_with_its_reason_and_cause(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """Each failure of a replica's fetch or load is reported to the agent (ListHosted) under
+    the reason named after its cause, with the message a model pod's loader ends with: a
+    config.pbtxt naming another model than the replica's id names both, Triton's refusal is
+    ModelInvalid with Triton's words."""
+    servicer, address = agent
+    uris = {
+        "add_one": models.url("add_one"),
+        "absent": models.url("absent", release="nowhere"),
+        "unnamed": models.publish("unnamed", _unnamed(tmp_path / "unnamed"), release="t"),
+        "no_version": models.publish("no_version", _config_only(tmp_path / "config"), release="t"),
+    }
+    for model, (files, abort, _, _) in FAILURES.items():
+        servicer.host(model, uris[files])
+        if abort is not None:
+            servicer.aborts[model] = abort
+    servicer.rejects.add("triton_says_no")
+    async with following(address, tmp_path, parallel=len(FAILURES), load_seconds=2.0):
+        await until(lambda: set(servicer.reported) == set(FAILURES), "every failure reported")
+        assert names(tmp_path) == []
+    for model, (_, _, reason, words) in FAILURES.items():
+        said, message = servicer.reported[model]
+        assert said == reason and all(w in message for w in words), (model, said, message)
 
 
 async def test_the_failures_reported_fit_in_what_the_agent_reads_of_a_listing(

@@ -52,7 +52,21 @@ def _populate(api: kubernetes.client.ApiClient) -> None:
         "default",
         "tritonmodels",
         "resnet",
-        {"status": {"replicas": 3, "readyReplicas": 2}},
+        {
+            "status": {
+                "replicas": 3,
+                "readyReplicas": 2,
+                "conditions": [
+                    {"type": "Placed", "status": "True", "reason": "AllReplicasPlaced"},
+                    {
+                        "type": "Ready",
+                        "status": "False",
+                        "reason": "ModelInvalid",
+                        "message": "2 of 3 replicas ready; replica 2 on gpu-1: ModelInvalid",
+                    },
+                ],
+            }
+        },
     )
     core = core_v1(api)
     pod = {
@@ -116,8 +130,12 @@ def _kubectl(kubeconfig: Path, *args: str) -> list[list[str]]:
 def test_kubectl_get_tritonmodels_prints_the_crd_columns(kubeconfig: Path) -> None:
     for name in ("tritonmodels", "tm"):
         header, row = _kubectl(kubeconfig, "get", name)
-        assert header == ["NAME", "READY", "REPLICAS", "GPU-MEM", "RESIDENCY", "AGE"]
-        assert row[:5] == ["resnet", "2", "3", "2Gi", "always"]
+        assert header == ["NAME", "READY", "REPLICAS", "GPU-MEM", "RESIDENCY", "REASON", "AGE"]
+        assert row[:6] == ["resnet", "2", "3", "2Gi", "always", "ModelInvalid"]
+    # -o wide adds the Ready condition's message.
+    header, row = _kubectl(kubeconfig, "get", "tm", "-o", "wide")
+    message = "2 of 3 replicas ready; replica 2 on gpu-1: ModelInvalid"
+    assert header[-1] == "MESSAGE" and " ".join(row[7:]) == message
 
 
 def test_kubectl_get_pods_wide_prints_the_pod_columns(kubeconfig: Path) -> None:
