@@ -29,6 +29,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 python="${PYTHON:-python3}"
+# A relative path is made absolute: pack-triton runs it from another folder.
+case "$python" in */*) python="$(cd "$(dirname "$python")" && pwd)/$(basename "$python")" ;; esac
 out="${OUT:-gpucheck-out}"
 root="${GPU_ROOT:-/tmp/tritonshare-gpu}"
 venv="$root/venv"
