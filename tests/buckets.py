@@ -162,7 +162,7 @@ class HostileS3:
     the S3 API (ListObjectsV2, GetObject) for boto3: its listing is one object `slow/model.tar.gz`
     (`listing` "one"), or pages without end of keys beside the folder that only share its
     prefix ("beside"), or empty pages that each promise another ("empty"), each page after
-    `page_delay` seconds; an object's body trickles a KiB at a time, without end. It checks no
+    `page_delay` seconds; an object's body (1 MiB) trickles a KiB every 20 ms. It checks no
     credential. `close` ends every answer, so that nothing it serves outlives the test."""
 
     endpoint: str
@@ -188,7 +188,7 @@ class HostileS3:
             number = self.pages
         self.closed.wait(self.page_delay)
         if self.closed.is_set() or self.listing == "one":
-            keys = [("slow/model.tar.gz", 1 << 30)] if not self.closed.is_set() else []
+            keys = [("slow/model.tar.gz", 1 << 20)] if not self.closed.is_set() else []
             more = False
         elif self.listing == "beside":
             keys = [(f"{prefix}_beside_{number}_{n}/f", 1) for n in range(1000)]
@@ -197,7 +197,7 @@ class HostileS3:
             keys, more = [], True
         contents = "".join(
             f"<Contents><Key>{escape(key)}</Key><Size>{size}</Size>"
-            f"<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>\"0\"</ETag>"
+            f'<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>"0"</ETag>'
             f"<StorageClass>STANDARD</StorageClass></Contents>"
             for key, size in keys
         )
@@ -215,7 +215,9 @@ class HostileS3:
             self.reading += 1
             self.peak = max(self.peak, self.reading)
         try:
-            while not self.closed.wait(0.02):
+            for _ in range(1024):
+                if self.closed.wait(0.02):
+                    break
                 out.write(b"\0" * 1024)
                 out.flush()
         except OSError:
@@ -233,7 +235,7 @@ def hostile_s3() -> Iterator[HostileS3]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             self.close_connection = True  # no idle connection outlives the test
             bucket = holder[0]
             parts = urlsplit(self.path)
@@ -249,19 +251,18 @@ def hostile_s3() -> Iterator[HostileS3]:
                 return
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(1 << 30))
+            self.send_header("Content-Length", str(1 << 20))
             self.send_header("ETag", '"0"')
             self.send_header("Last-Modified", "Thu, 01 Jan 2026 00:00:00 GMT")
             self.send_header("Connection", "close")
             self.end_headers()
             bucket.trickle(self.wfile)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    host, port = server.server_address[:2]
-    holder.append(HostileS3(f"{host}:{port}"))
+    holder.append(HostileS3(f"127.0.0.1:{server.server_address[1]}"))
     serving = threading.Thread(target=server.serve_forever, name="hostile S3")
     serving.start()
     try:

@@ -230,6 +230,30 @@ class Counted:
         return await fetch_off_loop(uri, directory, size, stop, credential, seconds)
 
 
+class InFlight:
+    """The real fetcher, counting the fetches of each URI under way, now and at most."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+
+    async def __call__(
+        self,
+        uri: str,
+        directory: Path,
+        size: int,
+        stop: threading.Event,
+        credential: StorageCredential,
+        seconds: float,
+    ) -> str:
+        self.now[uri] = self.now.get(uri, 0) + 1
+        self.peak[uri] = max(self.peak.get(uri, 0), self.now[uri])
+        try:
+            return await fetch_off_loop(uri, directory, size, stop, credential, seconds)
+        finally:
+            self.now[uri] -= 1
+
+
 @contextlib.asynccontextmanager
 async def following(
     address: str,
@@ -582,20 +606,24 @@ async def test_a_slow_bucket_holds_one_slot_at_most_and_fails_at_the_fetch_deadl
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stand-in")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "stand-in")
     with hostile_s3() as hostile:
-        slow = agent_pb2.HostedReplica(
-            model_id="slow",
-            storage_uri="s3://models/slow/model.tar.gz",
-            storage_options={"s3-endpoint": hostile.endpoint, "s3-usehttps": "0"},
-        )
-        for ordinal in (0, 1):
-            servicer.replicas[f"slow/{ordinal}"] = agent_pb2.HostedReplica(
-                replica=ordinal, **_fields(slow)
+
+        def slow(model: str, ordinal: int = 0) -> agent_pb2.HostedReplica:
+            return agent_pb2.HostedReplica(
+                model_id=model,
+                replica=ordinal,
+                storage_uri=slow_uri,
+                storage_options={"s3-endpoint": hostile.endpoint, "s3-usehttps": "0"},
             )
+
+        slow_uri = "s3://models/slow/model.tar.gz"
+        servicer.replicas["slow/0"], servicer.replicas["slow/1"] = slow("slow"), slow("slow", 1)
         servicer.host("add_one", models.url("add_one"))
-        async with following(address, tmp_path, parallel=2, fetch_seconds=3.0):
+        fetcher = InFlight()
+        async with following(address, tmp_path, parallel=2, fetch_seconds=3.0, fetcher=fetcher):
             await until(lambda: hostile.reading == 1, "the slow model's first fetch")
             await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
-            assert hostile.reading == 1 and hostile.peak == 1, "one slot for the slow model"
+            assert fetcher.now[slow_uri] == 1, "the slow model is still being fetched"
+            assert fetcher.peak[slow_uri] == 1, "one slot for the slow model"
             await until(lambda: "slow" in servicer.reported, "the slow fetch's failure")
             reason, message = servicer.reported["slow"]
             assert reason == "FetchFailed", message
@@ -603,19 +631,9 @@ async def test_a_slow_bucket_holds_one_slot_at_most_and_fails_at_the_fetch_deadl
                 "s3://models/slow/model.tar.gz was not fetched within 3 s (--fetch-timeout)"
             ), message
             # A second slow model: once both have failed, their retries share one slot.
-            servicer.replicas["slower"] = agent_pb2.HostedReplica(
-                **(_fields(slow) | {"model_id": "slower"})
-            )
+            servicer.replicas["slower"] = slow("slower")
             await until(lambda: "slower" in servicer.reported, "the second slow model failing")
-            hostile.peak = hostile.reading
+            fetcher.peak[slow_uri] = fetcher.now[slow_uri]
             servicer.host("identity", models.url("identity"))
             await until(lambda: names(tmp_path) == ["add_one", "identity"], "identity listed")
-            assert hostile.peak <= 1, "failing models retry in one slot between them"
-
-
-def _fields(replica: agent_pb2.HostedReplica) -> dict[str, object]:
-    """A HostedReplica's fields set, by name (map fields as dicts)."""
-    return {
-        field.name: dict(value) if field.name == "storage_options" else value
-        for field, value in replica.ListFields()
-    }
+            assert fetcher.peak[slow_uri] <= 1, "failing models retry in one slot between them"
