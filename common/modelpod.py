@@ -48,7 +48,9 @@ PROXY_PORTS = (("http", 9000), ("grpc", 9001), ("metrics", 9002))
 """The proxy's container ports by name (a model's Service targets http and grpc)."""
 LOADER_REQUESTS = {"cpu": "100m", "memory": "128Mi"}
 """A model pod's loader's requests (an init container: it ends before the proxy runs)."""
-LOADER_LIMITS = {"memory": "512Mi"}
+LOADER_LIMITS = {"cpu": "1", "memory": "512Mi"}
+"""A loader's limits, a model pod's or a model host's: one core at most, whatever its storage
+lists or sends (hashing and unpacking a big model take one core)."""
 
 
 @dataclass(frozen=True)

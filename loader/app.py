@@ -149,6 +149,7 @@ async def run_host(settings: Settings) -> None:
                 backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds),
                 unreachable_seconds=settings.agent_unreachable_seconds,
             ),
+            fetch_seconds=settings.fetch_timeout_seconds,
         ),
         parallel=settings.host_parallel,
         max_bytes=settings.max_model_bytes,

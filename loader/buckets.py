@@ -6,7 +6,10 @@ storage initializer: the object PATH is downloaded into the directory under its 
 every object under PATH/ under its path below PATH (folder markers, keys ending in `/`, are
 skipped). The bucket is untrusted as an archive is: its listing is checked before anything is
 downloaded with the archive rules (loader/archives.py: no name outside the directory, at most
-`max_bytes` in all), and each download counts its bytes against what is left.
+`max_bytes` in all), and each download counts the bytes that arrive against what is left. A
+listing is bounded by every key it returns, skipped or not (`MAX_LISTED`), and by its pages
+(`MAX_PAGES`, empty ones too); the whole fetch by its deadline (loader/deadline.py), checked at
+every page, key and read, each socket waiting no longer than what is left of it.
 
 `BucketAccess` (loader/credentials.py) carries the credential (a Secret's keys) and the S3
 settings (`common.storage.S3Settings`); without a credential the cloud's default chain applies
@@ -17,7 +20,6 @@ with what to do, and never quote a credential. Blocking: call it off the event l
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,11 +40,18 @@ from google.oauth2 import service_account
 
 from loader.archives import check_members, shown_bytes
 from loader.credentials import BucketAccess
+from loader.deadline import Deadline
 from loader.errors import FetchError
 
 _CHUNK = 1 << 20
 MAX_OBJECTS = 10_000
-"""Objects listed at most: the agent installs no model of more files (agent.repository)."""
+"""Objects fetched at most: the agent installs no model of more files (agent.repository)."""
+MAX_LISTED = 100_000
+"""Keys a listing may return in all: files, folder markers and keys beside the folder that only
+share its prefix (`models/add` lists `models/add_one/...` too), ten times a model's files."""
+MAX_PAGES = 1_000
+"""Pages a listing may take, empty ones too (S3 and GCS give up to 1,000 keys a page, so
+`MAX_LISTED` keys take 100)."""
 _READ_ONLY = ("https://www.googleapis.com/auth/devstorage.read_only",)
 
 
@@ -59,28 +68,28 @@ def fetch_bucket(
     access: BucketAccess,
     *,
     max_bytes: int,
-    stop: threading.Event | None = None,
+    deadline: Deadline,
     timeout: float = 60.0,
 ) -> list[Path]:
-    """Download the objects `uri` names into `directory`; the files written. FetchError says
-    what is wrong and what to do."""
+    """Download the objects `uri` names into `directory` by `deadline`; the files written.
+    `timeout` bounds one wait on a socket. FetchError says what is wrong and what to do."""
     scheme, _, rest = uri.partition("://")
     bucket, _, path = rest.partition("/")
     store: _Store = (
-        _S3(access, bucket, timeout) if scheme.lower() == "s3" else _Gcs(access, bucket, timeout)
+        _S3(access, bucket, deadline, timeout)
+        if scheme.lower() == "s3"
+        else _Gcs(access, bucket, deadline, timeout)
     )
     try:
-        objects = _select(uri, store.list(path), path, max_bytes)
+        objects = _select(uri, store.pages(path), path, max_bytes, deadline)
         written, left = [], max_bytes
         for item in objects:
-            if stop is not None and stop.is_set():
-                raise FetchError(f"the download of {uri} was stopped")
+            deadline.check()
             target = directory / item.relative
             target.parent.mkdir(parents=True, exist_ok=True)
             with target.open("wb") as out:
                 for chunk in store.read(item.key):
-                    if stop is not None and stop.is_set():
-                        raise FetchError(f"the download of {uri} was stopped")
+                    deadline.check()
                     left -= len(chunk)
                     if left < 0:
                         raise FetchError(
@@ -96,14 +105,43 @@ def fetch_bucket(
         raise FetchError(store.explain(uri, e)) from e
 
 
+def _listed(
+    uri: str, pages: Iterator[list[tuple[str, int]]], deadline: Deadline
+) -> Iterator[tuple[str, int]]:
+    """Every key of the listing's `pages`, within MAX_PAGES, MAX_LISTED and `deadline`."""
+    seen = 0
+    for number, page in enumerate(pages, 1):
+        deadline.check()
+        if number > MAX_PAGES:
+            raise FetchError(
+                f"{uri} lists more than {MAX_PAGES} pages; point storageUri at the model's own "
+                f"folder, and check that the storage is S3 or GCS (a listing page holds up to "
+                f"1,000 keys)"
+            )
+        for key, size in page:
+            seen += 1
+            if seen > MAX_LISTED:
+                raise FetchError(
+                    f"{uri} lists more than {MAX_LISTED} keys (files, folder markers and names "
+                    f"beside the folder that share its prefix); point storageUri at the model's "
+                    f"own folder"
+                )
+            deadline.check()
+            yield key, size
+
+
 def _select(
-    uri: str, listed: Iterator[tuple[str, int]], path: str, max_bytes: int
+    uri: str,
+    pages: Iterator[list[tuple[str, int]]],
+    path: str,
+    max_bytes: int,
+    deadline: Deadline,
 ) -> list[_Object]:
     """The objects under `path` with their paths in the directory, checked as archive members."""
     base = path.rstrip("/")
     found: list[_Object] = []
     total = 0
-    for key, size in listed:
+    for key, size in _listed(uri, pages, deadline):
         if key.endswith("/"):
             continue  # a folder marker
         if key == path:
@@ -131,7 +169,8 @@ def _select(
 
 
 class _Store:
-    def list(self, prefix: str) -> Iterator[tuple[str, int]]:
+    def pages(self, prefix: str) -> Iterator[list[tuple[str, int]]]:
+        """The listing of `prefix`, a page of (key, size) at a time."""
         raise NotImplementedError
 
     def read(self, key: str) -> Iterator[bytes]:
@@ -146,7 +185,9 @@ def _credential(access: BucketAccess) -> str:
 
 
 class _S3(_Store):
-    def __init__(self, access: BucketAccess, bucket: str, timeout: float) -> None:
+    def __init__(
+        self, access: BucketAccess, bucket: str, deadline: Deadline, timeout: float
+    ) -> None:
         keys = access.s3_keys
         session = boto3.session.Session(
             aws_access_key_id=keys.access_key_id if keys else None,
@@ -154,8 +195,9 @@ class _S3(_Store):
             aws_session_token=keys.session_token if keys else None,
             region_name=access.s3.region,
         )
+        wait = deadline.left(timeout)
         config = botocore.config.Config(
-            connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 3}
+            connect_timeout=wait, read_timeout=wait, retries={"max_attempts": 3}
         )
         self._client: Any = session.client(
             "s3", endpoint_url=access.s3.endpoint_url, verify=access.s3.verify, config=config
@@ -163,18 +205,22 @@ class _S3(_Store):
         self._access = access
         self._bucket = bucket
 
-    def list(self, prefix: str) -> Iterator[tuple[str, int]]:
+    def pages(self, prefix: str) -> Iterator[list[tuple[str, int]]]:
         pages = self._client.get_paginator("list_objects_v2").paginate(
             Bucket=self._bucket, Prefix=prefix
         )
         for page in pages:
-            for item in page.get("Contents") or ():
-                yield str(item["Key"]), int(item["Size"])
+            yield [(str(item["Key"]), int(item["Size"])) for item in page.get("Contents") or ()]
 
     def read(self, key: str) -> Iterator[bytes]:
         body = self._client.get_object(Bucket=self._bucket, Key=key)["Body"]
+        # The response itself (urllib3's): read1 returns what one read of the socket brings, so
+        # the caller's deadline holds against a trickle; the body's own reads wait for a whole
+        # chunk. urllib3 checks the length the headers promised.
+        raw = body._raw_stream
         try:
-            yield from body.iter_chunks(_CHUNK)
+            while chunk := raw.read1(_CHUNK):
+                yield chunk
         finally:
             body.close()
 
@@ -202,9 +248,12 @@ class _S3(_Store):
 
 
 class _Gcs(_Store):
-    def __init__(self, access: BucketAccess, bucket: str, timeout: float) -> None:
+    def __init__(
+        self, access: BucketAccess, bucket: str, deadline: Deadline, timeout: float
+    ) -> None:
         self._access = access
         self._bucket_name = bucket
+        self._deadline = deadline
         self._timeout = timeout
         self._client: Any = None
 
@@ -227,12 +276,19 @@ class _Gcs(_Store):
                 self._client = gcs.Client(credentials=credentials, project=credentials.project_id)
         return self._client.bucket(self._bucket_name)
 
-    def list(self, prefix: str) -> Iterator[tuple[str, int]]:
-        for blob in self._bucket().list_blobs(prefix=prefix, timeout=self._timeout):
-            yield str(blob.name), int(blob.size or 0)
+    def pages(self, prefix: str) -> Iterator[list[tuple[str, int]]]:
+        listing = self._bucket().list_blobs(
+            prefix=prefix, timeout=self._deadline.left(self._timeout)
+        )
+        for page in listing.pages:
+            yield [(str(blob.name), int(blob.size or 0)) for blob in page]
 
     def read(self, key: str) -> Iterator[bytes]:
-        reader: IO[bytes] = self._bucket().blob(key).open("rb", chunk_size=_CHUNK)
+        reader: IO[bytes] = (
+            self._bucket()
+            .blob(key)
+            .open("rb", chunk_size=_CHUNK, timeout=self._deadline.left(self._timeout))
+        )
         with reader:
             while chunk := reader.read(_CHUNK):
                 yield chunk

@@ -9,7 +9,9 @@ cluster, the model pods' storage initializer.
   HTTPS; `headers` (a storage credential, loader/credentials.py) go to the URI's host over HTTPS
   only, never to where it redirects.
 
-Either way, when what was fetched is one archive (`.tar`, `.tar.gz`, `.tgz`, `.zip`) it is
+Either way, the whole fetch has a deadline (loader/deadline.py: `deadline_seconds`), checked
+between listing pages, keys and reads, each socket waiting no longer than what is left of it, and
+when what was fetched is one archive (`.tar`, `.tar.gz`, `.tgz`, `.zip`) it is
 unpacked into the directory and removed (loader/archives.py, whose rules for untrusted files
 apply), so `add_one.tar.gz` holding config.pbtxt and 1/ at its root becomes
 DIRECTORY/config.pbtxt and DIRECTORY/1/; what is fetched and what is unpacked are each bounded by
@@ -32,6 +34,7 @@ from urllib.parse import urlsplit
 
 from loader.archives import is_archive, shown_bytes, unpack
 from loader.credentials import BUCKET_SCHEMES, BucketAccess
+from loader.deadline import DEFAULT_FETCH_SECONDS, Deadline
 from loader.errors import FetchError
 
 NETWORK_SCHEMES = ("http", "https")
@@ -66,12 +69,15 @@ def fetch(
     stop: threading.Event | None = None,
     headers: Mapping[str, str] | None = None,
     bucket: BucketAccess | None = None,
+    deadline_seconds: float = DEFAULT_FETCH_SECONDS,
 ) -> str:
     """Put the model `uri` names into `directory` (created if missing); a sentence saying what
     was done. FetchError says what is wrong; `stop`, once set, ends a download between chunks;
-    `headers` go with the request to an https:// `uri` itself; `bucket` is the credential and
-    settings of an s3:// or gs:// one (None: the cloud's default chain)."""
+    `timeout` bounds one wait on a socket; `deadline_seconds` the whole fetch; `headers` go with
+    the request to an https:// `uri` itself; `bucket` is the credential and settings of an s3://
+    or gs:// one (None: the cloud's default chain)."""
     scheme = check_uri(uri)
+    deadline = Deadline(uri, deadline_seconds, stop)
     if scheme != "https" and headers:
         raise FetchError(f"{uri}: a credential is sent over https:// only")
     directory.mkdir(parents=True, exist_ok=True)
@@ -80,13 +86,19 @@ def fetch(
         from loader.buckets import fetch_bucket
 
         files = fetch_bucket(
-            uri, directory, bucket or BucketAccess(), max_bytes=max_bytes, stop=stop
+            uri,
+            directory,
+            bucket or BucketAccess(),
+            max_bytes=max_bytes,
+            deadline=deadline,
+            timeout=timeout,
         )
         said = f"downloaded {len(files)} file{'s' if len(files) != 1 else ''} of {uri}"
     else:
-        files = [_download(uri, directory, max_bytes, timeout, stop, headers or {})]
+        files = [_download(uri, directory, max_bytes, timeout, deadline, headers or {})]
         said = f"downloaded {uri}"
     if len(files) == 1 and is_archive(files[0]):
+        deadline.check()
         unpack(files[0], directory, max_bytes)
         return f"{said} and unpacked it into {directory}"
     return f"{said} into {directory}"
@@ -119,7 +131,7 @@ def _download(
     directory: Path,
     max_bytes: int,
     timeout: float,
-    stop: threading.Event | None,
+    deadline: Deadline,
     headers: Mapping[str, str],
 ) -> Path:
     name = urlsplit(uri).path.rpartition("/")[2]
@@ -133,13 +145,16 @@ def _download(
         request.add_unredirected_header(name, value)
     size = 0
     try:
-        with opener.open(request, timeout=timeout) as answer, target.open("wb") as out:
+        with (
+            opener.open(request, timeout=deadline.left(timeout)) as answer,
+            target.open("wb") as out,
+        ):
             length = answer.headers.get("Content-Length")
             if length and length.isdigit() and int(length) > max_bytes:
                 raise _too_big(uri, int(length), max_bytes)
-            while chunk := answer.read(_CHUNK):
-                if stop is not None and stop.is_set():
-                    raise FetchError(f"the download of {uri} was stopped")
+            # read1: what one read of the socket brings, so a trickle meets the deadline too.
+            while chunk := answer.read1(_CHUNK):
+                deadline.check()
                 size += len(chunk)
                 if size > max_bytes:
                     raise _too_big(uri, size, max_bytes)

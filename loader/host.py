@@ -8,9 +8,11 @@ model may share the host, each with its own files, GPU and private name in Trito
   storage Secret and s3-* settings: loader/credentials.py; kept while the URI stays the same, so a
   restarted loader fetches nothing again), then the SAME flow a model pod's loader runs
   (loading.py: GetModel, InstallKept or InstallModel, LoadModel, wait READY) with the model id =
-  the replica's model, each call naming the replica's ordinal; at most `parallel` at once. A
-  failure is logged with its reason and retried with backoff; it never stops the others. Each
-  ListHosted reports the replicas failing now, with a reason named after the cause
+  the replica's model, each call naming the replica's ordinal; at most `parallel` at once, in
+  the host's slots (loader/slots.py: a model holds one at most, models retrying after a failure
+  `parallel - 1` at most). A fetch ends at its deadline (`HostTiming.fetch_seconds`), its slot
+  free at once. A failure is logged with its reason and retried with backoff; it never stops the
+  others. Each ListHosted reports the replicas failing now, with a reason named after the cause
   (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
   replica's loaded condition, so the TritonModel says why.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
@@ -59,6 +61,7 @@ from common.hosted import (
 from common.modelpod import STORAGE_SECRET_DIR
 from loader.agentclient import Hosted, HostedList, LoadFailure, ModelState
 from loader.credentials import StorageCredential, storage_credential
+from loader.deadline import DEFAULT_FETCH_SECONDS, deadline_passed
 from loader.errors import (
     FetchError,
     HostMemoryError,
@@ -74,6 +77,7 @@ from loader.fetch import check_uri, fetch
 from loader.loading import Agent, Loading, Outcome, Timing
 from loader.manifest import build_manifest
 from loader.retry import Backoff
+from loader.slots import Slots
 from loader.validate import validate_model_directory
 
 log = logging.getLogger(__name__)
@@ -96,11 +100,18 @@ class HostAgent(Agent, Protocol):
     ) -> HostedList: ...
 
 
-Fetch = Callable[[str, Path, int, threading.Event, StorageCredential], Awaitable[str]]
+Fetch = Callable[[str, Path, int, threading.Event, StorageCredential, float], Awaitable[str]]
+"""Fetch a URI into a directory: its bytes at most, the stop event, the credential, and the
+seconds it may take in all."""
 
 
 async def fetch_off_loop(
-    uri: str, directory: Path, max_bytes: int, stop: threading.Event, credential: StorageCredential
+    uri: str,
+    directory: Path,
+    max_bytes: int,
+    stop: threading.Event,
+    credential: StorageCredential,
+    seconds: float,
 ) -> str:
     """loader.fetch.fetch in a thread, so the other replicas go on meanwhile."""
     return await asyncio.to_thread(
@@ -111,6 +122,7 @@ async def fetch_off_loop(
         stop=stop,
         headers=credential.headers,
         bucket=credential.bucket,
+        deadline_seconds=seconds,
     )
 
 
@@ -129,6 +141,8 @@ class HostTiming:
     meanwhile."""
     drain_check_seconds: float = 0.5
     """How often to ask the proxy whether a leaving replica has drained."""
+    fetch_seconds: float = DEFAULT_FETCH_SECONDS
+    """A replica's fetch, in all (listing, downloads, unpacking): past it, it fails."""
 
 
 @dataclass
@@ -186,7 +200,7 @@ class Host:
         self._root = root
         self._models_file = models_file
         self._timing = timing
-        self._slots = asyncio.Semaphore(parallel)
+        self._slots = Slots(parallel)
         self._max_bytes = max_bytes
         self._fetch = fetcher
         self._secret_dir = secret_dir
@@ -375,7 +389,7 @@ class Host:
     async def _bring_up(self, tracked: _Tracked, replica: Hosted) -> None:
         model = tracked.name
         try:
-            async with self._slots:
+            async with self._slots.hold(tracked.model, retrying=tracked.failures > 0):
                 outcome = await self._load(model, replica)
         except asyncio.CancelledError:
             if self._stop_fetching.is_set():
@@ -415,7 +429,7 @@ class Host:
                 uri,
                 f" with the credential of Secret {secret}" if secret else "",
             )
-            said = await self._fetch(uri, staging, self._max_bytes, self._stop_fetching, credential)
+            said = await self._fetched_in_time(uri, staging, credential)
             (self._root / SOURCES / model).unlink(missing_ok=True)
             shutil.rmtree(directory, ignore_errors=True)
             staging.rename(directory)
@@ -429,6 +443,21 @@ class Host:
         agent = self._agent.for_replica(replica.replica)
         loading = Loading(agent, checked, manifest, self._timing.load, clock=self._clock)
         return await loading.run()
+
+    async def _fetched_in_time(self, uri: str, staging: Path, credential: StorageCredential) -> str:
+        """The fetch, given up at its deadline even when its thread is still in a read: the
+        thread sees the same deadline at its next read and ends."""
+        seconds = self._timing.fetch_seconds
+        fetching = self._fetch(
+            uri, staging, self._max_bytes, self._stop_fetching, credential, seconds
+        )
+        try:
+            async with asyncio.timeout(seconds) as limit:
+                return await fetching
+        except TimeoutError as e:
+            if limit.expired():
+                raise deadline_passed(uri, seconds) from e
+            raise
 
     def _fetched(self, model: str, uri: str) -> bool:
         source = self._root / SOURCES / model

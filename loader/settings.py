@@ -230,7 +230,18 @@ class Settings:
         whole(minimum=1),
         default="2",
     )
-    """With --host: how many replicas are fetched and loaded at the same time. Default 2."""
+    """With --host: how many replicas are fetched and loaded at the same time. A model holds one
+    of them at most (its replicas take turns), and models retrying after a failure hold one
+    fewer than this at most (loader/slots.py). Default 2."""
+    fetch_timeout_seconds: float = setting(
+        "fetch-timeout",
+        "with --host: seconds one replica's fetch may take in all (listing, downloads, unpacking)",
+        seconds(positive=True),
+        default="300",
+    )
+    """With --host: seconds one replica's fetch from its storage URI may take in all (the
+    listing, every download, unpacking); past it the fetch fails (`FetchFailed`, retried with
+    backoff) and its slot is free at once. Default 300: 32Gi at about 110 MB/s."""
     log_level: str = log_level_flag("DEBUG, INFO, WARNING, ERROR or CRITICAL")
     """Log level name. Default INFO."""
     log_format: LogFormat = log_format_flag()

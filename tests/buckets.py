@@ -3,20 +3,25 @@ port 0 in a thread of the test process, with helpers to put a model folder or ar
 
 The S3 server checks credentials (moto's IAM authentication, on once the bucket is made): only
 `S3.key_id`/`S3.secret` read, anything else is refused as AWS refuses it. The GCS emulator has no
-authentication; its clients find it through STORAGE_EMULATOR_HOST.
+authentication; its clients find it through STORAGE_EMULATOR_HOST. `hostile_s3` stands in for
+an S3 server that lists and sends without end, which neither real server can be made to do.
 """
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import tarfile
+import threading
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
+from xml.sax.saxutils import escape
 
 import boto3
 import moto.settings
@@ -149,3 +154,121 @@ def _anonymous() -> Any:
     from google.auth.credentials import AnonymousCredentials
 
     return AnonymousCredentials()  # type: ignore[no-untyped-call]
+
+
+@dataclass
+class HostileS3:
+    """An S3 stand-in on loopback that answers as no real bucket does, speaking just enough of
+    the S3 API (ListObjectsV2, GetObject) for boto3: its listing is one object `slow/model.tar.gz`
+    (`listing` "one"), or pages without end of keys beside the folder that only share its
+    prefix ("beside"), or empty pages that each promise another ("empty"), each page after
+    `page_delay` seconds; an object's body (1 MiB) trickles a KiB every 20 ms. It checks no
+    credential. `close` ends every answer, so that nothing it serves outlives the test."""
+
+    endpoint: str
+    """host:port, as the s3-endpoint annotation takes it (plain HTTP)."""
+    listing: str = "one"
+    page_delay: float = 0.0
+    pages: int = 0
+    """Listing pages answered so far."""
+    reading: int = 0
+    """Bodies being sent now."""
+    peak: int = 0
+    """The most bodies sent at once since `peak` was last set."""
+    closed: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    def page(self, prefix: str) -> bytes:
+        with self.lock:
+            self.pages += 1
+            number = self.pages
+        self.closed.wait(self.page_delay)
+        if self.closed.is_set() or self.listing == "one":
+            keys = [("slow/model.tar.gz", 1 << 20)] if not self.closed.is_set() else []
+            more = False
+        elif self.listing == "beside":
+            keys = [(f"{prefix}_beside_{number}_{n}/f", 1) for n in range(1000)]
+            more = True
+        else:
+            keys, more = [], True
+        contents = "".join(
+            f"<Contents><Key>{escape(key)}</Key><Size>{size}</Size>"
+            f'<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>"0"</ETag>'
+            f"<StorageClass>STANDARD</StorageClass></Contents>"
+            for key, size in keys
+        )
+        token = f"<NextContinuationToken>page-{number}</NextContinuationToken>" if more else ""
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Name>models</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(keys)}</KeyCount>"
+            f"<MaxKeys>1000</MaxKeys><IsTruncated>{'true' if more else 'false'}</IsTruncated>"
+            f"{contents}{token}</ListBucketResult>"
+        ).encode()
+
+    def trickle(self, out: Any) -> None:
+        with self.lock:
+            self.reading += 1
+            self.peak = max(self.peak, self.reading)
+        try:
+            for _ in range(1024):
+                if self.closed.wait(0.02):
+                    break
+                out.write(b"\0" * 1024)
+                out.flush()
+        except OSError:
+            pass  # the client gave up
+        finally:
+            with self.lock:
+                self.reading -= 1
+
+
+@contextmanager
+def hostile_s3() -> Iterator[HostileS3]:
+    """A HostileS3 on 127.0.0.1, port 0, in threads of the test process."""
+    holder: list[HostileS3] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.close_connection = True  # no idle connection outlives the test
+            bucket = holder[0]
+            parts = urlsplit(self.path)
+            query = parse_qs(parts.query)
+            if "list-type" in query:
+                body = bucket.page(query.get("prefix", [""])[0])
+                self.send_response(200)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(1 << 20))
+            self.send_header("ETag", '"0"')
+            self.send_header("Last-Modified", "Thu, 01 Jan 2026 00:00:00 GMT")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            bucket.trickle(self.wfile)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    holder.append(HostileS3(f"127.0.0.1:{server.server_address[1]}"))
+    serving = threading.Thread(target=server.serve_forever, name="hostile S3")
+    serving.start()
+    try:
+        yield holder[0]
+    finally:
+        holder[0].closed.set()
+        server.shutdown()
+        server.server_close()  # joins the request threads, which `closed` ended
+        serving.join()

@@ -2,11 +2,14 @@
 server with IAM authentication, the GCS emulator): a model folder or one archive, with the
 credential its storage Secret mounts and the TritonModel's s3-* settings. A wrong credential, an
 empty path, a listing over the size bound and object names escaping the model directory are
-refused with a sentence, and the refusal never quotes the credential."""
+refused with a sentence, and the refusal never quotes the credential. A bucket that lists or sends
+without end (a stand-in S3 server) is cut at the listing's bounds or at the fetch's deadline."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from loader import buckets
 from loader.credentials import storage_credential
 from loader.errors import FetchError
 from loader.fetch import fetch
-from tests.buckets import S3, Gcs, archive, gcs_server, s3_server
+from tests.buckets import S3, Gcs, HostileS3, archive, gcs_server, hostile_s3, s3_server
 from tests.conftest import MODELS_DIR as MODELS
 
 MIB = 1 << 20
@@ -151,3 +154,95 @@ def test_a_gcs_key_that_is_no_service_account_key_is_refused(emulated: Gcs, tmp_
     message = str(refused.value)
     assert "Secret gcs: key gcloud-application-credentials.json is not a Google service" in message
     assert "s3cr3t" not in message
+
+
+def test_every_key_a_listing_returns_counts_toward_its_bound(
+    s3: S3, emulated: Gcs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys beside the folder that only share its prefix, and folder markers, are skipped but
+    counted: a bucket cannot make the loader walk a listing without end by naming them."""
+    for store in (s3, emulated):
+        store.put_model("models", "crowd/add_one", MODELS / "add_one")
+        store.put("models", "crowd/add_one/1/", b"")  # a folder marker
+        for n in range(5):
+            store.put("models", f"crowd/add_one_{n}/model.py", b"x")
+    monkeypatch.setattr(buckets, "MAX_LISTED", 7)
+    refusal = (
+        r"s3://models/crowd/add_one lists more than 7 keys \(files, folder markers and names "
+        r"beside the folder that share its prefix\); point storageUri at the model's own folder"
+    )
+    with pytest.raises(FetchError, match=refusal):
+        _s3_fetch(s3, "s3://models/crowd/add_one", tmp_path / "s3", s3.key_id, s3.secret)
+    with pytest.raises(FetchError, match=refusal.replace("s3:", "gs:")):
+        fetch("gs://models/crowd/add_one", tmp_path / "gs", max_bytes=64 * MIB)
+    monkeypatch.setattr(buckets, "MAX_LISTED", 8)  # 2 files, 1 marker, 5 beside
+    _s3_fetch(s3, "s3://models/crowd/add_one", tmp_path / "s3-ok", s3.key_id, s3.secret)
+    fetch("gs://models/crowd/add_one", tmp_path / "gs-ok", max_bytes=64 * MIB)
+    assert _files(tmp_path / "s3-ok") == ["1/model.py", "config.pbtxt"]
+    assert _files(tmp_path / "gs-ok") == ["1/model.py", "config.pbtxt"]
+
+
+def _hostile_fetch(
+    hostile: HostileS3, uri: str, target: Path, deadline_seconds: float = 60.0
+) -> tuple[str, float]:
+    """What fetching `uri` from `hostile` fails with, and how long it took."""
+    secrets = _secret(
+        target.parent / "secrets" / target.name,
+        "creds",
+        AWS_ACCESS_KEY_ID="stand-in",
+        AWS_SECRET_ACCESS_KEY="stand-in",
+    )
+    options = {"s3-endpoint": hostile.endpoint, "s3-usehttps": "0"}
+    credential = storage_credential(secrets, "creds", uri, options)
+    started = time.monotonic()
+    with pytest.raises(FetchError) as failed:
+        fetch(
+            uri,
+            target,
+            bucket=credential.bucket,
+            max_bytes=64 * MIB,
+            deadline_seconds=deadline_seconds,
+        )
+    return str(failed.value), time.monotonic() - started
+
+
+def test_an_endless_listing_ends_at_its_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages without end of keys beside the folder, or of no key at all: the listing stops at
+    its bound on keys or on pages, whichever comes first, and says so."""
+    monkeypatch.setattr(buckets, "MAX_LISTED", 2500)
+    monkeypatch.setattr(buckets, "MAX_PAGES", 20)
+    with hostile_s3() as hostile:
+        hostile.listing = "beside"
+        said, _ = _hostile_fetch(hostile, "s3://models/m", tmp_path / "beside")
+        assert said.startswith("s3://models/m lists more than 2500 keys (files, folder"), said
+        assert hostile.pages == 3
+        hostile.listing, hostile.pages = "empty", 0
+        said, _ = _hostile_fetch(hostile, "s3://models/m", tmp_path / "empty")
+        assert said.startswith("s3://models/m lists more than 20 pages; point storageUri"), said
+        assert hostile.pages == 21
+
+
+def test_a_slow_bucket_fails_at_the_fetch_deadline(tmp_path: Path) -> None:
+    """A listing whose pages come slowly, and a download that trickles, each fail once the
+    fetch's deadline has passed, saying so, however little the bucket sends at a time."""
+    deadline = (
+        r"^s3://models/(m|slow/model\.tar\.gz) was not fetched within 1 s \(--fetch-timeout\): "
+        r"the storage answers too slowly or without end; check that the storage URI names "
+        r"the model's own folder or archive, and the storage's health"
+    )
+    with hostile_s3() as hostile:
+        hostile.listing, hostile.page_delay = "empty", 0.1
+        said, took = _hostile_fetch(hostile, "s3://models/m", tmp_path / "pages", 1.0)
+        assert re.match(deadline, said), said
+        assert 1.0 <= took < 2.0, took
+        hostile.listing, hostile.page_delay = "one", 0.0
+        uri = "s3://models/slow/model.tar.gz"
+        said, took = _hostile_fetch(hostile, uri, tmp_path / "trickle", 1.0)
+        assert re.match(deadline, said), said
+        assert 1.0 <= took < 2.0, took
+        ends = time.monotonic() + 2.0  # the stand-in sees the close at its next write
+        while hostile.reading and time.monotonic() < ends:
+            time.sleep(0.01)
+        assert hostile.reading == 0, "the download's connection is closed"

@@ -38,6 +38,7 @@ from loader.retry import Backoff
 from protos import agent_pb2, agent_pb2_grpc
 from sim.modelstore import ModelStore
 from sim.tls import self_signed
+from tests.buckets import hostile_s3
 from tests.conftest import MODELS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,10 +229,35 @@ class Counted:
         size: int,
         stop: threading.Event,
         credential: StorageCredential,
+        seconds: float,
     ) -> str:
         self.calls.append(uri)
         assert self.allowed, f"{uri} was fetched again"
-        return await fetch_off_loop(uri, directory, size, stop, credential)
+        return await fetch_off_loop(uri, directory, size, stop, credential, seconds)
+
+
+class InFlight:
+    """The real fetcher, counting the fetches of each URI under way, now and at most."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+
+    async def __call__(
+        self,
+        uri: str,
+        directory: Path,
+        size: int,
+        stop: threading.Event,
+        credential: StorageCredential,
+        seconds: float,
+    ) -> str:
+        self.now[uri] = self.now.get(uri, 0) + 1
+        self.peak[uri] = max(self.peak.get(uri, 0), self.now[uri])
+        try:
+            return await fetch_off_loop(uri, directory, size, stop, credential, seconds)
+        finally:
+            self.now[uri] -= 1
 
 
 @contextlib.asynccontextmanager
@@ -247,6 +273,7 @@ async def following(
     proxy_holds: Callable[[str], Awaitable[bool | None]] | None = None,
     secret_dir: Path | None = None,
     load_seconds: float = 30.0,
+    fetch_seconds: float = 30.0,
 ) -> AsyncIterator[Host]:
     client = AgentClient(
         address, tmp_path / "token", chunk_bytes=1 << 20, reconnect_max_seconds=1.0
@@ -261,6 +288,7 @@ async def following(
         ),
         unroute_seconds=unroute_seconds,
         drain_check_seconds=0.05,
+        fetch_seconds=fetch_seconds,
     )
     host = Host(
         client,
@@ -657,3 +685,51 @@ async def test_a_replica_refused_for_triton_s_host_memory_is_reported_as_such(
         assert reason == "InsufficientHostMemory", servicer.reported
         assert "does not fit in Triton's host memory now" in message, message
         assert "GPU" not in message, message
+
+
+async def test_a_slow_bucket_holds_one_slot_at_most_and_fails_at_the_fetch_deadline(
+    agent: tuple[StandInAgent, str],
+    models: ModelStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two replicas of a model whose bucket trickles without end, listed before another model:
+    they take turns at one of the host's two fetch slots, so the other model is fetched and
+    served while the first trickle goes on; the slow fetch fails at the deadline, reported as
+    FetchFailed with why. Then two such models, both retrying, hold one slot between them, and
+    a model added later is served beside them."""
+    servicer, address = agent
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stand-in")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "stand-in")
+    with hostile_s3() as hostile:
+
+        def slow(model: str, ordinal: int = 0) -> agent_pb2.HostedReplica:
+            return agent_pb2.HostedReplica(
+                model_id=model,
+                replica=ordinal,
+                storage_uri=slow_uri,
+                storage_options={"s3-endpoint": hostile.endpoint, "s3-usehttps": "0"},
+            )
+
+        slow_uri = "s3://models/slow/model.tar.gz"
+        servicer.replicas["slow/0"], servicer.replicas["slow/1"] = slow("slow"), slow("slow", 1)
+        servicer.host("add_one", models.url("add_one"))
+        fetcher = InFlight()
+        async with following(address, tmp_path, parallel=2, fetch_seconds=3.0, fetcher=fetcher):
+            await until(lambda: hostile.reading == 1, "the slow model's first fetch")
+            await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+            assert fetcher.now[slow_uri] == 1, "the slow model is still being fetched"
+            assert fetcher.peak[slow_uri] == 1, "one slot for the slow model"
+            await until(lambda: "slow" in servicer.reported, "the slow fetch's failure")
+            reason, message = servicer.reported["slow"]
+            assert reason == "FetchFailed", message
+            assert message.startswith(
+                "s3://models/slow/model.tar.gz was not fetched within 3 s (--fetch-timeout)"
+            ), message
+            # A second slow model: once both have failed, their retries share one slot.
+            servicer.replicas["slower"] = slow("slower")
+            await until(lambda: "slower" in servicer.reported, "the second slow model failing")
+            fetcher.peak[slow_uri] = fetcher.now[slow_uri]
+            servicer.host("identity", models.url("identity"))
+            await until(lambda: names(tmp_path) == ["add_one", "identity"], "identity listed")
+            assert fetcher.peak[slow_uri] <= 1, "failing models retry in one slot between them"
