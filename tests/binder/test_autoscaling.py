@@ -22,8 +22,9 @@ from aiohttp import web
 from binder.app import Binder
 from binder.autoscaling import read_counts
 from binder.loadcounts import answer_bound
+from binder.parking import parked_on
 from binder.room import ROOM_SECONDS
-from common.contract import DEFAULT_PROXY_METRICS_PORT, PROXY_AUTOSCALING_PATH
+from common.contract import DEFAULT_PROXY_METRICS_PORT, PROXY_AUTOSCALING_PATH, Keys
 from common.hosted import host_name
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from tests.binder.objects import GI, pod_obj
@@ -36,6 +37,7 @@ from tests.e2e.test_rbac import describe, grants_for
 from tests.fixtures_sim import apps_v1
 
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+KEYS = Keys()
 HOST_IP = "127.3.0.1"
 """The host pod's address, where the stand-in for its proxy's metrics port listens."""
 
@@ -292,6 +294,9 @@ async def test_awake_first_admits_sleeping_replicas_while_the_awake_one_is_full_
 
 
 KNATIVE = "autoscaling.knative.dev/"
+DEEP = 10_000
+"""Nesting of a poisoned answer: past any interpreter's recursion limit (the attack's 2,000 is
+past a binder's 1,000, but this test process may run with more)."""
 TEMPLATE_HASH = "5d9c7b6f4"
 
 
@@ -463,14 +468,14 @@ async def answers() -> AsyncIterator[Answers]:
 async def test_a_poisoned_answer_costs_only_its_own_targets(
     binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, answers: Answers
 ) -> None:
-    """A tenant's model pod answers the binder's read with, in turn, an array nested 2,000
-    deep, NaN, Infinity and 1e400: a neighbour's Deployment (scaled after the tenant's in the
+    """A tenant's model pod answers the binder's read with, in turn, an array nested DEEP,
+    NaN, Infinity and 1e400: a neighbour's Deployment (scaled after the tenant's in the
     tick) still scales on its load, and back down."""
     apps = apps_v1(kube_api)
     for namespace in ("evil", "team"):
         core.create_namespace({"metadata": {"name": namespace}})
     poisons = [
-        b"[" * 2000 + b"]" * 2000,
+        b"[" * DEEP + b"]" * DEEP,
         b'{"evil": [NaN, NaN]}',
         b'{"evil": [Infinity, 1]}',
         b'{"evil": [1e400, 1e400]}',
@@ -499,6 +504,45 @@ async def test_a_poisoned_answer_costs_only_its_own_targets(
     )
     # The tenant's own Deployment was never scaled on its poison.
     assert apps.read_namespaced_deployment("evil", "evil").spec.replicas == 1
+
+
+async def test_a_poisoned_answer_leaves_a_neighbour_parked_at_zero_to_wake(
+    binder: Binder,
+    core: Any,
+    kube_api: kubernetes.client.ApiClient,
+    counts: Counts,
+    answers: Answers,
+) -> None:
+    """While a tenant's pod answers an array nested DEEP, another namespace's TritonModel
+    goes to zero after
+    its window, is parked on its host, and the requests its host holds scale it up again."""
+    apps = apps_v1(kube_api)
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(kube_api))
+    core.create_namespace({"metadata": {"name": "evil"}})
+    deep = b"[" * DEEP + b"]" * DEEP  # every read: it failed every tick, for everyone
+    await answers.serve("127.3.0.9", lambda: deep)
+    apps.create_namespaced_deployment("evil", deployment("evil"))
+    await own_pod(core, "evil", "evil", "evil-0", "127.3.0.9")
+    scaling = {"target": 1, "minReplicas": 0, "maxReplicas": 3, "window": "6s"}
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, model("resnet", 1, scaling)
+    )
+    [node] = await eventually(lambda: list(hosts(core)), what="the model's host")
+    core.patch_namespaced_pod_status(
+        host_name(node), "default", {"status": {"podIP": HOST_IP, "phase": "Running"}}
+    )
+    await eventually(lambda: replicas(custom, "resnet") == 0, within=40, what="scaled to zero")
+    assert answers.read_at["127.3.0.9"], "the poison was read"
+
+    def parked() -> bool:
+        host = core.read_namespaced_pod(host_name(node), "default").to_dict()
+        return "resnet" in parked_on(host, KEYS)
+
+    await eventually(parked, what="parked on its host")
+    counts.concurrency = 1.0  # a request held by the host
+    woken = time.monotonic()
+    await eventually(lambda: replicas(custom, "resnet") >= 1, what="woken")
+    assert time.monotonic() - woken < 3 * binder.settings.autoscale_period_seconds + 1
 
 
 PAUSED = 1000
