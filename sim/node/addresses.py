@@ -9,7 +9,7 @@ the kubelets of several nodes). Since a pod's ports are its own
 only on its own address, an address where another process of the machine already holds one of
 the pod's declared ports (another simulated cluster's pod, say, or a listener on 0.0.0.0) is
 skipped, and so is one that another simulated kubelet of the machine holds (each held address is
-claimed with an flock on a file in `CLAIMS`, released with it or when the process ends): two
+claimed through `sim.claims`, released with it or when the process ends): two
 clusters running side by side, as the tests' workers run them, never hand out one address while
 the first pod's processes have not bound it yet. Thread-safe: pod workers take and give back
 addresses from their own threads.
@@ -17,22 +17,17 @@ addresses from their own threads.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import ipaddress
 import os
-import socket
-import tempfile
 import threading
 from collections import deque
 from collections.abc import Iterable
-from pathlib import Path
+
+from sim.claims import claim as _claim
+from sim.claims import ports_free as _free
 
 FIRST = ipaddress.IPv4Address("127.1.0.1")
 LAST = ipaddress.IPv4Address("127.254.255.254")
-CLAIMS = Path(tempfile.gettempdir()) / "tritonshare-sim-pod-addresses"
-"""One lock file per address that a simulated kubelet of this machine holds."""
 
 
 class AddressesExhaustedError(RuntimeError):
@@ -83,33 +78,3 @@ class PodAddresses:
             claim = self._claims.pop(address, None)
             if claim is not None:
                 os.close(claim)  # releases the flock
-
-
-def _claim(address: str) -> int | None:
-    """An open descriptor holding `address`'s lock, or None when another process holds it."""
-    CLAIMS.mkdir(exist_ok=True)
-    descriptor = os.open(CLAIMS / address, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        return None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.close(descriptor)
-        raise
-    return descriptor
-
-
-def _free(address: str, ports: tuple[int, ...]) -> bool:
-    """True when each of `ports` can be bound on `address` (as a server binds, SO_REUSEADDR)."""
-    for port in ports:
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((address, port))
-            except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    return False
-                raise
-    return True

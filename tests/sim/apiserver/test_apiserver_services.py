@@ -1,24 +1,32 @@
 """What `kubectl apply -k deploy/example` creates besides the workload: ConfigMaps, Services,
 NetworkPolicies and ServiceAccounts are stored as written (a ServiceAccount's token still works
-for any account name), a Service gets a cluster IP from 127.2.0.0/16 on create and keeps it, and
+for any account name), a Service gets a cluster IP from 127.2.0.0/16 on create (one no other
+simulated cluster of the machine holds) and keeps it, and
 `/openapi/v2` answers with a document without schemas."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import urllib.request
 from typing import Any, cast
 
 import pytest
 from kubernetes import client
 
-from sim.apiserver import RunningApiServer
+from sim.apiserver import RunningApiServer, start_in_thread
+from sim.apiserver.services import SERVICE_RANGE
 from tests.fixtures_sim import core_v1, status_of
 
 
 def _service(name: str, **spec: Any) -> dict[str, Any]:
     ports = [{"name": "http", "port": 9000, "targetPort": "http"}]
     return {"metadata": {"name": name}, "spec": {"selector": {"app": name}, "ports": ports, **spec}}
+
+
+def _address(obj: Any) -> ipaddress.IPv4Address:
+    return ipaddress.IPv4Address(obj["spec"]["clusterIP"])
 
 
 def test_services_get_cluster_ips_in_turn_and_keep_them(kube_api: client.ApiClient) -> None:
@@ -29,19 +37,47 @@ def test_services_get_cluster_ips_in_turn_and_keep_them(kube_api: client.ApiClie
     second = json.loads(
         core.create_namespaced_service("default", _service("b"), _preload_content=False).data
     )
-    assert (first["spec"]["clusterIP"], second["spec"]["clusterIP"]) == ("127.2.0.1", "127.2.0.2")
+    # The lowest free of the range, in turn (addresses other clusters of the machine hold are
+    # passed over).
+    assert _address(first) in SERVICE_RANGE
+    assert _address(first) < _address(second) and _address(second) in SERVICE_RANGE
     assert first["spec"]["type"] == "ClusterIP"
     assert first["spec"]["ports"][0]["protocol"] == "TCP"
     core.patch_namespaced_service("a", "default", {"metadata": {"labels": {"x": "y"}}})
     again = json.loads(core.read_namespaced_service("a", "default", _preload_content=False).data)
-    assert again["spec"]["clusterIP"] == "127.2.0.1"
+    assert again["spec"]["clusterIP"] == first["spec"]["clusterIP"]
     core.delete_namespaced_service("a", "default", _preload_content=False)
     third = json.loads(
         core.create_namespaced_service("default", _service("c"), _preload_content=False).data
     )
-    assert third["spec"]["clusterIP"] == "127.2.0.1"  # freed by the delete
+    assert _address(third) <= _address(first)  # freed by the delete (or lower, freed elsewhere)
     headless = core.create_namespaced_service("default", _service("h", clusterIP="None"))
     assert headless.spec.cluster_ip == "None"
+
+
+def test_two_clusters_of_one_machine_never_share_a_service_address(
+    kube_api: client.ApiClient,
+) -> None:
+    """Another simulated cluster runs beside this one (as the tests' workers run them): its
+    Services get addresses of their own, and an address where a process already listens on the
+    Service's port is passed over."""
+    other = start_in_thread()
+    try:
+        other_api = other.api_client()
+        try:
+            mine = core_v1(kube_api).create_namespaced_service("default", _service("a"))
+            theirs = core_v1(other_api).create_namespaced_service("default", _service("a"))
+            assert mine.spec.cluster_ip != theirs.spec.cluster_ip
+            with socket.create_server((theirs.spec.cluster_ip, 9001)):
+                # A process listening on 9001 there: a Service with that port goes elsewhere.
+                taken = core_v1(other_api).create_namespaced_service(
+                    "default", _service("b", ports=[{"port": 9001}])
+                )
+                assert taken.spec.cluster_ip not in (mine.spec.cluster_ip, theirs.spec.cluster_ip)
+        finally:
+            other_api.close()  # type: ignore[no-untyped-call]
+    finally:
+        other.stop()
 
 
 def test_config_maps_network_policies_and_service_accounts_are_stored(
