@@ -14,13 +14,15 @@ gets its address reaches that pod's model only, until the grace ends. A missing 
 grace at once, and a restarted gateway has no last fresh table, so it fails closed.
 
 An address has one row per model its pod serves (a model pod one, a model host one per replica:
-`common.callers`). Whenever every row of an address goes or changes but for its spread (the pod was
-deleted, its model moved, the grace ended), or a row's private name changes, `on_revoke` gets the
-address, so the gateway can drop that pod's open connections at once; when some rows stay as they
-were and others come, go or change (a replica placed on or removed from a host, one quarantined, one
-joining or leaving a row's spread), `on_rows` gets the address and its rows now, and the connections
-stay; a row whose probation or hold alone changed is neither, `on_probation` gets it. What it must
-not do: accept connections or relay bytes.
+`common.callers`). Whenever an address's pod changes or its every row goes (the pod was deleted, the
+grace ended), or a model pod's row changes but for its probation (its model moved), `on_revoke`
+gets the address, so the gateway can drop that pod's open connections at once; when a model host
+keeps a row while others come, go or change (a replica placed on or removed from the host, one
+quarantined, one moved to another replica of its model, one joining or leaving a row's spread),
+`on_rows` gets the address and its rows now, and the connections stay: a host's rows are its
+models', each served on its own, so one model's change touches only that model's requests. A row
+whose probation or hold alone changed is neither, `on_probation` gets it. What it must not do:
+accept connections or relay bytes.
 """
 
 from __future__ import annotations
@@ -207,17 +209,23 @@ class CallerBook:
 
 
 def _compare(before: Rows, now: Rows) -> tuple[list[Caller], bool] | None:
-    """How an address's rows changed: None when the address is revoked (no row stays as it
-    was, its pod changed, or a row's private name did); else the rows whose probation or hold
-    alone changed, and whether any other row came, went or changed (a row whose spread alone
-    changed stays, and is changed)."""
+    """How an address's rows changed: None when the address is revoked (it has no row now,
+    its pod changed, or a model pod's row changed but for its probation); else the rows whose
+    probation or hold alone changed, and whether any other row came, went or changed (a row
+    whose spread alone changed stays, and is changed)."""
+    pod = next(iter(before.values())).pod
+    if not now or any(row.pod != pod for row in now.values()):
+        return None
+    # A model host's rows are replicas of its namespace's models: any of them may come, go,
+    # move or change while the host serves the others.
+    host = all(row.replica for row in (*before.values(), *now.values()))
     probation = []
     stayed = changed = False
     for model, caller in before.items():
         row = now.get(model)
         if row is None:
             changed = True
-        elif row.pod != caller.pod or row.name_in_triton != caller.name_in_triton:
+        elif not host and row.name_in_triton != caller.name_in_triton:
             return None
         elif row == caller:
             stayed = True
@@ -228,7 +236,7 @@ def _compare(before: Rows, now: Rows) -> tuple[list[Caller], bool] | None:
             stayed = changed = True  # the same replica, others joined or left its spread
         else:
             changed = True
-    if not stayed:
+    if not stayed and not host:
         return None
     if any(model not in before for model in now):
         changed = True

@@ -269,10 +269,11 @@ class Tenant:
                 member.leave(self._lane, self._in_flight)
 
     def update(self, rows: Mapping[str, Caller]) -> None:
-        """Serve `rows` now (a host's replicas came, went or changed; the caller book revokes
-        the pod instead when none stayed as it was): a row gone or changed is no longer served
-        (its requests in flight finish), a new or changed one is served from now on; a row
-        whose spread alone changed goes on (`_respread`)."""
+        """Serve `rows` now (a host's replicas came, went, moved or changed; the caller book
+        revokes the pod instead when it is another pod or has no row left): a row gone or
+        changed is no longer served (its requests in flight finish), a new or changed one is
+        served from now on; a row whose spread alone changed goes on (`_respread`). The other
+        rows, and the host's connections, are untouched."""
         table = self.table
         if not self.host:
             return
@@ -481,12 +482,13 @@ class Tenants:
 
     def get(self, rows: Mapping[str, Caller], settings_for: RelaySettings) -> Tenant:
         """The tenant for the pod of `rows` (its rows by model id), made on its first
-        connection."""
+        connection; one whose rows differ follows them first (`rows_changed`)."""
         address = next(iter(rows.values())).address
         tenant = self._by_address.get(address)
-        if tenant is None or tenant.rows != rows:
-            if tenant is not None:
-                self._drop(tenant)
+        if tenant is not None and tenant.rows != rows:
+            self.rows_changed(address, rows)
+            tenant = self._by_address.get(address)
+        if tenant is None:
             tenant = Tenant(
                 rows, settings_for, self.state, self.shares, self.in_flight, self.probation
             )
@@ -501,13 +503,17 @@ class Tenants:
             tenant.on_probation(caller, self.probation)
 
     def rows_changed(self, address: str, rows: Mapping[str, Caller]) -> None:
-        """The pod at `address` (a model host) serves `rows` now: its connections stay open."""
+        """The pod at `address` serves `rows` now. A model host that is still the same pod
+        keeps its connections, and each of its models' requests go on as its row says
+        (`Tenant.update`); any other pod is dropped, its connections closed."""
         tenant = self._by_address.get(address)
-        if tenant is not None:
-            if tenant.host:
-                tenant.update(rows)
-            else:
-                self._drop(tenant)
+        if tenant is None:
+            return
+        pod = tenant.caller.pod
+        if tenant.host and all(row.replica and row.pod == pod for row in rows.values()):
+            tenant.update(rows)
+        else:
+            self._drop(tenant)
 
     def revoke(self, addresses: set[str]) -> None:
         """These addresses lost their place: drop their tenants and every connection at once."""

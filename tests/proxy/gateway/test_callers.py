@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -313,18 +314,45 @@ def test_a_host_losing_a_row_keeps_its_place_and_losing_all_is_revoked(tmp_path:
     assert revoked == [{HA.address}] and book.lookup(HA.address) is None
 
 
-def test_a_rows_private_name_changing_revokes_the_host(tmp_path: Path) -> None:
-    # Connections already prepared requests for the old private name: dropped, not updated.
+def test_a_hosts_row_moving_to_another_replica_keeps_the_host(tmp_path: Path) -> None:
+    # Each of a host's rows is served on its own: its change touches that model's requests only.
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    rows: list[dict[str, Caller]] = []
+    book = CallerBook(
+        path,
+        max_age=60,
+        on_revoke=revoked.append,
+        on_rows=lambda address, now: rows.append(dict(now)),
+        clock=clock,
+    )
+    write_table(path, CallerTable("n", clock.now, (HA, HB, A)))
+    book.check()
+    moved = Caller(HA.address, "a", HOST_POD, "uid-a/1", 2, "team-h.a.ffff")
+    quarantined = replace(HB, quarantined="why")
+    for table in ((moved, HB), (HA, quarantined), (HA,), (moved,)):
+        clock.now += 1
+        write_table(path, CallerTable("n", clock.now, (*table, A)))
+        book.check()
+        assert revoked == [] and rows[-1] == {row.model_id: row for row in table}
+    clock.now += 1
+    other = Caller(HA.address, "a", "team-h/tritonshare-host-fedcba9876543210", "uid-a/1")
+    write_table(path, CallerTable("n", clock.now, (other, A)))  # another host at the address
+    book.check()
+    assert revoked == [{HA.address}] and book.lookup(HA.address) == {"a": other}
+
+
+def test_a_model_pods_private_name_changing_revokes_it(tmp_path: Path) -> None:
     path, clock = tmp_path / "callers.json", Clock()
     revoked: list[set[str]] = []
     book = CallerBook(path, max_age=60, on_revoke=revoked.append, clock=clock)
-    write_table(path, CallerTable("n", clock.now, (HA, HB)))
+    write_table(path, CallerTable("n", clock.now, (A, B)))
     book.check()
     clock.now += 1
-    renamed = Caller(HA.address, "a", HOST_POD, "uid-a/0", 2, "team-h.a.ffff")
-    write_table(path, CallerTable("n", clock.now, (renamed, HB)))
+    renamed = replace(A, triton_name="team-a.add_one.ffff")
+    write_table(path, CallerTable("n", clock.now, (renamed, B)))
     book.check()
-    assert revoked == [{HA.address}] and book.lookup(HA.address) == {"a": renamed, "b": HB}
+    assert revoked == [{A.address}] and book.lookup(A.address) == {A.model_id: renamed}
 
 
 def test_a_stale_table_keeps_only_the_rows_it_still_has(tmp_path: Path) -> None:
