@@ -170,12 +170,13 @@ def running_proxy(
     wrapper: Sequence[str] = (),
     timeout: float = 30.0,
     models_file: Path | None = None,
+    model_id: str = MODEL,
 ) -> Iterator[Hop]:
     """`python -m proxy` from the source tree `root`, its command prefixed by `wrapper` (such as
     valgrind, which keeps the process id), ready within `timeout` seconds; a model host's proxy
-    serving the table of `models_file` when given, else a model pod's for add_one."""
+    serving the table of `models_file` when given, else a model pod's for `model_id`."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    model = ["--model-id", MODEL] if models_file is None else ["--models-file", str(models_file)]
+    model = ["--model-id", model_id] if models_file is None else ["--models-file", str(models_file)]
     command = [
         *wrapper,
         sys.executable,
@@ -232,12 +233,19 @@ def running_gateway(
     wrapper: Sequence[str] = (),
     timeout: float = 30.0,
     private_name: str = "",
+    model_id: str = MODEL,
 ) -> Iterator[Hop]:
     """The node gateway (`python -m proxy.gateway`) as in a node pod, with a caller table that
-    lets POD_ADDRESS reach MODEL (in Triton `private_name`, if given) and that stays fresh for
-    the whole run; its command prefixed by `wrapper`, ready within `timeout` seconds."""
+    lets POD_ADDRESS reach `model_id` (in Triton `private_name`, if given) and that stays fresh
+    for the whole run; its command prefixed by `wrapper`, ready within `timeout` seconds."""
     table = work / "callers.json"
-    pod = Caller(POD_ADDRESS, MODEL, "bench/add-one", "bench-uid", triton_name=private_name)
+    pod = Caller(
+        POD_ADDRESS,
+        model_id,
+        f"bench/{model_id.replace('_', '-')}",
+        "bench-uid",
+        triton_name=private_name,
+    )
     write_table(table, CallerTable("bench-node", time.time(), (pod,)))
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [*wrapper, sys.executable, "-m", "proxy.gateway", "--caller-table", str(table)]
@@ -262,14 +270,15 @@ def running_full_path(
     wrapper: Sequence[str] = (),
     timeout: float = 30.0,
     private_name: str = "",
+    model_id: str = MODEL,
 ) -> Iterator[Hop]:
     """A model pod's full path: the gateway (its command prefixed by `wrapper`) in front of
-    `upstream`, and a proxy (flags `extra`) sending to it from POD_ADDRESS, both from `root`;
-    the gateway maps MODEL to `private_name` in Triton when one is given. The hop's CPU figures
-    are the gateway's, then the proxy's."""
+    `upstream`, and a proxy (flags `extra`) sending to it from POD_ADDRESS, both from `root`, for
+    `model_id`; the gateway maps it to `private_name` in Triton when one is given. The hop's CPU
+    figures are the gateway's, then the proxy's."""
     with contextlib.ExitStack() as stack:
         gateway = stack.enter_context(
-            running_gateway(upstream, work, root, wrapper, timeout, private_name)
+            running_gateway(upstream, work, root, wrapper, timeout, private_name, model_id)
         )
         proxy = stack.enter_context(
             running_proxy(
@@ -277,6 +286,7 @@ def running_full_path(
                 [*extra, "--source-address", POD_ADDRESS],
                 root,
                 timeout=timeout,
+                model_id=model_id,
             )
         )
         yield Hop(proxy.rest, proxy.grpc, gateway.cpu + proxy.cpu)

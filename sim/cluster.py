@@ -309,9 +309,9 @@ class SimCluster:
         self.node_ports = node_ports
         """Run the real nodes' agents and gateways on deploy/base's ports (agent gRPC 8100, gateway
         REST 8010, gRPC 8011 and metrics 8012), so that model pods written as deploy/example
-        writes them reach them at `$(HOST_IP)`, and its Triton with the ONNX Runtime stand-in
-        (`sim.triton.TritonServer.onnx_standin`) so that the example's ONNX model is served. Off
-        by default: fixed ports let one such cluster run on a machine at a time."""
+        writes them reach them at `$(HOST_IP)`. Off by default: fixed ports let one such cluster
+        run on a machine at a time. Every node's Triton runs ONNX models
+        (`sim.triton.TritonServer.onnx_standin`)."""
         self.gpu_mem_reserve = gpu_mem_reserve
         self.process_allowance = process_allowance
         """The binders' --gpu-mem-reserve and --gpu-mem-process-allowance: 0 by default, as the
@@ -390,7 +390,7 @@ class SimCluster:
             self.workdir / f"triton{suffix}" / "models",
             restricted=True,
             log_path=self.workdir / "logs" / f"{log_name}{suffix}.log",
-            onnx_standin=self.node_ports,
+            onnx_standin=True,
             gpu_metrics=node.gpus == REAL_GPUS,
         )
         triton.model_repository.mkdir(parents=True, exist_ok=True)

@@ -126,9 +126,9 @@ class TritonServer:
     gpu_metrics: bool = False
     """Serve Triton's GPU metrics (`nv_gpu_memory_used_bytes`): on a machine's real GPUs."""
     onnx_standin: bool = False
-    """Also run models of the `onnxruntime` backend, with the stand-in of
-    `sim/tritonbackends/onnxruntime` (element-wise FP32 graphs only): the simulated cluster's
-    node, so that deploy/example's ONNX model is served as shipped."""
+    """Also run models of the `onnxruntime` backend, on the `onnxruntime` package through the
+    Python backend (`sim/tritonbackends/onnxruntime`): the simulated cluster's nodes, so that
+    ONNX models (deploy/example's, a user's own) are served as shipped."""
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _workdir: Path | None = field(default=None, init=False)
     shm_prefix: str = field(

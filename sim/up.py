@@ -5,12 +5,12 @@ with plain `kubectl` and `tritonshare` as a real cluster is used.
 `DIR/logs/sim-up.log`) and returns once the cluster is ready, its last line
 `export KUBECONFIG=DIR/kubeconfig`; `python -m sim.up stop` ends it with SIGTERM and removes DIR.
 `run` is `SimCluster` (one GPU node with two T4s, served by the real Triton on the CPU; two
-binders; the webhook and its model store; deploy/base's host ports, so deploy/example runs as
-shipped) plus what a cluster has around it: kube-proxy for ClusterIP Services
-(`sim.service.ServiceProxy`) and, where the `prometheus` binary is installed, a Prometheus
-scraping the model pods' proxies of every namespace and the simulated HPA and KEDA controller
-(`sim.controllers.hpa`) acting on it; the binders run the built-in autoscaler. It must not
-create workloads: the user does, with kubectl.
+binders; the webhook and its model store, holding the example's add_one and `sim.onnxmodels`'
+convolutional network; deploy/base's host ports, so deploy/example runs as shipped) plus what a
+cluster has around it: kube-proxy for ClusterIP Services (`sim.service.ServiceProxy`) and, where
+the `prometheus` binary is installed, a Prometheus scraping the model pods' proxies of every
+namespace and the simulated HPA and KEDA controller (`sim.controllers.hpa`) acting on it; the
+binders run the built-in autoscaler. It must not create workloads: the user does, with kubectl.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from sim.cluster import (
     SimCluster,
 )
 from sim.controllers.hpa import Autoscalers, Prometheus
+from sim.onnxmodels import CONV_NAME, write_conv_model
 from sim.processes import ClusterError
 from sim.service import ServiceProxy
 from sim.watching import watch_events
@@ -190,11 +191,14 @@ def run(workdir: Path) -> int:
         services.start()
         _say("kube-proxy routes each ClusterIP Service's address (127.2.x.x) to its ready pods.")
         uri = cluster.model_store.publish("add_one", EXAMPLE_MODEL)
+        conv = write_conv_model(workdir / "models" / CONV_NAME)
+        conv_uri = cluster.model_store.publish(CONV_NAME, conv)
         with _prometheus(cluster, workdir) as prometheus:
             ready = {
                 "kubeconfig": str(cluster.kubeconfig),
                 "apiserver": cluster.apiserver.url,
                 "model_uri": uri,
+                "conv_model_uri": conv_uri,
                 "prometheus": f"http://{prometheus}" if prometheus else "",
                 "missing": cluster.missing,
             }
@@ -273,6 +277,8 @@ def start(workdir: Path, timeout: float = START_SECONDS) -> int:
         _say(f"Not running: {part}")
     _say("The example model's files for the short form (tritonshare.io/model-uri):")
     _say(f"export MODEL_URI={ready['model_uri']}")
+    _say("A convolutional network (ONNX, 3x32x32 IMAGE in, 100 SCORES out), for the same:")
+    _say(f"export CONV_MODEL_URI={ready['conv_model_uri']}")
     _say("Stop it with `make sim-down`. Then, for kubectl and tritonshare:")
     _say(f"export KUBECONFIG={ready['kubeconfig']}")
     return 0

@@ -16,6 +16,7 @@ BENCHMARKS = (
     "held_bytes",
     "model_hosts",
     "noisy_neighbour",
+    "onnx_latency",
     "proxy_framing",
     "proxy_hotpath",
     "proxy_latency",

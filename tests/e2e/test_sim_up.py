@@ -1,8 +1,9 @@
 """`make sim-up` as a new user meets it: `python -m sim.up start` returns once the simulated
 cluster is ready with `export KUBECONFIG=...` last; plain `kubectl apply -k deploy/example` gets
 a Ready model pod answering through its Service's address; a Deployment in the short form is
-completed by the webhook and served; `tritonshare status` shows both; `python -m sim.up stop`
-ends every process and removes the directory. One cluster for the module."""
+completed by the webhook and served, sim-up's convolutional ONNX model too; `tritonshare status`
+shows them; `python -m sim.up stop` ends every process and removes the directory. One cluster
+for the module."""
 
 from __future__ import annotations
 
@@ -18,9 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnxruntime
 import psutil
 import pytest
+import tritonclient.http as httpclient
 
+from sim.onnxmodels import CONV_IMAGE, CONV_INPUT, CONV_NAME, CONV_OUTPUT, write_conv_model
 from sim.triton import TritonInstall
 from tests.conftest import require_executable
 
@@ -186,6 +191,34 @@ def test_the_short_form_is_completed_by_the_webhook_and_served(sim_up: SimUp) ->
     assert pod["spec"]["schedulerName"] == "tritonshare"
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["storage-initializer", "loader"]
     assert _infer(f"{pod['status']['podIP']}:9000") == [2.0, 3.0, 4.0]
+
+
+def test_the_convolutional_model_answers_through_its_pods_proxy(
+    sim_up: SimUp, tmp_path: Path
+) -> None:
+    """sim-up's ONNX network, in the short form: served by ONNX Runtime in the node's Triton,
+    its answer through the pod's proxy is ONNX Runtime's own for the same file."""
+    uri = next(
+        line.split("=", 1)[1]
+        for line in sim_up.output.splitlines()
+        if line.startswith("export CONV_MODEL_URI=")
+    )
+    manifest = SHORT_FORM.replace("add-one", "conv").replace("team-a", "vision")
+    manifest = manifest.replace("model-id: add_one", f"model-id: {CONV_NAME}")
+    sim_up.run(sim_up.kubectl, "create", "namespace", "vision")
+    sim_up.run(sim_up.kubectl, "apply", "-f", "-", stdin=manifest.format(uri=uri))
+    pod = _ready_pod(sim_up, "vision", "app=conv")
+    images = np.random.default_rng(7).random((2, *CONV_IMAGE), dtype=np.float32)
+    client = httpclient.InferenceServerClient(f"{pod['status']['podIP']}:9000")
+    try:
+        tensor = httpclient.InferInput(CONV_INPUT, list(images.shape), "FP32")
+        tensor.set_data_from_numpy(images)
+        answer = client.infer(CONV_NAME, [tensor]).as_numpy(CONV_OUTPUT)
+    finally:
+        client.close()
+    model = write_conv_model(tmp_path / CONV_NAME) / "1" / "model.onnx"
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(answer, session.run(None, {CONV_INPUT: images})[0], rtol=1e-4)
 
 
 def test_the_concepts_residency_walkthrough_runs_as_written(sim_up: SimUp) -> None:

@@ -1,41 +1,195 @@
-"""The simulated node's stand-in for Triton's ONNX Runtime backend reads deploy/example's model
-(one Add of an FP32 initializer) and refuses, naming it, an operator it does not run: it never
-pretends to serve a model it cannot compute."""
+"""The simulated node's ONNX Runtime backend serves ONNX models through a real Triton as ONNX
+Runtime itself runs them: the convolutional model in batches and in requests Triton batches
+together, models with dynamic dimensions in FP32 and INT64; a file ONNX Runtime cannot open, or a
+config that does not describe the model, fails to load with Triton's error and leaves Triton
+serving."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from numpy.typing import NDArray
+from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
 
-from sim.triton import STANDIN_BACKENDS
-from tests.deploy.example_model import MODEL_FILE, build
+from sim.onnxmodels import CONV_IMAGE, CONV_INPUT, CONV_NAME, CONV_OUTPUT, write_conv_model
+from sim.triton import TritonInstall, TritonServer
+from tests.deploy.example_model import MODEL_FILE
+
+pytestmark = pytest.mark.triton
+EXAMPLE = MODEL_FILE.parents[1]
 
 
 @pytest.fixture
-def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("pb"))
-    spec = importlib.util.spec_from_file_location(
-        "onnx_standin", STANDIN_BACKENDS / "onnxruntime" / "model.py"
+def triton(triton_install: TritonInstall, model_repository: Path) -> Iterator[TritonServer]:
+    server = TritonServer(model_repository, onnx_standin=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.discard()
+
+
+@pytest.fixture
+def http(triton: TritonServer) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(triton.http_url, concurrency=8)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _reference(model: Path, name: str, data: NDArray[Any]) -> NDArray[Any]:
+    """ONNX Runtime's own answer for the model file."""
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    [output] = session.run(None, {name: data})
+    return np.asarray(output)
+
+
+def _infer(
+    client: httpclient.InferenceServerClient, model: str, name: str, data: NDArray[Any], output: str
+) -> NDArray[Any]:
+    tensor = httpclient.InferInput(name, list(data.shape), _datatype(data))
+    tensor.set_data_from_numpy(data)
+    return np.asarray(client.infer(model, [tensor]).as_numpy(output))
+
+
+def _datatype(data: NDArray[Any]) -> str:
+    return {np.float32: "FP32", np.int64: "INT64"}[data.dtype.type]
+
+
+def _images(count: int, seed: int) -> NDArray[Any]:
+    return np.random.default_rng(seed).random((count, *CONV_IMAGE), dtype=np.float32)
+
+
+def test_the_conv_model_answers_as_onnxruntime_does_in_batches(
+    triton: TritonServer, http: httpclient.InferenceServerClient, model_repository: Path
+) -> None:
+    model = write_conv_model(model_repository / CONV_NAME) / "1" / "model.onnx"
+    http.load_model(CONV_NAME)
+    images = _images(3, seed=1)
+    answer = _infer(http, CONV_NAME, CONV_INPUT, images, CONV_OUTPUT)
+    assert answer.shape == (3, 100)
+    np.testing.assert_allclose(answer, _reference(model, CONV_INPUT, images), rtol=1e-4, atol=1e-5)
+    with grpcclient.InferenceServerClient(triton.grpc_url) as grpc:
+        tensor = grpcclient.InferInput(CONV_INPUT, [1, *CONV_IMAGE], "FP32")
+        tensor.set_data_from_numpy(images[:1])
+        single = grpc.infer(CONV_NAME, [tensor]).as_numpy(CONV_OUTPUT)
+    np.testing.assert_allclose(single, answer[:1], rtol=1e-4, atol=1e-5)
+
+
+def test_requests_triton_batches_together_each_get_their_own_answer(
+    http: httpclient.InferenceServerClient, model_repository: Path
+) -> None:
+    """The config's dynamic batcher hands the backend several requests at once; the backend runs
+    them as one batch and splits the answer by each request's batch size."""
+    model = write_conv_model(model_repository / CONV_NAME) / "1" / "model.onnx"
+    http.load_model(CONV_NAME)
+    batches = [_images(1 + k % 3, seed=k) for k in range(16)]
+    sent = []
+    for batch in batches:
+        tensor = httpclient.InferInput(CONV_INPUT, list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)
+        sent.append(http.async_infer(CONV_NAME, [tensor]))
+    for batch, request in zip(batches, sent, strict=True):
+        answer = request.get_result().as_numpy(CONV_OUTPUT)
+        expected = _reference(model, CONV_INPUT, batch)
+        np.testing.assert_allclose(answer, expected, rtol=1e-4, atol=1e-5)
+
+
+def _doubling_model(path: Path) -> None:
+    """OUT = IN * 2 in INT64, every dimension dynamic and no batch dimension."""
+    two = helper.make_tensor("two", TensorProto.INT64, [], [2])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["IN", "two"], ["OUT"])],
+        "doubling",
+        [helper.make_tensor_value_info("IN", TensorProto.INT64, ["rows", "columns"])],
+        [helper.make_tensor_value_info("OUT", TensorProto.INT64, ["rows", "columns"])],
+        [two],
     )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    path.mkdir(parents=True)
+    onnx.save_model(model, str(path / "model.onnx"))
 
 
-def test_the_example_model_is_one_add_of_a_constant(standin: Any) -> None:
-    nodes, constants = standin.parse(MODEL_FILE.read_bytes())
-    assert nodes == [("Add", ["INPUT0", "one"], ["OUTPUT0"])]
-    assert constants["one"].dtype == np.float32 and constants["one"].tolist() == [1.0]
+DOUBLING_CONFIG = """\
+name: "doubling"
+backend: "onnxruntime"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT64 dims: [ -1, -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT64 dims: [ -1, -1 ] } ]
+"""
 
 
-def test_an_operator_it_does_not_run_is_refused_by_name(standin: Any) -> None:
-    model = build().replace(b"Add", b"Erf")  # same length: a graph of one Erf
-    with pytest.raises(ValueError, match="operator 'Erf' is not one"):
-        standin.parse(model)
+def test_dynamic_dimensions_take_any_size(
+    http: httpclient.InferenceServerClient, model_repository: Path
+) -> None:
+    """deploy/example's add_one (FP32, batch and length dynamic) and an INT64 model of two
+    dynamic dimensions without batching answer for several shapes."""
+    shutil.copytree(EXAMPLE, model_repository / "add_one")
+    config = model_repository / "add_one" / "config.pbtxt"  # on the CPU, as the agent pins it
+    config.write_text(config.read_text().replace("KIND_GPU", "KIND_CPU"))
+    _doubling_model(model_repository / "doubling" / "1")
+    (model_repository / "doubling" / "config.pbtxt").write_text(DOUBLING_CONFIG)
+    http.load_model("add_one")
+    http.load_model("doubling")
+    for shape in ((1, 3), (4, 7)):
+        data = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        np.testing.assert_array_equal(_infer(http, "add_one", "INPUT0", data, "OUTPUT0"), data + 1)
+        ints = np.arange(np.prod(shape), dtype=np.int64).reshape(shape) - 5
+        np.testing.assert_array_equal(_infer(http, "doubling", "IN", ints, "OUT"), ints * 2)
+
+
+def _replaced(old: str, new: str) -> Callable[[Path], object]:
+    def change(model: Path) -> object:
+        config = model / "config.pbtxt"
+        return config.write_text(config.read_text().replace(old, new, 1))
+
+    return change
+
+
+BROKEN: dict[str, tuple[Callable[[Path], object], str]] = {
+    "not_onnx": (lambda d: (d / "1" / "model.onnx").write_bytes(b"no model"), "cannot open"),
+    "wrong_dims": (_replaced("dims: [ 100 ]", "dims: [ 10 ]"), "dims [10] in config"),
+    "wrong_type": (_replaced("TYPE_FP32", "TYPE_FP16"), "TYPE_FP32 in the model but TYPE_FP16"),
+}
+
+
+def test_a_model_it_cannot_run_fails_to_load_and_triton_serves_on(
+    triton: TritonServer, model_repository: Path
+) -> None:
+    """Loaded at once beside a good model, as Triton's load threads take them."""
+    for name, (change, _) in BROKEN.items():
+        broken = write_conv_model(model_repository / name)
+        change(broken)
+        config = broken / "config.pbtxt"
+        config.write_text(config.read_text().replace(f'"{CONV_NAME}"', f'"{name}"', 1))
+    write_conv_model(model_repository / CONV_NAME)
+
+    def load(name: str) -> str:
+        try:
+            grpc.load_model(name)
+        except InferenceServerException as e:
+            return str(e)
+        return ""
+
+    with (
+        grpcclient.InferenceServerClient(triton.grpc_url) as grpc,
+        ThreadPoolExecutor(len(BROKEN) + 1) as pool,
+    ):
+        names = [*BROKEN, CONV_NAME]
+        failures = dict(zip(names, pool.map(load, names), strict=True))
+        assert grpc.is_server_live()
+        assert grpc.is_model_ready(CONV_NAME), failures[CONV_NAME]
+    for name, (_, said) in BROKEN.items():
+        assert "load failed" in failures[name] and said in failures[name], failures[name]

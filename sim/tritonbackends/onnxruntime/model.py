@@ -1,137 +1,180 @@
-"""A stand-in for Triton's ONNX Runtime backend, for the simulated cluster's CPU Triton.
+"""Triton's ONNX Runtime backend for the simulated cluster's CPU Triton, on `onnxruntime`.
 
-The nvidia-pytriton wheel ships Triton with the Python backend only; this Python-based backend
-(Triton runs `<backend-directory>/onnxruntime/model.py` for models whose config says
-`backend: "onnxruntime"`) evaluates small ONNX graphs of element-wise arithmetic on FP32
-tensors (Add, Sub, Mul, Div, Identity, with FP32 initializers), enough for deploy/example's
-add_one. A graph with any other operator fails to load with a message that names it. It reads
-the ONNX protobuf wire format itself: no onnx or onnxruntime package exists for this machine.
+The nvidia-pytriton wheel ships Triton with the Python backend only. Triton runs
+`<backend-directory>/onnxruntime/model.py` for models whose config says `backend: "onnxruntime"`,
+so this file serves them: each instance opens the version's model file (`model.onnx`, or the
+config's `default_model_filename`) in an `onnxruntime.InferenceSession` on the CPU and runs it, any
+operator and data type ONNX Runtime runs. As the real backend does, a load fails with Triton's error
+when the file is no model ONNX Runtime opens, or when config.pbtxt's inputs and outputs do not
+match the model's names, data types and ranks (the batch dimension first when `max_batch_size` is
+above 0; -1 and the model's named dimensions are free). A batch of requests that agree on every
+dimension but the first runs as one call. Unlike the real backend it does not complete a config
+from the model: config.pbtxt lists the inputs and outputs. Each instance uses one thread unless the
+config's `intra_op_thread_count` parameter asks for more, so many models share the CPU without
+spinning on it.
 """
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-OPERATORS = {
-    "Add": np.add,
-    "Sub": np.subtract,
-    "Mul": np.multiply,
-    "Div": np.divide,
+ONNX_TYPES = {
+    "tensor(bool)": "TYPE_BOOL",
+    "tensor(uint8)": "TYPE_UINT8",
+    "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32",
+    "tensor(uint64)": "TYPE_UINT64",
+    "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16",
+    "tensor(int32)": "TYPE_INT32",
+    "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16",
+    "tensor(float)": "TYPE_FP32",
+    "tensor(double)": "TYPE_FP64",
+    "tensor(string)": "TYPE_STRING",
 }
-FLOAT = 1
+"""ONNX Runtime's type of a tensor, as config.pbtxt names it."""
 
 
-def _varint(data, at):
-    value, shift = 0, 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
+def _parameter(config, name, default):
+    value = config.get("parameters", {}).get(name, {}).get("string_value", "")
+    return int(value) if value.strip() else default
 
 
-def _fields(data):
-    """(field number, value) of one protobuf message: ints for varints, bytes otherwise."""
-    at = 0
-    while at < len(data):
-        key, at = _varint(data, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, at = _varint(data, at)
-        elif wire == 2:
-            length, at = _varint(data, at)
-            value, at = data[at : at + length], at + length
-        elif wire == 5:
-            value, at = data[at : at + 4], at + 4
-        elif wire == 1:
-            value, at = data[at : at + 8], at + 8
-        else:
-            raise ValueError(f"protobuf wire type {wire} is not supported")
-        yield number, value
-
-
-def _tensor(data):
-    name, dims, kind, raw, floats = "", [], None, None, []
-    for number, value in _fields(data):
-        if number == 1:
-            dims.append(value) if isinstance(value, int) else dims.extend(_packed_ints(value))
-        elif number == 2:
-            kind = value
-        elif number == 4:
-            floats.extend(struct.unpack(f"<{len(value) // 4}f", value))
-        elif number == 8:
-            name = value.decode()
-        elif number == 9:
-            raw = value
-    if kind != FLOAT:
-        raise ValueError(f"initializer {name!r} is not FP32 (data type {kind})")
-    array = np.frombuffer(raw, "<f4") if raw is not None else np.array(floats, np.float32)
-    return name, array.reshape(dims).astype(np.float32)
-
-
-def _packed_ints(data):
-    at, out = 0, []
-    while at < len(data):
-        value, at = _varint(data, at)
-        out.append(value)
-    return out
-
-
-def parse(model_bytes):
-    """The graph's nodes [(op, inputs, outputs)] and initializers {name: array}."""
-    graph = next((v for n, v in _fields(model_bytes) if n == 7), None)
-    if graph is None:
-        raise ValueError("the file holds no ONNX graph")
-    nodes, constants = [], {}
-    for number, value in _fields(graph):
-        if number == 1:
-            inputs, outputs, op = [], [], ""
-            for field, item in _fields(value):
-                if field == 1:
-                    inputs.append(item.decode())
-                elif field == 2:
-                    outputs.append(item.decode())
-                elif field == 4:
-                    op = item.decode()
-            if op not in OPERATORS and op != "Identity":
-                raise ValueError(
-                    f"operator {op!r} is not one the simulated cluster's ONNX stand-in runs "
-                    f"({', '.join([*OPERATORS, 'Identity'])}); run this model on a real GPU node"
-                )
-            nodes.append((op, inputs, outputs))
-        elif number == 5:
-            name, array = _tensor(value)
-            constants[name] = array
-    return nodes, constants
+def mismatch(kind, declared, found, batching):
+    """Why config.pbtxt's `declared` input or output does not describe the model's `found` one
+    ("" when it does)."""
+    want = ONNX_TYPES.get(found.type, found.type)
+    if declared["data_type"] != want:
+        return f"{kind} {found.name!r} is {want} in the model but {declared['data_type']} in config"
+    dims = [int(d) for d in declared.get("dims", [])]
+    if "reshape" in declared or not isinstance(found.shape, list):
+        return ""
+    shape = list(found.shape[1:] if batching else found.shape)
+    if batching and not found.shape:
+        return f"{kind} {found.name!r} has no batch dimension, yet max_batch_size is above 0"
+    if len(shape) != len(dims):
+        return (
+            f"{kind} {found.name!r} has shape {found.shape} in the model: config.pbtxt's dims "
+            f"{dims} {'after the batch dimension ' if batching else ''}do not match its rank"
+        )
+    for have, said in zip(shape, dims, strict=True):
+        if isinstance(have, int) and have > 0 and said not in (-1, have):
+            return (
+                f"{kind} {found.name!r} has shape {found.shape} in the model, dims {dims} in config"
+            )
+    return ""
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
-        try:
-            self.nodes, self.constants = parse(path.read_bytes())
-        except (ValueError, IndexError, struct.error) as e:
-            raise pb_utils.TritonModelException(f"{path}: {e}") from e
         config = json.loads(args["model_config"])
-        self.inputs = [i["name"] for i in config["input"]]
-        self.outputs = [o["name"] for o in config["output"]]
+        name = config.get("default_model_filename") or "model.onnx"
+        path = Path(args["model_repository"]) / args["model_version"] / name
+        try:
+            import onnxruntime
+        except ImportError as e:
+            raise pb_utils.TritonModelException(
+                "the onnxruntime package is not installed beside the Python backend's stub "
+                "(pip install 'tritonshare[test]')"
+            ) from e
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = _parameter(config, "intra_op_thread_count", 1)
+        options.inter_op_num_threads = _parameter(config, "inter_op_thread_count", 1)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        try:
+            self.session = onnxruntime.InferenceSession(
+                str(path), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as e:
+            raise pb_utils.TritonModelException(f"ONNX Runtime cannot open {path}: {e}") from e
+        self.batching = int(config.get("max_batch_size", 0)) > 0
+        self.inputs = [i["name"] for i in config.get("input", [])]
+        self.outputs = [o["name"] for o in config.get("output", [])]
+        model_inputs = {i.name: i for i in self.session.get_inputs()}
+        model_outputs = {o.name: o for o in self.session.get_outputs()}
+        problems = [
+            f"the model has no input {n!r}" for n in self.inputs if n not in model_inputs
+        ] + [f"the model has no output {n!r}" for n in self.outputs if n not in model_outputs]
+        problems += [
+            f"the model's input {n!r} is not in config.pbtxt"
+            for n in model_inputs
+            if n not in self.inputs
+        ]
+        for kind, declared, found in [
+            *(("input", i, model_inputs.get(i["name"])) for i in config.get("input", [])),
+            *(("output", o, model_outputs.get(o["name"])) for o in config.get("output", [])),
+        ]:
+            if found is not None:
+                problems.append(mismatch(kind, declared, found, self.batching))
+        problems = [p for p in problems if p]
+        if problems:
+            raise pb_utils.TritonModelException(f"{path}: {'; '.join(problems)}")
+        self.reshapes = {
+            d["name"]: [int(x) for x in d["reshape"].get("shape", [])]
+            for d in [*config.get("input", []), *config.get("output", [])]
+            if "reshape" in d
+        }
+
+    def _feed(self, request):
+        feed = {}
+        for name in self.inputs:
+            array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+            if array.dtype == np.object_:
+                array = np.vectorize(
+                    lambda x: x.decode() if isinstance(x, bytes) else x, otypes=[object]
+                )(array)
+            if name in self.reshapes:
+                lead = array.shape[:1] if self.batching else ()
+                array = array.reshape([*lead, *self.reshapes[name]])
+            feed[name] = array
+        return feed
+
+    def _answer(self, values):
+        tensors = []
+        for name, value in zip(self.outputs, values, strict=True):
+            if name in self.reshapes:
+                lead = value.shape[:1] if self.batching else ()
+                value = value.reshape([*lead, *self.reshapes[name]])
+            tensors.append(pb_utils.Tensor(name, np.ascontiguousarray(value)))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _run(self, feed):
+        return self.session.run(self.outputs, feed)
+
+    def _run_together(self, feeds, responses):
+        """Run the requests' `feeds` as one batch and fill `responses`; False when the batch
+        fails (one bad request must not fail the others: each then runs alone)."""
+        sizes = [len(feed[self.inputs[0]]) for _, feed in feeds]
+        joined = {n: np.concatenate([feed[n] for _, feed in feeds]) for n in self.inputs}
+        try:
+            values = self._run(joined)
+        except Exception:
+            return False
+        parts = [np.split(value, np.cumsum(sizes)[:-1]) for value in values]
+        for k, (at, _) in enumerate(feeds):
+            responses[at] = self._answer([part[k] for part in parts])
+        return True
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            values = dict(self.constants)
-            for name in self.inputs:
-                values[name] = pb_utils.get_input_tensor_by_name(request, name).as_numpy()
-            for op, inputs, outputs in self.nodes:
-                args = [values[name] for name in inputs]
-                values[outputs[0]] = args[0] if op == "Identity" else OPERATORS[op](*args)
-            tensors = [
-                pb_utils.Tensor(name, np.asarray(values[name], np.float32)) for name in self.outputs
-            ]
-            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        feeds, responses = [], [None] * len(requests)
+        for at, request in enumerate(requests):
+            try:
+                feeds.append((at, self._feed(request)))
+            except Exception as e:
+                responses[at] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+        same = self.batching and bool(self.inputs) and len(feeds) > 1
+        same = same and all(
+            all(f[n].shape[1:] == feeds[0][1][n].shape[1:] for n in self.inputs) for _, f in feeds
+        )
+        if same and self._run_together(feeds, responses):
+            return responses
+        for at, feed in feeds:
+            try:
+                responses[at] = self._answer(self._run(feed))
+            except Exception as e:
+                responses[at] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
         return responses
