@@ -8,8 +8,10 @@ Deployment with Knative's annotations is scaled on its model pods' counts, and t
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, cast
@@ -27,6 +29,7 @@ from binder.room import ROOM_SECONDS
 from common.contract import DEFAULT_PROXY_METRICS_PORT, PROXY_AUTOSCALING_PATH, Keys
 from common.hosted import host_name
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
+from sim.claims import claim, ports_free
 from tests.binder.objects import GI, pod_obj
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
 from tests.binder.test_model_hosts import HOST_READY
@@ -38,15 +41,18 @@ from tests.fixtures_sim import apps_v1
 
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
 KEYS = Keys()
-HOST_IP = "127.3.0.1"
-"""The host pod's address, where the stand-in for its proxy's metrics port listens."""
+ADDRESSES = ipaddress.IPv4Network("127.3.0.0/16")
+"""Where the stand-ins for proxies' metrics ports listen (each a pod's address): one no other
+process of the machine holds (`sim.claims`), so runs side by side never meet."""
 
 
 class Counts:
     """A host proxy's /autoscaling for model `resnet`: `concurrency` requests held, integrated
     over real time."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        """The host pod's address, where the stand-in for its proxy's metrics port listens."""
         self.concurrency = 0.0
         self._held = 0.0
         self._at = time.monotonic()
@@ -76,8 +82,32 @@ def custom(kube_api: kubernetes.client.ApiClient) -> Any:
 
 
 @pytest.fixture
-async def counts() -> AsyncIterator[Counts]:
-    served = Counts()
+def address() -> Iterator[Callable[[], str]]:
+    """Takes a free address of ADDRESSES, held until the test ends."""
+    held: list[int] = []
+
+    def take() -> str:
+        for host in ADDRESSES.hosts():
+            candidate = str(host)
+            descriptor = claim(candidate)
+            if descriptor is None:
+                continue
+            if ports_free(candidate, [DEFAULT_PROXY_METRICS_PORT]):
+                held.append(descriptor)
+                return candidate
+            os.close(descriptor)
+        raise AssertionError(f"every address of {ADDRESSES} is taken")
+
+    try:
+        yield take
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+
+
+@pytest.fixture
+async def counts(address: Callable[[], str]) -> AsyncIterator[Counts]:
+    served = Counts(address())
 
     async def answer(request: web.Request) -> web.Response:
         return web.json_response(served.read())
@@ -86,7 +116,7 @@ async def counts() -> AsyncIterator[Counts]:
     app.router.add_get(PROXY_AUTOSCALING_PATH, answer)
     runner = web.AppRunner(app)
     await runner.setup()
-    await web.TCPSite(runner, HOST_IP, DEFAULT_PROXY_METRICS_PORT).start()
+    await web.TCPSite(runner, served.address, DEFAULT_PROXY_METRICS_PORT).start()
     try:
         yield served
     finally:
@@ -166,7 +196,7 @@ async def test_it_scales_on_the_hosts_counts_and_yields_to_an_hpa_or_keda(
 
     pod = await eventually(host, what="the model's host")
     core.patch_namespaced_pod_status(
-        pod.metadata.name, "default", {"status": {"podIP": HOST_IP, "phase": "Running"}}
+        pod.metadata.name, "default", {"status": {"podIP": counts.address, "phase": "Running"}}
     )
     on = await eventually(lambda: condition(custom, "resnet").get("status") == "True")
     assert (
@@ -247,7 +277,7 @@ async def test_it_scales_on_the_hosts_counts_and_yields_to_an_hpa_or_keda(
 
 
 async def test_awake_first_admits_sleeping_replicas_while_the_awake_one_is_full_on_the_same_read(
-    binder: Binder, custom: Any, core: Any, counts: Counts
+    binder: Binder, custom: Any, core: Any, counts: Counts, address: Callable[[], str]
 ) -> None:
     """No spec.autoscaling: the hosts of an on-demand model with room for 1 a replica are read
     all the same, once a period, and the sleeping replica's label follows the awake one's room,
@@ -258,15 +288,15 @@ async def test_awake_first_admits_sleeping_replicas_while_the_awake_one_is_full_
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
     await eventually(lambda: len(hosts(core)) == 2, what="the model's two hosts")
     awake, asleep = sorted(hosts(core))
-    for node, address, loaded in (
-        (awake, HOST_IP, ("True", "ModelReady")),
-        (asleep, "127.3.0.2", ("False", "ModelSleeping")),  # nothing answers there
+    for node, pod_ip, loaded in (
+        (awake, counts.address, ("True", "ModelReady")),
+        (asleep, address(), ("False", "ModelSleeping")),  # nothing answers there
     ):
         conditions = [
             {"type": t, "status": loaded[0], "reason": loaded[1]}
             for t in loaded_types(core, node, "resnet")
         ]
-        status = {"podIP": address, "phase": "Running"}
+        status = {"podIP": pod_ip, "phase": "Running"}
         core.patch_namespaced_pod_status(
             host_name(node),
             "default",
@@ -379,8 +409,8 @@ async def test_a_deployment_with_knative_s_annotations_is_scaled_on_its_model_po
     apps.create_namespaced_deployment("default", deployment("resnet"))
     # Its one model pod, placed by the binder, on the stand-in proxy's address; a pod of another
     # app there too, matching the selector but not the Deployment's own, which does not count.
-    await own_pod(core, "default", "resnet", "resnet-0", HOST_IP)
-    await own_pod(core, "default", "other", "other-0", HOST_IP, labels={"app": "resnet"})
+    await own_pod(core, "default", "resnet", "resnet-0", counts.address)
+    await own_pod(core, "default", "other", "other-0", counts.address, labels={"app": "resnet"})
 
     def events(reason: str) -> list[str]:
         return deployment_events(core, "default", "resnet", reason)
@@ -413,7 +443,7 @@ async def test_a_deployment_whose_pods_the_binder_did_not_place_is_not_scaled(
     is left alone, with a Warning Event that names the pod."""
     apps = apps_v1(kube_api)
     apps.create_namespaced_deployment("default", deployment("resnet"))
-    await own_pod(core, "default", "resnet", "resnet-0", HOST_IP, placed=False)
+    await own_pod(core, "default", "resnet", "resnet-0", counts.address, placed=False)
     said = await eventually(
         lambda: deployment_events(core, "default", "resnet", "NotModelPods"),
         what="the NotModelPods Event",
@@ -466,7 +496,11 @@ async def answers() -> AsyncIterator[Answers]:
 
 
 async def test_a_poisoned_answer_costs_only_its_own_targets(
-    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, answers: Answers
+    binder: Binder,
+    core: Any,
+    kube_api: kubernetes.client.ApiClient,
+    answers: Answers,
+    address: Callable[[], str],
 ) -> None:
     """A tenant's model pod answers the binder's read with, in turn, an array nested DEEP,
     NaN, Infinity and 1e400: a neighbour's Deployment (scaled after the tenant's in the
@@ -481,15 +515,16 @@ async def test_a_poisoned_answer_costs_only_its_own_targets(
         b'{"evil": [1e400, 1e400]}',
     ]
     served = iter(range(1 << 30))
-    await answers.serve("127.3.0.9", lambda: poisons[next(served) % len(poisons)])
+    evil = address()
+    await answers.serve(evil, lambda: poisons[next(served) % len(poisons)])
     apps.create_namespaced_deployment("evil", deployment("evil"))
-    await own_pod(core, "evil", "evil", "evil-0", "127.3.0.9")
-    neighbour = Counts()
-    await answers.serve(HOST_IP, lambda: json.dumps(neighbour.read()).encode())
+    await own_pod(core, "evil", "evil", "evil-0", evil)
+    neighbour = Counts(address())
+    await answers.serve(neighbour.address, lambda: json.dumps(neighbour.read()).encode())
     apps.create_namespaced_deployment("team", deployment("resnet"))
-    await own_pod(core, "team", "resnet", "resnet-0", HOST_IP)
+    await own_pod(core, "team", "resnet", "resnet-0", neighbour.address)
     await eventually(
-        lambda: len(answers.read_at["127.3.0.9"]) >= 2 * len(poisons), what="every poison read"
+        lambda: len(answers.read_at[evil]) >= 2 * len(poisons), what="every poison read"
     )
     neighbour.concurrency = 3.0
     await eventually(
@@ -512,6 +547,7 @@ async def test_a_poisoned_answer_leaves_a_neighbour_parked_at_zero_to_wake(
     kube_api: kubernetes.client.ApiClient,
     counts: Counts,
     answers: Answers,
+    address: Callable[[], str],
 ) -> None:
     """While a tenant's pod answers an array nested DEEP, another namespace's TritonModel
     goes to zero after
@@ -520,19 +556,20 @@ async def test_a_poisoned_answer_leaves_a_neighbour_parked_at_zero_to_wake(
     custom = cast(Any, kubernetes.client.CustomObjectsApi(kube_api))
     core.create_namespace({"metadata": {"name": "evil"}})
     deep = b"[" * DEEP + b"]" * DEEP  # every read: it failed every tick, for everyone
-    await answers.serve("127.3.0.9", lambda: deep)
+    evil = address()
+    await answers.serve(evil, lambda: deep)
     apps.create_namespaced_deployment("evil", deployment("evil"))
-    await own_pod(core, "evil", "evil", "evil-0", "127.3.0.9")
+    await own_pod(core, "evil", "evil", "evil-0", evil)
     scaling = {"target": 1, "minReplicas": 0, "maxReplicas": 3, "window": "6s"}
     custom.create_namespaced_custom_object(
         GROUP, VERSION, "default", PLURAL, model("resnet", 1, scaling)
     )
     [node] = await eventually(lambda: list(hosts(core)), what="the model's host")
     core.patch_namespaced_pod_status(
-        host_name(node), "default", {"status": {"podIP": HOST_IP, "phase": "Running"}}
+        host_name(node), "default", {"status": {"podIP": counts.address, "phase": "Running"}}
     )
     await eventually(lambda: replicas(custom, "resnet") == 0, within=40, what="scaled to zero")
-    assert answers.read_at["127.3.0.9"], "the poison was read"
+    assert answers.read_at[evil], "the poison was read"
 
     def parked() -> bool:
         host = core.read_namespaced_pod(host_name(node), "default").to_dict()
@@ -550,7 +587,11 @@ PAUSED = 1000
 
 
 async def test_a_namespace_s_targets_and_answers_cost_the_others_nothing(
-    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, answers: Answers
+    binder: Binder,
+    core: Any,
+    kube_api: kubernetes.client.ApiClient,
+    answers: Answers,
+    address: Callable[[], str],
 ) -> None:
     """A tenant's ten model pods answer 100 KB each (7,000 entries) and 1,000 paused
     Deployments with Knative's annotations select them: a neighbour's pod is still read every
@@ -562,20 +603,21 @@ async def test_a_namespace_s_targets_and_answers_cost_the_others_nothing(
     entries = {f"m{i}": [1, 1] for i in range(7000)}
     big = json.dumps(entries, separators=(",", ":")).encode()
     assert 90_000 < len(big) < 100_000
-    await answers.serve("127.3.0.9", lambda: big)
+    evil = address()
+    await answers.serve(evil, lambda: big)
     apps.create_namespaced_deployment("evil", deployment("evil"))
     for i in range(10):
-        await own_pod(core, "evil", "evil", f"evil-{i}", "127.3.0.9")
+        await own_pod(core, "evil", "evil", f"evil-{i}", evil)
     for i in range(PAUSED):
         paused = deployment(f"paused-{i}", paused=True)
         paused["spec"]["selector"]["matchLabels"] = {"app": "evil"}
         paused["spec"]["template"]["metadata"]["labels"] = {"app": "evil"}
         apps.create_namespaced_deployment("evil", paused)
-    neighbour = Counts()
-    await answers.serve(HOST_IP, lambda: json.dumps(neighbour.read()).encode())
+    neighbour = Counts(address())
+    await answers.serve(neighbour.address, lambda: json.dumps(neighbour.read()).encode())
     apps.create_namespaced_deployment("team", deployment("resnet"))
-    await own_pod(core, "team", "resnet", "resnet-0", HOST_IP)
-    await eventually(lambda: len(answers.read_at["127.3.0.9"]) >= 3, what="the tenant's pods read")
+    await own_pod(core, "team", "resnet", "resnet-0", neighbour.address)
+    await eventually(lambda: len(answers.read_at[evil]) >= 3, what="the tenant's pods read")
 
     # Ten periods: the neighbour's reads, /healthz and a new pod's placement.
     period = binder.settings.autoscale_period_seconds
@@ -589,7 +631,7 @@ async def test_a_namespace_s_targets_and_answers_cost_the_others_nothing(
             slowest = max(slowest, time.monotonic() - asked)
             await asyncio.sleep(0.2)
     assert slowest < 1.0, f"/healthz took {slowest:.2f} s"
-    reads = [t for t in answers.read_at[HOST_IP] if t >= start]
+    reads = [t for t in answers.read_at[neighbour.address] if t >= start]
     gaps = [b - a for a, b in itertools.pairwise([start, *reads, time.monotonic()])]
     assert max(gaps) <= 2 * period, f"the neighbour's pod went unread for {max(gaps):.2f} s"
     created = time.monotonic()
