@@ -332,6 +332,11 @@ class _Listener:
                 return
             with upstream:
                 upstream.settimeout(None)
+                # Each read goes on at once, as kube-proxy's address rewriting in the kernel
+                # does: with Nagle's algorithm a body written after its head would wait for
+                # the head's acknowledgement, which the server delays (40 ms on Linux).
+                for sock in (conn, upstream):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 back = threading.Thread(target=_pump, args=(upstream, conn), daemon=True)
                 back.start()
                 _pump(conn, upstream)
@@ -339,7 +344,8 @@ class _Listener:
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy until `source` ends, then end `sink`'s writing side."""
+    """Copy until `source` ends, each read written on whole as it came, then end `sink`'s
+    writing side."""
     try:
         while data := source.recv(65536):
             sink.sendall(data)

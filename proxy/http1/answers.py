@@ -1,6 +1,11 @@
-"""Triton's REST answers for a model it knows by a private name, renamed to the public model id.
+"""Triton's REST answers changed on their way to the tenant: renamed to the public model id for
+a model Triton knows by a private name, and given the protocol's JSON body on health calls.
 
-Used by the REST relay only where the model's name in Triton is not its id (the node gateway).
+`with_health_body` gives Triton's whole answer to a health or readiness call (which has no body)
+the Open Inference Protocol's, its status kept.
+
+The renaming is used by the REST relay only where the model's name in Triton is not its id (the
+node gateway).
 `AnswerNames` follows one response as Triton's bytes come (the upstream connection
 finds where it ends) and returns what the tenant gets: the same response with the private name
 put back to the public id in its JSON (`policy.naming.rename_json`), and the lengths that count
@@ -18,8 +23,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from proxy.http1.framing import MAX_HEAD_BYTES
+from proxy.http1.framing import MAX_HEAD_BYTES, answer_bytes, parse_response_head
 from proxy.policy.naming import HOLD, NamingError, rename_json
+from proxy.policy.refusals import ProxyError
+from proxy.policy.routing import JSON
 
 _HEAD: Final = 0  # reading the response head
 _WHOLE: Final = 1  # holding a body of known length up to HOLD
@@ -300,3 +307,24 @@ class AnswerNames:
         error = self._error or b'"error":' in events  # an event reporting a failure
         new = rename_json(events, -1, error, self._private, self._public)
         out.append(b"%x\r\n" % len(new) + new + b"\r\n")
+
+
+def with_health_body(response: bytes, ready: bytes, not_ready: bytes) -> bytes:
+    """`response`, Triton's whole answer to a health or readiness GET, with the protocol's JSON
+    body: `ready` on a success, `not_ready` on a failure that came without a body; its status
+    and whether the connection stays open kept. An error with a body (Triton's `{"error":...}`,
+    as for a model that is not ready) and anything unreadable pass unchanged."""
+    end = response.find(b"\r\n\r\n")
+    if end < 0:
+        return response
+    try:
+        head = parse_response_head(response[:end])
+    except ProxyError:
+        return response
+    if 200 <= head.status < 300:
+        body = ready
+    elif head.status >= 400 and len(response) == end + 4:
+        body = not_ready
+    else:
+        return response
+    return answer_bytes(head.status, JSON, body, not head.keep_alive)

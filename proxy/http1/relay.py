@@ -14,7 +14,9 @@ passes (`policy.inflation`: in slices, at most BUDGET inflated bytes per event-l
 paused meanwhile), and each piece goes on only once counted: one that inflates past --max-inflated
 is refused (413) and its upstream connection aborted before Triton has it whole. A body's JSON
 nesting and inputs' shapes are checked by `gate` (whole, or as it passes), its last piece going on
-only once they passed.
+only once they passed. Triton's answer to a health or readiness call, which has no body, is held
+and given the Open Inference Protocol's JSON body (`HealthBody`); those the proxy answers itself
+(draining, asleep, parked) have a JSON body too.
 
 A client that disconnects mid-request aborts its upstream connection, so Triton sees the
 cancellation. What it must not do: decide isolation itself, or buffer whole bodies.
@@ -28,6 +30,7 @@ import time
 from typing import Any, Final
 
 from common.lifecycle import spawn
+from proxy.http1.answers import with_health_body
 from proxy.http1.connection import (
     AWAIT,
     BODY,
@@ -43,7 +46,15 @@ from proxy.http1.gate import ADMITTED, check_whole, head_refusal, too_large
 from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
-from proxy.policy.routing import JSON, NOT_FOUND, Answer, Forward, error_body, parked_message
+from proxy.policy.routing import (
+    JSON,
+    NOT_FOUND,
+    Answer,
+    Forward,
+    error_body,
+    health_body,
+    parked_message,
+)
 from proxy.table import Served
 
 log = logging.getLogger(__name__)
@@ -241,29 +252,12 @@ class ClientConnection(Connection):
                 self._answer_refusal(self._limiter.refusal)
                 answered += 1
                 continue
-            if decision.readiness and relay.state.draining:
-                self._buffer = buffer[body:]
-                self._answer_locally(
-                    503,
-                    "application/json",
-                    error_body("the model proxy is shutting down: use another replica"),
-                )
-                answered += 1
-                continue
-            if decision.readiness and relay.state.model_asleep:
-                # Triton no longer has the on-demand model loaded; its next request wakes it,
-                # so the pod stays ready for its Service.
-                self._buffer = buffer[body:]
-                self._answer_locally(200, "text/plain", b"")
-                answered += 1
-                continue
             parked = served is not None and served.entry.parked
-            if parked and decision.route == "ready":
-                assert served is not None
-                self._buffer = buffer[body:]
-                self._answer_locally(400, JSON, error_body(parked_message(served.model_id)))
-                answered += 1
-                continue
+            if decision.health:
+                if self._health(decision, served, parked, buffer, body, verbatim):
+                    answered += 1
+                    continue
+                return  # the request is on its way: the state is no longer IDLE
             if decision.limited or parked:  # a parked model's calls wait for its wake
                 if not self._limiter.try_acquire():
                     self._buffer = buffer[body:]
@@ -279,6 +273,55 @@ class ClientConnection(Connection):
             return  # the request is on its way: the state is no longer IDLE
         if self._reading_paused and self._state == IDLE and not self._write_blocked:
             self.resume_reading()  # what was pipelined past PIPELINE_LIMIT has been answered
+
+    def _health(
+        self,
+        decision: Forward,
+        served: Served | None,
+        parked: bool,
+        buffer: bytes,
+        body: int,
+        verbatim: bool,
+    ) -> bool:
+        """A health or readiness call: answered here when the proxy knows the answer (True),
+        else sent to Triton, whose answer gets the protocol's JSON body (`HealthBody`)."""
+        state = self._relay.state
+        if decision.readiness and state.draining:
+            self._buffer = buffer[body:]
+            self._answer_locally(
+                503, JSON, error_body("the model proxy is shutting down: use another replica")
+            )
+            return True
+        if decision.readiness and state.model_asleep:
+            # Triton no longer has the on-demand model loaded; its next request wakes it,
+            # so the pod stays ready for its Service.
+            self._buffer = buffer[body:]
+            self._answer_locally(200, JSON, health_body(decision.route, decision.model, True))
+            return True
+        if parked and decision.route == "ready":
+            assert served is not None
+            self._buffer = buffer[body:]
+            self._answer_locally(400, JSON, error_body(parked_message(served.model_id)))
+            return True
+        upstream = self._pool.take()
+        if upstream is None:
+            self._buffer = buffer[body:]
+            self._wait(self._connect_then_send(decision))
+            return False
+        self._send(upstream, buffer, body, verbatim)
+        self._give_health_body(upstream, decision)
+        return False
+
+    def _give_health_body(self, upstream: Upstream, decision: Forward) -> None:
+        """Have Triton's answer to the health call just sent on `upstream` reach the tenant
+        through a `HealthBody`."""
+        head = self._head
+        if self._upstream is upstream and head is not None and head.method == "GET":
+            upstream.client = HealthBody(
+                self,
+                health_body(decision.route, decision.model, True),
+                health_body(decision.route, decision.model, False),
+            )
 
     def _wait(self, coro: Any) -> None:
         self._state = PENDING
@@ -300,7 +343,7 @@ class ClientConnection(Connection):
         else:
             self._send(upstream, self._buffer, 0)
 
-    async def _connect_then_send(self) -> None:
+    async def _connect_then_send(self, health: Forward | None = None) -> None:
         try:
             upstream = await self._relay.pool.connect()
         except OSError as e:
@@ -317,6 +360,8 @@ class ClientConnection(Connection):
             self._relay.pool.put(upstream)
             return
         self._send(upstream, self._buffer, 0)
+        if health is not None:
+            self._give_health_body(upstream, health)
 
     def _resume(self) -> None:
         self._task = None
@@ -597,6 +642,46 @@ class ClientConnection(Connection):
             error_body(str(error)),
             refusals.retry_after(error),
         )
+
+
+class HealthBody:
+    """Between an upstream connection and the tenant connection for one health or readiness
+    call: holds Triton's answer (a few bytes) and passes it on whole with the protocol's JSON
+    body (`answers.with_health_body`). An answer past MAX_HEAD_BYTES passes as it comes."""
+
+    __slots__ = ("_client", "_held", "_not_ready", "_ready")
+
+    def __init__(self, client: ClientConnection, ready: bytes, not_ready: bytes) -> None:
+        self._client = client
+        self._ready = ready
+        self._not_ready = not_ready
+        self._held: bytes | None = b""
+        """Triton's answer so far; None once it passes as it comes."""
+
+    def relay_response(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._client.relay_response(data)
+        elif len(held) + len(data) > MAX_HEAD_BYTES:
+            self._held = None
+            self._client.relay_response(held + data)
+        else:
+            self._held = held + data
+
+    def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
+        held = self._held
+        if held is not None:
+            data = with_health_body(held + data, self._ready, self._not_ready)
+        self._client.response_complete(upstream, data, reusable)
+
+    def upstream_failed(self, upstream: Upstream, reason: str) -> None:
+        self._client.upstream_failed(upstream, reason)
+
+    def pause_reading(self) -> None:
+        self._client.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._client.resume_reading()
 
 
 def _renamed_head(head: bytes, served: Served) -> bytes:

@@ -53,6 +53,8 @@ class Forward:
     """Answers the pod's readiness: the proxy reports not ready while draining."""
     model: str = ""
     """The model of the table the request names; empty for a server-wide route."""
+    health: bool = False
+    """A health or readiness call: its answer carries the protocol's JSON body (`health_body`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,18 @@ def served_words(model_id: str, names: Collection[str]) -> str:
     shown = ", ".join(f"'{i}'" for i in ids[:SERVED_SHOWN])
     more = f" and {len(ids) - SERVED_SHOWN} more" if len(ids) > SERVED_SHOWN else ""
     return f"; this host serves {shown}{more}"
+
+
+def health_body(route: str, model: str, ready: bool) -> bytes:
+    """The Open Inference Protocol's REST body of a health or readiness answer (Triton sends
+    none): `{"live": ...}`, `{"ready": ...}`, or for a model's readiness `{"name": ...,
+    "ready": ...}`, naming `model`."""
+    value = b"true" if ready else b"false"
+    if route == "server_live":
+        return b'{"live":' + value + b"}"
+    if route == "ready":
+        return b'{"name":' + json.dumps(model).encode() + b',"ready":' + value + b"}"
+    return b'{"ready":' + value + b"}"
 
 
 def parked_message(model_id: str) -> str:
@@ -201,14 +215,18 @@ class HttpRouter:
                 if private is not None:
                     raw_path = MODELS + private + raw_path[len(MODELS) + len(name) :]
             return Forward(
-                kind or "metadata", raw_path, limited=kind in _INFERENCE_KINDS, model=name
+                kind or "metadata",
+                raw_path,
+                limited=kind in _INFERENCE_KINDS,
+                model=name,
+                health=kind == "ready",
             )
         if path == "/v2/health/ready":
             if not self.model_id:  # a host: Triton's own readiness, not one model's
-                return Forward("server_ready", raw_path, readiness=True)
-            return Forward("server_ready", self._own_ready + suffix, readiness=True)
+                return Forward("server_ready", raw_path, readiness=True, health=True)
+            return Forward("server_ready", self._own_ready + suffix, readiness=True, health=True)
         if path == "/v2/health/live":
-            return Forward("server_live", raw_path)
+            return Forward("server_live", raw_path, health=True)
         if path == "/v2":
             return Forward("server_metadata", raw_path)
         if path == "/v2/models/stats":

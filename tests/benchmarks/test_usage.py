@@ -14,6 +14,7 @@ BENCHMARKS = (
     "binder_placement",
     "density",
     "held_bytes",
+    "kserve_client",
     "model_hosts",
     "noisy_neighbour",
     "onnx_latency",

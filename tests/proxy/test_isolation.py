@@ -124,9 +124,14 @@ def test_own_model_routes_answer_as_triton_does(
     proxy: RunningProxy, served_triton: TritonServer, row: str, method: str, path: str
 ) -> None:
     body = INFER_BODY if method == "POST" else None
-    assert fetch(proxy.http_url, method, path, body) == fetch(
-        served_triton.http_url, method, path, body
-    ), row
+    proxied = fetch(proxy.http_url, method, path, body)
+    direct = fetch(served_triton.http_url, method, path, body)
+    if row in ("R2", "R5") and direct[0] == 200:
+        # Triton's status with the protocol's JSON body, which Triton leaves out (test_health).
+        assert (proxied[0], proxied[1]) == (200, "application/json"), row
+        assert direct[2] == b"" and proxied[2].startswith(b"{"), row
+    else:
+        assert proxied == direct, row
 
 
 def test_server_readiness_is_the_own_models(served_triton: TritonServer, grpc_mode: str) -> None:

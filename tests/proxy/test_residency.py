@@ -6,6 +6,7 @@ Retry-After, and a model the node reports asleep is not reinstalled."""
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.error
 import urllib.request
 
@@ -364,3 +365,6 @@ def test_an_asleep_model_s_pod_answers_ready_on_every_readiness_path(
         rest, grpc_ready, probe, text = answers()
         assert (rest, grpc_ready, probe) == (200, True, 200)
         assert "model not_loaded is asleep" in text
+        with urllib.request.urlopen(ready_url, timeout=5) as answer:
+            assert answer.headers["Content-Type"] == "application/json"
+            assert json.loads(answer.read()) == {"ready": True}

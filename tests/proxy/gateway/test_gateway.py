@@ -154,6 +154,31 @@ def test_the_full_path_from_tritonclient_through_the_pods_proxy(
     assert 'tritonshare_gateway_requests_total{code="200",model="add_one"' in metrics
 
 
+def test_health_answers_carry_the_protocols_bodies_at_the_gateway_and_through_it(
+    gateway: RunningGateway, served_triton: TritonServer
+) -> None:
+    wanted = {
+        "/v2/health/live": {"live": True},
+        "/v2/models/add_one/ready": {"name": "add_one", "ready": True},
+    }
+    for path, body in wanted.items():
+        status, answer = fetch(gateway, ADD_ONE_POD, "GET", path)
+        assert (status, json.loads(answer)) == (200, body), path
+    wanted["/v2/health/ready"] = {"ready": True}
+    with running_proxy(through(gateway, served_triton, ADD_ONE_POD)) as proxy:
+        host, port = proxy.http_url.split(":")
+        for path, body in wanted.items():
+            connection = http.client.HTTPConnection(host, int(port), timeout=10)
+            try:
+                connection.request("GET", path)
+                response = connection.getresponse()
+                assert response.status == 200, path
+                assert response.getheader("Content-Type") == "application/json", path
+                assert json.loads(response.read()) == body, path
+            finally:
+                connection.close()
+
+
 def test_a_proxy_leaving_from_a_stranger_address_gets_nothing(
     gateway: RunningGateway, served_triton: TritonServer
 ) -> None:

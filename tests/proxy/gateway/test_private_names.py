@@ -375,7 +375,6 @@ def test_each_pod_reaches_its_own_model_under_the_same_public_id(gateway: Runnin
         ("GET", "/v2/models/resnet50"),
         ("GET", "/v2/models/resnet50/versions/1"),
         ("GET", "/v2/models/resnet50/config"),
-        ("GET", "/v2/models/resnet50/ready"),
         ("POST", "/v2/models/resnet50/infer"),
         ("POST", "/v2/models/resnet50/versions/1/infer"),
         ("GET", "/v2/models/resnet50/infer"),
@@ -389,6 +388,13 @@ def test_rest_answers_are_byte_for_byte_those_of_the_model_under_its_public_id(
     assert fetch(gateway.http_url, method, path, body, POD_A) == fetch(
         triton.http_url, method, path, body
     )
+
+
+def test_rest_readiness_names_the_public_id(gateway: RunningGateway) -> None:
+    for path in ("/v2/models/resnet50/ready", "/v2/models/resnet50/versions/1/ready"):
+        status, content_type, body = fetch(gateway.http_url, "GET", path, None, POD_A)
+        assert (status, content_type) == (200, "application/json")
+        assert json.loads(body) == {"name": PUBLIC, "ready": True}
 
 
 @pytest.mark.parametrize("method", ["ModelMetadata", "ModelConfig", "ModelInfer", "ModelReady"])

@@ -8,7 +8,15 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from proxy.policy import wire
-from proxy.policy.routing import Answer, Forward, GrpcAnswer, GrpcForward, GrpcRouter, HttpRouter
+from proxy.policy.routing import (
+    Answer,
+    Forward,
+    GrpcAnswer,
+    GrpcForward,
+    GrpcRouter,
+    HttpRouter,
+    health_body,
+)
 
 OWN = "add_one"
 http = HttpRouter(OWN)
@@ -266,3 +274,29 @@ def test_a_hosts_404_names_the_first_ids_it_serves() -> None:
     empty = GrpcRouter("", names=set()).decide("ModelInfer", _infer("resnet-50"))
     assert isinstance(empty, GrpcAnswer) and empty.code == "NOT_FOUND"
     assert empty.details.endswith("; this host serves no model yet")
+
+
+@pytest.mark.parametrize(
+    ("path", "health"),
+    [
+        ("/v2/health/live", True),
+        ("/v2/health/ready", True),
+        ("/v2/models/add_one/ready", True),
+        ("/v2/models/add_one/versions/1/ready", True),
+        ("/v2/models/add_one", False),
+        ("/v2/models/add_one/infer", False),
+        ("/v2", False),
+    ],
+)
+def test_health_and_readiness_calls_are_marked_for_their_protocol_body(
+    path: str, health: bool
+) -> None:
+    decision = http.decide("GET", path)
+    assert isinstance(decision, Forward)
+    assert decision.health is health
+
+
+def test_health_bodies_are_the_open_inference_protocols() -> None:
+    assert json.loads(health_body("server_live", "", True)) == {"live": True}
+    assert json.loads(health_body("server_ready", "", False)) == {"ready": False}
+    assert json.loads(health_body("ready", 'a"b', True)) == {"name": 'a"b', "ready": True}
