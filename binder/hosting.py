@@ -35,9 +35,12 @@ rolls a step per reconcile (`binder.rolling`: a surge replica first, maxSurge 1 
 
 A replica that leaves while loaded is first marked `draining` with its label removed (one
 write), and stays charged until its host's loaded condition is no longer True, or for
---host-drain-seconds at most; the host's loader and proxy drain and unload it meanwhile. A drain
-is never taken back: a replica wanted again meanwhile (scaled back up) waits for it (`Placed`
-False, ReplicaDraining) and is then placed as any new replica.
+--host-drain-seconds at most; the host's loader and proxy drain and unload it meanwhile. A
+replica wanted again meanwhile (scaled back up: a request at zero) on the same files is taken
+back (`_take_back`: as Knative's activator keeps a revision's last pod): kept where it is, listed
+not draining, back in its Service once loaded (its loader loads it again if it had unloaded it);
+one preempted or on other files waits for its drain (`Placed` False, ReplicaDraining) and is then
+placed as any new replica.
 
 Priority and preemption are a pod's: the replicas take their priority from the model's
 PriorityClass (`binder.priorities`; a missing class is refused, PriorityClassNotFound); a replica
@@ -728,9 +731,12 @@ class ModelController:
             rid = replica_uid(model.uid, ordinal)
             charged = state.charged_pod(rid)
             if charged is not None:
-                # Scaled back up during its drain, or preempted: placed again, as any new
-                # replica, once the old placement has left (a drain under way is never taken
-                # back).
+                kept = self._take_back(model, ordinal, charged, quota)
+                if kept is not None:
+                    placed[ordinal] = kept
+                    continue
+                # Preempted, or wanted again on other files: placed again, as any new replica,
+                # once the old placement has left.
                 preempted = self._preemption.preempted.get(rid)
                 again = (
                     f"replica {ordinal} is placed again once its previous placement on node "
@@ -755,6 +761,42 @@ class ModelController:
         if refusal or waiting or len(placed) < model.replicas:
             return placed, refusal, waiting, self._rollout.where(model, placed, old, "")
         return placed, refusal, waiting, self._rollout.step(model, placed, old, quota)
+
+    def _take_back(
+        self, model: ModelInfo, ordinal: int, charged: PodInfo, quota: QuotaCheck | None
+    ) -> PodInfo | None:
+        """Replica `ordinal`, wanted again while its previous placement drains, kept where it
+        is (as Knative's activator keeps a revision's last pod): its drain ends, it is charged
+        as placed now (assumed until the status shows it) and listed on its host as not
+        draining, back in its Service once loaded there (its host's loader loads it again if
+        it had unloaded it). Only one scaled away (not preempted), on spec.storageUri, whose
+        proof verifies for the model as it is now, and that the namespace's quotas allow;
+        None: it drains on."""
+        rid = charged.uid
+        if (
+            rid not in self._draining
+            or rid in self._preemption.preempted
+            or self._rollout.uri(model, ordinal) != model.storage_uri
+        ):
+            return None
+        replica = model.replica(ordinal)
+        if quota is not None and quota.refusal(replica.request, replica.allowance):
+            return None
+        node, gpu, proof = charged.node_name, charged.gpu_uuid, charged.placement
+        if not isinstance(proven(model.replica(ordinal, node, gpu, proof), self._ring()), PodInfo):
+            return None
+        self._undrain(rid)
+        self._ledger.state.assume(replica, node, gpu, proof)
+        if quota is not None:
+            quota.charge(replica.request)
+        log.info(
+            "Replica %d of TritonModel %s is wanted again while it drains: kept on node %s, "
+            "served there again once loaded.",
+            ordinal,
+            model.key,
+            node,
+        )
+        return replica.bound(node, gpu, proof)
 
     def _kept(self, model: ModelInfo) -> list[int]:
         """The ordinals of the model that hold something past a refusal: a charge (draining, or
@@ -876,8 +918,7 @@ class ModelController:
 
     def _end_drains(self, model: ModelInfo) -> None:
         """Each drain of the model ends once its host no longer has the replica loaded or its
-        bound passes. A drain, once begun, runs to its end even when the replica is wanted
-        again."""
+        bound passes (or, wanted again, it is taken back: `_take_back`)."""
         state = self._ledger.state
         now = self._clock()
         for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:

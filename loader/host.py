@@ -28,7 +28,8 @@ model may share the host, each with its own files, GPU and private name in Trito
   has taken the host out of its Service; requests routed before the endpoints caught up are
   answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
   requests meanwhile) unloaded through the agent, then its files deleted. Another URI is then
-  loaded as a new replica.
+  loaded as a new replica. One listed not draining again before its unload (the binder took it
+  back: scaled up again) stays loaded and is listed again; after, it is loaded again.
 
 A restarted loader starts from the models file it wrote: those models stay listed while the same
 flow confirms them (the node still has their digest: nothing is sent again). Owns these decisions
@@ -159,6 +160,8 @@ class _Tracked:
     ready: bool = False
     published: bool = False
     leaving: bool = False
+    unloading: bool = False
+    """Its drain has reached the unload: a replica wanted again now is loaded anew after it."""
     job: asyncio.Task[None] | None = None
     failures: int = 0
     retry_at: float = 0.0
@@ -262,12 +265,14 @@ class Host:
                 refused,
             )
         if listing.parked != self._parked:
-            # A model unparked as its replica here is served stays listed parked until this
-            # loader lists it ready: never out of the models file in between.
+            # A model unparked as its replica here is served (or taken back while it drained)
+            # stays listed parked until this loader lists it ready: never out of the models
+            # file in between, even while a replica it had begun to unload is loaded again.
             parked = dict(listing.parked)
+            wanted = {r.model_id for r in listing.replicas if not r.draining}
             for model, limit in self._parked:
                 mine = [t for t in self._tracked.values() if t.model == model]
-                if model not in parked and mine and not any(t.published for t in mine):
+                if model not in parked and model in wanted and not any(t.published for t in mine):
                     parked[model] = limit
             self._parked = tuple(sorted(parked.items()))
             self._publish()
@@ -305,6 +310,8 @@ class Host:
             moved = replica is not None and tracked.uri not in (None, replica.storage_uri)
             if replica is None or moved:
                 self._leave(tracked, "it moved to new files" if moved else "it left the host")
+            elif tracked.leaving and not tracked.unloading and tracked.job is not None:
+                tracked.job.cancel()  # wanted again while it drains: `_drain` takes it back
             elif tracked.job is None and not tracked.leaving:
                 if tracked.uri is None and tracked.ready and replica.status.sleeping:
                     # Listed by an earlier run and asleep on the node since: loading it would
@@ -381,6 +388,7 @@ class Host:
                 # the next poll starts over for this model.
                 log.exception("The work on model %s has failed.", tracked.name)
                 tracked.leaving = tracked.ready = tracked.published = False
+                tracked.unloading = False
             finally:
                 tracked.job = None
 
@@ -499,10 +507,24 @@ class Host:
             self._agent if tracked.ordinal is None else self._agent.for_replica(tracked.ordinal)
         )
         if was_published:
-            await asyncio.sleep(self._timing.unroute_seconds)
-            tracked.published = False
-            self._publish()
-            await self._drained(tracked.model)
+            try:
+                await asyncio.sleep(self._timing.unroute_seconds)
+                tracked.published = False
+                self._publish()
+                await self._drained(tracked.model)
+            except asyncio.CancelledError:
+                if self._stop_fetching.is_set():
+                    raise
+                tracked.leaving = False
+                tracked.ready = tracked.published = True
+                log.info(
+                    "Model %s is wanted here again while it drains: it stays loaded, and the "
+                    "host's proxy serves it again.",
+                    model,
+                )
+                self._publish()
+                return
+        tracked.unloading = True
         try:
             await agent.unload(tracked.model, self._timing.call_seconds)
         except TransientError as e:
@@ -511,7 +533,7 @@ class Host:
             except (LoaderError, TransientError):
                 status = None
             if status is None or status.state is not ModelState.ABSENT:
-                tracked.leaving = False  # the next poll tries again
+                tracked.leaving = tracked.unloading = False  # the next poll tries again
                 tracked.failures += 1
                 log.warning("Cannot unload model %s yet (%s): trying again.", model, e)
                 return

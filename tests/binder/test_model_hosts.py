@@ -311,49 +311,111 @@ async def test_a_replica_scaled_away_drains_out_of_the_service_then_leaves(
             assert SERVES not in (version.metadata.labels or {})
     await eventually(lambda: SERVES in hosts(core)[kept].metadata.labels, what="kept serves")
 
-    # Scaled back up during the drain: the drain runs on, and the replica is placed again, as
-    # a new one, once it has left.
+    # Scaled back up during the drain, on the same files: the drain is taken back, the replica
+    # kept where it is and served again at once.
     scale(custom, 2)
-
-    def placed_condition() -> dict[str, Any]:
-        found: dict[str, Any] = {c["type"]: c for c in status(custom)["conditions"]}["Placed"]
-        return found
-
-    await eventually(lambda: placed_condition()["status"] == "False", what="Placed=False")
-    assert (placed_condition()["reason"], placed_condition()["message"]) == (
-        "ReplicaDraining",
-        f"replica 1 is placed again once its previous placement on node {leaving} has drained",
-    )
-    assert status(custom)["replicas"] == 1
-    host = hosts(core)[leaving]
-    assert hosted(host)[0]["draining"] and SERVES not in host.metadata.labels
-    assert not [e for e in core.list_namespaced_event("default").items if "Failed" in e.reason]
-
-    set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
-    again = await eventually(lambda: placed(custom, "resnet", 2), what="replica 1 placed again")
-    entry = again["status"]["placements"][1]
-    assert placed_condition()["status"] == "True"
+    again = await eventually(lambda: placed(custom, "resnet", 2), what="replica 1 taken back")
+    assert where(again, 1) == where(obj, 1)
+    assert placed_condition(custom)["status"] == "True"
     assert not binder.ledger.draining
-
-    def listed() -> bool:
-        new_host = hosts(core).get(entry["node"])
-        return new_host is not None and any(
-            e["replica"] == 1 and not e.get("draining") for e in hosted(new_host)
-        )
-
-    await eventually(listed, what="replica 1 on its host, not draining")
-    set_loaded(core, entry["node"], "True")
+    await eventually(
+        lambda: (
+            not hosted(hosts(core)[leaving])[0].get("draining")
+            and SERVES in hosts(core)[leaving].metadata.labels
+        ),
+        what="replica 1 listed not draining and behind the Service",
+    )
     await eventually(lambda: status(custom).get("readyReplicas") == 2, what="2 ready again")
+    assert not [e for e in core.list_namespaced_event("default").items if "Failed" in e.reason]
 
     scale(custom, 1)
     await eventually(
-        lambda: any(e.get("draining") for e in hosted(hosts(core)[entry["node"]])),
+        lambda: any(e.get("draining") for e in hosted(hosts(core)[leaving])),
         what="draining again",
     )
-    set_loaded(core, entry["node"], "False", "ModelNotLoaded", "unloaded")
+    set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
     await eventually(lambda: set(hosts(core)) == {kept}, what="the emptied host deleted")
     await eventually(lambda: not binder.ledger.state.is_accounted(leaving_uid), what="freed")
     assert not binder.ledger.draining
+
+
+def where(obj: dict[str, Any], ordinal: int) -> tuple[str, str, str]:
+    """A replica's node, GPU and proof in the model's status."""
+    entry = next(e for e in obj["status"]["placements"] if e["replica"] == ordinal)
+    return entry["node"], entry["gpu"], entry["proof"]
+
+
+def placed_condition(custom: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {c["type"]: c for c in status(custom)["conditions"]}["Placed"]
+    return found
+
+
+async def test_the_last_replica_scaled_back_up_during_its_drain_is_taken_back_at_once(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """Scale to zero, then a request: the replica still draining (its host still has it
+    loaded) is the one served again, never `ReplicaDraining` while it drains."""
+    binder = await make_binder()
+    obj = await all_loaded(custom, core, 1)
+    (entry,) = obj["status"]["placements"]
+    node = entry["node"]
+    scale(custom, 0)
+    await eventually(
+        lambda: hosted(hosts(core)[node])[0].get("draining"), what="the replica draining"
+    )
+    assert SERVES not in hosts(core)[node].metadata.labels
+    await eventually(lambda: status(custom).get("replicas") == 0, what="status says 0")
+
+    scale(custom, 1)
+    again = await eventually(lambda: placed(custom, "resnet", 1), what="taken back")
+    assert where(again, 0) == where(obj, 0)
+    assert placed_condition(custom)["status"] == "True"
+    assert not binder.ledger.draining
+    await eventually(
+        lambda: (
+            not hosted(hosts(core)[node])[0].get("draining")
+            and SERVES in hosts(core)[node].metadata.labels
+        ),
+        what="listed not draining and behind the Service",
+    )
+    assert status(custom)["readyReplicas"] == 1
+
+    # Its host had unloaded it meanwhile: it stays placed there, and is served once loaded.
+    set_loaded(core, node, "False", "ModelNotLoaded", "unloaded")
+    await eventually(lambda: status(custom).get("readyReplicas") == 0, what="not ready")
+    assert read(custom, "resnet")["status"]["placements"][0]["proof"] == entry["proof"]
+    assert SERVES not in hosts(core)[node].metadata.labels
+    set_loaded(core, node, "True")
+    await eventually(lambda: status(custom).get("readyReplicas") == 1, what="ready again")
+
+
+async def test_a_replica_wanted_again_on_new_files_waits_for_its_drain(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A drain is taken back only for the same files: otherwise it runs on, and the replica is
+    placed again, as a new one, once it has left."""
+    await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    leaving = obj["status"]["placements"][1]["node"]
+    scale(custom, 1)
+    await eventually(
+        lambda: hosted(hosts(core)[leaving])[0].get("draining"), what="the replica draining"
+    )
+    custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        "default",
+        PLURAL,
+        "resnet",
+        {"spec": {"replicas": 2, "storageUri": "https://models.example.com/y.tar.gz"}},
+    )
+    await eventually(lambda: placed_condition(custom)["status"] == "False", what="Placed=False")
+    assert (placed_condition(custom)["reason"], placed_condition(custom)["message"]) == (
+        "ReplicaDraining",
+        f"replica 1 is placed again once its previous placement on node {leaving} has drained",
+    )
+    host = hosts(core)[leaving]
+    assert hosted(host)[0]["draining"] and SERVES not in host.metadata.labels
 
 
 async def test_a_drain_ends_at_its_bound(

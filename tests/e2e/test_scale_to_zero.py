@@ -105,9 +105,9 @@ def agent_metric(cluster: SimCluster, name: str) -> float:
 
 def loaded_here(core: Any) -> bool:
     """Whether the agent's condition on the host says the model is loaded there."""
-    return any(
-        c.type.startswith(LOADED) and c.status == "True"
-        for c in _host(core, NAMESPACE).status.conditions or []
+    host = _host(core, NAMESPACE)
+    return host is not None and any(
+        c.type.startswith(LOADED) and c.status == "True" for c in host.status.conditions or []
     )
 
 
@@ -185,3 +185,42 @@ def test_a_tritonmodel_scaled_to_zero_serves_its_next_request_through_its_servic
         assert service.addresses() == [address]
         wait_until("unparked", lambda: parked_on(_host(core, NAMESPACE).to_dict(), KEYS) == [], 30)
         assert infer(address) == [2.0, 3.0, 4.0]
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_a_request_while_the_last_replica_drains_takes_it_back_and_is_answered_at_once(
+    cluster: SimCluster,
+) -> None:
+    """A request a few seconds after the model reached zero, while its last replica drains
+    (out of its host's models file, still loaded): the host holds it, the replica is taken
+    back, not unloaded and loaded again, and the request is answered 200 within 5 s."""
+    assert cluster.model_store is not None and cluster.kube is not None
+    kube = cluster.kube
+    core = cast(Any, kubernetes.client.CoreV1Api(kube))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(kube))
+    uri = cluster.model_store.publish(MODEL, MODELS_DIR / "add_one")
+    body = scale_to_zero_model(uri)
+    body["spec"]["autoscaling"]["minReplicas"] = 1  # loaded first, then allowed to zero
+    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    wait_until("loaded", lambda: loaded_here(core), 120)
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, MODEL, {"spec": {"autoscaling": {"minReplicas": 0}}}
+    )
+    wait_until("zero", lambda: not _model(custom).get("status", {}).get("replicas"), 60)
+    zero = time.monotonic()
+    service = Endpoints(kube, NAMESPACE, f"{serves_label(KEYS, MODEL)}=true")
+    with service:
+        address = wait_until("the Service's endpoint", service.pick, 10)
+        # Past the loader's --unroute-seconds (5 s): the host's proxy holds the request.
+        time.sleep(max(0.0, zero + 7.0 - time.monotonic()))
+        assert loaded_here(core), "still draining on its host"
+        started = time.monotonic()
+        status, _, at = post(address, started)
+        print(f"a request 7 s after zero answered {status} in {at:.2f} s")
+        assert (status, at < 5.0) == (200, True), (status, at)
+        assert agent_metric(cluster, UNLOADS) == 0, "taken back: never unloaded"
+        assert _model(custom)["spec"]["replicas"] == 1
+        wait_until("ready again", lambda: _model(custom)["status"].get("readyReplicas") == 1, 30)
+        placed = {c["type"]: c for c in _model(custom)["status"]["conditions"]}["Placed"]
+        assert placed["status"] == "True", placed

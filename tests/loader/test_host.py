@@ -397,6 +397,50 @@ async def test_a_leaving_replica_is_unloaded_once_the_proxy_has_drained_it(
         assert asked == ["add_one"] * 3
 
 
+async def test_a_replica_taken_back_during_its_drain_stays_loaded_and_is_listed_again(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """Scaled back up while it drains (the binder lists it not draining again): the drain ends
+    where it is, before the unload, and the replica is listed again with nothing reloaded;
+    taken back before it left the file, it never leaves it."""
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+
+    async def proxy_holds(model: str) -> bool:
+        return True  # the proxy holds the model's requests: the drain runs to its bound
+
+    async with following(
+        address, tmp_path, drain_seconds=60.0, unroute_seconds=0.3, proxy_holds=proxy_holds
+    ):
+        await until(lambda: names(tmp_path) == ["add_one"], "listed")
+        servicer.replicas["add_one"].draining = True
+        await until(lambda: names(tmp_path) == [], "out of the file, draining")
+        servicer.replicas["add_one"].draining = False
+        await until(lambda: names(tmp_path) == ["add_one"], "listed again", seconds=5.0)
+        servicer.replicas["add_one"].draining = True
+        await asyncio.sleep(0.1)  # within unroute_seconds: still in the file
+        servicer.replicas["add_one"].draining = False
+        await asyncio.sleep(0.5)
+        assert names(tmp_path) == ["add_one"]
+        assert servicer.count("UnloadModel", "add_one") == 0
+        assert servicer.count("LoadModel", "add_one") == 1
+        assert servicer.models["add_one"][0] == agent_pb2.MODEL_STATE_READY
+
+
+async def test_a_replica_taken_back_after_its_unload_is_loaded_again(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    async with following(address, tmp_path, drain_seconds=0.1):
+        await until(lambda: names(tmp_path) == ["add_one"], "listed")
+        servicer.replicas["add_one"].draining = True
+        await until(lambda: not servicer.models, "unloaded")
+        servicer.replicas["add_one"].draining = False
+        await until(lambda: names(tmp_path) == ["add_one"], "loaded and listed again")
+        assert servicer.count("LoadModel", "add_one") == 2
+
+
 async def test_a_failing_replica_does_not_hold_up_another(
     agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
 ) -> None:
