@@ -127,7 +127,7 @@ class NodePublisher:
 
     # GPUs.
     def read_gpus(self) -> GpuSnapshot | None:
-        """Read NVML once; keep the last good snapshot when NVML itself fails."""
+        """Read NVML once; keep the last good snapshot when NVML fails, in any way."""
         if self._reader is None:
             self.snapshot, self.gpus_read = GpuSnapshot(), True
             return self.snapshot
@@ -141,6 +141,18 @@ class NodePublisher:
                 return self.snapshot
             if str(e) != self.nvml_error:
                 log.error("Reading the GPUs failed: %s The node stays not ready.", e)
+            self.nvml_error = str(e)
+            self.gpus_read = False
+            return self.snapshot
+        except Exception as e:
+            # Whatever NVML's library raises beyond its own errors: the agent's loops go on, and
+            # the node stays not ready until a reading succeeds.
+            if str(e) != self.nvml_error:
+                log.exception(
+                    "Reading the GPUs failed unexpectedly (%s): the node stays not ready, and "
+                    "the last reading is kept until NVML answers again.",
+                    e,
+                )
             self.nvml_error = str(e)
             self.gpus_read = False
             return self.snapshot

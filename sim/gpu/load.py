@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes.client
+import urllib3
 
 from common.backends import runs_in_own_process
 from common.contract import Keys
@@ -94,7 +95,12 @@ class ModelFootprints:
                 return self._cached[1]
             try:
                 footprint = self._read(now)
-            except (OSError, ValueError, kubernetes.client.exceptions.ApiException) as e:
+            except (
+                OSError,
+                ValueError,
+                kubernetes.client.exceptions.ApiException,
+                urllib3.exceptions.HTTPError,  # the API server away: MaxRetryError
+            ) as e:
                 log.warning("Simulated model memory is unknown for now (%s): unchanged.", e)
                 footprint = self._cached[1]  # Triton or the API away: the GPUs keep their state
             self._cached = (now, footprint)

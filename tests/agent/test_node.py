@@ -356,3 +356,46 @@ async def test_an_agent_that_sees_fewer_gpus_than_its_node_advertises_refuses_to
     running = await start_agent(settings, MockNvml(parse_spec("2xT4", seed=NODE)))
     assert running.agent.grpc_address
     await running.stop()
+
+
+async def test_an_unexpected_error_reading_the_gpus_stops_neither_the_loop_nor_the_lease(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    node: str,
+    kubeconfig: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NVML's library raising something not its own (here the mock's workload, as a failing
+    dependency of a real driver might): the node turns not ready and keeps its last reading, the
+    Lease is still renewed, and the next good reading makes it ready again."""
+    stop = asyncio.Event()
+    fake = FakeTime(until=200.0, stop=stop)
+    mock = MockNvml(parse_spec("1xT4", seed=NODE), clock=fake.clock)
+
+    def workload() -> dict[int, int]:
+        if 50 <= fake.now < 120:
+            raise RuntimeError("the library's own dependency is away")
+        return {}
+
+    mock.set_workload(workload)
+    kube = KubeClient(str(kubeconfig))
+    seen: list[tuple[float, bool]] = []
+
+    async def paced_sleep(seconds: float) -> None:
+        seen.append((fake.now, node_publisher.gpus_read))
+        await fake.sleep(seconds)
+
+    node_publisher = publisher(kube, mock, fake, sleep=paced_sleep)
+    try:
+        await node_publisher.run(stop)
+    finally:
+        await kube.close()
+    assert any(not read and 50 <= t < 120 for t, read in seen), seen
+    assert all(read for t, read in seen if t >= 130), seen
+    assert "Reading the GPUs failed unexpectedly" in caplog.text
+    lease = kubernetes.client.CoordinationV1Api(kube_api).read_namespaced_lease(
+        f"tritonshare-agent-{NODE}", "tritonshare-system"
+    )
+    assert lease.spec is not None and lease.spec.renew_time is not None
+    renewed = lease.spec.renew_time.timestamp() - fake.wall().timestamp()
+    assert renewed > -60, "renewed until the end, through the failing readings"
