@@ -44,6 +44,7 @@ import http.client
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import sys
@@ -238,7 +239,9 @@ class Kubelet:
         else:
             code = f"exit code {returncode}"
         cause = cause or self.causes.pop(name, "") or "unknown (see its last lines)"
-        lines = " | ".join(line.strip() for line in last_lines.splitlines()[-3:] if line.strip())
+        lines = " | ".join(
+            line.strip()[:160] for line in last_lines.splitlines()[-3:] if line.strip()
+        )
         self.exits.append(Exit(time.monotonic() - self.began, name, code, cause, lines))
 
     def _watch_processes(self) -> None:
@@ -324,7 +327,9 @@ class Kubelet:
                         f"pod {key[0]}",
                         f"exit code {code}",
                         cause,
-                        " | ".join(str(ended.get("message") or "").strip().splitlines()[-3:]),
+                        " | ".join(
+                            line[:160] for line in str(ended.get("message") or "").splitlines()[-3:]
+                        ),
                     )
                 )
 
@@ -699,6 +704,8 @@ def report(
 
 def run(minutes: float, seed: int, kinds: list[str]) -> int:
     plan = schedule(kinds, seed, rounds=max(1, int(minutes * 60 // (45 * len(kinds))) + 1))
+    command = shlex.join(["python", "-m", "benchmarks.churn", *sys.argv[1:]])
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, `{command}`")
     print(f"seed {seed}; schedule (taken in order while --minutes {minutes:g} last; every kind at")
     print("least once):")
     for i, change in enumerate(plan):
@@ -725,13 +732,16 @@ def run(minutes: float, seed: int, kinds: list[str]) -> int:
                 kubelet.start()
                 churn.start_clients()
                 print("every model answers; the churn starts", flush=True)
+                began = time.monotonic()
                 done = apply_plan(churn, plan, minutes, kinds)
                 elapsed = (time.monotonic() - done[0].start) / 60 if done else 0.0
             finally:
                 churn.stop_clients()
                 kubelet.stop()
                 proxy.stop()
-            return report(tally(churn.requests, done), done, kubelet.exits, seed, elapsed)
+            # The warm-up's requests, before every model had answered once, are not counted.
+            counted = [r for r in churn.requests if r.start >= began]
+            return report(tally(counted, done), done, kubelet.exits, seed, elapsed)
 
 
 def apply_plan(churn: Churn, plan: list[Change], minutes: float, kinds: list[str]) -> list[Change]:
