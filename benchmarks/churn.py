@@ -40,8 +40,10 @@ Run: .venv/bin/python -m benchmarks.churn [--minutes 10] [--seed 1] [--changes s
 from __future__ import annotations
 
 import contextlib
+import datetime
 import http.client
 import json
+import logging
 import os
 import random
 import shlex
@@ -63,7 +65,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from benchmarks import command_line
-from common.contract import Keys
+from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys
 from sim.cluster import NodeSpec, SimCluster
 from sim.crashers import load_killer
 from sim.demo.rollout import deployment_manifest, new_release
@@ -81,6 +83,12 @@ CLIENT_INTERVAL = 0.1
 """Seconds between a client's requests."""
 SETTLE = 10.0
 """Seconds a change's window lasts after the change is complete."""
+LOG_LINES_PER_LOGGER = 5
+BACK_OFF_FIRST = 10.0
+BACK_OFF_MAX = 300.0
+"""The kubelet's container restart back-off: none for a first exit, then 10 s doubling to 5
+minutes (the restart count is kept for the whole run: none runs the 10 minutes that reset it)."""
+
 OUTAGE = 20.0
 """Seconds the API server is down."""
 KINDS = (
@@ -218,6 +226,8 @@ class Kubelet:
         """What the benchmark did to a process it killed, by its name."""
         self._seen: set[tuple[str, int, str]] = set()
         self.list_failures = 0
+        self._restarts: dict[str, tuple[int, float]] = {}
+        self._down: set[str] = set()
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._watch_processes, name="churn-kubelet"),
@@ -246,11 +256,29 @@ class Kubelet:
 
     def _watch_processes(self) -> None:
         while not self._stop.wait(0.5):
-            with self.lock:
-                try:
-                    self._restart_exited()
-                except ClusterError as e:
-                    self.record("kubelet", None, str(e), "a restart failed")
+            # A failed restart's exit is recorded by the next look.
+            with self.lock, contextlib.suppress(ClusterError):
+                self._restart_exited()
+
+    def _may_restart(self, name: str) -> bool:
+        """Whether the kubelet's back-off lets `name` start again now: at once after its first
+        exit, then 10 s doubling to 5 minutes, as for a container in CrashLoopBackOff."""
+        restarts, last = self._restarts.get(name, (0, 0.0))
+        delay = 0.0 if restarts == 0 else min(BACK_OFF_MAX, BACK_OFF_FIRST * 2 ** (restarts - 1))
+        if time.monotonic() - last < delay:
+            return False
+        self._restarts[name] = (restarts + 1, time.monotonic())
+        return True
+
+    def _exited(self, name: str, returncode: int | None, last_lines: str) -> bool:
+        """Record an exit once; whether the process may be started again now."""
+        if name not in self._down:
+            self._down.add(name)
+            self.record(name, returncode, last_lines)
+        if not self._may_restart(name):
+            return False
+        self._down.discard(name)
+        return True
 
     def _restart_exited(self) -> None:
         cluster = self.cluster
@@ -259,7 +287,8 @@ class Kubelet:
             if triton is not None and triton.exited():
                 assert triton.process is not None
                 tail = triton.log_path.read_text(errors="replace") if triton.log_path else ""
-                self.record(f"triton/{node.name}", triton.process.returncode, tail)
+                if not self._exited(f"triton/{node.name}", triton.process.returncode, tail):
+                    continue
                 triton.restart()
                 if triton.process is not None:
                     pid_file = cluster.workdir / "nodes" / node.name / "triton.pid"
@@ -267,28 +296,21 @@ class Kubelet:
             agent = cluster.agents.get(node.name)
             if agent is not None and not agent.process.alive():
                 assert agent.process.process is not None
-                self.record(
-                    agent.process.name, agent.process.process.returncode, agent.process.log_tail(5)
-                )
-                cluster.restart_node_container("agent", node.name)
+                code = agent.process.process.returncode
+                if self._exited(agent.process.name, code, agent.process.log_tail(5)):
+                    cluster.restart_node_container("agent", node.name)
             gateway = cluster.gateways.get(node.name)
             if gateway is not None and not gateway.process.alive():
                 assert gateway.process.process is not None
-                self.record(
-                    gateway.process.name,
-                    gateway.process.process.returncode,
-                    gateway.process.log_tail(5),
-                )
-                cluster.restart_node_container("gateway", node.name)
+                code = gateway.process.process.returncode
+                if self._exited(gateway.process.name, code, gateway.process.log_tail(5)):
+                    cluster.restart_node_container("gateway", node.name)
         for binder in cluster.binders:
             if not binder.process.alive():
                 assert binder.process.process is not None
-                self.record(
-                    binder.process.name,
-                    binder.process.process.returncode,
-                    binder.process.log_tail(5),
-                )
-                binder.process.start(cluster.env)
+                code = binder.process.process.returncode
+                if self._exited(binder.process.name, code, binder.process.log_tail(5)):
+                    binder.process.start(cluster.env)
 
     def _watch_pods(self) -> None:
         while not self._stop.wait(2.0):
@@ -307,7 +329,11 @@ class Kubelet:
     def _pod_exits(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         deleting = bool(meta.get("deletionTimestamp"))
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        status_of = pod.get("status") or {}
+        statuses = (status_of.get("initContainerStatuses") or []) + (
+            status_of.get("containerStatuses") or []
+        )
+        for status in statuses:
             for state in (status.get("lastState") or {}, status.get("state") or {}):
                 ended = state.get("terminated")
                 if not ended:
@@ -437,6 +463,26 @@ class Churn:
         model = self.tm(name) or {}
         return bool((model.get("status") or {}).get("readyReplicas", 0) == count)
 
+    def conditions(self, name: str) -> str:
+        """The TritonModel's conditions that are not True, as its status says them."""
+        status = (self.tm(name) or {}).get("status") or {}
+        said = [
+            f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+            for c in status.get("conditions") or []
+            if c.get("status") != "True"
+        ]
+        return "; ".join(said) or "no condition is False"
+
+    def wait_ready(self, name: str, count: int, timeout: float) -> None:
+        """Until `count` replicas of TritonModel `name` are ready; ClusterError with its
+        conditions after `timeout` seconds."""
+        wait_until(
+            f"{name} at {count} ready",
+            partial(self.ready, name, count),
+            timeout,
+            partial(self.conditions, name),
+        )
+
     def scale(self, name: str, replicas: int) -> None:
         patch = {"spec": {"replicas": replicas}}
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, name, patch)
@@ -463,10 +509,10 @@ class Churn:
     def do_scale(self, change: Change) -> None:
         change.touched = frozenset({"scaled"})
         self.scale("scaled", 3)
-        wait_until("scaled at 3 ready", lambda: self.ready("scaled", 3), 180)
+        self.wait_ready("scaled", 3, 180)
         time.sleep(5)
         self.scale("scaled", 1)
-        wait_until("scaled back at 1 ready", lambda: self.ready("scaled", 1), 120)
+        self.wait_ready("scaled", 1, 120)
 
     def do_zero(self, change: Change) -> None:
         change.touched = frozenset({"zero"})
@@ -480,7 +526,7 @@ class Churn:
         time.sleep(5)
         client.active.set()
         woke = time.monotonic()
-        wait_until("zero ready again", lambda: self.ready("zero", 1), 120)
+        self.wait_ready("zero", 1, 120)
         change.note = f"answered again after {time.monotonic() - woke:.1f} s"
         time.sleep(5)
 
@@ -488,7 +534,7 @@ class Churn:
         change.touched = frozenset({"neighbour"})
         body = self.tritonmodel("neighbour", {"replicas": 2})
         self.custom.create_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, body)
-        wait_until("the neighbour ready", lambda: self.ready("neighbour", 2), 180)
+        self.wait_ready("neighbour", 2, 180)
         time.sleep(5)
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, "neighbour")
         wait_until("the neighbour gone", lambda: self.tm("neighbour") is None, 120)
@@ -504,9 +550,11 @@ class Churn:
             self.core.create_namespaced_secret(TEAM_A, secret, _preload_content=False)
         body = self.tritonmodel("private", {"storageSecret": "store-credentials"})
         self.custom.create_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, body)
-        wait_until("the model with a storageSecret ready", lambda: self.ready("private", 1), 240)
-        time.sleep(5)
-        self.custom.delete_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, "private")
+        try:
+            self.wait_ready("private", 1, 150)
+            time.sleep(5)
+        finally:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, "private")
         wait_until("the model with a storageSecret gone", lambda: self.tm("private") is None, 120)
 
     def do_rollout(self, change: Change) -> None:
@@ -572,18 +620,31 @@ class Churn:
 
         self._restarted(running, "the gateway")
 
+    def binder_lease(self) -> tuple[str, datetime.datetime | None]:
+        """The binder leader lease's holder and last renewal."""
+        coordination = cast(Any, kubernetes.client.CoordinationV1Api(self.cluster.kube))
+        lease = coordination.read_namespaced_lease("tritonshare-binder", DEFAULT_SYSTEM_NAMESPACE)
+        return str(lease.spec.holder_identity or ""), lease.spec.renew_time
+
     def do_binder(self, change: Change) -> None:
-        leader = self.cluster.binder_leader()
+        leader, _ = self.binder_lease()
         binder = next(b for b in self.cluster.binders if b.identity == leader)
         assert binder.process.process is not None
-        self._kill(binder.process.name, binder.process.process.pid, "SIGKILL by the churn (leader)")
+        killed = binder.process.process.pid
+        self._kill(binder.process.name, killed, "SIGKILL by the churn (leader)")
+        at = datetime.datetime.now(datetime.UTC)
 
-        def new_leader() -> bool:
-            now = self.cluster.binder_leader()
-            return bool(now) and now != leader
+        def led_again() -> bool:
+            """A live binder renewed the lease since the kill (the killed one once restarted,
+            under its own identity, may take it back)."""
+            holder, renewed = self.binder_lease()
+            by = next((b for b in self.cluster.binders if b.identity == holder), None)
+            if by is None or by.process.process is None or not by.process.alive():
+                return False
+            return renewed is not None and renewed > at and by.process.process.pid != killed
 
-        wait_until("a new binder leader", new_leader, 90)
-        change.note = f"{leader} killed; {self.cluster.binder_leader()} leads"
+        wait_until("the leader lease renewed by a live binder", led_again, 90)
+        change.note = f"{leader} killed; {self.binder_lease()[0]} leads"
 
     def do_apiserver(self, change: Change) -> None:
         assert self.cluster.apiserver is not None
@@ -702,7 +763,25 @@ def report(
     return 1 if bad else 0
 
 
+class FirstOnly(logging.Filter):
+    """The first `LOG_LINES_PER_LOGGER` warnings of each logger of this process (the API server's
+    outage makes every watch say so, once a second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        seen = self.counts[record.name] = self.counts.get(record.name, 0) + 1
+        return seen <= LOG_LINES_PER_LOGGER
+
+
 def run(minutes: float, seed: int, kinds: list[str]) -> int:
+    handler = logging.StreamHandler()
+    handler.addFilter(FirstOnly())
+    logging.basicConfig(
+        level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", handlers=[handler]
+    )
     plan = schedule(kinds, seed, rounds=max(1, int(minutes * 60 // (45 * len(kinds))) + 1))
     command = shlex.join(["python", "-m", "benchmarks.churn", *sys.argv[1:]])
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, `{command}`")
