@@ -287,6 +287,12 @@ class Kubelet:
             if triton is not None and triton.exited():
                 assert triton.process is not None
                 tail = triton.log_path.read_text(errors="replace") if triton.log_path else ""
+                loading = [line for line in tail.splitlines() if "loading: " in line]
+                if loading and f"triton/{node.name}" not in self._down:
+                    model = loading[-1].rpartition("loading: ")[2].strip('" ')
+                    self.causes[f"triton/{node.name}"] = (
+                        f"not this benchmark; it last loaded {model}"
+                    )
                 if not self._exited(f"triton/{node.name}", triton.process.returncode, tail):
                     continue
                 triton.restart()
@@ -333,6 +339,7 @@ class Kubelet:
         statuses = (status_of.get("initContainerStatuses") or []) + (
             status_of.get("containerStatuses") or []
         )
+        inits = {c["name"] for c in pod["spec"].get("initContainers") or []}
         for status in statuses:
             for state in (status.get("lastState") or {}, status.get("state") or {}):
                 ended = state.get("terminated")
@@ -344,6 +351,8 @@ class Kubelet:
                     continue
                 self._seen.add(key)
                 code = int(ended.get("exitCode") or 0)
+                if code == 0 and status["name"] in inits:
+                    continue  # an init container's normal end
                 cause = f"{ended.get('reason') or 'terminated'}" + (
                     " (pod deleted)" if deleting else ""
                 )
@@ -834,7 +843,7 @@ def apply_plan(churn: Churn, plan: list[Change], minutes: float, kinds: list[str
         try:
             churn.apply(change)
         except (ClusterError, kubernetes.client.ApiException) as e:
-            change.note = f"did not complete: {str(e).splitlines()[0][:200]}"
+            change.note = f"did not complete: {str(e).splitlines()[0][:500]}"
         time.sleep(SETTLE)
         change.end = time.monotonic()
         done.append(change)
