@@ -23,9 +23,11 @@ request fails on an answer other than 200 (gRPC: OK), a connection error, or no 
   down 20 s (`RunningApiServer.pause`); crasher: a model pod in namespace `crash` whose model
   kills its node's Triton as it loads.
 
-The simulated cluster runs the node pod's processes itself, without a kubelet: this script
-restarts any of them that exits (Triton, agent, gateway, a binder), at once, as the kubelet
-restarts a container of a `restartPolicy: Always` pod, and records the exit.
+The simulated cluster runs the node pod's processes and the binders itself, without a kubelet:
+this script restarts any of them that exits (Triton, agent, gateway, a binder) as the kubelet
+restarts a container of a `restartPolicy: Always` pod (at once, then with its back-off of 10 s
+doubling to 5 minutes), and records the exit. A change that does not complete within its limit
+is noted beside it, with the TritonModel's conditions where one is waited for, and the run goes on.
 
 Printed: the seed and the schedule, then per kind of change the failed requests of the models it
 did not touch, of those it touched, of the two-replica models whatever the change, the requests
