@@ -112,6 +112,8 @@ BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
 ).encode()
 SERVES = f"{KEYS.prefix}serves-"
+HEADERS = json.dumps({"Authorization": "Bearer churn"})
+"""The storageSecret's headers: the loader wants at least one; the sim's store asks for none."""
 
 
 @dataclass(frozen=True)
@@ -555,7 +557,7 @@ class Churn:
         host = self.store.base_url.split("//", 1)[1].split("/", 1)[0]
         secret = {
             "metadata": {"name": "store-credentials"},
-            "stringData": {"https-host": host.split(":")[0], "headers": "{}"},
+            "stringData": {"https-host": host.split(":")[0], "headers": HEADERS},
         }
         with contextlib.suppress(kubernetes.client.ApiException):
             self.core.create_namespaced_secret(TEAM_A, secret, _preload_content=False)
