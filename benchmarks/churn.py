@@ -23,6 +23,10 @@ request fails on an answer other than 200 (gRPC: OK), a connection error, or no 
   down 20 s (`RunningApiServer.pause`); crasher: a model pod in namespace `crash` whose model
   kills its node's Triton as it loads.
 
+A change touches the model it changes (the neighbour, secret and crasher changes: only their own
+model, which no client calls); node-pod and gateway touch every model served on that node when
+they begin; agent, binder and apiserver touch none (they are not on the requests' path).
+
 The simulated cluster runs the node pod's processes and the binders itself, without a kubelet:
 this script restarts any of them that exits (Triton, agent, gateway, a binder) as the kubelet
 restarts a container of a `restartPolicy: Always` pod (at once, then with its back-off of 10 s
