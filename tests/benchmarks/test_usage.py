@@ -12,6 +12,7 @@ BENCHMARKS = (
     "agent_install",
     "binder_e2e",
     "binder_placement",
+    "churn",
     "density",
     "held_bytes",
     "kserve_client",

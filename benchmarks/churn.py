@@ -1,0 +1,893 @@
+"""Benchmark: every failed request while the fleet changes shape (churn).
+
+On the simulated cluster with the real processes (two real nodes of two T4s, each with its own
+Triton on the CPU, agent and gateway; two binders; the webhook), models in two namespaces answer
+steady client load through their Services (`sim.service.ServiceProxy` stands in for kube-proxy):
+
+- `team-a`, TritonModels: `steady` (2 replicas, `always`; REST and gRPC clients), `lazy`
+  (`on-demand`), `scaled` (1 replica, the scale change's model) and `zero` (the built-in
+  autoscaler, `minReplicas: 0`, a 6 s window);
+- `team-b`, a Deployment `pods` of 2 model pods in the short form, behind a Service of its own.
+
+Each client sends one request every `CLIENT_INTERVAL` seconds on a keep-alive connection; a
+request fails on an answer other than 200 (gRPC: OK), a connection error, or no answer within
+`DEADLINE` seconds. Meanwhile a schedule drawn from `--seed` applies one change at a time:
+
+- scale: `scaled` 1 -> 3 -> 1 replicas; zero: `zero`'s client stops until the autoscaler sets it
+  to 0, then sends again 5 s later (while its last replica may still drain);
+- neighbour: a TritonModel created beside `steady` and deleted; secret: a TritonModel with a
+  `storageSecret` joins `team-a` (its hosts are replaced) and leaves; rollout: `pods` rolled to
+  new files;
+- node-pod: a node's node pod replaced (`SimCluster.replace_node_pod`); agent, gateway: that
+  process of a node SIGKILLed; binder: the leader binder SIGKILLed; apiserver: the API server
+  down 20 s (`RunningApiServer.pause`); crasher: a model pod in namespace `crash` whose model
+  kills its node's Triton as it loads.
+
+A change touches the model it changes (the neighbour, secret and crasher changes: only their own
+model, which no client calls); node-pod and gateway touch every model served on that node when
+they begin; agent, binder and apiserver touch none (they are not on the requests' path).
+
+The simulated cluster runs the node pod's processes and the binders itself, without a kubelet:
+this script restarts any of them that exits (Triton, agent, gateway, a binder) as the kubelet
+restarts a container of a `restartPolicy: Always` pod (at once, then with its back-off of 10 s
+doubling to 5 minutes), and records the exit. A change that does not complete within its limit
+is noted beside it, with the TritonModel's conditions where one is waited for, and the run goes on.
+
+Printed: the seed and the schedule, then per kind of change the failed requests of the models it
+did not touch, of those it touched, of the two-replica models whatever the change, the requests
+sent and the worst latency during it; the first failures of each kind; every process exit (node
+pod processes, binders, and pods' containers as their status reports them) with its cause; and
+one last line `churn: ...`. It exits 1 when a model a change did not touch, a two-replica model,
+or the model scaled to zero and back failed a request.
+
+Run: .venv/bin/python -m benchmarks.churn [--minutes 10] [--seed 1] [--changes scale,zero,...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import http.client
+import json
+import logging
+import os
+import random
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes.client
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from benchmarks import command_line
+from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys
+from sim.cluster import NodeSpec, SimCluster
+from sim.crashers import load_killer
+from sim.demo.rollout import deployment_manifest, new_release
+from sim.demo.scenario import MODELS_DIR
+from sim.processes import ClusterError, wait_until
+from sim.service import ServiceProxy
+
+KEYS = Keys()
+GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+TEAM_A, TEAM_B, CRASH = "team-a", "team-b", "crash"
+NODES = (NodeSpec("gpu-a", "2xT4", real=True), NodeSpec("gpu-b", "2xT4", real=True))
+DEADLINE = 10.0
+"""Seconds a request may take before it counts as failed (no answer)."""
+CLIENT_INTERVAL = 0.1
+"""Seconds between a client's requests."""
+SETTLE = 10.0
+"""Seconds a change's window lasts after the change is complete."""
+LOG_LINES_PER_LOGGER = 5
+BACK_OFF_FIRST = 10.0
+BACK_OFF_MAX = 300.0
+"""The kubelet's container restart back-off: none for a first exit, then 10 s doubling to 5
+minutes (the restart count is kept for the whole run: none runs the 10 minutes that reset it)."""
+
+OUTAGE = 20.0
+"""Seconds the API server is down."""
+KINDS = (
+    "scale",
+    "zero",
+    "neighbour",
+    "secret",
+    "rollout",
+    "node-pod",
+    "agent",
+    "gateway",
+    "binder",
+    "apiserver",
+    "crasher",
+)
+TWO_REPLICAS = frozenset({"steady", "pods"})
+"""Models with two replicas throughout: no change may fail their requests."""
+BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+).encode()
+SERVES = f"{KEYS.prefix}serves-"
+HEADERS = json.dumps({"Authorization": "Bearer churn"})
+"""The storageSecret's headers: the loader wants at least one; the sim's store asks for none."""
+
+
+@dataclass(frozen=True)
+class Request:
+    model: str
+    protocol: str
+    start: float
+    end: float
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Change:
+    kind: str
+    node: str
+    start: float = 0.0
+    end: float = 0.0
+    touched: frozenset[str] = frozenset()
+    note: str = ""
+
+
+@dataclass
+class Exit:
+    at: float
+    name: str
+    code: str
+    cause: str
+    last_lines: str
+
+
+class Client:
+    """One model's caller through its Service, one request at a time, every answer kept."""
+
+    def __init__(self, model: str, protocol: str, address: str, log: list[Request]) -> None:
+        self.model, self.protocol, self.address = model, protocol, address
+        self.log = log
+        self.active = threading.Event()
+        self.active.set()
+        self.answered = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"client-{model}-{protocol}")
+        self._http: http.client.HTTPConnection | None = None
+        self._grpc: grpcclient.InferenceServerClient | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(DEADLINE + 5)
+        if self._http is not None:
+            self._http.close()
+        if self._grpc is not None:
+            self._grpc.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.active.is_set():
+                self._stop.wait(0.05)
+                continue
+            began = time.monotonic()
+            ok, detail = self._rest() if self.protocol == "rest" else self._grpc_call()
+            self.log.append(Request(self.model, self.protocol, began, time.monotonic(), ok, detail))
+            if ok:
+                self.answered.set()
+            self._stop.wait(CLIENT_INTERVAL)
+
+    def _rest(self) -> tuple[bool, str]:
+        if self._http is None:
+            self._http = http.client.HTTPConnection(self.address, 9000, timeout=DEADLINE)
+        try:
+            self._http.request(
+                "POST",
+                f"/v2/models/{self.model}/infer",
+                BODY,
+                {"Content-Type": "application/json"},
+            )
+            answer = self._http.getresponse()
+            body = answer.read()
+        except (OSError, http.client.HTTPException) as e:
+            self._http.close()
+            self._http = None
+            return False, f"{type(e).__name__}: {e}"
+        if answer.status == 200:
+            return True, ""
+        retry = answer.getheader("Retry-After")
+        said = body[:200].decode(errors="replace")
+        return False, f"{answer.status}{f' Retry-After {retry}' if retry else ''}: {said}"
+
+    def _grpc_call(self) -> tuple[bool, str]:
+        if self._grpc is None:
+            self._grpc = grpcclient.InferenceServerClient(f"{self.address}:9001")
+        tensor = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+        tensor.set_data_from_numpy(np.array([[1.0, 2.0, 3.0]], dtype=np.float32))
+        try:
+            self._grpc.infer(self.model, [tensor], client_timeout=DEADLINE)
+        except InferenceServerException as e:
+            return False, f"{e.status()}: {str(e.message())[:200]}"
+        return True, ""
+
+
+class Kubelet:
+    """The node pod's containers and the binders' restarts, as a kubelet would do them; every exit
+    of theirs and of the pods' containers recorded."""
+
+    def __init__(self, cluster: SimCluster, began: float) -> None:
+        self.cluster = cluster
+        self.began = began
+        self.lock = threading.RLock()
+        """Held by a change that stops or starts node pod processes itself."""
+        self.exits: list[Exit] = []
+        self.causes: dict[str, str] = {}
+        """What the benchmark did to a process it killed, by its name."""
+        self._seen: set[tuple[str, int, str]] = set()
+        self.list_failures = 0
+        self._restarts: dict[str, tuple[int, float]] = {}
+        self._down: set[str] = set()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._watch_processes, name="churn-kubelet"),
+            threading.Thread(target=self._watch_pods, name="churn-pod-exits"),
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(90)
+
+    def record(self, name: str, returncode: int | None, last_lines: str, cause: str = "") -> None:
+        if returncode is not None and returncode < 0:
+            code = f"signal {signal.Signals(-returncode).name}"
+        else:
+            code = f"exit code {returncode}"
+        cause = cause or self.causes.pop(name, "") or "unknown (see its last lines)"
+        lines = " | ".join(
+            line.strip()[:160] for line in last_lines.splitlines()[-3:] if line.strip()
+        )
+        self.exits.append(Exit(time.monotonic() - self.began, name, code, cause, lines))
+
+    def _watch_processes(self) -> None:
+        while not self._stop.wait(0.5):
+            # A failed restart's exit is recorded by the next look.
+            with self.lock, contextlib.suppress(ClusterError):
+                self._restart_exited()
+
+    def _may_restart(self, name: str) -> bool:
+        """Whether the kubelet's back-off lets `name` start again now: at once after its first
+        exit, then 10 s doubling to 5 minutes, as for a container in CrashLoopBackOff."""
+        restarts, last = self._restarts.get(name, (0, 0.0))
+        delay = 0.0 if restarts == 0 else min(BACK_OFF_MAX, BACK_OFF_FIRST * 2 ** (restarts - 1))
+        if time.monotonic() - last < delay:
+            return False
+        self._restarts[name] = (restarts + 1, time.monotonic())
+        return True
+
+    def _exited(self, name: str, returncode: int | None, last_lines: str) -> bool:
+        """Record an exit once; whether the process may be started again now."""
+        if name not in self._down:
+            self._down.add(name)
+            self.record(name, returncode, last_lines)
+        if not self._may_restart(name):
+            return False
+        self._down.discard(name)
+        return True
+
+    def _restart_exited(self) -> None:
+        cluster = self.cluster
+        for node in cluster.real_nodes:
+            triton = cluster.tritons.get(node.name)
+            if triton is not None and triton.exited():
+                assert triton.process is not None
+                tail = triton.log_path.read_text(errors="replace") if triton.log_path else ""
+                loading = [line for line in tail.splitlines() if "loading: " in line]
+                if loading and f"triton/{node.name}" not in self._down:
+                    model = loading[-1].rpartition("loading: ")[2].strip('" ')
+                    self.causes[f"triton/{node.name}"] = (
+                        f"not this benchmark; it last loaded {model}"
+                    )
+                if not self._exited(f"triton/{node.name}", triton.process.returncode, tail):
+                    continue
+                triton.restart()
+                if triton.process is not None:
+                    pid_file = cluster.workdir / "nodes" / node.name / "triton.pid"
+                    pid_file.write_text(f"{triton.process.pid}\n")
+            agent = cluster.agents.get(node.name)
+            if agent is not None and not agent.process.alive():
+                assert agent.process.process is not None
+                code = agent.process.process.returncode
+                if self._exited(agent.process.name, code, agent.process.log_tail(5)):
+                    cluster.restart_node_container("agent", node.name)
+            gateway = cluster.gateways.get(node.name)
+            if gateway is not None and not gateway.process.alive():
+                assert gateway.process.process is not None
+                code = gateway.process.process.returncode
+                if self._exited(gateway.process.name, code, gateway.process.log_tail(5)):
+                    cluster.restart_node_container("gateway", node.name)
+        for binder in cluster.binders:
+            if not binder.process.alive():
+                assert binder.process.process is not None
+                code = binder.process.process.returncode
+                if self._exited(binder.process.name, code, binder.process.log_tail(5)):
+                    binder.process.start(cluster.env)
+
+    def _watch_pods(self) -> None:
+        while not self._stop.wait(2.0):
+            try:
+                listed = json.loads(
+                    self.cluster.core.list_pod_for_all_namespaces(
+                        _preload_content=False, _request_timeout=5
+                    ).data
+                )
+            except Exception:  # the API server may be down: the next list sees the rest
+                self.list_failures += 1
+                continue
+            for pod in listed.get("items", []):
+                self._pod_exits(pod)
+
+    def _pod_exits(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        deleting = bool(meta.get("deletionTimestamp"))
+        status_of = pod.get("status") or {}
+        statuses = (status_of.get("initContainerStatuses") or []) + (
+            status_of.get("containerStatuses") or []
+        )
+        inits = {c["name"] for c in pod["spec"].get("initContainers") or []}
+        for status in statuses:
+            for state in (status.get("lastState") or {}, status.get("state") or {}):
+                ended = state.get("terminated")
+                if not ended:
+                    continue
+                key = (f"{meta['namespace']}/{meta['name']}", 0, str(ended.get("finishedAt")))
+                key = (f"{key[0]}/{status['name']}", int(status.get("restartCount") or 0), key[2])
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                code = int(ended.get("exitCode") or 0)
+                if code == 0 and status["name"] in inits:
+                    continue  # an init container's normal end
+                cause = f"{ended.get('reason') or 'terminated'}" + (
+                    " (pod deleted)" if deleting else ""
+                )
+                self.exits.append(
+                    Exit(
+                        time.monotonic() - self.began,
+                        f"pod {key[0]}",
+                        f"exit code {code}",
+                        cause,
+                        " | ".join(
+                            line[:160] for line in str(ended.get("message") or "").splitlines()[-3:]
+                        ),
+                    )
+                )
+
+
+class Churn:
+    """The cluster's workloads, their clients, and the changes applied to them."""
+
+    def __init__(self, cluster: SimCluster, workdir: Path, kubelet: Kubelet) -> None:
+        assert cluster.kube is not None and cluster.model_store is not None
+        self.cluster = cluster
+        self.workdir = workdir
+        self.kubelet = kubelet
+        self.store = cluster.model_store
+        self.core = cluster.core
+        self.apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
+        self.custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+        self.requests: list[Request] = []
+        self.clients: dict[str, Client] = {}
+        self.releases = 0
+
+    # ---- workloads -----------------------------------------------------------------------------
+
+    def tritonmodel(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        uri = self.store.publish(name, MODELS_DIR / "add_one")
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TritonModel",
+            "metadata": {"name": name},
+            "spec": {"storageUri": uri, "gpuMemory": "256Mi", **spec},
+        }
+
+    def create_workloads(self) -> None:
+        for namespace in (TEAM_A, TEAM_B, CRASH):
+            self.core.create_namespace({"metadata": {"name": namespace}}, _preload_content=False)
+        models: dict[str, dict[str, Any]] = {
+            "steady": {"replicas": 2},
+            "lazy": {"residency": "on-demand"},
+            "scaled": {"replicas": 1},
+            "zero": {"autoscaling": {"target": 1, "minReplicas": 0, "window": "6s"}},
+        }
+        for name, spec in models.items():
+            self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, TEAM_A, PLURAL, self.tritonmodel(name, spec)
+            )
+        uri = self.store.publish("pods", MODELS_DIR / "add_one")
+        self.apps.create_namespaced_deployment(
+            TEAM_B, deployment_manifest(uri, replicas=2, name="pods")
+        )
+        ports = [
+            {"name": "http", "port": 9000, "targetPort": "http"},
+            {"name": "grpc", "port": 9001, "targetPort": "grpc"},
+        ]
+        service: dict[str, Any] = {
+            "metadata": {"name": "pods"},
+            "spec": {"selector": {"app": "pods"}},
+        }
+        service["spec"]["ports"] = ports
+        self.core.create_namespaced_service(TEAM_B, service, _preload_content=False)
+
+    def service_address(self, namespace: str, name: str) -> str | None:
+        try:
+            service = self.core.read_namespaced_service(name, namespace)
+        except kubernetes.client.ApiException:
+            return None
+        return str(service.spec.cluster_ip) if service.spec.cluster_ip else None
+
+    def start_clients(self) -> None:
+        wanted = [
+            ("steady", TEAM_A, "rest"),
+            ("steady", TEAM_A, "grpc"),
+            ("lazy", TEAM_A, "rest"),
+            ("scaled", TEAM_A, "rest"),
+            ("zero", TEAM_A, "rest"),
+            ("pods", TEAM_B, "rest"),
+        ]
+        for model, namespace, protocol in wanted:
+            address = wait_until(
+                f"the Service of {namespace}/{model}",
+                partial(self.service_address, namespace, model),
+                300,
+            )
+            client = Client(model, protocol, address, self.requests)
+            client.start()
+            self.clients[f"{model}/{protocol}"] = client
+        for name, client in self.clients.items():
+            if not client.answered.wait(300):
+                raise ClusterError(f"{name} was not answered within 300 s of the start")
+
+    def stop_clients(self) -> None:
+        for client in self.clients.values():
+            client.stop()
+
+    def tm(self, name: str) -> dict[str, Any] | None:
+        try:
+            return cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, name),
+            )
+        except kubernetes.client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def ready(self, name: str, count: int) -> bool:
+        model = self.tm(name) or {}
+        return bool((model.get("status") or {}).get("readyReplicas", 0) == count)
+
+    def conditions(self, name: str) -> str:
+        """The TritonModel's conditions that are not True, as its status says them."""
+        status = (self.tm(name) or {}).get("status") or {}
+        said = [
+            f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+            for c in status.get("conditions") or []
+            if c.get("status") != "True"
+        ]
+        return "; ".join(said) or "no condition is False"
+
+    def wait_ready(self, name: str, count: int, timeout: float) -> None:
+        """Until `count` replicas of TritonModel `name` are ready; ClusterError with its
+        conditions after `timeout` seconds."""
+        wait_until(
+            f"{name} at {count} ready",
+            partial(self.ready, name, count),
+            timeout,
+            partial(self.conditions, name),
+        )
+
+    def scale(self, name: str, replicas: int) -> None:
+        patch = {"spec": {"replicas": replicas}}
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, name, patch)
+
+    def models_on(self, node: str) -> frozenset[str]:
+        """The models with a serving pod on `node` now (a host's serves labels, a pod's app)."""
+        found: set[str] = set()
+        for namespace in (TEAM_A, TEAM_B):
+            for pod in self.core.list_namespaced_pod(namespace).items:
+                if pod.spec.node_name != node:
+                    continue
+                labels = pod.metadata.labels or {}
+                found |= {k.removeprefix(SERVES) for k in labels if k.startswith(SERVES)}
+                if "app" in labels:
+                    found.add(labels["app"])
+        return frozenset(found)
+
+    # ---- changes: each returns the models it touches and a note ---------------------------------
+
+    def apply(self, change: Change) -> None:
+        handler: Callable[[Change], None] = getattr(self, "do_" + change.kind.replace("-", "_"))
+        handler(change)
+
+    def do_scale(self, change: Change) -> None:
+        change.touched = frozenset({"scaled"})
+        self.scale("scaled", 3)
+        self.wait_ready("scaled", 3, 180)
+        time.sleep(5)
+        self.scale("scaled", 1)
+        self.wait_ready("scaled", 1, 120)
+
+    def do_zero(self, change: Change) -> None:
+        change.touched = frozenset({"zero"})
+        client = self.clients["zero/rest"]
+        client.active.clear()
+
+        def at_zero() -> bool:
+            return bool(((self.tm("zero") or {}).get("spec") or {}).get("replicas") == 0)
+
+        wait_until("zero scaled to 0 by the autoscaler", at_zero, 180)
+        time.sleep(5)
+        client.active.set()
+        woke = time.monotonic()
+        self.wait_ready("zero", 1, 120)
+        change.note = f"answered again after {time.monotonic() - woke:.1f} s"
+        time.sleep(5)
+
+    def do_neighbour(self, change: Change) -> None:
+        change.touched = frozenset({"neighbour"})
+        body = self.tritonmodel("neighbour", {"replicas": 2})
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, body)
+        self.wait_ready("neighbour", 2, 180)
+        time.sleep(5)
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, "neighbour")
+        wait_until("the neighbour gone", lambda: self.tm("neighbour") is None, 120)
+
+    def do_secret(self, change: Change) -> None:
+        change.touched = frozenset({"private"})
+        host = self.store.base_url.split("//", 1)[1].split("/", 1)[0]
+        secret = {
+            "metadata": {"name": "store-credentials"},
+            "stringData": {"https-host": host.split(":")[0], "headers": HEADERS},
+        }
+        with contextlib.suppress(kubernetes.client.ApiException):
+            self.core.create_namespaced_secret(TEAM_A, secret, _preload_content=False)
+        body = self.tritonmodel("private", {"storageSecret": "store-credentials"})
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, body)
+        try:
+            self.wait_ready("private", 1, 150)
+            time.sleep(5)
+        finally:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, "private")
+        wait_until("the model with a storageSecret gone", lambda: self.tm("private") is None, 120)
+
+    def do_rollout(self, change: Change) -> None:
+        change.touched = frozenset({"pods"})
+        self.releases += 1
+        release = f"r{self.releases}"
+        files = new_release(MODELS_DIR / "add_one", self.workdir / f"pods-{release}")
+        uri = self.store.publish("pods", files, release=release)
+        patch = {
+            "spec": {"template": {"metadata": {"annotations": {f"{KEYS.prefix}model-uri": uri}}}}
+        }
+        self.apps.patch_namespaced_deployment("pods", TEAM_B, patch)
+
+        def rolled() -> bool:
+            d = self.apps.read_namespaced_deployment("pods", TEAM_B)
+            s = d.status
+            progressing = next((c for c in s.conditions or [] if c.type == "Progressing"), None)
+            return bool(
+                s.observed_generation == d.metadata.generation
+                and (s.replicas, s.updated_replicas, s.available_replicas) == (2, 2, 2)
+                and progressing is not None
+                and progressing.reason == "NewReplicaSetAvailable"
+            )
+
+        wait_until("the rollout of pods complete", rolled, 300)
+
+    def do_node_pod(self, change: Change) -> None:
+        change.touched = self.models_on(change.node)
+        with self.kubelet.lock:
+            for process in ("agent", "gateway"):
+                self.kubelet.causes[f"{process}/{change.node}"] = "node pod replaced (SIGTERM)"
+            self.cluster.replace_node_pod(change.node)
+            for process in ("agent", "gateway"):
+                name = f"{process}/{change.node}"
+                self.kubelet.record(
+                    name, self.cluster.exit_codes.get(name), "", self.kubelet.causes.pop(name)
+                )
+
+    def _kill(self, name: str, pid: int, why: str) -> None:
+        self.kubelet.causes[name] = why
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+    def _restarted(self, alive: Callable[[], bool], what: str) -> None:
+        time.sleep(1)
+        wait_until(f"{what} running again", alive, 120)
+
+    def do_agent(self, change: Change) -> None:
+        agent = self.cluster.agents[change.node]
+        assert agent.process.process is not None
+        self._kill(agent.process.name, agent.process.process.pid, "SIGKILL by the churn (agent)")
+        self._restarted(lambda: self.cluster.agents[change.node].process.alive(), "the agent")
+
+    def do_gateway(self, change: Change) -> None:
+        change.touched = self.models_on(change.node)
+        gateway = self.cluster.gateways[change.node]
+        assert gateway.process.process is not None
+        self._kill(gateway.process.name, gateway.process.process.pid, "SIGKILL by the churn")
+
+        def running() -> bool:
+            handle = self.cluster.gateways.get(change.node)
+            return handle is not None and handle is not gateway and handle.process.alive()
+
+        self._restarted(running, "the gateway")
+
+    def binder_lease(self) -> tuple[str, datetime.datetime | None]:
+        """The binder leader lease's holder and last renewal."""
+        coordination = cast(Any, kubernetes.client.CoordinationV1Api(self.cluster.kube))
+        lease = coordination.read_namespaced_lease("tritonshare-binder", DEFAULT_SYSTEM_NAMESPACE)
+        return str(lease.spec.holder_identity or ""), lease.spec.renew_time
+
+    def do_binder(self, change: Change) -> None:
+        leader, _ = self.binder_lease()
+        binder = next(b for b in self.cluster.binders if b.identity == leader)
+        assert binder.process.process is not None
+        killed = binder.process.process.pid
+        self._kill(binder.process.name, killed, "SIGKILL by the churn (leader)")
+        at = datetime.datetime.now(datetime.UTC)
+
+        def led_again() -> bool:
+            """A live binder renewed the lease since the kill (the killed one once restarted,
+            under its own identity, may take it back)."""
+            holder, renewed = self.binder_lease()
+            by = next((b for b in self.cluster.binders if b.identity == holder), None)
+            if by is None or by.process.process is None or not by.process.alive():
+                return False
+            return renewed is not None and renewed > at and by.process.process.pid != killed
+
+        wait_until("the leader lease renewed by a live binder", led_again, 90)
+        change.note = f"{leader} killed; {self.binder_lease()[0]} leads"
+
+    def do_apiserver(self, change: Change) -> None:
+        assert self.cluster.apiserver is not None
+        self.cluster.apiserver.pause()
+        time.sleep(OUTAGE)
+        self.cluster.apiserver.resume()
+
+    def do_crasher(self, change: Change) -> None:
+        change.touched = frozenset({"crasher"})
+        model = self.workdir / "crasher"
+        if not model.exists():
+            shutil.copytree(MODELS_DIR / "add_one", model)
+            (model / "1" / "model.py").write_text(load_killer())
+        uri = self.store.publish("crasher", model)
+        pod = {
+            "metadata": {
+                "name": "crasher",
+                "labels": {"tritonshare.io/role": "model"},
+                "annotations": {
+                    f"{KEYS.prefix}model-uri": uri,
+                    KEYS.gpu_mem: "256Mi",
+                    KEYS.model_id: "crasher",
+                },
+            },
+            "spec": {
+                "containers": [{"name": "proxy", "image": "tritonshare"}],
+                "nodeSelector": {"kubernetes.io/hostname": change.node},
+            },
+        }
+        self.core.create_namespaced_pod(CRASH, pod, _preload_content=False)
+        time.sleep(30)
+        self.core.delete_namespaced_pod("crasher", CRASH, _preload_content=False)
+
+        def gone() -> bool:
+            return not self.core.list_namespaced_pod(CRASH).items
+
+        wait_until("the crasher gone", gone, 120)
+
+
+def schedule(kinds: list[str], seed: int, rounds: int) -> list[Change]:
+    """`rounds` rounds of every kind once, each in an order drawn from `seed`, each node-level
+    change on a node drawn too."""
+    rng = random.Random(seed)
+    changes = []
+    for _ in range(rounds):
+        for kind in rng.sample(kinds, len(kinds)):
+            changes.append(Change(kind, rng.choice(NODES).name))
+    return changes
+
+
+@dataclass
+class Row:
+    changes: int = 0
+    requests: int = 0
+    untouched: list[Request] = field(default_factory=list)
+    touched: list[Request] = field(default_factory=list)
+    two_replicas: int = 0
+    worst: float = 0.0
+
+
+def tally(requests: list[Request], done: list[Change]) -> dict[str, Row]:
+    """Each request by the change it was sent during (by kind), or `between` changes."""
+    rows: dict[str, Row] = {}
+    for change in done:
+        rows.setdefault(change.kind, Row()).changes += 1
+    rows["between"] = Row()
+    for request in requests:
+        during = next((c for c in done if c.start <= request.start < c.end), None)
+        row = rows["between" if during is None else during.kind]
+        row.requests += 1
+        row.worst = max(row.worst, request.end - request.start)
+        if request.ok:
+            continue
+        if during is not None and request.model in during.touched:
+            row.touched.append(request)
+        else:
+            row.untouched.append(request)
+        if request.model in TWO_REPLICAS:
+            row.two_replicas += 1
+    return rows
+
+
+def report(
+    rows: dict[str, Row], done: list[Change], exits: list[Exit], seed: int, minutes: float
+) -> int:
+    print("\nper kind of change (failed requests: of models it did not touch / it touched / of")
+    print("the two-replica models; requests sent during it; worst latency):")
+    print(
+        f"  {'change':<10} {'n':>3} {'untouched':>9} {'touched':>7} {'2-rep':>5} {'sent':>7}  worst"
+    )
+    for kind, row in rows.items():
+        print(
+            f"  {kind:<10} {row.changes:>3} {len(row.untouched):>9} {len(row.touched):>7} "
+            f"{row.two_replicas:>5} {row.requests:>7}  {row.worst:.2f} s"
+        )
+    for kind, row in rows.items():
+        if row.untouched or row.touched:
+            print(f"first failures during {kind}:")
+            for r in (row.untouched + row.touched)[:4]:
+                print(f"  {r.model} {r.protocol} after {r.end - r.start:.2f} s: {r.detail}")
+    print(f"process exits ({len(exits)}):")
+    for e in exits:
+        lines = f"; last lines: {e.last_lines}" if e.last_lines else ""
+        print(f"  {e.at:7.1f} s  {e.name}: {e.code}, {e.cause}{lines}")
+    untouched = sum(len(r.untouched) for r in rows.values())
+    two = sum(r.two_replicas for r in rows.values())
+    zero = len(rows["zero"].touched) if "zero" in rows else 0
+    sent = sum(r.requests for r in rows.values())
+    failed = sum(len(r.untouched) + len(r.touched) for r in rows.values())
+    bad = untouched or two or zero
+    print(
+        f"churn: seed {seed}, {len(done)} changes in {minutes:.1f} min, {sent} requests, "
+        f"{failed} failed: untouched models {untouched}, two-replica models {two}, scale to "
+        f"zero and back {zero}; {len(exits)} process exits -> {'FAIL' if bad else 'pass'}"
+    )
+    return 1 if bad else 0
+
+
+class FirstOnly(logging.Filter):
+    """The first `LOG_LINES_PER_LOGGER` warnings of each logger of this process (the API server's
+    outage makes every watch say so, once a second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        seen = self.counts[record.name] = self.counts.get(record.name, 0) + 1
+        return seen <= LOG_LINES_PER_LOGGER
+
+
+def run(minutes: float, seed: int, kinds: list[str]) -> int:
+    handler = logging.StreamHandler()
+    handler.addFilter(FirstOnly())
+    logging.basicConfig(
+        level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", handlers=[handler]
+    )
+    plan = schedule(kinds, seed, rounds=max(1, int(minutes * 60 // (45 * len(kinds))) + 1))
+    command = shlex.join(["python", "-m", "benchmarks.churn", *sys.argv[1:]])
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, `{command}`")
+    print(f"seed {seed}; schedule (taken in order while --minutes {minutes:g} last; every kind at")
+    print("least once):")
+    for i, change in enumerate(plan):
+        print(f"  {i + 1:3}. {change.kind} (node {change.node})")
+    sys.stdout.flush()
+    with tempfile.TemporaryDirectory(prefix="tritonshare-churn-") as tmp:
+        workdir = Path(tmp)
+        with SimCluster(
+            workdir / "cluster",
+            NODES,
+            binders=2,
+            webhook=True,
+            tenant_code_namespaces=(TEAM_A, TEAM_B, CRASH),
+        ) as cluster:
+            if cluster.missing or cluster.kube is None:
+                print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
+                return 2
+            proxy = ServiceProxy(cluster.kube)
+            proxy.start()
+            kubelet = Kubelet(cluster, time.monotonic())
+            churn = Churn(cluster, workdir, kubelet)
+            try:
+                churn.create_workloads()
+                kubelet.start()
+                churn.start_clients()
+                print("every model answers; the churn starts", flush=True)
+                began = time.monotonic()
+                done = apply_plan(churn, plan, minutes, kinds)
+                elapsed = (time.monotonic() - done[0].start) / 60 if done else 0.0
+            finally:
+                churn.stop_clients()
+                kubelet.stop()
+                proxy.stop()
+            # The warm-up's requests, before every model had answered once, are not counted.
+            counted = [r for r in churn.requests if r.start >= began]
+            return report(tally(counted, done), done, kubelet.exits, seed, elapsed)
+
+
+def apply_plan(churn: Churn, plan: list[Change], minutes: float, kinds: list[str]) -> list[Change]:
+    began = time.monotonic()
+    done: list[Change] = []
+    for change in plan:
+        over = time.monotonic() - began > minutes * 60
+        if over and {c.kind for c in done} >= set(kinds):
+            break
+        change.start = time.monotonic()
+        try:
+            churn.apply(change)
+        except (ClusterError, kubernetes.client.ApiException) as e:
+            change.note = f"did not complete: {str(e).splitlines()[0][:500]}"
+        time.sleep(SETTLE)
+        change.end = time.monotonic()
+        done.append(change)
+        touched = ", ".join(sorted(change.touched)) or "none"
+        note = f"; {change.note}" if change.note else ""
+        print(
+            f"  {change.start - began:7.1f} s  {change.kind} (node {change.node}; touches "
+            f"{touched}) {change.end - change.start:.0f} s{note}",
+            flush=True,
+        )
+    return done
+
+
+def main() -> None:
+    parser = command_line(
+        "churn",
+        "Counts the failed requests of models in two namespaces under steady load through "
+        "their Services while a schedule drawn from --seed changes the fleet for --minutes "
+        "(scale, scale to zero, neighbours, a host's secret, a rollout, a node pod replaced, "
+        "the agent, gateway and leader binder killed, an API server outage, a crasher), or "
+        "only the kinds --changes names.",
+    )
+    parser.add_argument("--minutes", type=float, default=10.0, help="minutes of churn (10)")
+    parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (1)")
+    parser.add_argument(
+        "--changes",
+        default=",".join(KINDS),
+        help=f"the kinds of change to apply, comma-separated (all: {','.join(KINDS)})",
+    )
+    args = parser.parse_args()
+    kinds = [k.strip() for k in args.changes.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        parser.error(f"--changes: unknown kinds {unknown}; choose from {','.join(KINDS)}")
+    sys.exit(run(args.minutes, args.seed, kinds))
+
+
+if __name__ == "__main__":
+    main()
