@@ -276,6 +276,9 @@ class ModelController:
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
+        self._scaled_away: set[str] = set()
+        """The draining replicas this binder drained as their model was scaled down: the only
+        ones taken back when wanted again (`_take_back`)."""
         self._writes = StatusWriter(
             kube, executor, identity, leading=leading, on_failed=self._write_failed
         )
@@ -718,7 +721,10 @@ class ModelController:
             # Scaled down: the replicas on previous files leave first, then the highest.
             newer = sorted((o for o in placed if o not in old), reverse=True)
             for ordinal in (old + newer)[: len(placed) - allowed]:
-                self._leave(model, placed.pop(ordinal))
+                leaving = placed.pop(ordinal)
+                self._leave(model, leaving)
+                if leaving.uid in self._draining:
+                    self._scaled_away.add(leaving.uid)
             old = [o for o in old if o in placed]
         refusal = waiting = ""
         missing = Missing(model.uid, placed, model.replicas - len(placed))
@@ -769,12 +775,13 @@ class ModelController:
         is (as Knative's activator keeps a revision's last pod): its drain ends, it is charged
         as placed now (assumed until the status shows it) and listed on its host as not
         draining, back in its Service once loaded there (its host's loader loads it again if
-        it had unloaded it). Only one scaled away (not preempted), on spec.storageUri, whose
+        it had unloaded it). Only one this binder saw scaled away (not preempted, nor a drain
+        a new leader found under way, whose cause it cannot know), on spec.storageUri, whose
         proof verifies for the model as it is now, and that the namespace's quotas allow;
         None: it drains on."""
         rid = charged.uid
         if (
-            rid not in self._draining
+            rid not in self._scaled_away
             or rid in self._preemption.preempted
             or self._rollout.uri(model, ordinal) != model.storage_uri
         ):
@@ -943,6 +950,7 @@ class ModelController:
             self._free(rid)
 
     def _undrain(self, rid: str) -> None:
+        self._scaled_away.discard(rid)
         self._draining.pop(rid, None)
         self._ledger.draining.discard(rid)
 

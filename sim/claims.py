@@ -1,7 +1,8 @@
-"""Loopback addresses that several simulated clusters of one machine hand out side by side (pod
-IPs, Service cluster IPs): an address is held with an flock on a file in `CLAIMS`, released when
-its descriptor is closed or its process ends, and one where another process already holds a
-wanted port is passed over. The tests' workers run clusters side by side; so may a developer.
+"""Loopback addresses that several simulated clusters of one machine hand out side by side: a
+pod's IP is held with an flock on a file in `CLAIMS`, released when its descriptor is closed or
+its process ends; a Service's cluster IP is never one held so; and an address where another
+process already listens on a wanted port is passed over. The tests' workers run clusters side by
+side; so may a developer.
 """
 
 from __future__ import annotations

@@ -5,17 +5,16 @@ allocated on create from the simulated service range.
 The range is 127.2.0.0/16 (pods have 127.1.0.0/16): loopback addresses, so a program on this
 machine reaches a Service's address as a pod reaches it on a cluster; `sim.service.ServiceProxy`
 plays kube-proxy for it. Several simulated clusters may run on one machine (the tests' workers
-do), so an address is allocated only where no other holds it (`sim.claims`: another cluster's
-Service or pod, or a process listening on one of the Service's ports there), and held while
-this API server's process runs. Headless (`clusterIP: None`) and explicit addresses are kept as
-written.
+do), so an address is taken at random in the range, as kube-apiserver takes one, and only where
+no simulated pod holds it (`sim.claims`) and no process listens on one of the Service's ports.
+Headless (`clusterIP: None`) and explicit addresses are kept as written.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import weakref
+import secrets
 from typing import Any
 
 from sim.apiserver.errors import ApiError
@@ -26,10 +25,6 @@ from sim.claims import claim, ports_free
 JsonObject = dict[str, Any]
 
 SERVICE_RANGE = ipaddress.IPv4Network("127.2.0.0/16")
-_HELD: dict[str, tuple[int, weakref.ref[Store]]] = {}
-"""Address -> its claim's descriptor and the store (API server) that allocated it, for the
-addresses this process claimed: another store of the process takes one over once the first is
-gone."""
 
 
 def apply_defaults(store: Store, obj: JsonObject) -> None:
@@ -62,23 +57,18 @@ def _free_address(store: Store, ports: list[int]) -> str:
         str((stored.obj.get("spec") or {}).get("clusterIP"))
         for stored in store.objects(SERVICES, None)
     }
-    for host in SERVICE_RANGE.hosts():
-        address = str(host)
+    size = SERVICE_RANGE.num_addresses - 2
+    start = secrets.randbelow(size)  # at random in the range, as kube-apiserver allocates
+    for step in range(size):
+        address = str(SERVICE_RANGE.network_address + 1 + (start + step) % size)
         if address in taken:
             continue
-        held = _HELD.get(address)
-        if held is not None and held[1]() not in (None, store):
-            continue  # another cluster of this process holds it
-        if held is None:
-            descriptor = claim(address)
-            if descriptor is None:
-                continue  # another cluster of the machine holds it
-            held = (descriptor, weakref.ref(store))
+        descriptor = claim(address)
+        if descriptor is None:
+            continue  # a pod of a simulated cluster of the machine holds it
+        os.close(descriptor)
         if ports_free(address, ports):
-            _HELD[address] = (held[0], weakref.ref(store))
             return address
-        if address not in _HELD:
-            os.close(held[0])
     raise ApiError(
         500,
         "InternalError",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import secrets
 import socket
 import urllib.request
 from typing import Any, cast
@@ -26,10 +27,12 @@ def _service(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _address(obj: Any) -> ipaddress.IPv4Address:
-    return ipaddress.IPv4Address(obj["spec"]["clusterIP"])
+    """A Service's cluster IP, of its JSON or of the client's object."""
+    found = obj["spec"]["clusterIP"] if isinstance(obj, dict) else obj.spec.cluster_ip
+    return ipaddress.IPv4Address(found)
 
 
-def test_services_get_cluster_ips_in_turn_and_keep_them(kube_api: client.ApiClient) -> None:
+def test_services_get_cluster_ips_of_their_own_and_keep_them(kube_api: client.ApiClient) -> None:
     core = core_v1(kube_api)
     first = json.loads(
         core.create_namespaced_service("default", _service("a"), _preload_content=False).data
@@ -37,10 +40,9 @@ def test_services_get_cluster_ips_in_turn_and_keep_them(kube_api: client.ApiClie
     second = json.loads(
         core.create_namespaced_service("default", _service("b"), _preload_content=False).data
     )
-    # The lowest free of the range, in turn (addresses other clusters of the machine hold are
-    # passed over).
-    assert _address(first) in SERVICE_RANGE
-    assert _address(first) < _address(second) and _address(second) in SERVICE_RANGE
+    # At random in the range, each its own.
+    assert _address(first) in SERVICE_RANGE and _address(second) in SERVICE_RANGE
+    assert first["spec"]["clusterIP"] != second["spec"]["clusterIP"]
     assert first["spec"]["type"] == "ClusterIP"
     assert first["spec"]["ports"][0]["protocol"] == "TCP"
     core.patch_namespaced_service("a", "default", {"metadata": {"labels": {"x": "y"}}})
@@ -50,30 +52,40 @@ def test_services_get_cluster_ips_in_turn_and_keep_them(kube_api: client.ApiClie
     third = json.loads(
         core.create_namespaced_service("default", _service("c"), _preload_content=False).data
     )
-    assert _address(third) <= _address(first)  # freed by the delete (or lower, freed elsewhere)
+    assert _address(third) in SERVICE_RANGE
+    assert third["spec"]["clusterIP"] != second["spec"]["clusterIP"]
     headless = core.create_namespaced_service("default", _service("h", clusterIP="None"))
     assert headless.spec.cluster_ip == "None"
 
 
 def test_two_clusters_of_one_machine_never_share_a_service_address(
-    kube_api: client.ApiClient,
+    kube_api: client.ApiClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another simulated cluster runs beside this one (as the tests' workers run them): its
-    Services get addresses of their own, and an address where a process already listens on the
-    Service's port is passed over."""
+    Services get addresses of their own, never one where a process listens on their port."""
     other = start_in_thread()
     try:
         other_api = other.api_client()
         try:
-            mine = core_v1(kube_api).create_namespaced_service("default", _service("a"))
-            theirs = core_v1(other_api).create_namespaced_service("default", _service("a"))
-            assert mine.spec.cluster_ip != theirs.spec.cluster_ip
-            with socket.create_server((theirs.spec.cluster_ip, 9001)):
-                # A process listening on 9001 there: a Service with that port goes elsewhere.
-                taken = core_v1(other_api).create_namespaced_service(
-                    "default", _service("b", ports=[{"port": 9001}])
-                )
-                assert taken.spec.cluster_ip not in (mine.spec.cluster_ip, theirs.spec.cluster_ip)
+            mine = [
+                core_v1(kube_api).create_namespaced_service("default", _service(f"s{i}"))
+                for i in range(20)
+            ]
+            theirs = [
+                core_v1(other_api).create_namespaced_service("default", _service(f"s{i}"))
+                for i in range(20)
+            ]
+            assert len({s.spec.cluster_ip for s in mine + theirs}) == 40
+            # A process listening on port 9000 where the next Service's address would be: it
+            # is given another.
+            start = 40_000 + secrets.randbelow(20_000)
+            monkeypatch.setattr(secrets, "randbelow", lambda _: start)
+            blocked = str(SERVICE_RANGE.network_address + 1 + start)
+            with socket.create_server((blocked, 9000)):
+                more = core_v1(other_api).create_namespaced_service("default", _service("more"))
+            monkeypatch.undo()
+            assert more.spec.cluster_ip != blocked
+            assert _address(more) in SERVICE_RANGE
         finally:
             other_api.close()  # type: ignore[no-untyped-call]
     finally:
