@@ -156,6 +156,14 @@ async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
             "spec": {"containers": [{"name": "m", "image": "x", "resources": {"limits": limits}}]},
         },
     )
+
+    def pod_counted() -> bool:
+        # The binder decides on the quota's status as its watch has shown it, as
+        # kube-scheduler does: the model comes once the pod's 1Gi is in that view.
+        quota = binder.ledger.quotas.get("default", {}).get("gpu") or {}
+        return bool(((quota.get("status") or {}).get("used") or {}).get(KEY) == "1Gi")
+
+    await eventually(pod_counted, what="the pod counted in the binder's view of the quota")
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 3))
 
     def refused() -> dict[str, Any] | None:
