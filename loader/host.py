@@ -171,6 +171,17 @@ class _Tracked:
     """The reason the agent is told for the last failure (`common.hosted.LOAD_FAILURE_REASONS`)."""
 
     @property
+    def loading(self) -> bool:
+        """Being brought up, not failed so far: listed held (`parked`), so that a request
+        routed here as the agent reports it loaded, before this loader lists it ready, waits
+        for it rather than finding an unknown model."""
+        return (
+            self.job is not None
+            and self.ordinal is not None
+            and not (self.published or self.leaving or self.failures)
+        )
+
+    @property
     def key(self) -> tuple[str, int | None]:
         return (self.model, self.ordinal)
 
@@ -599,10 +610,15 @@ class Host:
         for _, t in sorted(self._tracked.items(), key=_order):
             if t.published:
                 merged.setdefault(t.model, t.entry)
+        held = dict(self._parked)
+        for t in self._tracked.values():
+            if t.loading and t.model not in held:
+                limit = t.entry.get("maxConcurrency")
+                held[t.model] = limit if isinstance(limit, int) else 0
         listed = list(merged.values())
         listed += [
             {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})
-            for m, c in self._parked
+            for m, c in sorted(held.items())
             if m not in merged
         ]
         data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"

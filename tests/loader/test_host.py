@@ -359,6 +359,46 @@ async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_lim
         assert servicer.count("LoadModel", "add_one") == 1
 
 
+class Gated:
+    """The real fetcher, once `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(
+        self,
+        uri: str,
+        directory: Path,
+        size: int,
+        stop: threading.Event,
+        credential: StorageCredential,
+        seconds: float,
+    ) -> str:
+        await self.release.wait()
+        return await fetch_off_loop(uri, directory, size, stop, credential, seconds)
+
+
+async def test_a_replica_being_loaded_is_listed_held_until_it_is_ready(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """The agent reports a replica loaded (and the binder puts the host behind its Service)
+    before this loader lists it ready: meanwhile the proxy holds its requests (`parked`) rather
+    than answering them as for an unknown model. A failed one is not held."""
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"), max_concurrency=3)
+    servicer.host("broken", models.url("add_one"))
+    servicer.rejects.add("broken")
+    gate = Gated()
+    async with following(address, tmp_path, fetcher=gate):
+        held = [{"model": "add_one", "parked": True, "maxConcurrency": 3}]
+        await until(lambda: listed(tmp_path)[:1] == held, "held while it loads")
+        gate.release.set()
+        await until(
+            lambda: listed(tmp_path) == [{"model": "add_one", "maxConcurrency": 3}],
+            "ready; the rejected one not held",
+        )
+
+
 async def test_a_leaving_replica_leaves_the_file_first_and_is_unloaded_after_the_drain(
     agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
 ) -> None:
