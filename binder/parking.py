@@ -56,18 +56,21 @@ def park_node(
     """The node `model` is parked on now, or None: parked from the moment it is scaled to zero
     until a replica of it is served again. `current`: where it is parked now; `replica_nodes`:
     its charged replicas' nodes (the last one, draining, when it has just been scaled to zero);
-    `hosts`: its namespace's hosts by node (after a restart, the one whose annotation names it
-    is kept)."""
+    `hosts`: its namespace's hosts by node. After a restart the host whose annotation names it
+    is kept, whatever its replicas: a park moved would put a host whose proxy does not hold the
+    model yet behind its Service, and take away the one holding its requests."""
     if served or (model.replicas == 0 and model.autoscaling is None):
         return None  # served again, or nothing would scale it up
     if current is not None:
         return current
+    if model.autoscaling is None:
+        return None  # never parked: no host's annotation to read
+    named = sorted(node for node, host in hosts.items() if model.name in parked_on(host, keys))
+    if named:
+        return named[0]
     if not parks(model):
         return None
     nodes = sorted(replica_nodes)
     if nodes:
         return nodes[0]
-    named = sorted(node for node, host in hosts.items() if model.name in parked_on(host, keys))
-    if named:
-        return named[0]
     return min(hosts) if hosts else None

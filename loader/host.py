@@ -22,8 +22,9 @@ model may share the host, each with its own files, GPU and private name in Trito
   loaded here: its proxy wakes it on its next request.
 - parked (the binder's parked-models annotation: the model is at zero replicas and this host
   is where its requests wait): listed as `{"model", "maxConcurrency", "parked": true}` until a
-  replica of it is ready here, so that the proxy holds its requests meanwhile; its files stay
-  under ROOT when its replica leaves, so that its wake fetches nothing.
+  replica of it is ready here (or, one served elsewhere, `unroute_seconds` after it left the
+  annotation), so that the proxy holds its requests meanwhile; its files stay under ROOT when
+  its replica leaves, so that its wake fetches nothing.
 - draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
   has taken the host out of its Service; requests routed before the endpoints caught up are
   answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
@@ -170,6 +171,17 @@ class _Tracked:
     """The reason the agent is told for the last failure (`common.hosted.LOAD_FAILURE_REASONS`)."""
 
     @property
+    def loading(self) -> bool:
+        """Being brought up, not failed so far: listed held (`parked`), so that a request
+        routed here as the agent reports it loaded, before this loader lists it ready, waits
+        for it rather than finding an unknown model."""
+        return (
+            self.job is not None
+            and self.ordinal is not None
+            and not (self.published or self.leaving or self.failures)
+        )
+
+    @property
     def key(self) -> tuple[str, int | None]:
         return (self.model, self.ordinal)
 
@@ -217,6 +229,8 @@ class Host:
         self._written: bytes | None = None
         self._parked: tuple[tuple[str, int], ...] = ()
         """The models parked on the host (scale to zero): listed with `parked` until ready."""
+        self._unparked: dict[str, float] = {}
+        """Models unparked with no replica here: listed parked until then (`_still_parked`)."""
         self._stop_fetching = threading.Event()
         self._said: set[str] = set()
         self._agent_problem = ""
@@ -264,19 +278,36 @@ class Host:
                 "The agent does not serve this host's replica %s: it is not loaded here.",
                 refused,
             )
-        if listing.parked != self._parked:
-            # A model unparked as its replica here is served (or taken back while it drained)
-            # stays listed parked until this loader lists it ready: never out of the models
-            # file in between, even while a replica it had begun to unload is loaded again.
-            parked = dict(listing.parked)
-            wanted = {r.model_id for r in listing.replicas if not r.draining}
-            for model, limit in self._parked:
-                mine = [t for t in self._tracked.values() if t.model == model]
-                if model not in parked and model in wanted and not any(t.published for t in mine):
-                    parked[model] = limit
-            self._parked = tuple(sorted(parked.items()))
+        if listing.parked != self._parked or self._unparked:
+            self._parked = self._still_parked(listing)
             self._publish()
         self.decide(listing.replicas)
+
+    def _still_parked(self, listing: HostedList) -> tuple[tuple[str, int], ...]:
+        """The models to list parked: those the agent lists, and those it no longer lists that
+        the proxy must still hold. A model unparked as its replica here is served (or taken
+        back while it drained) stays until this loader lists it ready: never out of the models
+        file in between, even while a replica it had begun to unload is loaded again. One
+        unparked with no replica here (one is served elsewhere) stays `unroute_seconds`, as a
+        leaving replica does: the binder took the host out of its Service in the same write,
+        and a request routed here before the endpoints caught up is held, not refused as an
+        unknown model."""
+        now = self._clock()
+        parked = dict(listing.parked)
+        wanted = {r.model_id for r in listing.replicas if not r.draining}
+        for model, limit in self._parked:
+            if model in parked:
+                continue
+            if model in wanted:
+                mine = [t for t in self._tracked.values() if t.model == model]
+                if not any(t.published for t in mine):
+                    parked[model] = limit
+            elif now < self._unparked.setdefault(model, now + self._timing.unroute_seconds):
+                parked[model] = limit
+        self._unparked = {m: t for m, t in self._unparked.items() if m in parked and t > now}
+        for again, _ in listing.parked:
+            self._unparked.pop(again, None)  # parked here again
+        return tuple(sorted(parked.items()))
 
     def failures(self) -> tuple[LoadFailure, ...]:
         """The replicas whose last load failed and that are not served, with why (within
@@ -579,10 +610,15 @@ class Host:
         for _, t in sorted(self._tracked.items(), key=_order):
             if t.published:
                 merged.setdefault(t.model, t.entry)
+        held = dict(self._parked)
+        for t in self._tracked.values():
+            if t.loading and t.model not in held:
+                limit = t.entry.get("maxConcurrency")
+                held[t.model] = limit if isinstance(limit, int) else 0
         listed = list(merged.values())
         listed += [
             {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})
-            for m, c in self._parked
+            for m, c in sorted(held.items())
             if m not in merged
         ]
         data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"

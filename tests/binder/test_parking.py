@@ -78,6 +78,17 @@ def test_a_new_leader_keeps_the_host_its_annotation_names_else_any_host() -> Non
     assert where(model(0)) is None  # no host of the namespace left: nothing to park on
 
 
+def test_a_new_leader_keeps_the_annotated_host_over_its_replicas_nodes() -> None:
+    """Moving the park would put a host whose proxy does not hold the model yet behind its
+    Service (a 404 for an unknown model), and take away the one that holds its requests."""
+    hosts = {"n1": host("a"), "n2": host("b", ["m"])}
+    # Scaled to zero before the failover: a replica still draining on another node.
+    assert where(model(0), replica_nodes=["n1"], hosts=hosts) == "n2"
+    # Woken before it: its replica placed elsewhere and not served yet.
+    assert where(model(1), replica_nodes=["n1"], hosts=hosts) == "n2"
+    assert where(model(1), replica_nodes=["n1"], hosts=hosts, served=True) is None
+
+
 def test_a_malformed_or_oversized_parked_annotation_parks_nothing() -> None:
     for value in (
         "{",

@@ -69,6 +69,8 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     """The failures the last ListHosted reported: model id -> (reason, message)."""
     largest: int = 0
     """The largest ListHosted request, in bytes."""
+    parked: dict[str, int] = field(default_factory=dict)
+    """The models parked on the host: model id -> maxConcurrency."""
 
     def host(
         self,
@@ -124,7 +126,12 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             copy.CopyFrom(replica)
             copy.status.CopyFrom(self._status(replica.model_id))
             listed.append(copy)
-        return agent_pb2.ListHostedResponse(replicas=listed, refused=["other/0: no proof"])
+        parked = [
+            agent_pb2.HostedReplica(model_id=m, max_concurrency=c) for m, c in self.parked.items()
+        ]
+        return agent_pb2.ListHostedResponse(
+            replicas=listed, refused=["other/0: no proof"], parked=parked
+        )
 
     async def GetModel(  # noqa: N802
         self, request: agent_pb2.GetModelRequest, context: Context
@@ -352,6 +359,46 @@ async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_lim
         assert servicer.count("LoadModel", "add_one") == 1
 
 
+class Gated:
+    """The real fetcher, once `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(
+        self,
+        uri: str,
+        directory: Path,
+        size: int,
+        stop: threading.Event,
+        credential: StorageCredential,
+        seconds: float,
+    ) -> str:
+        await self.release.wait()
+        return await fetch_off_loop(uri, directory, size, stop, credential, seconds)
+
+
+async def test_a_replica_being_loaded_is_listed_held_until_it_is_ready(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """The agent reports a replica loaded (and the binder puts the host behind its Service)
+    before this loader lists it ready: meanwhile the proxy holds its requests (`parked`) rather
+    than answering them as for an unknown model. A failed one is not held."""
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"), max_concurrency=3)
+    servicer.host("broken", models.url("add_one"))
+    servicer.rejects.add("broken")
+    gate = Gated()
+    async with following(address, tmp_path, fetcher=gate):
+        held = [{"model": "add_one", "parked": True, "maxConcurrency": 3}]
+        await until(lambda: listed(tmp_path)[:1] == held, "held while it loads")
+        gate.release.set()
+        await until(
+            lambda: listed(tmp_path) == [{"model": "add_one", "maxConcurrency": 3}],
+            "ready; the rejected one not held",
+        )
+
+
 async def test_a_leaving_replica_leaves_the_file_first_and_is_unloaded_after_the_drain(
     agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
 ) -> None:
@@ -375,6 +422,33 @@ async def test_a_leaving_replica_leaves_the_file_first_and_is_unloaded_after_the
             assert servicer.when("UnloadModel", model) >= removed + drain - 0.05
         await until(lambda: not any((tmp_path / "models").glob("[!.]*")), "their files deleted")
         assert servicer.count("LoadModel", "add_one") == 1, "a draining replica stays down"
+
+
+async def test_a_model_unparked_with_no_replica_here_stays_held_while_its_service_moves(
+    agent: tuple[StandInAgent, str], tmp_path: Path
+) -> None:
+    """A parked model whose replica is served on another node leaves the annotation and the
+    host's Service in one write: its proxy holds it `unroute_seconds` more, so a request routed
+    before the endpoints caught up waits instead of finding an unknown model."""
+    servicer, address = agent
+    servicer.parked["zero"] = 2
+    unroute = 0.4
+    async with following(address, tmp_path, unroute_seconds=unroute):
+        await until(
+            lambda: listed(tmp_path) == [{"model": "zero", "parked": True, "maxConcurrency": 2}],
+            "parked",
+        )
+        left = time.time()
+        del servicer.parked["zero"]
+        await until(lambda: names(tmp_path) == [], "removed from the file")
+        removed = (tmp_path / "ready" / "models.json").stat().st_mtime
+        assert removed >= left + unroute - 0.05
+        servicer.parked["zero"] = 2
+        await until(lambda: names(tmp_path) == ["zero"], "parked here again")
+        del servicer.parked["zero"]
+        await asyncio.sleep(0.1)  # within unroute_seconds: held again, for as long
+        assert names(tmp_path) == ["zero"]
+        await until(lambda: names(tmp_path) == [], "removed again")
 
 
 async def test_a_leaving_replica_is_unloaded_once_the_proxy_has_drained_it(
