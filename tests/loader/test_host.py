@@ -331,7 +331,13 @@ async def until(condition: Callable[[], object], what: str, seconds: float = 30.
 
 
 def names(tmp_path: Path) -> list[object]:
+    """Every model of the file, held (`parked`) ones too."""
     return [e["model"] for e in listed(tmp_path)]
+
+
+def ready(tmp_path: Path) -> list[object]:
+    """The models the file lists ready: loaded, not held while loading or parked."""
+    return [e["model"] for e in listed(tmp_path) if not e.get("parked")]
 
 
 async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_limits(
@@ -342,7 +348,7 @@ async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_lim
     servicer.host("../escaped", models.url("add_one"))
     servicer.host("add_one", models.url("add_one"), max_concurrency=3, idle_seconds=60)
     async with following(address, tmp_path, parallel=1) as host:
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
         assert listed(tmp_path) == [{"model": "add_one", "maxConcurrency": 3, "idleSeconds": 60}]
         assert host.ready_models() == ["add_one"]
         assert [c[:2] for c in servicer.calls] == [
@@ -407,7 +413,7 @@ async def test_a_leaving_replica_leaves_the_file_first_and_is_unloaded_after_the
     servicer.host("identity", models.url("identity"))
     drain, unroute = 0.5, 0.4
     async with following(address, tmp_path, drain_seconds=drain, unroute_seconds=unroute):
-        await until(lambda: names(tmp_path) == ["add_one", "identity"], "both listed")
+        await until(lambda: ready(tmp_path) == ["add_one", "identity"], "both listed")
         left = time.time()
         servicer.replicas["add_one"].draining = True
         del servicer.replicas["identity"]
@@ -465,7 +471,7 @@ async def test_a_leaving_replica_is_unloaded_once_the_proxy_has_drained_it(
         return len(asked) < 3  # still serving it twice, then drained
 
     async with following(address, tmp_path, drain_seconds=60.0, proxy_holds=proxy_holds):
-        await until(lambda: names(tmp_path) == ["add_one"], "listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "listed")
         servicer.replicas["add_one"].draining = True
         await until(lambda: not servicer.models, "unloaded well before the 60 s bound")
         assert asked == ["add_one"] * 3
@@ -486,16 +492,16 @@ async def test_a_replica_taken_back_during_its_drain_stays_loaded_and_is_listed_
     async with following(
         address, tmp_path, drain_seconds=60.0, unroute_seconds=0.3, proxy_holds=proxy_holds
     ):
-        await until(lambda: names(tmp_path) == ["add_one"], "listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "listed")
         servicer.replicas["add_one"].draining = True
         await until(lambda: names(tmp_path) == [], "out of the file, draining")
         servicer.replicas["add_one"].draining = False
-        await until(lambda: names(tmp_path) == ["add_one"], "listed again", seconds=5.0)
+        await until(lambda: ready(tmp_path) == ["add_one"], "listed again", seconds=5.0)
         servicer.replicas["add_one"].draining = True
         await asyncio.sleep(0.1)  # within unroute_seconds: still in the file
         servicer.replicas["add_one"].draining = False
         await asyncio.sleep(0.5)
-        assert names(tmp_path) == ["add_one"]
+        assert ready(tmp_path) == ["add_one"]
         assert servicer.count("UnloadModel", "add_one") == 0
         assert servicer.count("LoadModel", "add_one") == 1
         assert servicer.models["add_one"][0] == agent_pb2.MODEL_STATE_READY
@@ -507,11 +513,11 @@ async def test_a_replica_taken_back_after_its_unload_is_loaded_again(
     servicer, address = agent
     servicer.host("add_one", models.url("add_one"))
     async with following(address, tmp_path, drain_seconds=0.1):
-        await until(lambda: names(tmp_path) == ["add_one"], "listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "listed")
         servicer.replicas["add_one"].draining = True
         await until(lambda: not servicer.models, "unloaded")
         servicer.replicas["add_one"].draining = False
-        await until(lambda: names(tmp_path) == ["add_one"], "loaded and listed again")
+        await until(lambda: ready(tmp_path) == ["add_one"], "loaded and listed again")
         assert servicer.count("LoadModel", "add_one") == 2
 
 
@@ -525,10 +531,10 @@ async def test_a_failing_replica_does_not_hold_up_another(
     servicer.host("add_one", models.url("add_one"))
     fetcher = Counted()
     async with following(address, tmp_path, fetcher=fetcher, parallel=1):
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
         await until(lambda: fetcher.calls.count(models.url("absent")) >= 2, "404 retried")
         await until(lambda: servicer.count("LoadModel", "identity") >= 2, "rejection retried")
-        assert names(tmp_path) == ["add_one"]
+        assert ready(tmp_path) == ["add_one"]
         assert fetcher.calls.count(models.url("identity")) == 1, "fetched files are kept"
         # Each failure reaches the agent with a reason named after its cause, and the cause.
         await until(lambda: set(servicer.reported) == {"absent", "identity"}, "both reported")
@@ -538,7 +544,7 @@ async def test_a_failing_replica_does_not_hold_up_another(
         assert reason == "ModelInvalid" and "Triton refused it" in message, servicer.reported
         # Fixed upstream: the next attempt serves it, and its failure is no longer reported.
         servicer.rejects.clear()
-        await until(lambda: names(tmp_path) == ["add_one", "identity"], "identity listed")
+        await until(lambda: ready(tmp_path) == ["add_one", "identity"], "identity listed")
         await until(lambda: set(servicer.reported) == {"absent"}, "identity's failure cleared")
 
 
@@ -660,8 +666,8 @@ async def test_a_restarted_loader_confirms_what_the_agent_has_without_sending_it
     servicer, address = agent
     servicer.host("add_one", models.url("add_one"))
     async with following(address, tmp_path):
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
-    assert names(tmp_path) == ["add_one"], "stopping leaves the file to the proxy"
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
+    assert ready(tmp_path) == ["add_one"], "stopping leaves the file to the proxy"
     servicer.calls.clear()
     written = (tmp_path / "ready" / "models.json").stat().st_ino
     # The container restarts: the emptyDir keeps the files, so nothing is fetched or sent.
@@ -687,13 +693,13 @@ async def test_new_files_replace_the_old_after_a_drain(
     servicer, address = agent
     servicer.host("add_one", models.url("add_one"))
     async with following(address, tmp_path, drain_seconds=0.2):
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
         first = servicer.models["add_one"][1]
         v2 = models.publish("add_one", MODELS_DIR / "add_one", release="v2")
         servicer.replicas["add_one"].storage_uri = v2
         await until(lambda: names(tmp_path) == [], "removed while it changes")
         await until(lambda: servicer.count("LoadModel", "add_one") == 2, "loaded again")
-        await until(lambda: names(tmp_path) == ["add_one"], "listed again")
+        await until(lambda: ready(tmp_path) == ["add_one"], "listed again")
         assert servicer.count("UnloadModel", "add_one") == 1
         assert (tmp_path / "models" / ".sources" / "add_one.0").read_text() == v2
     assert servicer.models["add_one"][1] == first, "the same files: the same digest"
@@ -706,12 +712,12 @@ async def test_a_model_the_node_lost_is_loaded_again_and_stays_listed(
     servicer.host("add_one", models.url("add_one"))
     fetcher = Counted()
     async with following(address, tmp_path, fetcher=fetcher):
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
         del servicer.models["add_one"]  # the node lost it (its disk was wiped)
         await until(lambda: servicer.count("InstallModel", "add_one") == 2, "sent again")
-        ready = agent_pb2.MODEL_STATE_READY
-        await until(lambda: servicer.models.get("add_one", (0,))[0] == ready, "READY again")
-        assert names(tmp_path) == ["add_one"]
+        state = agent_pb2.MODEL_STATE_READY
+        await until(lambda: servicer.models.get("add_one", (0,))[0] == state, "READY again")
+        assert ready(tmp_path) == ["add_one"]
         assert fetcher.calls == [models.url("add_one")], "from the files kept under ROOT"
 
 
@@ -727,7 +733,7 @@ async def test_an_on_demand_replica_asleep_stays_listed_and_is_not_loaded_by_the
 
     on_demand = [{"model": "add_one", "residency": "on-demand", "idleSeconds": 1}]
     async with following(address, tmp_path):
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
         assert listed(tmp_path) == on_demand, "the proxy's table has its residency"
         # Its proxy puts it to sleep (UnloadModel idle): unloaded, its files kept.
         servicer.models["add_one"] = (
@@ -736,7 +742,7 @@ async def test_an_on_demand_replica_asleep_stays_listed_and_is_not_loaded_by_the
         )
         servicer.sleeping.add("add_one")
         await polls(3)
-        assert names(tmp_path) == ["add_one"], "served: its next request wakes it"
+        assert ready(tmp_path) == ["add_one"], "served: its next request wakes it"
         assert servicer.count("LoadModel", "add_one") == 1
     # A restarted loader confirms it as it is, rather than waking it.
     async with following(address, tmp_path, fetcher=Counted(allowed=False)) as host:
@@ -753,7 +759,7 @@ async def test_a_replica_the_agent_forgot_is_deleted_even_if_it_cannot_be_unload
     servicer.strict = True
     servicer.host("add_one", models.url("add_one"))
     async with following(address, tmp_path):
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
         del servicer.replicas["add_one"]
         await until(lambda: servicer.count("UnloadModel", "add_one") == 1, "unload asked")
         await until(lambda: not (tmp_path / "models" / "add_one.0").exists(), "files deleted")
@@ -777,7 +783,7 @@ async def test_sigterm_stops_the_host_loader_with_exit_0(
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed", 60.0)
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed", 60.0)
         process.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(process.communicate(), 30)
     finally:
@@ -835,7 +841,7 @@ async def test_a_slow_bucket_holds_one_slot_at_most_and_fails_at_the_fetch_deadl
         fetcher = InFlight()
         async with following(address, tmp_path, parallel=2, fetch_seconds=3.0, fetcher=fetcher):
             await until(lambda: hostile.reading == 1, "the slow model's first fetch")
-            await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+            await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
             assert fetcher.now[slow_uri] == 1, "the slow model is still being fetched"
             assert fetcher.peak[slow_uri] == 1, "one slot for the slow model"
             await until(lambda: "slow" in servicer.reported, "the slow fetch's failure")
@@ -849,5 +855,5 @@ async def test_a_slow_bucket_holds_one_slot_at_most_and_fails_at_the_fetch_deadl
             await until(lambda: "slower" in servicer.reported, "the second slow model failing")
             fetcher.peak[slow_uri] = fetcher.now[slow_uri]
             servicer.host("identity", models.url("identity"))
-            await until(lambda: names(tmp_path) == ["add_one", "identity"], "identity listed")
+            await until(lambda: ready(tmp_path) == ["add_one", "identity"], "identity listed")
             assert fetcher.peak[slow_uri] <= 1, "failing models retry in one slot between them"
