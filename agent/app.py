@@ -23,38 +23,38 @@ from pathlib import Path
 import grpc
 
 from agent import __version__
-from agent.auth import Authorizer
-from agent.conditions import ModelConditions
+from agent.api.auth import Authorizer
+from agent.api.callgate import MAX_MESSAGE_BYTES, Gate
+from agent.api.service import AgentService, add_to_server
 from agent.errors import AgentError
-from agent.events import PodEvents
-from agent.evictor import Evictor
-from agent.filecache import FileCache, NamespaceDisk
-from agent.foreign import ForeignWatch
-from agent.gate import MAX_MESSAGE_BYTES, Gate
-from agent.gateway import CallerPublisher
-from agent.gpus import GpuReader
-from agent.hostmemory import HostMemory, HostMemoryRules
-from agent.inventory import GpuSnapshot
-from agent.kube import KubeClient, PodWatch
-from agent.loadfailures import LoadFailures
-from agent.memory import MemoryLedger, describe
+from agent.gpus.foreign import ForeignWatch
+from agent.gpus.inventory import GpuSnapshot
+from agent.gpus.memory import MemoryLedger, describe
+from agent.gpus.nvml import GpuReader
+from agent.gpus.processes import TritonProcesses
+from agent.gpus.relayclient import RelayedNvml
+from agent.installs.filecache import FileCache, NamespaceDisk
+from agent.installs.modelconfig import ModelPolicy
+from agent.installs.repository import Repository, check_apart
+from agent.kube.client import KubeClient, PodWatch
+from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.modelconfig import ModelPolicy
-from agent.models import ModelLimits, Models
-from agent.node import NodePublisher, NodeSettings
-from agent.nodepods import NodePods
-from agent.nvmlclient import RelayedNvml
-from agent.ownership import OwnerStore
-from agent.placement import PlacementVerifier, Proven
-from agent.probationhold import ProbationHold, drained
-from agent.processes import TritonProcesses
-from agent.quarantine import CrashLedger, CrashRecord, NodeQuarantine
-from agent.reconcile import Reconciler
-from agent.repository import Repository, check_apart
-from agent.requestcrash import RequestCrashes
-from agent.service import AgentService, add_to_server
+from agent.models.evictor import Evictor
+from agent.models.nodemodels import ModelLimits, Models
+from agent.models.probationhold import ProbationHold, drained
+from agent.models.reconcile import Reconciler
+from agent.models.tritonram import HostMemory, HostMemoryRules
+from agent.pods.callertable import CallerPublisher
+from agent.pods.loadfailures import LoadFailures
+from agent.pods.nodepods import NodePods
+from agent.pods.ownership import OwnerStore
+from agent.pods.proofs import PlacementVerifier, Proven
+from agent.quarantine.records import CrashLedger, CrashRecord, NodeQuarantine
+from agent.quarantine.suspects import CallerRecord
 from agent.settings import Settings
-from agent.suspects import CallerRecord
+from agent.status.conditions import ModelConditions
+from agent.status.node import NodePublisher, NodeSettings
+from agent.status.requestcrash import RequestCrashes
 from agent.triton import TritonClient
 from common.activity import ActivityTableError
 from common.activity import read_table as read_activity
@@ -62,7 +62,7 @@ from common.crashwitness import path_beside
 from common.health import HttpServer, LoopBeat, build_health_app
 from common.hosted import host_name, loaded_condition
 from common.lifecycle import Lifecycle
-from common.placement import KeyDirectory, PlacementKeyError
+from common.proofs import KeyDirectory, PlacementKeyError
 
 log = logging.getLogger(__name__)
 

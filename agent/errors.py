@@ -1,7 +1,7 @@
 """The agent's exceptions, and the one table that maps them to gRPC codes and HTTP statuses.
 
 Every error message says what is wrong and what to do. Callers raise these with `from e` so the
-cause is kept; `agent.service` converts them to gRPC statuses through `GRPC_CODES` only.
+cause is kept; `agent.api.service` converts them to gRPC statuses through `GRPC_CODES` only.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class DeadlineExceededError(AgentError):
 
 
 class LoadTimedOutError(DeadlineExceededError):
-    """A load held its GPU's slot past its bound (`agent.gpuqueue.load_budget`) and was
+    """A load held its GPU's slot past its bound (`agent.gpus.gpuqueue.load_budget`) and was
     abandoned."""
 
     reason = "load_timed_out"

@@ -1,16 +1,16 @@
 """`python -m agent.gpucheck`: what the agent reads, publishes and measures on this machine's GPUs.
 
 For a platform engineer on a GPU node, and for anyone asking whether tritonshare was run on a real
-GPU. The agent's own NVML code (`agent.gpus`) reads every GPU (UUID, product, memory, health, MIG
-mode, processes holding memory); the Node annotations are printed exactly as the agent writes
-them (`agent.inventory.node_annotations`, `agent.memory.MemoryLedger.annotation`). With
-`--measure BYTES` a stand-in model process (`agent.standin`: torch allocating BYTES on the chosen
-GPU, a process with its own CUDA context as a Python-backend model's stub is) is loaded as the
-agent loads a model: admitted by `admission_problem` on a fresh reading, measured as NVML growth
+GPU. The agent's own NVML code (`agent.gpus.nvml`) reads every GPU (UUID, product, memory, health,
+MIG mode, processes holding memory); the Node annotations are printed exactly as the agent writes
+them (`agent.gpus.inventory.node_annotations`, `agent.gpus.memory.MemoryLedger.annotation`). With
+`--measure BYTES` a stand-in model process (`agent.gpus.standin`: torch allocating BYTES on the
+chosen GPU, a process with its own CUDA context as a Python-backend model's stub is) is loaded as
+the agent loads a model: admitted by `admission_problem` on a fresh reading, measured as NVML growth
 across the load into a `MemoryLedger`, observed by a poll, unloaded; the admission and
 enforcement decisions the agent would take on those figures are shown, and the process's CUDA
 context gives the `--gpu-mem-process-allowance` to set. With `--reserve` it reports what each GPU
-holds with no model loaded and the `--gpu-mem-reserve` that covers it (`agent.reserve`): read
+holds with no model loaded and the `--gpu-mem-reserve` that covers it (`agent.gpus.reserve`): read
 where Triton runs (`--gpu-source=triton`, through the NVML relay in Triton's container), the
 figure has Triton's own context in it; a GPU no process holds memory on is counted with Triton's
 measured context added, and said so.
@@ -35,22 +35,23 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.errors import NvmlUnavailableError
-from agent.gpus import GpuDetails, GpuReader
-from agent.inventory import GpuInfo, GpuSnapshot, capacity_patch, node_annotations
-from agent.memory import (
+from agent.gpus.inventory import GpuInfo, GpuSnapshot, capacity_patch, node_annotations
+from agent.gpus.memory import (
     TOLERANCE_MIN_BYTES,
     MemoryLedger,
     admission_problem,
     tolerance,
 )
-from agent.nvmlclient import RelayedNvml
-from agent.reserve import (
+from agent.gpus.nvml import GpuDetails, GpuReader
+from agent.gpus.relayclient import RelayedNvml
+from agent.gpus.reserve import (
     BACKEND_ALLOWANCE,
     TRITON_CONTEXT,
     Baseline,
     suggested_allowance,
     suggested_reserve,
 )
+from agent.gpus.standin import StandIn, StandInError, TorchStandIn
 from agent.settings import (
     gpu_mem_enforcement_flag,
     gpu_mem_reserve_flag,
@@ -58,7 +59,6 @@ from agent.settings import (
     gpu_source_flag,
     nvml_relay_socket_flag,
 )
-from agent.standin import StandIn, StandInError, TorchStandIn
 from common.backends import PROCESS_ALLOWANCE
 from common.contract import Keys
 from common.quantity import format_bytes
@@ -164,7 +164,7 @@ class CheckSettings:
         switch=True,
         env=None,
     )
-    """Report each GPU's idle use and the reserve that covers it (agent.reserve)."""
+    """Report each GPU's idle use and the reserve that covers it (agent.gpus.reserve)."""
     json: bool = setting("json", "print the report as JSON", default=False, switch=True, env=None)
     """Print the report as one JSON object instead of text."""
 
@@ -349,7 +349,8 @@ def measure(
     clock: Callable[[], float],
     sleep: Callable[[float], None],
 ) -> Measurement:
-    """Load, measure, poll and unload the stand-in as `agent.models` and `agent.app` do."""
+    """Load, measure, poll and unload the stand-in as `agent.models.nodemodels` and `agent.app`
+    do."""
     known, reserve = settings.measure, settings.gpu_mem_reserve
     m = Measurement(known=known, request=settings.request or known)
     report.measurement = m
@@ -359,7 +360,8 @@ def measure(
     m.idle_used = _used(reader, uuid).memory_used
     try:
         m.runs_on = stand_in.start()
-        # agent.models._load_measured: the GPU is marked loading, read, admitted, loaded, read.
+        # agent.models.nodemodels._load_measured: the GPU is marked loading, read, admitted, loaded,
+        # read.
         ledger.loading.add(uuid)
         before = _used(reader, uuid)
         m.before_used = before.memory_used
@@ -408,7 +410,8 @@ def measure(
         m.over_below = smallest_request_within(m.polled, fraction, minimum)
         sure = excess is not None and excess.sure(ledger.allowed(m.request))
         m.action = _action(m.over, sure, settings.gpu_mem_enforcement)
-        # agent.models._unload_locked: unload, then forget; the next poll shows what is left.
+        # agent.models.nodemodels._unload_locked: unload, then forget; the next poll shows what is
+        # left.
         stand_in.free()
         ledger.forget(STAND_IN_MODEL)
         freed = reader.read()
@@ -431,7 +434,8 @@ def measure(
 
 
 def _action(over: bool, sure: bool, enforcement: str) -> str:
-    """What the agent does about the figure (agent.reconcile: evict only on a sure excess)."""
+    """What the agent does about the figure (agent.models.reconcile: evict only on a sure
+    excess)."""
     if not over:
         return "none: the model is within its request and the tolerance"
     if enforcement == "evict" and sure:

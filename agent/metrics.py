@@ -25,13 +25,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.filecache import KeptCopy
-from agent.inventory import GpuSnapshot
-from agent.lifecycle import Phase
-from agent.memory import MemoryLedger
-from agent.placement import Proven
-from agent.quarantine import CrashRecord, NamespaceRecord
-from agent.suspects import CallerRecord
+from agent.gpus.inventory import GpuSnapshot
+from agent.gpus.memory import MemoryLedger
+from agent.installs.filecache import KeptCopy
+from agent.phases import Phase
+from agent.pods.proofs import Proven
+from agent.quarantine.records import CrashRecord, NamespaceRecord
+from agent.quarantine.suspects import CallerRecord
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -440,7 +440,7 @@ class AgentMetrics:
         self.registry.register(_HostMemoryCollector(used, limit, models))
 
     def watch_foreign(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        """Export each GPU's count of processes that are not Triton's (`agent.foreign`)."""
+        """Export each GPU's count of processes that are not Triton's (`agent.gpus.foreign`)."""
         self.registry.register(_ForeignCollector(counts))
 
     def watch_gpus(

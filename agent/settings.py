@@ -13,7 +13,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.modelconfig import DEFAULT_MAX_INSTANCES, DEFAULT_MAX_VERSIONS, DEFAULT_SAFE_BACKENDS
+from agent.installs.modelconfig import (
+    DEFAULT_MAX_INSTANCES,
+    DEFAULT_MAX_VERSIONS,
+    DEFAULT_SAFE_BACKENDS,
+)
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
@@ -175,7 +179,7 @@ class Settings:
     gpu_source: str = gpu_source_flag()
     """`nvml`: the agent's container must see the GPUs (DRA's shared claim, or the environment
     variable). `triton`: Triton's container, which the device plugin gave the GPUs, runs the NVML
-    relay (`agent.nvmlrelay`) and the agent asks it, so its own container needs no GPU."""
+    relay (`agent.gpus.relay`) and the agent asks it, so its own container needs no GPU."""
     nvml_relay_socket: Path = nvml_relay_socket_flag()
     """Where the relay in Triton's container answers; the node pod shares its directory."""
     triton_memory_limit: int = setting(

@@ -34,10 +34,10 @@ from typing import Any
 import grpc
 import kubernetes.client
 
-from agent.modelconfig import override_json, parse_config, pinned_config
+from agent.installs.modelconfig import override_json, parse_config, pinned_config
 from benchmarks import command_line
 from common.contract import TENANT_CODE_NODE, Keys
-from common.placement import Claim, load_key_ring
+from common.proofs import Claim, load_key_ring
 from common.tritonname import private_triton_name
 from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import start_in_thread

@@ -38,8 +38,8 @@ closing line each, side by side.
 
 With `--cost N`, no cluster: the built-in autoscaler's CPU seconds per second (one tick a
 second) for N TritonModels of 1 to 5 replicas, over hosts of `--models-per-host` models each,
-every host's /autoscaling answer decoded and every model decided (`binder.autoscaler`), as
-`binder.autoscaling`'s tick does without its network.
+every host's /autoscaling answer decoded and every model decided (`binder.autoscaler.kpa`), as
+`binder.autoscaler.loop`'s tick does without its network.
 
 With `--cold-start-only`, no autoscaler and no Prometheus: the Deployment is scaled from one
 replica to 1 + `--new-replicas` (files sent), back to one, and up again (the node kept the
@@ -70,7 +70,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from binder.autoscaler import Decider, scaling_from
+from binder.autoscaler.kpa import Decider, scaling_from
 from sim.cluster import NodeSpec, SimCluster
 from sim.demo import autoscale
 from sim.demo.scenario import MODELS_DIR, NODES
@@ -78,7 +78,7 @@ from sim.triton import TritonInstall
 
 NAMESPACE = "models"
 KEPT_LOG = "was installed from the node's kept copy"
-"""What the agent logs for an install from its kept copy (agent/service.py)."""
+"""What the agent logs for an install from its kept copy (agent/api/service.py)."""
 
 
 def main() -> int:
@@ -284,7 +284,7 @@ SCALES = re.compile(
     r"New size: (\d+)",
     re.MULTILINE,
 )
-"""The built-in autoscaler's log line of a decision (`binder.autoscaling`), local time."""
+"""The built-in autoscaler's log line of a decision (`binder.autoscaler.loop`), local time."""
 
 
 def scale_ups(log: str, since: float) -> list[tuple[float, int]]:

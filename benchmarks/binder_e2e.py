@@ -56,7 +56,7 @@ from binder.app import Binder
 from binder.settings import Settings
 from common.contract import Keys, agent_lease_name
 from common.lifecycle import Lifecycle
-from common.placement import Claim, KeyRing, load_key_ring
+from common.proofs import Claim, KeyRing, load_key_ring
 from common.quantity import parse_quantity
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.cluster import write_placement_keys

@@ -30,9 +30,9 @@ from collections import defaultdict
 from typing import Any
 
 from benchmarks import command_line
-from binder.model import PodInfo, node_from_api, pod_from_api
-from binder.placement import SCAN_BUDGET, Placement, Unschedulable, place
-from binder.state import ClusterState
+from binder.cluster.clusterstate import ClusterState
+from binder.cluster.objects import PodInfo, node_from_api, pod_from_api
+from binder.framework.placement import SCAN_BUDGET, Placement, Unschedulable, place
 from common.contract import RESIDENCY_ON_DEMAND, Keys
 
 GI = 1024**3

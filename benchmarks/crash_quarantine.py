@@ -45,7 +45,7 @@ from agent.settings import Settings
 from agent.triton import READY
 from common.contract import TENANT_CODE_NODE, Keys
 from common.lifecycle import Lifecycle
-from common.placement import Claim, KeyRing
+from common.proofs import Claim, KeyRing
 from protos import agent_pb2, agent_pb2_grpc
 from proxy.gateway.app import Gateway
 from proxy.gateway.settings import GatewaySettings

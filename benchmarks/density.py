@@ -15,9 +15,9 @@ g2-standard-48); the A100 nodes 8xA100-80GB:96:110; 110 pods where not said; les
 pod's requests and slot. Each replica asks
 what the webhook writes (`benchmarks.shapes.model_pod_requests`) beside its GPU memory, and the
 models belong to 50 namespaces; `--as tritonmodels` makes each replica a TritonModel replica
-on its namespace's model host instead (`binder.model.as_replica`). Every rule below filters by
-the binder's NodeResourcesFit (`binder.fit`); the first-fit-decreasing repack and the lower
-bound count GPU memory only.
+on its namespace's model host instead (`binder.cluster.objects.as_replica`). Every rule below
+filters by the binder's NodeResourcesFit (`binder.framework.fit`); the first-fit-decreasing repack
+and the lower bound count GPU memory only.
 
 The fleet (seeded; each model gets 1 to 3 replicas, uniformly), sizes drawn log-uniformly in each
 band. The bands stand for public models' sizes (parameters times bytes per parameter, plus
@@ -51,8 +51,8 @@ Five placements decide, each on its own state, the same pods in the same order:
 - "tightest": for comparison, the tightest free block in bytes on any GPU, whatever its size.
 
 Churn runs one more column, "binder + moves": the binder's placement, and when a pod fits no GPU,
-`binder.consolidation.plan` with its cooldowns in simulated time, as the binder runs it with
-`--consolidate-moves 4`: the pods it names are removed, the pod is placed, then they are placed
+`binder.framework.consolidation.plan` with its cooldowns in simulated time, as the binder runs it
+with `--consolidate-moves 4`: the pods it names are removed, the pod is placed, then they are placed
 again (their controllers' new pods).
 
 Static packing places the whole fleet in a random order (pods arrive in whatever order their
@@ -87,11 +87,11 @@ import numpy as np
 
 from benchmarks import command_line, shapes
 from benchmarks import results as results_page
-from binder.consolidation import Cooldowns, plan
-from binder.fit import fit_mask
-from binder.model import Constraints, NodeInfo, PodInfo, as_replica, constraints_from_spec
-from binder.placement import MAX_SCORE, Placement, place
-from binder.state import ClusterState, IntArray
+from binder.cluster.clusterstate import ClusterState, IntArray
+from binder.cluster.objects import Constraints, NodeInfo, PodInfo, as_replica, constraints_from_spec
+from binder.framework.consolidation import Cooldowns, plan
+from binder.framework.fit import fit_mask
+from binder.framework.placement import MAX_SCORE, Placement, place
 
 GI = 1024**3
 RESERVE = GI // 2

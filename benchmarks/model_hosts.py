@@ -2,21 +2,21 @@
 
 `--models` TritonModels of `--replicas` replicas each, in `--namespaces` namespaces, arrive in a
 seeded random order, each model's replicas together (as a controller creates them); each replica
-is placed by `binder.placement.place` on a `ClusterState` of `--nodes` nodes of `--node-shape`
-(`benchmarks.shapes`) and charged as the binder charges what it binds (`assume`). A replica is
-`binder.model.as_replica` of a pod with the model's labels and GPU memory (0.5-16 GiB,
-log-uniform, the residency fleet's sizes): it takes no pod slot, its namespace's host on the
-node does.
+is placed by `binder.framework.placement.place` on a `ClusterState` of `--nodes` nodes of
+`--node-shape` (`benchmarks.shapes`) and charged as the binder charges what it binds (`assume`). A
+replica is `binder.cluster.objects.as_replica` of a pod with the model's labels and GPU memory
+(0.5-16 GiB, log-uniform, the residency fleet's sizes): it takes no pod slot, its namespace's host
+on the node does.
 
 Prints the replicas placed per second (wall time) and the binder's CPU per replica (process CPU
 time, one thread), the replicas refused, and the hosts used against namespaces x nodes used
 (one host per (namespace, node) at most). No API server, no clock but the measurement's.
 
-Then the same models under attack, through the model controller's turns (`ModelController.turn`:
-its queue, in turns by namespace with backoff, and its placing, without API writes): beside
-them, a namespace holds `--unplaceable` models of 200 GiB (more than any GPU) and one of 1 GiB
-scaled to `--scale-bomb` replicas. Prints the same figures, and how long a new model of another
-namespace waits for its replicas once every attacking model is due again.
+Then the same models under attack, through the model controller's turns
+(`TritonModelController.turn`: its queue, in turns by namespace with backoff, and its placing,
+without API writes): beside them, a namespace holds `--unplaceable` models of 200 GiB (more than any
+GPU) and one of 1 GiB scaled to `--scale-bomb` replicas. Prints the same figures, and how long a new
+model of another namespace waits for its replicas once every attacking model is due again.
 
 Run: .venv/bin/python -m benchmarks.model_hosts [--models 10000 --replicas 2 --namespaces 50
      --nodes 1000 --node-shape 8xA100-80GB:96:110 --unplaceable 10000 --scale-bomb 1000000000]
@@ -34,15 +34,15 @@ from typing import cast
 
 from benchmarks import command_line, shapes
 from benchmarks import results as results_page
-from binder.cache import Ledger
-from binder.hosting import ModelController
-from binder.kube import Kube
-from binder.model import ModelInfo, PodInfo, as_replica, model_from_api
-from binder.placement import Placement, place
-from binder.state import ClusterState
+from binder.api.kube import Kube
+from binder.cluster.cache import Ledger
+from binder.cluster.clusterstate import ClusterState
+from binder.cluster.objects import ModelInfo, PodInfo, as_replica, model_from_api
+from binder.framework.placement import Placement, place
+from binder.tritonmodels.controller import TritonModelController
 from common.contract import Keys
 from common.modelpod import NodeAccess
-from common.placement import KeyRing
+from common.proofs import KeyRing
 
 GI = 1 << 30
 RESERVE = GI // 2
@@ -133,9 +133,9 @@ def tritonmodel(namespace: str, name: str, replicas: int, memory: int) -> ModelI
     return model_from_api(obj, KEYS, "tritonshare")
 
 
-def controller(ledger: Ledger) -> ModelController:
+def controller(ledger: Ledger) -> TritonModelController:
     """The model controller with nothing to write to: only `turn` is called."""
-    return ModelController(
+    return TritonModelController(
         cast(Kube, None),
         ledger,
         leading=asyncio.Event(),
@@ -154,7 +154,7 @@ def controller(ledger: Ledger) -> ModelController:
 RING = KeyRing(b"k" * 32)
 
 
-def add(ledger: Ledger, models: ModelController, model: ModelInfo) -> None:
+def add(ledger: Ledger, models: TritonModelController, model: ModelInfo) -> None:
     ledger.models[model.uid] = model
     ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
     models.changed(model.uid)
@@ -209,7 +209,7 @@ def run_attacked(args: argparse.Namespace) -> None:
     )
 
 
-def take_turns(models: ModelController, waiting: set[str]) -> tuple[int, int]:
+def take_turns(models: TritonModelController, waiting: set[str]) -> tuple[int, int]:
     """Take turns until each of the `waiting` models has had one: (their replicas placed, the
     other models' turns meanwhile)."""
     placed = others = 0

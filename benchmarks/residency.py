@@ -10,9 +10,9 @@ needs, and the binder's reasons for the model that fitted no node say which reso
 first (GPU memory, pods, CPU). `--as pods`: each model is a pod with the requests the webhook
 writes; `--as tritonmodels`: each is a TritonModel replica, with no pod of its own, charged its
 share of its namespace's model host, and the host one pod slot and a proxy's requests per
-(namespace, node) (`binder.model.as_replica`). The models belong to `--namespaces` namespaces.
-All configurations place the same models in the same (shuffled) order. The models outside the
-top `--always-share` by request rate are `on-demand`.
+(namespace, node) (`binder.cluster.objects.as_replica`). The models belong to `--namespaces`
+namespaces. All configurations place the same models in the same (shuffled) order. The models
+outside the top `--always-share` by request rate are `on-demand`.
 
 Traffic (seeded): each model's rate follows a Zipf law whose exponent is chosen so the top 20 %
 of models take `--top-share` of requests; the total rate swings over a day (a sine, peak
@@ -54,9 +54,9 @@ import numpy as np
 
 from benchmarks import command_line, residency_live, shapes
 from benchmarks import results as results_page
-from binder.model import PodInfo, as_replica
-from binder.placement import Placement, place
-from binder.state import ClusterState
+from binder.cluster.clusterstate import ClusterState
+from binder.cluster.objects import PodInfo, as_replica
+from binder.framework.placement import Placement, place
 
 GI = 1 << 30
 RESERVE = GI // 2

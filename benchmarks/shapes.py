@@ -16,9 +16,9 @@ node's allocatable, with its pod slot, before any model.
 A model pod asks what the webhook writes (`webhook.mutation.complete`: the proxy, the loader
 and storage-initializer init containers), counted as Kubernetes counts a pod's effective
 request; a TritonModel replica asks its share of its namespace's model host instead
-(`binder.model.as_replica`).
+(`binder.cluster.objects.as_replica`).
 
-No I/O, no clock: it builds domain objects for `binder.placement.place`.
+No I/O, no clock: it builds domain objects for `binder.framework.placement.place`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from binder.model import Gpu, NodeInfo, pod_from_api
+from binder.cluster.objects import Gpu, NodeInfo, pod_from_api
 from common.contract import Keys
 from common.podresources import CPU, MEMORY, PODS
 from webhook.mutation import complete

@@ -20,26 +20,26 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from binder.agentdown import AgentDown, Rules
-from binder.autoscaling import Autoscaling
-from binder.cache import ClusterCache, Informer, Ledger
-from binder.controller import Controller
+from binder.api.inbox import Inbox
+from binder.api.kube import JsonObject, Kube, RetryPolicy
+from binder.api.leader import LeaderElector
+from binder.autoscaler.loop import Autoscaling
+from binder.autoscaler.targets import Index
+from binder.cluster.cache import ClusterCache, Informer, Ledger
+from binder.cluster.clusterstate import ClusterState
 from binder.errors import NotReadyError, SettingsError, http_status
-from binder.hosting import EVENT_BACKOFF_MAX_SECONDS, ModelController
-from binder.inbox import Inbox
-from binder.kube import JsonObject, Kube, RetryPolicy
-from binder.leader import LeaderElector
+from binder.framework.queue import SchedulingQueue
 from binder.metrics import Metrics
-from binder.queue import SchedulingQueue
+from binder.pods.agentdown import AgentDown, Rules
+from binder.pods.controller import PodController
 from binder.reconciler import Reconciler
-from binder.scaletargets import Index
 from binder.settings import Settings
-from binder.state import ClusterState
+from binder.tritonmodels.controller import EVENT_BACKOFF_MAX_SECONDS, TritonModelController
 from common.contract import BINDER_LEADER_LEASE, DEFAULT_PROXY_METRICS_PORT
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
 from common.modelpod import NodeAccess
-from common.placement import KeyDirectory, PlacementKeyError
+from common.proofs import KeyDirectory, PlacementKeyError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Binder:
         # One inbox for every thread that hands work to the loop (the watches, the writers): one
         # wake-up per burst.
         self._inbox = Inbox(asyncio.get_running_loop())
-        self.models = ModelController(
+        self.models = TritonModelController(
             self.kube,
             self.ledger,
             leading=leading,
@@ -108,7 +108,7 @@ class Binder:
             backoff_max=settings.backoff_max_seconds,
             queue=self.queue,
         )
-        self.controller = Controller(
+        self.controller = PodController(
             self.kube,
             self.ledger,
             leading=leading,

@@ -1,14 +1,14 @@
 """The binder's one loop: pods and TritonModel replicas placed from one queue, in turns.
 
 A pending pod and a TritonModel whose replicas need placing, leaving or writing back wait in one
-queue (`binder.queue`), taken one namespace at a time: a namespace's thousands of pods and models
-together delay another namespace's pod or model by one of theirs. Each uid taken goes to the
-writer of its kind, both on the one placement core (`binder.placement.place`, the cache's state,
-charged at once): a pod to `binder.controller` (bound, or told why not), a model to
-`binder.hosting` (its replicas placed or drained, its status, hosts and Service written). Between
-two turns the hosts whose conditions changed are updated and, every second, the models whose roll
-or drain waits are queued again. A pod's API writes run off the loop (at most the bind workers'
-slots ahead); a model's turn awaits its own, as it writes its namespace's hosts.
+queue (`binder.framework.queue`), taken one namespace at a time: a namespace's thousands of pods and
+models together delay another namespace's pod or model by one of theirs. Each uid taken goes to the
+writer of its kind, both on the one placement core (`binder.framework.placement.place`, the cache's
+state, charged at once): a pod to `binder.pods.controller` (bound, or told why not), a model to
+`binder.tritonmodels.controller` (its replicas placed or drained, its status, hosts and Service
+written). Between two turns the hosts whose conditions changed are updated and, every second, the
+models whose roll or drain waits are queued again. A pod's API writes run off the loop (at most the
+bind workers' slots ahead); a model's turn awaits its own, as it writes its namespace's hosts.
 
 Runs while this replica leads; a uid taken as the lead is lost is put back.
 """
@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from binder.controller import Controller
-from binder.hosting import ModelController
-from binder.queue import SchedulingQueue
+from binder.framework.queue import SchedulingQueue
+from binder.pods.controller import PodController
+from binder.tritonmodels.controller import TritonModelController
 
 YIELD_EVERY = 32
 """Pods decided in a row, without waiting, before the loop lets its other callbacks run."""
@@ -32,8 +32,8 @@ class Reconciler:
     def __init__(
         self,
         queue: SchedulingQueue,
-        pods: Controller,
-        models: ModelController,
+        pods: PodController,
+        models: TritonModelController,
         *,
         leading: asyncio.Event,
     ) -> None:

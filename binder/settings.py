@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from binder.errors import SettingsError
-from binder.placement import POLICIES, Policy
+from binder.framework.placement import POLICIES, Policy
 from common.backends import PROCESS_ALLOWANCE
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
@@ -236,8 +236,8 @@ class Settings:
         default="0",
     )
     """Pods one plan may evict to make room for a pod that waits only because the free GPU
-    memory of its nodes is split across GPUs (binder.consolidation); 0 never evicts. Default 0:
-    an eviction stops another team's serving model for a reload elsewhere."""
+    memory of its nodes is split across GPUs (binder.framework.consolidation); 0 never evicts.
+    Default 0: an eviction stops another team's serving model for a reload elsewhere."""
     preemption: bool = setting(
         "preemption",
         "true or false: evict lower-priority tritonshare pods for a pod that fits nowhere",
@@ -273,7 +273,7 @@ class Settings:
         default="1",
     )
     """Seconds between two reads of the model hosts' counts (`/autoscaling`) and decisions of
-    the built-in autoscaler for TritonModels with spec.autoscaling (binder.autoscaling); 0
+    the built-in autoscaler for TritonModels with spec.autoscaling (binder.autoscaler.loop); 0
     turns it off. Default 1, as often as Knative's autoscaler reads its pods."""
     watch_failure_grace_seconds: float = setting(
         "watch-failure-grace",

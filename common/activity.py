@@ -3,9 +3,9 @@
 The gateway sees every request to the node's Triton; it writes, per model (by its name in
 Triton), the requests in flight or queued for it and when the last one began or ended. The agent
 reads the table when it picks idle on-demand models to put to sleep for another's load
-(`agent.eviction`), and before a watched load, to see the probationers it holds drained
-(`agent.probationhold`). Both run in the node pod and share the file through the volume of the
-caller table (`common.callers`), which only they mount. The file is JSON, replaced whole by a
+(`agent.models.eviction`), and before a watched load, to see the probationers it holds drained
+(`agent.models.probationhold`). Both run in the node pod and share the file through the volume of
+the caller table (`common.callers`), which only they mount. The file is JSON, replaced whole by a
 rename, and rewritten at least every `HEARTBEAT_SECONDS` (at most once a second while it
 changes), so its `writtenAt` tells the agent the gateway is alive: past the agent's bound the
 table is stale and no model may be evicted (fail closed). What it must not do: count requests

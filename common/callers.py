@@ -13,8 +13,8 @@ address: it has one row per replica, all with its address and `pod`, each with i
 the host's other replicas of its model (`spread`): the gateway spreads the model's requests over
 them all. An agent or gateway of the version before reads and writes no `spread`: its tables
 reach the gateway as rows of one replica, and it reaches the row's own replica only. What it must
-not do: decide who is a caller (that is `agent.gateway`); this module only says what a table is
-and moves it to and from disk.
+not do: decide who is a caller (that is `agent.pods.callertable`); this module only says what a
+table is and moves it to and from disk.
 """
 
 from __future__ import annotations
@@ -57,18 +57,19 @@ class Caller:
     (models installed before private names, and tables of agents before the field)."""
     quarantined: str = ""
     """Why the pod's requests are refused (its requests coincided with too many of Triton's
-    unexpected exits, `agent.quarantine`), in words for the pod; empty: it is served."""
+    unexpected exits, `agent.quarantine.records`), in words for the pod; empty: it is served."""
     probation: bool = False
-    """Its requests were at Triton with another pod's when Triton exited (`agent.suspects`):
-    the gateway lets them reach Triton only while no other probationer's are there."""
+    """Its requests were at Triton with another pod's when Triton exited
+    (`agent.quarantine.suspects`): the gateway lets them reach Triton only while no other
+    probationer's are there."""
     held: bool = False
     """On probation while a load the agent watches is in flight or just ended
-    (`agent.probationhold`): the gateway holds its new requests (each a bounded time), so that
-    an exit of Triton then is the load's alone."""
+    (`agent.models.probationhold`): the gateway holds its new requests (each a bounded time), so
+    that an exit of Triton then is the load's alone."""
     trial: bool = False
     """Held while the load of a model under suspicion is in flight or settles (its trial,
-    `agent.probationhold`): the gateway refuses the pod's new requests instead of holding them,
-    so that an exit then is the suspect's alone, however late it comes."""
+    `agent.models.probationhold`): the gateway refuses the pod's new requests instead of holding
+    them, so that an exit then is the suspect's alone, however late it comes."""
     spread: tuple[Spare, ...] = ()
     """A model host's other replicas of the model, loaded and not draining, as (name in Triton,
     uid), when this row's own (the preferred) is loaded and not draining too: the gateway sends

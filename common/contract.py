@@ -103,7 +103,7 @@ class Keys:
     @property
     def placement(self) -> str:
         """Pod annotation written by the binder with the GPU: its signed proof of placement
-        (`common.placement`)."""
+        (`common.proofs`)."""
         return f"{self.prefix}placement"
 
     @property
@@ -121,14 +121,14 @@ class Keys:
     @property
     def gpu_usage(self) -> str:
         """Node annotation written by the agent: JSON, per GPU UUID its NVML used bytes and its
-        loaded models' measured bytes (`agent.memory`), by each model's name in Triton (its
+        loaded models' measured bytes (`agent.gpus.memory`), by each model's name in Triton (its
         pod's private name, `common.tritonname`, or a legacy model's id); rate-limited."""
         return f"{self.prefix}gpu-usage"
 
     @property
     def quarantined(self) -> str:
         """Node annotation written by the agent: JSON list of the models quarantined on the node
-        after Triton exited while loading them (`agent.quarantine`); absent when none."""
+        after Triton exited while loading them (`agent.quarantine.records`); absent when none."""
         return f"{self.prefix}quarantined"
 
     @property

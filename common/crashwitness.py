@@ -5,8 +5,8 @@ gateway's own connection to Triton drops and Triton refuses a new one, the gatew
 record ("at T, Triton went away with these callers' requests in flight") to this file, in a
 volume the agent reads (`--crash-witness-file` of both; by default beside the caller table,
 `common.callers`); the agent, which tells an unexpected exit of Triton apart from a dropped
-connection, reads the records near the exit and counts the suspects (`agent.requestcrash`). The
-file is JSON, replaced whole by a rename and bounded to the last `MAX_RECORDS` records, so a
+connection, reads the records near the exit and counts the suspects (`agent.status.requestcrash`).
+The file is JSON, replaced whole by a rename and bounded to the last `MAX_RECORDS` records, so a
 reader sees a whole file and a crash loop cannot grow it. What it must not do: decide who is a
 suspect (the gateway's `gateway.witness`) or what a record proves (the agent's); this module only
 says what a record is and moves records to and from disk.

@@ -6,7 +6,7 @@ its model, and what is wrong with its node's GPUs. Both send the same shape, bui
 cannot drift apart, and both de-duplicate with `EventAggregator`, kube's own rule (client-go's
 event correlator): Events about one object with one reason and message are one Event whose
 `count` and `lastTimestamp` grow. Pure: it returns what to write; each part's Kubernetes adapter
-(binder/kube.py, agent/kube.py) writes it.
+(binder/api/kube.py, agent/kube/client.py) writes it.
 """
 
 from __future__ import annotations
@@ -144,8 +144,9 @@ class EventAggregator:
     """Turns each Event a part records into the write that records it: the first of its key is
     created (named `<object>.<hex nanoseconds>`, as client-go names Events, so a repeat can find
     it without reading an answer); a repeat raises its count and last time. How often a thing
-    is said is its caller's to bound (a tenant can make the agent refuse in a loop: agent/events.py
-    says each refusal once per period). Thread-safe: the binder records from worker threads."""
+    is said is its caller's to bound (a tenant can make the agent refuse in a loop:
+    agent/kube/events.py says each refusal once per period). Thread-safe: the binder records from
+    worker threads."""
 
     def __init__(
         self,

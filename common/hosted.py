@@ -1,7 +1,7 @@
 """The model-host contract: how a host pod names the TritonModel replicas it serves.
 
-The binder creates one host pod per (namespace, node) with a replica placed there (`binder.hosting`)
-and is the only writer of what this module names on it:
+The binder creates one host pod per (namespace, node) with a replica placed there
+(`binder.tritonmodels.controller`) and is the only writer of what this module names on it:
 
 - label `<prefix>model-host: "true"`;
 - annotation `<prefix>host-template`: the hash of the pod template it was made from;
@@ -260,7 +260,7 @@ class HostedReplica:
     residency: str
     """`always` or `on-demand`, as placed (the proof binds it)."""
     proof: str
-    """The binder's proof of placement (`common.placement`) for the replica's claim."""
+    """The binder's proof of placement (`common.proofs`) for the replica's claim."""
     storage_uri: str = ""
     """Where its files are (the TritonModel's spec.storageUri)."""
     concurrency: int = 0

@@ -2,11 +2,11 @@
 explicit parameters.
 
 The webhook completes a model pod with them (`webhook.mutation`) and the binder builds a model host
-with them (`binder.hosting`): a host is a model pod that serves many models, so both run the same
-loader and proxy image, reach the node's agent and gateway the same way (the node's IP from the
-downward API), carry the same projected token for the agent, probes, restricted securityContext
-and GPU-node tolerations. What differs is passed in: the containers' arguments, mounts and
-requests. Pure: no I/O, imports no part.
+with them (`binder.tritonmodels.controller`): a host is a model pod that serves many models, so both
+run the same loader and proxy image, reach the node's agent and gateway the same way (the node's IP
+from the downward API), carry the same projected token for the agent, probes, restricted
+securityContext and GPU-node tolerations. What differs is passed in: the containers' arguments,
+mounts and requests. Pure: no I/O, imports no part.
 """
 
 from __future__ import annotations

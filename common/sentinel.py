@@ -10,7 +10,7 @@ Polling Triton's liveness can miss a death when Triton is started again between 
 sentinel misses one only when its own event loop stalls past Triton's restart: its connection
 then shows a drop, and the new connection is accepted by a new Triton (`on_dropped` lets its
 owner look for other evidence of a death).
-Both the node gateway (`gateway.witness`) and the agent (`agent.requestcrash`) hold one. What
+Both the node gateway (`gateway.witness`) and the agent (`agent.status.requestcrash`) hold one. What
 it must not do: decide what a death means.
 """
 

@@ -45,7 +45,8 @@ from loader.errors import FetchError
 
 _CHUNK = 1 << 20
 MAX_OBJECTS = 10_000
-"""Objects fetched at most: the agent installs no model of more files (agent.repository)."""
+"""Objects fetched at most: the agent installs no model of more files
+(agent.installs.repository)."""
 MAX_LISTED = 100_000
 """Keys a listing may return in all: files, folder markers and keys beside the folder that only
 share its prefix (`models/add` lists `models/add_one/...` too), ten times a model's files."""

@@ -34,11 +34,11 @@ from proxy.http1.listener import RestRelay
 from proxy.metrics import ProxyMetrics
 from proxy.parking import MOST_WAITING, Parking
 from proxy.policy.limiter import Limiter
+from proxy.processflags import ProxyState
 from proxy.readiness import OwnModel, Readiness
 from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_flags
 from proxy.residency import IdlePolicy, Residencies, Residency
 from proxy.settings import Settings
-from proxy.state import ProxyState
 from proxy.table import Entry, ModelTable, Served
 
 log = logging.getLogger(__name__)

@@ -55,7 +55,7 @@ COMPILED = (
     "proxy/http2/frames.py",
     "proxy/http2/headers.py",
     "proxy/http2/reader.py",
-    "proxy/http2/state.py",
+    "proxy/http2/streamstates.py",
     "proxy/grpc/__init__.py",
     "proxy/grpc/channel.py",
     "proxy/grpc/framing.py",

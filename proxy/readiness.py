@@ -16,9 +16,9 @@ from collections.abc import Callable, Collection
 
 import aiohttp
 
+from proxy.processflags import ProxyState
 from proxy.settings import Settings
 from proxy.sockets import local_address
-from proxy.state import ProxyState
 
 
 class OwnModel:

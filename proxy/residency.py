@@ -33,7 +33,7 @@ from typing import Protocol
 
 from proxy.policy.limiter import Limiter
 from proxy.policy.refusals import WakeError
-from proxy.state import ProxyState
+from proxy.processflags import ProxyState
 
 log = logging.getLogger(__name__)
 

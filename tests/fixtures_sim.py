@@ -18,7 +18,7 @@ import kubernetes.client
 import kubernetes.watch
 import pytest
 
-from common.placement import Claim, KeyRing, load_key_ring
+from common.proofs import Claim, KeyRing, load_key_ring
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.cluster import write_placement_keys
 

@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from agent.settings import parse_settings as agent_settings
-from binder.cli import FLAGS as CLI_FLAGS
-from binder.cli import build_parser as cli_parser
+from binder.cli.main import FLAGS as CLI_FLAGS
+from binder.cli.main import build_parser as cli_parser
 from binder.settings import parse_settings as binder_settings
 from loader.settings import parse_settings as loader_settings
 from proxy.gateway.settings import parse_settings as gateway_settings
@@ -116,9 +116,9 @@ def _part(command: Command) -> tuple[str, list[str]] | None:
     `kubectl tritonshare ...`; None for any other command."""
     argv = list(command.argv)
     if argv[0] == "kubectl" and argv[1:2] == ["tritonshare"]:
-        return "binder.cli", argv[2:]
+        return "binder.cli.main", argv[2:]
     if argv[0] in {"tritonshare", "kubectl-tritonshare"}:
-        return "binder.cli", argv[1:]
+        return "binder.cli.main", argv[1:]
     if Path(argv[0]).name.startswith("python") and argv[1:2] == ["-m"] and len(argv) > 2:
         return argv[2], argv[3:]
     return None
@@ -137,7 +137,7 @@ PARSERS: dict[str, Callable[[Sequence[str], Mapping[str, str]], Any]] = {
     "proxy": proxy_settings,
     "proxy.gateway": gateway_settings,
     "webhook": webhook_settings,
-    "binder.cli": _cli,
+    "binder.cli.main": _cli,
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent.settings import SettingsError as AgentSettingsError
 from agent.settings import parse_settings as agent_settings
-from binder.cli import build_parser as cli_parser
+from binder.cli.main import build_parser as cli_parser
 from binder.errors import SettingsError as BinderSettingsError
 from binder.settings import parse_settings as binder_settings
 from common.settings import env_name

@@ -30,7 +30,7 @@ class Hidden(importlib.abc.MetaPathFinder):
         if any(name == h or name.startswith(h + ".") for h in {SERVER_ONLY!r}):
             raise ImportError(f"{{name}} is not installed with the CLI")
 sys.meta_path.insert(0, Hidden())
-from binder.cli import main
+from binder.cli.main import main
 for argv in (["--help"], ["status", "--help"], ["explain", "--help"], ["quarantine", "--help"]):
     try:
         main(argv)

@@ -37,8 +37,8 @@ from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
 from proxy.policy.inflight import InFlightShares
 from proxy.policy.probation import ProbationLane
 from proxy.policy.share import LoopShares
+from proxy.processflags import ProxyState
 from proxy.sockets import bind
-from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from proxy.policy.limiter import Limiter
 from proxy.policy.probation import ProbationLane
 from proxy.policy.refusals import OverBudgetError, ProxyError, QuarantinedError
 from proxy.policy.share import LoopShares
+from proxy.processflags import ProxyState
 from proxy.settings import Settings
-from proxy.state import ProxyState
 from proxy.table import Entry, ModelTable, Replicas, Served
 
 log = logging.getLogger(__name__)

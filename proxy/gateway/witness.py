@@ -4,8 +4,9 @@ The gateway holds one idle connection of its own to Triton's HTTP port (`common.
 death closes it at once; the gateway then takes its snapshot of the pods with requests at Triton,
 and once a new connection is refused (Triton is gone, not just the connection) it adds the pods
 whose requests failed meanwhile and appends a record (`common.crashwitness`) to
-`--crash-witness-file`, which the agent reads when it has seen Triton exit (`agent.requestcrash`).
-Nothing here runs per request; the snapshot reads what each pod's limiter and metrics already keep.
+`--crash-witness-file`, which the agent reads when it has seen Triton exit
+(`agent.status.requestcrash`). Nothing here runs per request; the snapshot reads what each pod's
+limiter and metrics already keep.
 
 A pod's model (each row of the caller table: a model host's replica) is a suspect when it has
 requests in flight at Triton at the snapshot, or when one of its inference requests failed with

@@ -38,7 +38,7 @@ from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow, Window
 from proxy.http2.headers import BlockDecoder, BlockEncoder, Fields
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
-from proxy.http2.state import (
+from proxy.http2.streamstates import (
     CLOSED,
     NEXT,
     OPENED,

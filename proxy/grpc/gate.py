@@ -37,7 +37,7 @@ from proxy.grpc import framing, messages
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.replies import Replies
 from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Channel, Stream
-from proxy.http2.state import active
+from proxy.http2.streamstates import active
 from proxy.metrics import ProxyMetrics
 from proxy.policy import finals, inflation, refusals, routing, tensors, wire
 from proxy.policy.limiter import Limiter

@@ -30,8 +30,8 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter, grpc_kind
+from proxy.processflags import ProxyState
 from proxy.settings import Settings
-from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from proxy.http2.headers import (
     trailers_problem,
 )
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
-from proxy.http2.state import (
+from proxy.http2.streamstates import (
     NEXT,
     RECEIVED_END,
     RESET,
@@ -60,9 +60,9 @@ from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import GrpcAnswer, grpc_kind
 from proxy.policy.throttle import Throttle
+from proxy.processflags import ProxyState
 from proxy.settings import Settings
 from proxy.sockets import nodelay
-from proxy.state import ProxyState
 
 SERVER_READY: Final = GrpcAnswer("ServerReady", "OK", response=b"\x08\x01")
 """ServerReadyResponse(ready=true), answered without Triton while the own model sleeps."""

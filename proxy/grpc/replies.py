@@ -26,7 +26,7 @@ from proxy.http2 import frames
 from proxy.http2.flow import Window
 from proxy.http2.headers import BlockEncoder, Fields
 from proxy.http2.reader import FrameSink
-from proxy.http2.state import CLOSED, NEXT, RESET, SENT_END, active, peer_ended
+from proxy.http2.streamstates import CLOSED, NEXT, RESET, SENT_END, active, peer_ended
 from proxy.policy.refusals import UpstreamError, grpc_code
 
 UNAVAILABLE: Final = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"

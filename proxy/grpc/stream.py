@@ -1,10 +1,10 @@
 """One relayed gRPC call: the tenant's stream and Triton's, as the relay's modules share them.
 
 A `Stream` is created when a tenant's request headers arrive (`relay`) and holds everything about
-the call: the two stream states (`proxy.http2.state`), both sides' windows (`proxy.http2.flow`),
-the bytes held for either side, the limiter slot and the routing decision. The modules that act on
-it reach each other through the two base classes here, never by importing each other: `Channel`
-is what the relay, the gate and the replies need from the connection to Triton
+the call: the two stream states (`proxy.http2.streamstates`), both sides' windows
+(`proxy.http2.flow`), the bytes held for either side, the limiter slot and the routing decision. The
+modules that act on it reach each other through the two base classes here, never by importing each
+other: `Channel` is what the relay, the gate and the replies need from the connection to Triton
 (`channel.TritonChannel` implements it), and `TenantSide` what the channel needs from the tenant's
 side (`replies.Replies`). Base classes rather than Protocols, each with its one implementation:
 compiled (mypyc), a call through a Protocol looks the method up by name (a few hundred
@@ -21,7 +21,7 @@ from typing import Final
 from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
 from proxy.http2.reader import FrameSink
-from proxy.http2.state import IDLE, OPEN, peer_ended
+from proxy.http2.streamstates import IDLE, OPEN, peer_ended
 from proxy.policy.finals import Finals
 from proxy.policy.inflation import Inflation
 from proxy.policy.naming import AnswerNames

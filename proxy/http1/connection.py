@@ -25,9 +25,9 @@ from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import Answer, Forward, HttpRouter, error_body
 from proxy.policy.throttle import Throttle
+from proxy.processflags import ProxyState
 from proxy.settings import Settings
 from proxy.sockets import nodelay
-from proxy.state import ProxyState
 from proxy.table import Served
 
 Prepared = tuple[RequestHead, Forward | Answer, bytes]

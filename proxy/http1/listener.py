@@ -29,9 +29,9 @@ from proxy.idle import IdleSweeper
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import Forward, HttpRouter
+from proxy.processflags import ProxyState
 from proxy.settings import Settings
 from proxy.sockets import bind
-from proxy.state import ProxyState
 from proxy.table import ModelTable, Served
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """The node gateway's probation lane: no two probationers' requests at Triton at once.
 
 A pod is on probation when its requests were at Triton with another pod's at an unexpected exit
-(`agent.suspects`): nothing in that exit tells them apart, so until the probation lapses their
-requests take turns, and the next exit finds one of them alone. The lane is held by one
+(`agent.quarantine.suspects`): nothing in that exit tells them apart, so until the probation lapses
+their requests take turns, and the next exit finds one of them alone. The lane is held by one
 probationer for a turn; another probationer's requests wait in their pod's own queue
 (`policy.limiter`, with its bound and timeout). A turn is bounded: once another probationer waits,
 the holder admits no new request past `turn_requests` in its turn or past `turn_seconds` since
@@ -29,7 +29,7 @@ lone probationer would leave before the other sends again, and be at its next ex
 pod named at an exit afterwards takes turns again until its probation ends
 (`Tenant.present_at_exit`). While a load the agent watches is in flight or just ended, the agent
 marks probationers held: their new requests wait, each at most `HELD_REQUEST_SECONDS`, so that an
-exit then is the load's alone (`agent.probationhold`); through a suspect's trial they are
+exit then is the load's alone (`agent.models.probationhold`); through a suspect's trial they are
 refused instead. `HeldRequests` counts what holds cost, by namespace. What it must not do: decide
 who is on probation or held (the agent's caller table does).
 """

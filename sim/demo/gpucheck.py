@@ -4,7 +4,7 @@ GPU, printing the figures a GPU check needs.
 One node on the machine's own GPUs (`sim.cluster.REAL_GPUS`: its agent reads the real NVML and pins
 models to the GPUs, its Triton runs them there, the Python backend's stub environment checked), a
 binder that places with the reserve and the per-process allowance a real cluster needs
-(`agent.reserve.DEFAULT_RESERVE`, `common.backends.PROCESS_ALLOWANCE`), the node's gateway, and
+(`agent.gpus.reserve.DEFAULT_RESERVE`, `common.backends.PROCESS_ALLOWANCE`), the node's gateway, and
 model pods with the loader and the proxy as `make demo` writes them. One pod at a time (so each
 model is alone on its GPU and measured exactly) it serves a model that holds a known amount of GPU
 memory (`sim.gpu.cudamodel`), waits until the pod is Ready, asks it through its proxy, deletes it,
@@ -29,9 +29,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.errors import NvmlUnavailableError
-from agent.gpus import GpuReader
-from agent.memory import TOLERANCE_FRACTION, TOLERANCE_MIN_BYTES, tolerance
-from agent.reserve import DEFAULT_RESERVE
+from agent.gpus.memory import TOLERANCE_FRACTION, TOLERANCE_MIN_BYTES, tolerance
+from agent.gpus.nvml import GpuReader
+from agent.gpus.reserve import DEFAULT_RESERVE
 from common.backends import PROCESS_ALLOWANCE
 from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
@@ -77,7 +77,7 @@ class ModelFigures:
 
     @property
     def over_booking(self) -> bool:
-        """The agent's rule (`agent.memory`): over its booking by more than the tolerance."""
+        """The agent's rule (`agent.gpus.memory`): over its booking by more than the tolerance."""
         allowed = tolerance(self.booked, TOLERANCE_FRACTION, TOLERANCE_MIN_BYTES)
         return self.measured > self.booked + allowed
 

@@ -113,7 +113,7 @@ def scrape(address: str) -> dict[str, float]:
 def _cli(cluster: SimCluster, *args: str) -> subprocess.CompletedProcess[str]:
     """The binder's CLI as a user runs it against the cluster."""
     return subprocess.run(
-        [sys.executable, "-m", "binder.cli", "--kubeconfig", str(cluster.kubeconfig), *args],
+        [sys.executable, "-m", "binder.cli.main", "--kubeconfig", str(cluster.kubeconfig), *args],
         capture_output=True, text=True, timeout=60, check=False, env=cluster.env,
     )  # fmt: skip
 
@@ -143,7 +143,7 @@ def print_tables(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     """The closing tables, from the binder's CLI: what a user would query, not what the demo
     remembers doing."""
     say("")
-    if not available("binder.cli"):
+    if not available("binder.cli.main"):
         say("The binder's CLI is missing from this tree: no table of nodes and GPUs.")
         return
     say("Nodes, GPUs and the models on each, as the binder sees them (tritonshare status):")

@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mock = install(spec)
     if options.get("simulate_model_memory"):
         mock.set_workload(_footprints(agent_args, spec, options["process_context"]))
-    # Imported only now, so that agent.gpus binds the mock as `pynvml`.
+    # Imported only now, so that agent.gpus.nvml binds the mock as `pynvml`.
     from agent.__main__ import main as agent_main
 
     return agent_main(agent_args)

@@ -1,6 +1,7 @@
-"""Model hosts for the agent's tests, written as the binder writes them (`binder.hosting`): a pod
-named as its node's host, labelled, annotated with its replicas, each with a proof signed with
-the tests' key for the claim the binder signs (`binder.proofs.sign` of `ModelInfo.replica`)."""
+"""Model hosts for the agent's tests, written as the binder writes them
+(`binder.tritonmodels.controller`): a pod named as its node's host, labelled, annotated with its
+replicas, each with a proof signed with the tests' key for the claim the binder signs
+(`binder.cluster.proofs.sign` of `ModelInfo.replica`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from common.hosted import (
     replica_name,
     replica_uid,
 )
-from common.placement import Claim, KeyRing
+from common.proofs import Claim, KeyRing
 from common.tritonname import private_triton_name
 from tests.agent.conftest import NODE, SCHEDULER
 from tests.fixtures_sim import TEST_RING, core_v1

@@ -1,11 +1,11 @@
-"""What `agent.models.Models` reads of the node, for tests that build Models alone: a CPU-only
-node (no GPU to read) and pods whose recorded owners are all alive or all gone."""
+"""What `agent.models.nodemodels.Models` reads of the node, for tests that build Models alone: a
+CPU-only node (no GPU to read) and pods whose recorded owners are all alive or all gone."""
 
 from __future__ import annotations
 
-from agent.inventory import GpuInfo, GpuSnapshot
-from agent.ownership import OwnerRecord
-from agent.placement import Proven
+from agent.gpus.inventory import GpuInfo, GpuSnapshot
+from agent.pods.ownership import OwnerRecord
+from agent.pods.proofs import Proven
 
 
 class NoGpus:

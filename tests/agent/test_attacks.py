@@ -22,7 +22,7 @@ import pytest
 import tritonclient.http as triton_http
 
 from agent.errors import TritonError
-from agent.repository import Staging
+from agent.installs.repository import Staging
 from agent.triton import IndexEntry
 from common.tritonname import private_triton_name
 from protos import agent_pb2

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from agent.lifecycle import (
+from agent.phases import (
     CONDITIONS,
     HELD_LOADED,
     PASSING,

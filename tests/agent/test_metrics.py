@@ -8,10 +8,10 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from agent.inventory import GpuInfo, GpuSnapshot
+from agent.gpus.inventory import GpuInfo, GpuSnapshot
 from agent.metrics import AgentMetrics
-from agent.placement import Proven
-from agent.pods import PodInfo
+from agent.pods.modelpods import PodInfo
+from agent.pods.proofs import Proven
 from common.tritonname import private_triton_name
 from tests.conftest import require_executable
 

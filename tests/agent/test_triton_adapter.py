@@ -14,10 +14,10 @@ import pynvml
 import pytest
 
 from agent.errors import TritonError, TritonUnreachableError
-from agent.gpus import GpuReader
-from agent.kube import KubeClient
+from agent.gpus.nvml import GpuReader
+from agent.kube.client import KubeClient
 from agent.metrics import AgentMetrics
-from agent.node import NodePublisher, NodeSettings
+from agent.status.node import NodePublisher, NodeSettings
 from agent.triton import READY, TritonClient
 from common.contract import Keys
 from sim.triton import TritonServer, free_port

@@ -167,11 +167,14 @@ def test_a_start_is_broken_down_into_steps_each_the_median_over_the_replicas() -
 def test_the_autoscalers_scale_ups_are_read_from_the_binders_log() -> None:
     since = time.mktime(time.strptime("2026-11-26 07:00:00", "%Y-%m-%d %H:%M:%S"))
     log = (
-        "2026-11-26 07:00:01,500 INFO binder.autoscaling: TritonModel models/scaler scales from "
+        "2026-11-26 07:00:01,500 INFO binder.autoscaler.loop: "
+        "TritonModel models/scaler scales from "
         "1: New size: 2; reason: concurrency 0.83 over the 6 s panic window\n"
-        "2026-11-26 07:00:02,250 INFO binder.autoscaling: TritonModel models/scaler scales from "
+        "2026-11-26 07:00:02,250 INFO binder.autoscaler.loop: "
+        "TritonModel models/scaler scales from "
         "2: New size: 5; reason: ...\n"
-        "2026-11-26 07:01:30,000 INFO binder.autoscaling: TritonModel models/scaler scales from "
+        "2026-11-26 07:01:30,000 INFO binder.autoscaler.loop: "
+        "TritonModel models/scaler scales from "
         "5: New size: 3; reason: ...\n"
     )
     assert bench.scale_ups(log, since) == [(1.5, 2), (2.25, 5)]

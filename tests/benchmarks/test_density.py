@@ -4,7 +4,7 @@ webhook's requests, and a refusal for want of node resources named as such."""
 from __future__ import annotations
 
 from benchmarks import density
-from binder.model import PodInfo
+from binder.cluster.objects import PodInfo
 
 
 def test_nodes_have_their_shape_s_allocatable_and_pods_the_webhook_s_requests() -> None:

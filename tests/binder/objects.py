@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
-from common.placement import Claim, KeyRing
+from common.proofs import Claim, KeyRing
 from common.quantity import parse_quantity
 
 GI = 1024**3

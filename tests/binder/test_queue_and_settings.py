@@ -10,15 +10,15 @@ from typing import Any, cast
 
 import pytest
 
-from binder.cache import Ledger
-from binder.controller import Controller
+from binder.cluster.cache import Ledger
+from binder.cluster.clusterstate import ClusterState
 from binder.errors import SettingsError
+from binder.framework.queue import SchedulingQueue
 from binder.metrics import Metrics
-from binder.queue import SchedulingQueue
+from binder.pods.controller import PodController
 from binder.settings import parse_settings
-from binder.state import ClusterState
 from common.contract import Keys
-from common.placement import KeyRing
+from common.proofs import KeyRing
 
 KEY_DIR_ENV = {"TRITONSHARE_PLACEMENT_KEY_DIR": "/keys"}
 
@@ -286,7 +286,7 @@ def test_the_binder_does_not_start_without_placement_keys() -> None:
 
 def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_changes() -> None:
     clock = FakeClock()
-    controller = Controller(
+    controller = PodController(
         cast(Any, None),
         Ledger(ClusterState(reserve=0)),
         leading=asyncio.Event(),

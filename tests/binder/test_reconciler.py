@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from binder.queue import SchedulingQueue
+from binder.framework.queue import SchedulingQueue
 from binder.reconciler import Reconciler
 from tests.binder.simcluster import eventually
 

@@ -247,13 +247,13 @@ async def test_serve_runs_a_part_and_returns_its_exit_code() -> None:
 
 def test_json_logs_carry_message_and_extra_fields() -> None:
     record = logging.LogRecord(
-        "agent.gpus", logging.WARNING, __file__, 1, "GPU %d is lost", (1,), None
+        "agent.gpus.nvml", logging.WARNING, __file__, 1, "GPU %d is lost", (1,), None
     )
     record.gpu_uuid = "GPU-3f2"
     entry = json.loads(JsonFormatter().format(record))
     assert entry["message"] == "GPU 1 is lost"
     assert entry["level"] == "warning"
-    assert entry["logger"] == "agent.gpus"
+    assert entry["logger"] == "agent.gpus.nvml"
     assert entry["gpu_uuid"] == "GPU-3f2"
 
 

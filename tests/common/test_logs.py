@@ -37,7 +37,7 @@ def test_json_lines_carry_the_process_fields_and_their_own(
     root: logging.Logger, capsys: pytest.CaptureFixture[str]
 ) -> None:
     configure_logging("INFO", "json", fields=subject(node="gpu-1"))
-    log = logging.getLogger("agent.reconcile")
+    log = logging.getLogger("agent.models.reconcile")
     log.info("Model %s is loaded again.", "bert", extra=subject(pod="models/bert-0", model="bert"))
     log.info("The node has 2 GPUs.")
     log.info("Moved.", extra=subject(node="gpu-2"))

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 
 from agent.errors import NotPlacedError
-from agent.placement import PlacementVerifier
-from agent.pods import PodInfo
-from common.placement import Claim, KeyRing, ProofError
+from agent.pods.modelpods import PodInfo
+from agent.pods.proofs import PlacementVerifier
+from common.proofs import Claim, KeyRing, ProofError
 
 KEY = b"k" * 32
 RING = KeyRing(KEY)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import agent.settings
-import binder.cli
+import binder.cli.main
 import binder.errors
 import binder.settings
 import loader.errors
@@ -71,7 +71,7 @@ PARTS = [
         binder.errors.SettingsError,
         {"placement-key-dir": "/k"},
     ),
-    Part("cli", binder.cli.FLAGS, None, binder.errors.SettingsError, {}),
+    Part("cli", binder.cli.main.FLAGS, None, binder.errors.SettingsError, {}),
     Part(
         "loader",
         loader.settings.DECLARATION,

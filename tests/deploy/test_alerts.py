@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.memory import MemoryLedger
+from agent.gpus.memory import MemoryLedger
 from agent.metrics import AgentMetrics
 from binder.metrics import Metrics as BinderMetrics
 from proxy.gateway.callers import CallerBook

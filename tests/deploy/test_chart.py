@@ -24,7 +24,7 @@ import kubernetes.client
 import kubernetes_validate
 import pytest
 
-from agent.reserve import DEFAULT_RESERVE
+from agent.gpus.reserve import DEFAULT_RESERVE
 from agent.settings import parse_settings as parse_agent_settings
 from binder.settings import parse_settings as parse_binder_settings
 from loader.settings import parse_settings as parse_loader_settings
@@ -535,8 +535,8 @@ def test_toggles_leave_out_what_they_name() -> None:
 
 
 def test_the_binder_may_evict_only_with_preemption_or_consolidate_moves_set() -> None:
-    """binder.preemption (on by default) and binder.consolidateMoves above 0 each grant create
-    on pods/eviction and pass their flag; with both off, no eviction is granted."""
+    """binder.framework.preemption (on by default) and binder.consolidateMoves above 0 each grant
+    create on pods/eviction and pass their flag; with both off, no eviction is granted."""
     for preemption, moves, granted in (
         (True, 0, True),
         (False, 0, False),
@@ -652,8 +652,8 @@ def test_the_webhook_with_cert_manager_is_deploy_webhook() -> None:
 
 
 def test_the_gpu_memory_reserve_defaults_to_the_recommended_figure() -> None:
-    """The chart and the manifests give the binder agent.reserve's DEFAULT_RESERVE (not 0, which
-    places models on memory Triton itself holds)."""
+    """The chart and the manifests give the binder agent.gpus.reserve's DEFAULT_RESERVE (not 0,
+    which places models on memory Triton itself holds)."""
     kubectl = require_executable("kubectl")
     for objects in (render_chart(), render(kubectl, "overlays/production")):
         [binder] = _the(objects, "Deployment", "tritonshare-binder")["spec"]["template"]["spec"][

@@ -17,8 +17,8 @@ import pytest
 from google.protobuf import json_format
 
 from agent.errors import TenantCodeNotAllowedError
-from agent.modelconfig import ModelPolicy, parse_config
-from agent.onnxmodel import external_locations
+from agent.installs.modelconfig import ModelPolicy, parse_config
+from agent.installs.onnxmodel import external_locations
 from loader.validate import validate_model_directory
 from sim.modelstore import ModelStore
 from sim.tls import self_signed

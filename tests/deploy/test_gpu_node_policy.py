@@ -18,7 +18,7 @@ import kubernetes.client
 import pytest
 import yaml
 
-from binder.hostpod import host_spec
+from binder.tritonmodels.hostpod import host_spec
 from common.contract import Keys
 from common.modelpod import NodeAccess
 from tests.deploy.rendering import DEPLOY

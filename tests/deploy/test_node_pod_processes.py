@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from agent.errors import NvmlUnavailableError
-from agent.gpus import GpuReader
-from agent.nvmlclient import RelayedNvml
-from agent.nvmlrelay import install
-from agent.processes import TritonProcesses
+from agent.gpus.nvml import GpuReader
+from agent.gpus.processes import TritonProcesses
+from agent.gpus.relay import install
+from agent.gpus.relayclient import RelayedNvml
 from sim.node.podspec import expand, rewrite_paths
 from sim.processes import wait_until
 from tests.deploy.rendering import render

@@ -18,7 +18,7 @@ import kubernetes.client
 import pytest
 import yaml
 
-from binder.hostpod import host_spec
+from binder.tritonmodels.hostpod import host_spec
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys
 from common.modelpod import NodeAccess
 from sim.apiserver import start_in_thread

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from agent.errors import HostMemoryExhaustedError
-from agent.hostmemory import HostMemory, HostMemoryRules
-from agent.processes import TritonProcesses
+from agent.gpus.processes import TritonProcesses
+from agent.models.tritonram import HostMemory, HostMemoryRules
 from benchmarks import shapes
 from common.podresources import CPU, MEMORY, PODS, pod_requests
 from common.quantity import parse_quantity

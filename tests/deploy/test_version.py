@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from agent.settings import parse_settings as agent_settings
-from binder.cli import build_parser as cli_parser
+from binder.cli.main import build_parser as cli_parser
 from binder.settings import parse_settings as binder_settings
 from common.version import VERSION
 from loader.settings import parse_settings as loader_settings

@@ -20,7 +20,7 @@ from typing import Any, cast
 import kubernetes.client
 import pytest
 
-from binder.room import ROOM_SECONDS
+from binder.autoscaler.room import ROOM_SECONDS
 from common.contract import Keys
 from common.hosted import loaded_condition, serves_label
 from sim.cluster import NodeSpec, SimCluster

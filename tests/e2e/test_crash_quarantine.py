@@ -18,13 +18,13 @@ import kubernetes.client
 import pytest
 from kubernetes import watch
 
-from binder.cli import main as cli
+from binder.cli.main import main as cli
 from sim.cluster import SimCluster
 from sim.demo.rollout import deployment_manifest
 from sim.demo.scenario import NODES
 from sim.processes import wait_until
 from sim.triton import TritonInstall
-from tests.agent.test_quarantine import KILLER
+from tests.agent.quarantine.test_quarantine import KILLER
 from tests.conftest import copy_model
 
 NAMESPACE = "models"

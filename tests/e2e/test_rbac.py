@@ -29,15 +29,19 @@ from tests.deploy.rendering import render
 _UNNAMED_VERBS = frozenset({"create", "list", "watch", "deletecollection"})
 
 
-_MODELS = "tests/binder/test_tritonmodels.py (TritonModels: placed, hosts, Services)"
-_AUTOSCALING = "tests/binder/test_autoscaling.py (the built-in autoscaler scales)"
+_MODELS = "tests/binder/tritonmodels/test_tritonmodels.py (TritonModels: placed, hosts, Services)"
+_AUTOSCALING = "tests/binder/autoscaler/test_autoscaling.py (the built-in autoscaler scales)"
 
 # Grants only a failure the demo does not stage, or a TritonModel, uses, each with the test whose
 # real process makes that call through the simulated API server.
 FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
     "tritonshare-binder": {
         ("", "pods", "delete"): "tests/e2e/test_agent_down.py (a node's agent down past the grace)",
-        ("", "pods/eviction", "create"): "tests/binder/test_preemption_e2e.py (preemption)",
+        (
+            "",
+            "pods/eviction",
+            "create",
+        ): "tests/binder/framework/test_preemption_e2e.py (preemption)",
         ("tritonshare.io", "tritonmodels/status", "patch"): _MODELS,
         ("", "pods", "create"): _MODELS,
         ("", "services", "create"): _MODELS,

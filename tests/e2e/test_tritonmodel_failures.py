@@ -21,7 +21,7 @@ from typing import Any, cast
 import kubernetes.client
 import pytest
 
-from binder.cli import main as cli
+from binder.cli.main import main as cli
 from common.hosted import host_name
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES

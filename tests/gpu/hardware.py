@@ -17,8 +17,8 @@ from collections.abc import Mapping
 import pytest
 
 from agent.errors import NvmlUnavailableError
-from agent.gpus import GpuReader
-from agent.inventory import GpuSnapshot
+from agent.gpus.inventory import GpuSnapshot
+from agent.gpus.nvml import GpuReader
 
 REQUIRE_GPU = "TRITONSHARE_REQUIRE_GPU"
 

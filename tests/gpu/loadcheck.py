@@ -1,13 +1,13 @@
 """`python -m tests.gpu.loadcheck`: a model pinned to a GPU answers through the agent's load path.
 
-The agent's own code does each step: it installs a Python model through `agent.repository`
-(staged, committed by rename), pins it with `agent.modelconfig.pinned_config`, loads it through
-`agent.triton.TritonClient`, measures it into an `agent.memory.MemoryLedger` from NVML readings
-(`agent.gpus.GpuReader`) taken around the load, as `agent.models` does, asks it a KServe v2
-request, unloads it and waits until Triton reports it UNAVAILABLE. The model (`sim.gpu.cudamodel`)
-creates a CUDA context through the driver library (`libcuda.so.1`, no torch) and allocates
-`--allocate` bytes in it, so its figure shows what a stub process costs beyond what it allocates:
-the per-process allowance.
+The agent's own code does each step: it installs a Python model through `agent.installs.repository`
+(staged, committed by rename), pins it with `agent.installs.modelconfig.pinned_config`, loads it
+through `agent.triton.TritonClient`, measures it into an `agent.gpus.memory.MemoryLedger` from NVML
+readings (`agent.gpus.nvml.GpuReader`) taken around the load, as `agent.models.nodemodels` does,
+asks it a KServe v2 request, unloads it and waits until Triton reports it UNAVAILABLE. The model
+(`sim.gpu.cudamodel`) creates a CUDA context through the driver library (`libcuda.so.1`, no torch)
+and allocates `--allocate` bytes in it, so its figure shows what a stub process costs beyond what it
+allocates: the per-process allowance.
 
 It prints (and with --json writes) the load, first-answer and unload times, the measured figure
 against the request and the request plus the allowance, and the GPU's memory before the load and
@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from agent.gpus import GpuReader
-from agent.memory import MemoryLedger
-from agent.modelconfig import override_json, parse_config, pinned_config
-from agent.repository import Repository, build_manifest
+from agent.gpus.memory import MemoryLedger
+from agent.gpus.nvml import GpuReader
+from agent.installs.modelconfig import override_json, parse_config, pinned_config
+from agent.installs.repository import Repository, build_manifest
 from agent.triton import READY, TritonClient
 from common.backends import PROCESS_ALLOWANCE
 from common.manifest import ManifestEntry

@@ -129,7 +129,7 @@ start_triton() {
   if [ -n "$dry" ]; then
     echo "would start: $server/bin/tritonserver --model-repository=$root/repository" \
       "--model-control-mode=explicit --backend-directory=$root/backends (PATH starts $venv/bin)"
-    echo "would start: python3 agent/nvmlrelay.py --socket $root/nvml.sock"
+    echo "would start: python3 agent/gpus/relay.py --socket $root/nvml.sock"
     return 0
   fi
   "$server/bin/tritonserver" --model-repository="$root/repository" \
@@ -137,7 +137,7 @@ start_triton() {
     --http-port 18000 --grpc-port 18001 --metrics-port 18002 >"$out/triton.log" 2>&1 &
   triton_pid=$!
   # The NVML relay as the node pod runs it beside Triton: the agent reads the GPU through it.
-  python3 agent/nvmlrelay.py --socket "$root/nvml.sock" 2>"$out/nvmlrelay.log" &
+  python3 agent/gpus/relay.py --socket "$root/nvml.sock" 2>"$out/nvmlrelay.log" &
   relay_pid=$!
   python3 - <<'EOF' | tee "$out/triton.txt"
 import time, urllib.request

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 
 from agent.gpucheck import DECLARATION, Outcome, main, parse_settings, smallest_request_within
-from agent.gpus import GpuReader
-from agent.inventory import GpuInfo
-from agent.memory import TOLERANCE_MIN_BYTES, MemoryLedger, tolerance
+from agent.gpus.inventory import GpuInfo
+from agent.gpus.memory import TOLERANCE_MIN_BYTES, MemoryLedger, tolerance
+from agent.gpus.nvml import GpuReader
+from agent.gpus.standin import StandInError, TorchStandIn
 from agent.metrics import AgentMetrics
-from agent.node import NodePublisher, NodeSettings
 from agent.settings import DECLARATION as AGENT_DECLARATION
 from agent.settings import parse_settings as agent_settings
-from agent.standin import StandInError, TorchStandIn
+from agent.status.node import NodePublisher, NodeSettings
 from common.contract import Keys
 from sim.gpu.nvml import NVML_ERROR_NOT_SUPPORTED, MockNvml, NVMLError, parse_spec
 from tests.gpu import hardware
@@ -133,7 +133,7 @@ def check(
 
 
 class RecordingNode:
-    """The NodeApi of agent.node, recording the annotations the agent writes."""
+    """The NodeApi of agent.status.node, recording the annotations the agent writes."""
 
     def __init__(self) -> None:
         self.written: dict[str, str] = {}

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from agent.gpus import GpuReader
-from agent.inventory import GpuSnapshot
-from agent.memory import TOLERANCE_MIN_BYTES, tolerance
+from agent.gpus.inventory import GpuSnapshot
+from agent.gpus.memory import TOLERANCE_MIN_BYTES, tolerance
+from agent.gpus.nvml import GpuReader
 from tests.gpu.hardware import real_gpus, require
 
 MIB = 1024**2

@@ -89,7 +89,7 @@ def test_triton_starts_with_the_venv_first_on_path(tmp_path: Path) -> None:
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert f"python_backend_stubs/{version}/triton_python_backend_stub" in result.stdout
     assert f"(PATH starts {tmp_path}/gpu/venv/bin)" in result.stdout
-    assert "agent/nvmlrelay.py --socket" in result.stdout
+    assert "agent/gpus/relay.py --socket" in result.stdout
 
 
 def test_the_gpu_tests_run_without_the_projects_pytest_config_or_plugins() -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from agent.gpucheck import Outcome, main
-from agent.reserve import DEFAULT_RESERVE, DRIVER_SHARE, TRITON_CONTEXT, suggested_allowance
+from agent.gpus.reserve import DEFAULT_RESERVE, DRIVER_SHARE, TRITON_CONTEXT, suggested_allowance
 from common.backends import PROCESS_ALLOWANCE
-from tests.agent.test_nvml_relay import relay
+from tests.agent.gpus.test_nvml_relay import relay
 from tests.gpu import test_gpucheck
 from tests.gpu.test_gpucheck import Gpus, check
 

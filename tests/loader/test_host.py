@@ -27,7 +27,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from agent.gate import SMALL_MESSAGE_BYTES
+from agent.api.callgate import SMALL_MESSAGE_BYTES
 from common.manifest import entries_from_proto, manifest_digest
 from loader.agentclient import AgentClient
 from loader.credentials import StorageCredential

@@ -178,9 +178,9 @@ async def test_stopping_the_loader_ends_its_child(tmp_path: Path) -> None:
 
 
 async def test_readyz_says_why_the_model_is_not_served() -> None:
+    from proxy.processflags import ProxyState
     from proxy.readiness import OwnModel, Readiness
     from proxy.settings import parse_settings
-    from proxy.state import ProxyState
 
     settings = parse_settings(
         ["--model-id=add_one", "--triton-http-url=127.0.0.1:1", "--triton-grpc-url=127.0.0.1:1"],

@@ -19,6 +19,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.limiter import Limiter
 from proxy.policy.refusals import WakeError
+from proxy.processflags import ProxyState
 from proxy.reinstall import LoaderRun, Reinstaller, ReinstallTiming
 from proxy.residency import (
     ASLEEP,
@@ -31,7 +32,6 @@ from proxy.residency import (
     Residency,
 )
 from proxy.settings import SettingsError, parse_settings
-from proxy.state import ProxyState
 from sim.triton import TritonServer
 from tests.proxy.conftest import proxy_settings, running_proxy
 

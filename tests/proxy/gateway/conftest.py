@@ -1,8 +1,8 @@
 """Fixtures for the node gateway's tests: a gateway in a thread, in front of the real Triton.
 
 The caller table is written by the test, as the agent would write it (the agent's own side is
-tested in tests/agent/test_gateway_table.py). Clients pick the pod they play by the source address
-they connect from: any address of 127.0.0.0/8 is local on Linux.
+tested in tests/agent/pods/test_gateway_table.py). Clients pick the pod they play by the source
+address they connect from: any address of 127.0.0.0/8 is local on Linux.
 """
 
 from __future__ import annotations

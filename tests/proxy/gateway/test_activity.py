@@ -71,7 +71,7 @@ def test_the_table_counts_requests_held_and_is_written_on_change_or_heartbeat(
 
 
 def test_the_table_says_which_models_are_held_and_what_is_at_triton(tmp_path: Path) -> None:
-    """The agent reads both before a watched load (`agent.probationhold`); tables of gateways
+    """The agent reads both before a watched load (`agent.models.probationhold`); tables of gateways
     before the fields read as nothing held, nothing at Triton."""
     clock = Clock()
     held = tenant("10.0.0.1", "held-x", clock)

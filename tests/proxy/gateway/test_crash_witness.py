@@ -1,7 +1,7 @@
 """What the gateway witnesses when Triton goes away (`gateway.witness`, `common.sentinel`), and
 how it refuses a quarantined pod (`policy.limiter`'s refusal): on their own, with a real
 listening socket standing in for Triton's port. The whole path, with a real Triton, is
-tests/agent/test_request_quarantine.py."""
+tests/agent/quarantine/test_request_quarantine.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 gateway: the same tests, with the gateway where the proxy was.
 
 The test clients connect from 127.0.0.1, so the caller table names 127.0.0.1 as the pod that owns
-add_one (the agent never writes the node's own address, see tests/agent/test_gateway_table.py;
+add_one (the agent never writes the node's own address, see tests/agent/pods/test_gateway_table.py;
 the gateway takes the table as it is). Every row must hold exactly as it does for the proxy: the
 gateway runs the proxy's relays, bound to the caller's model.
 """

@@ -29,7 +29,7 @@ import uvloop
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
 from proxy.policy.share import ROUND, LoopShares
-from proxy.state import ProxyState
+from proxy.processflags import ProxyState
 from tests.proxy.gateway.conftest import caller
 
 

@@ -18,7 +18,7 @@ from common.callers import Caller
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import RelaySettings, Tenant, Tenants
 from proxy.policy.share import LoopShares
-from proxy.state import ProxyState
+from proxy.processflags import ProxyState
 
 HOST = "127.1.9.2"
 HOST_POD = "team-h/tritonshare-host-0123456789abcdef"

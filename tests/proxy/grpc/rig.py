@@ -20,8 +20,8 @@ from proxy.grpc.server import GrpcRelay
 from proxy.http2 import frames as f
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
+from proxy.processflags import ProxyState
 from proxy.settings import parse_settings
-from proxy.state import ProxyState
 from proxy.table import ModelTable, Served
 from tests.proxy.conftest import data_frames
 

@@ -20,7 +20,7 @@ from proxy.grpc.gate import StreamGate
 from proxy.grpc.relay import _CLOSED_KEPT, _RESETS, MAX_HEADER_BLOCK, H2Connection
 from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http2 import frames as f
-from proxy.http2.state import StreamStateError
+from proxy.http2.streamstates import StreamStateError
 from proxy.policy.finals import ASK
 from tests.proxy.conftest import data_frames
 from tests.proxy.grpc.rig import HEADERS, Recording, Rig, data_bytes, goaway_code, infer, kinds

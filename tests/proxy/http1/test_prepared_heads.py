@@ -18,8 +18,8 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import Answer, Forward, HttpRouter
+from proxy.processflags import ProxyState
 from proxy.settings import parse_settings
-from proxy.state import ProxyState
 from proxy.table import ModelTable, Served
 
 

@@ -1,5 +1,5 @@
-"""The stream states of RFC 9113 5.1 (`proxy.http2.state`): the steps the table holds, and that
-any other step is an error, never a silent overwrite."""
+"""The stream states of RFC 9113 5.1 (`proxy.http2.streamstates`): the steps the table holds, and
+that any other step is an error, never a silent overwrite."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from proxy.http2.state import (
+from proxy.http2.streamstates import (
     ACTIVE,
     CLOSED,
     EVENTS,

@@ -1,0 +1,1 @@
+"""The agent's adapter to the Kubernetes API and its Event recorder."""

@@ -1,0 +1,439 @@
+"""The adapter for the Kubernetes API: the only agent module that imports `kubernetes`.
+
+It reads and patches the Node, renews the agent's Lease, reviews callers' tokens, reads pods, and
+watches the pods bound to this node (fieldSelector spec.nodeName). The official client is
+blocking, so calls run on this adapter's own small thread pool and the watch on one daemon thread
+that hands events to the event loop, in turns by namespace (`agent.pods.podturns`). It returns plain
+JSON dicts; deciding is left to the callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from agent import __version__
+from agent.errors import KubeError
+from agent.pods.podturns import PodTurns
+from common.events import EventAggregator, EventWrite, node_event, pod_event
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+JsonObject = dict[str, Any]
+REQUEST_TIMEOUT = (5.0, 30.0)
+"""Seconds to connect, and to wait for an answer, on every call but the watch."""
+EVENTS_PER_TURN = 32
+"""Pod events applied in one turn of the loop before others' work runs."""
+
+
+@dataclass(frozen=True)
+class TokenReviewResult:
+    """What TokenReview said about a token."""
+
+    authenticated: bool
+    username: str = ""
+    audiences: tuple[str, ...] = ()
+    extra: dict[str, list[str]] = field(default_factory=dict)
+    error: str = ""
+
+
+def _micro_time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class KubeClient:
+    """One API client per process, configured from a kubeconfig file or in-cluster."""
+
+    def __init__(
+        self,
+        kubeconfig: str | None,
+        *,
+        request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+    ) -> None:
+        self._request_timeout = request_timeout
+        configuration = client.Configuration()
+        try:
+            if kubeconfig:
+                config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=kubeconfig, client_configuration=configuration
+                )
+            else:
+                config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+        except (config.ConfigException, OSError) as e:
+            where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+            raise KubeError(
+                f"cannot configure the Kubernetes client from {where} ({e}); pass --kubeconfig "
+                f"PATH outside a cluster"
+            ) from e
+        self.api = client.ApiClient(configuration)
+        self.api.user_agent = f"tritonshare-agent/{__version__}"
+        self.core = client.CoreV1Api(self.api)
+        self.coordination = client.CoordinationV1Api(self.api)
+        self.authentication = client.AuthenticationV1Api(self.api)
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-kube")
+        self.events = EventAggregator()
+        """Every Event the agent records goes through it (one rule: common/events.py)."""
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.api.close()  # type: ignore[no-untyped-call]
+
+    async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a blocking client call; return its JSON body, None for 404, else KubeError."""
+
+        def run() -> Any:
+            # A hanging API server must not hold a worker (and the Lease renewal) forever.
+            kwargs.setdefault("_request_timeout", self._request_timeout)
+            response = fn(*args, _preload_content=False, **kwargs)
+            try:
+                return json.loads(response.data) if response.data else None
+            finally:
+                response.release_conn()
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise KubeError(
+                f"the Kubernetes API refused to {what} ({e.status} {e.reason}: "
+                f"{(e.body or '')[:300]})"
+            ) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeError(f"the Kubernetes API is unreachable while trying to {what}: {e}") from e
+
+    # Node.
+    async def get_node(self, name: str) -> JsonObject | None:
+        result: JsonObject | None = await self._call(f"read node {name}", self.core.read_node, name)
+        return result
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Merge `annotations` into the Node's (None removes one)."""
+        body = {"metadata": {"annotations": annotations}}
+        await self._call(f"annotate node {name}", self.core.patch_node, name, body)
+
+    async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
+        body = {"status": {"capacity": resources, "allocatable": resources}}
+        await self._call(f"update node {name} capacity", self.core.patch_node_status, name, body)
+
+    # Lease.
+    async def renew_lease(
+        self, namespace: str, name: str, holder: str, duration: int, now: datetime
+    ) -> None:
+        """One write: patch renewTime (and holder); create the Lease if it is missing."""
+        spec = {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration,
+            "renewTime": _micro_time(now),
+        }
+        patched = await self._call(
+            f"renew lease {namespace}/{name}",
+            self.coordination.patch_namespaced_lease,
+            name,
+            namespace,
+            {"spec": spec},
+        )
+        if patched is not None:
+            return
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {**spec, "acquireTime": _micro_time(now)},
+        }
+        await self._call(
+            f"create lease {namespace}/{name}",
+            self.coordination.create_namespaced_lease,
+            namespace,
+            body,
+        )
+
+    # Auth.
+    async def review_token(self, token: str, audience: str) -> TokenReviewResult:
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [audience]},
+        }
+        review = await self._call(
+            "review a caller's token", self.authentication.create_token_review, body
+        )
+        status = (review or {}).get("status") or {}
+        user = status.get("user") or {}
+        return TokenReviewResult(
+            authenticated=bool(status.get("authenticated")),
+            username=str(user.get("username", "")),
+            audiences=tuple(status.get("audiences") or ()),
+            extra={k: list(v) for k, v in (user.get("extra") or {}).items()},
+            error=str(status.get("error", "")),
+        )
+
+    # Events.
+    async def record_pod_event(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        reason: str,
+        message: str,
+        component: str,
+        event_type: str = "Warning",
+    ) -> None:
+        """An Event on a pod (Warning by default), as the kubelet records one (`kubectl
+        describe pod`)."""
+        body = pod_event(
+            namespace,
+            name,
+            uid,
+            reason=reason,
+            message=message,
+            component=component,
+            instance=component,
+            action="Serving",
+            event_type=event_type,
+        )
+        await self._record(f"record an event on pod {namespace}/{name}", body)
+
+    async def record_node_event(
+        self, name: str, *, reason: str, message: str, component: str, event_type: str = "Warning"
+    ) -> None:
+        """An Event on a Node, as the kubelet records one (`kubectl describe node`)."""
+        body = node_event(
+            name,
+            reason=reason,
+            message=message,
+            component=component,
+            instance=component,
+            action="Checking",
+            event_type=event_type,
+        )
+        await self._record(f"record an event on node {name}", body)
+
+    async def _record(self, what: str, body: JsonObject) -> None:
+        """Record the Event `body` as the aggregator says: created, or its count raised."""
+        write = self.events.write_for(body)
+        try:
+            if await self._send_event(what, write) is None and not write.create:
+                # Expired or deleted: the repeat records it again.
+                self.events.lost(write)
+                await self._send_event(what, self.events.write_for(body))
+        except KubeError:
+            self.events.failed(write)
+            raise
+
+    async def _send_event(self, what: str, write: EventWrite) -> Any:
+        if write.create:
+            return await self._call(
+                what, self.core.create_namespaced_event, write.namespace, write.body
+            )
+        return await self._call(
+            what, self.core.patch_namespaced_event, write.name, write.namespace, write.body
+        )
+
+    async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """Mark a pod Failed with a reason, as the kubelet does for an evicted pod."""
+        body = {"status": {"phase": "Failed", "reason": reason, "message": message[:1024]}}
+        await self._call(
+            f"mark pod {namespace}/{name} Failed",
+            self.core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            body,
+        )
+
+    async def set_pod_condition(
+        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+    ) -> None:
+        """Set one condition on a pod's status (a strategic-merge patch: merged by type, the
+        pod's other conditions untouched), as the kubelet sets Ready."""
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": condition_type,
+                        "status": status,
+                        "reason": reason,
+                        "message": message[:1024],
+                        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    }
+                ]
+            }
+        }
+        await self._call(
+            f"set {condition_type}={status} on pod {namespace}/{name}",
+            self.core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    async def remove_pod_condition(self, namespace: str, name: str, condition_type: str) -> None:
+        """Take one condition off a pod's status (a strategic-merge patch deleting it by type)."""
+        body = {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}}
+        await self._call(
+            f"remove {condition_type} from pod {namespace}/{name}",
+            self.core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    # Pods.
+    async def get_pod(self, namespace: str, name: str) -> JsonObject | None:
+        result: JsonObject | None = await self._call(
+            f"read pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace
+        )
+        return result
+
+    def watch_pods(
+        self,
+        node_name: str,
+        on_list: Callable[[list[JsonObject]], None],
+        on_event: Callable[[str, JsonObject], None],
+        *,
+        timeout_seconds: int = 300,
+    ) -> PodWatch:
+        """Start watching this node's pods; callbacks run on the event loop's thread."""
+        watch = PodWatch(self, node_name, on_list, on_event, timeout_seconds)
+        watch.start(asyncio.get_running_loop())
+        return watch
+
+
+class PodWatch:
+    """List, then watch from that resourceVersion; relist on 410 Gone or a broken stream."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        node_name: str,
+        on_list: Callable[[list[JsonObject]], None],
+        on_event: Callable[[str, JsonObject], None],
+        timeout_seconds: int,
+    ) -> None:
+        self._kube = kube
+        self._selector = f"spec.nodeName={node_name}"
+        self._on_list = on_list
+        self._on_event = on_event
+        self._timeout = timeout_seconds
+        self._stopped = threading.Event()
+        self._response: Any = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._turns = PodTurns()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        # A daemon thread: a blocked read must never keep the process alive at exit.
+        self._thread = threading.Thread(target=self._run, name="agent-pod-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()
+
+    def _deliver(self, wake: bool) -> None:
+        assert self._loop is not None
+        if wake:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                self._loop.call_soon_threadsafe(self._take)
+
+    def _take(self) -> None:
+        """On the loop: apply a batch of events in turns by namespace (`agent.pods.podturns`), and
+        leave the loop to others before the next batch."""
+        listed, events, more = self._turns.take(EVENTS_PER_TURN)
+        if more:  # first: a failing callback must not stop the events after it
+            asyncio.get_running_loop().call_soon(self._take)
+        calls: list[Callable[[], None]] = []
+        if listed is not None:
+            calls.append(functools.partial(self._on_list, listed))
+        calls += [functools.partial(self._on_event, kind, obj) for kind, obj in events]
+        for call in calls:
+            try:
+                call()
+            except Exception:
+                log.exception(
+                    "Applying a pod event failed; the pod's next event or list applies it again."
+                )
+
+    def _run(self) -> None:
+        core = self._kube.core
+        backoff = 0.5
+        while not self._stopped.is_set():
+            try:
+                listed: Any = core.list_pod_for_all_namespaces(
+                    field_selector=self._selector, _preload_content=False
+                )
+                body = json.loads(listed.data)
+                listed.release_conn()
+                self._deliver(self._turns.listed(body.get("items") or []))
+                version = body["metadata"]["resourceVersion"]
+                backoff = 0.5
+                while not self._stopped.is_set():
+                    version = self._watch_once(version)
+                    if version is None:
+                        break  # 410 Gone: relist
+            except Exception as e:
+                if self._stopped.is_set():
+                    return
+                log.warning(
+                    "Watching this node's pods failed (%s): retrying in %.1f s.", e, backoff
+                )
+                self._stopped.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _watch_once(self, version: str) -> str | None:
+        response: Any = self._kube.core.list_pod_for_all_namespaces(
+            field_selector=self._selector,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._timeout,
+            _preload_content=False,
+            _request_timeout=self._timeout + 30,
+        )
+        self._response = response
+        try:
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                if self._stopped.is_set():
+                    return version
+                if not line:
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        return None
+                    raise KubeError(f"the pod watch reported {obj.get('message', obj)}")
+                version = (obj.get("metadata") or {}).get("resourceVersion", version)
+                if kind != "BOOKMARK":
+                    self._deliver(self._turns.put(str(kind), obj))
+        finally:
+            self._response = None
+            with contextlib.suppress(Exception):
+                response.release_conn()
+        return version

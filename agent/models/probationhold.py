@@ -1,0 +1,213 @@
+"""Holding probationers' requests at the node gateway while a load the agent watches settles.
+
+A load or wake whose READY the agent watches (`agent.quarantine.records`: an exit of Triton while it
+is in flight or settling counts against it) shares an exit with any pod's request at Triton then
+(`agent.quarantine.suspects.at_exit`): the load is not counted and the pods go on probation. A
+probationer was at such an exit before, so a busy one would share the next too, and a model that
+kills Triton as it loads, or seconds after, would cost one more exit each time. So while a watched
+load is in flight, and for `hold_seconds` after it ends (READY or not), the caller table marks each
+probationer's rows held (`common.callers.Caller.held`) and the gateway holds their new requests,
+each at most `proxy.policy.probation.HELD_REQUEST_SECONDS`: an exit then is the load's alone. A
+probationer's own load holds it while in flight (its requests would explain the exit), not after:
+an exit with its requests beside its own settling load counts against its requests.
+
+A load of files the ledger suspects (or of a held namespace: `agent.quarantine.records`) is a
+suspect's trial: the hold lasts its whole settling window, `TRIAL_MARGIN_SECONDS` more, and the
+caller table marks the held rows `trial`, so the gateway refuses their new requests instead of
+holding each for a bounded time. A model that kills Triton later than `hold_seconds` after its READY
+then finds no probationer's request at Triton, and its exit is its own: a busy probationer is
+never the one at Triton at each of its exits.
+
+A namespace's trials take at most half of the probationers' time: its next trial begins only
+once the time since its last one's refusal ended is as long as that refusal was (`trial_turn`),
+so a held namespace that loads one new model after another (each a trial) delays its own loads,
+not a neighbour's answers. Trials go one at a time.
+
+A watched load waits first, at most `drain_seconds`, until the gateway's activity table
+(`common.activity`), written since the hold began, shows every held model held with no request at
+Triton (`drained`): a request sent before the gateway followed the table may take seconds there.
+Pods not on probation are never held, and with none nothing waits. What it must not do: decide
+who is on probation (`agent.quarantine.suspects`), which loads are watched
+(`agent.quarantine.records`), or write the table (`agent.pods.callertable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Collection
+
+from common.activity import ActivityTable
+
+DRAIN_SECONDS = 5.0
+"""How long, at most, a watched load waits for the held probationers' requests at Triton to be
+answered."""
+
+POLL_SECONDS = 0.1
+"""How often the activity table is read meanwhile."""
+
+TRIAL_MARGIN_SECONDS = 2.0
+"""How long a suspect's trial outlasts its settling window (the agent's and the gateway's clocks,
+and the moment the agent sees an exit, may differ by that much)."""
+
+
+def drained(held: Collection[str], table: ActivityTable | None, since: float) -> bool:
+    """Whether `table`, written at or after `since` (Unix seconds), shows each model of `held`
+    (names in Triton) held by the gateway with no request at Triton; True when none is held."""
+    if not held:
+        return True
+    if table is None or table.written_at < since:
+        return False
+    for name in held:
+        activity = table.models.get(name)
+        if activity is None or not activity.held or activity.at_triton:
+            return False
+    return True
+
+
+class ProbationHold:
+    """The node's watched loads under way, and until when the hold lasts after the last."""
+
+    def __init__(
+        self,
+        hold_seconds: float,
+        *,
+        drain_seconds: float = DRAIN_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.hold_seconds = hold_seconds
+        """How long the hold lasts after a watched load ends; 0: no hold."""
+        self.drain_seconds = drain_seconds
+        self._clock = clock
+        self._wall = wall
+        self.loads = 0
+        """Watched loads under way."""
+        self.trials = 0
+        """Suspects' loads (trials) among them."""
+        self.trial_until = 0.0
+        """When the last suspect's settling window ends (`clock` seconds)."""
+        self._next_trial: dict[str, float] = {}
+        """By namespace, when its next trial may begin (`clock` seconds): `trial_turn`."""
+        self._trial_began: dict[str, float] = {}
+        self._claimed = False
+        self._turn = asyncio.Event()
+        self.until = 0.0
+        """When the hold ends with no watched load under way (`clock` seconds)."""
+        self._ended: dict[str, float] = {}
+        """The pods (namespace/name) of the watched loads ended lately, with until when each
+        holds (`clock` seconds)."""
+        self.on_change: Callable[[], None] | None = None
+        """Called when the hold begins or ends: writes the caller table
+        (`agent.pods.callertable`)."""
+        self.drained: Callable[[float], bool] | None = None
+        """Whether the gateway holds the probationers and their requests at Triton are answered,
+        as it wrote after the given Unix time (`drained`); None: nothing to wait for."""
+        self._lapse: asyncio.TimerHandle | None = None
+        self._since = 0.0
+        """When the watched loads under way began (Unix seconds): the gateway's word must be
+        newer."""
+
+    def holding(self) -> bool:
+        """Whether probationers' requests are held now."""
+        return self.hold_seconds > 0 and (self.loads > 0 or self._clock() < self.until)
+
+    def holds(self, pod: str) -> bool:
+        """Whether the requests of `pod` (namespace/name), on probation, are held now: while any
+        watched load is in flight, or another pod's ended less than `hold_seconds` ago."""
+        if not self.holding():
+            return False
+        now = self._clock()
+        return self.loads > 0 or any(p != pod and now < t for p, t in self._ended.items())
+
+    def trial(self) -> bool:
+        """Whether the hold is a suspect's trial now: held pods' requests are refused."""
+        return self.holding() and (self.trials > 0 or self._clock() < self.trial_until)
+
+    def trial_wait(self, namespace: str) -> float:
+        """Seconds until a trial of `namespace` may begin as far as its share goes (0: now)."""
+        return max(0.0, self._next_trial.get(namespace, 0.0) - self._clock())
+
+    async def trial_turn(self, namespace: str) -> None:
+        """Wait until a trial of `namespace` may begin, one trial at a time: as long after its
+        last trial's refusal ended as that refusal lasted, so a namespace's trials refuse
+        probationers at most half the time. The turn is the caller's until its `end` (or
+        `trial_over`, when it never began)."""
+        while self.hold_seconds > 0:
+            wait = self.trial_wait(namespace)
+            if not self._claimed and wait <= 0:
+                self._claimed = True
+                return
+            change = self._turn
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(change.wait(), None if self._claimed else wait)
+
+    def trial_over(self) -> None:
+        """The trial whose turn was taken is over (or never began): the next may wait its turn."""
+        self._claimed = False
+        self._turn.set()
+        self._turn = asyncio.Event()
+
+    async def begin(self, pod: str, *, trial: bool = False) -> None:
+        """A watched load of `pod` (a suspect's: `trial`) is about to reach Triton: hold
+        probationers from now on, and wait (at most `drain_seconds`) for the gateway to have
+        drained them. Every `begin` is followed by one `end`, whatever happens."""
+        if self.hold_seconds <= 0:
+            return
+        if self.loads == 0:
+            # Pods whose own load had ended were not held: only a newer word of the gateway's.
+            self._since = self._wall()
+        self.loads += 1
+        if trial:
+            self._trial_began[pod.partition("/")[0]] = self._clock()
+        self.trials += 1 if trial else 0
+        if self.on_change is not None:
+            self.on_change()  # a probationer's row may have come since the hold began
+        deadline = self._clock() + self.drain_seconds
+        while self.drained is not None and not self.drained(self._since):
+            if self._clock() >= deadline:
+                return  # the gateway did not answer: the load goes on, unheld as before
+            await asyncio.sleep(POLL_SECONDS)
+
+    def end(self, pod: str, *, trial: bool = False, settle_seconds: float = 0.0) -> None:
+        """A watched load of `pod` has ended: the hold lasts `hold_seconds` more (an exit of
+        Triton in that time is still the load's), for other probationers than `pod`; a
+        suspect's (`trial`) answered READY, its settling window (`settle_seconds`) and
+        `TRIAL_MARGIN_SECONDS` more, if longer, as a trial."""
+        if self.hold_seconds <= 0:
+            return
+        self.loads -= 1
+        self.trials -= 1 if trial else 0
+        now = self._clock()
+        lasts = self.hold_seconds
+        refused_until = now
+        if trial and settle_seconds > 0:
+            lasts = max(lasts, settle_seconds + TRIAL_MARGIN_SECONDS)
+            self.trial_until = max(self.trial_until, now + lasts)
+            refused_until = now + lasts
+        if trial:
+            namespace = pod.partition("/")[0]
+            began = self._trial_began.pop(namespace, now)
+            self._next_trial = {n: t for n, t in self._next_trial.items() if t > now}
+            self._next_trial[namespace] = began + 2 * (refused_until - began)
+            self.trial_over()
+        self.until = max(self.until, now + lasts)
+        self._ended = {p: t for p, t in self._ended.items() if t > now}
+        self._ended[pod] = max(self._ended.get(pod, 0.0), now + lasts)
+        if self.on_change is not None:
+            self.on_change()  # its own pod's requests go now
+        loop = asyncio.get_running_loop()
+        if self._lapse is None or self._lapse.when() > loop.time() + lasts:
+            if self._lapse is not None:
+                self._lapse.cancel()
+            self._lapse = loop.call_later(lasts, self._lapsed)
+
+    def _lapsed(self) -> None:
+        self._lapse = None
+        if self.on_change is not None:
+            self.on_change()  # the pods whose hold ended go now
+        now = self._clock()
+        later = [t for t in self._ended.values() if t > now]
+        if later and self.loads == 0:  # with a load under way, its end schedules the next
+            self._lapse = asyncio.get_running_loop().call_later(min(later) - now, self._lapsed)

@@ -1,0 +1,1 @@
+"""`tritonshare` (and `kubectl tritonshare`): status, explain, quota and the uninstall cleanup."""

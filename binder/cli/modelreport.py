@@ -1,0 +1,149 @@
+"""What `tritonshare explain` says of a TritonModel: each replica as the binder sees it.
+
+A replica placed in the model's status is charged when its proof verifies (the binder's own cache
+decided that when the listing was folded, `binder.cluster.cache`), and is served or not as its
+status.placements entry says (`ready`, and why not: the agent's loaded condition on its host,
+such as its host's loader failing to fetch or load it); each other replica wanted is what the
+binder's model controller would place next, in order of ordinal: refused for the same model-level
+reasons (`host_storage_problem`, the priority class, a model id another TritonModel of the
+namespace has: `Ledger.name_clash`), else judged by the binder's placement core (`place`) on the
+same snapshot, each placed replica assumed before the next is judged, as the controller assumes
+it. Quota is not judged here (`tritonshare quota`). Pure: reads the cache, writes only the
+assumptions into the CLI's own copy of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from binder.cluster.cache import ClusterCache
+from binder.cluster.objects import ModelInfo
+from binder.framework.placement import Placement, place
+from common.hosted import host_storage_problem
+from common.quantity import format_bytes
+
+
+def find_model(cache: ClusterCache, namespace: str, name: str) -> ModelInfo | None:
+    """The TritonModel `namespace/name` as the binder's cache holds it."""
+    for uid in cache.ledger.by_namespace.get(namespace, ()):
+        model = cache.ledger.models.get(uid)
+        if model is not None and model.name == name:
+            return model
+    return None
+
+
+def _refusal(cache: ClusterCache, model: ModelInfo) -> str:
+    """Why the binder places no replica of `model` whatever the nodes ("" when it would try)."""
+    return (
+        host_storage_problem(model.storage_uri, model.storage_secret)
+        or model.priority_problem
+        or cache.ledger.name_clash(model)
+    )
+
+
+def model_document(cache: ClusterCache, model: ModelInfo, now: float) -> dict[str, Any]:
+    """What `explain tm/NAME` prints, for `-o json|yaml` and the text: per wanted (or still
+    charged) replica, where it is placed, or the binder's decision now."""
+    state = cache.state
+    template = model.template
+    document: dict[str, Any] = {
+        "tritonModel": model.key,
+        "model": template.model_id,
+        "request": template.request,
+        "replicas": model.replicas,
+        "problem": template.problem or None,
+        "placements": [],
+    }
+    refusal = _refusal(cache, model)
+    span = max(model.replicas, max(model.placed, default=-1) + 1)
+    charged = {
+        ordinal: replica
+        for ordinal in range(span)
+        if (replica := state.charged_pod(model.replica(ordinal).uid)) is not None
+    }
+    written = _written_placements(model)
+    for ordinal, replica in sorted(charged.items()):
+        node = state.nodes.get(replica.node_name)
+        gpu = next((g for g in (node.gpus if node else ()) if g.uuid == replica.gpu_uuid), None)
+        served = written.get(ordinal, {})
+        document["placements"].append(
+            {
+                "replica": ordinal,
+                "placed": {
+                    "node": replica.node_name,
+                    "gpu": replica.gpu_uuid,
+                    "index": gpu.index if gpu is not None else None,
+                    "measured": node.measured_of(replica) if node is not None else None,
+                },
+                "ready": served.get("ready") is True,
+                "message": str(served.get("message") or "") or None,
+            }
+        )
+    unproven = sorted(set(model.placed) - set(charged))
+    document["unproven"] = unproven
+    missing = model.replicas - len(charged)  # the controller's count (surplus ones leave)
+    free = (o for o in itertools.count() if o not in charged)
+    for ordinal in itertools.islice(free, max(0, missing)):
+        entry: dict[str, Any] = {"replica": ordinal, "decision": None}
+        replica = model.replica(ordinal)
+        if refusal:
+            entry["message"] = refusal
+        else:
+            result = place(state, replica, now=now)
+            if isinstance(result, Placement):
+                where, uuid = result.node, result.gpu.uuid
+                entry["decision"] = {"node": where, "gpu": uuid, "index": result.gpu.index}
+                state.assume(replica, where, uuid)  # the next replica sees it, as the binder's
+            else:
+                entry["message"] = result.message
+        document["placements"].append(entry)
+    return document
+
+
+def _written_placements(model: ModelInfo) -> dict[int, Mapping[str, Any]]:
+    """status.placements as the binder wrote them, by ordinal."""
+    found: dict[int, Mapping[str, Any]] = {}
+    for entry in model.status.get("placements") or []:
+        if isinstance(entry, Mapping) and type(entry.get("replica")) is int:
+            found[entry["replica"]] = entry
+    return found
+
+
+def write_model(document: dict[str, Any], out: TextIO) -> None:
+    """`model_document` as sentences."""
+    out.write(
+        f"TritonModel {document['tritonModel']} asks for {format_bytes(document['request'])} "
+        f"of GPU memory per replica for model {document['model']}; "
+        f"{document['replicas']} wanted.\n"
+    )
+    for ordinal in document["unproven"]:
+        out.write(
+            f"Replica {ordinal}'s placement in its status proves nothing the binder signed: not "
+            f"charged; the binder places it again.\n"
+        )
+    for entry in document["placements"]:
+        ordinal = entry["replica"]
+        placed = entry.get("placed")
+        if placed is not None:
+            index = "?" if placed["index"] is None else placed["index"]
+            served = (
+                "served"
+                if entry.get("ready")
+                else f"not served: {entry['message']}"
+                if entry.get("message")
+                else "not served yet"
+            )
+            out.write(
+                f"Replica {ordinal} is placed on node {placed['node']}, GPU {index} "
+                f"({placed['gpu']}); {served}.\n"
+            )
+        elif entry["decision"] is not None:
+            decision = entry["decision"]
+            out.write(
+                f"Replica {ordinal}: the binder would place it now on node {decision['node']}, "
+                f"GPU {decision['index']} ({decision['gpu']}).\n"
+            )
+        else:
+            out.write(f"Replica {ordinal} fits nowhere now: {entry['message']}\n")

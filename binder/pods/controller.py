@@ -1,0 +1,652 @@
+"""A pending pod's turn: place it, bind it or say why not.
+
+While this replica leads, the binder's loop (`binder.reconciler`) hands each pod taken from its
+queue to `schedule_one`, which decides on the cache's state (no API reads), charge the pod to the
+chosen GPU at once (assume), then, off the loop, post the Binding, which carries the pod's GPU
+annotation and proof. A 404 or 409 (deleted, or bound by someone else) drops the assumption; other
+failures drop it and retry the pod with backoff. A pod that fits nowhere gets a FailedScheduling
+Event and PodScheduled=False (only when the message changes, so a pod waiting for hours does not
+flood the API) and waits out its backoff, or less if the cluster changes in a way that helps. A pod
+whose preemption made room holds it (the nomination annotation says where, signed) from equal and
+lower priorities until it is placed, across a change of leader too.
+
+Owns the decisions and the API writes they cause; reads the cluster only through the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from contextlib import nullcontext
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from binder.api.handover import Handover, Outcome
+from binder.api.inbox import Inbox
+from binder.api.kube import Kube
+from binder.cluster.cache import Ledger
+from binder.cluster.objects import PodInfo
+from binder.cluster.proofs import Unproven, sign
+from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.framework.consolidation import Cooldowns, plan
+from binder.framework.moves import carry_out, carry_out_preemption
+from binder.framework.placement import (
+    Placement,
+    Policy,
+    Unschedulable,
+    choose_gpu,
+    fit_message,
+    place,
+    resolvable_nodes,
+)
+from binder.framework.preemption import NoPreemption, lower_holds, preempt, stale_room
+from binder.framework.queue import SchedulingQueue
+from binder.framework.quota import check_for
+from binder.framework.replicapreemption import held_uid
+from binder.metrics import Metrics
+from common.contract import Keys
+from common.logs import subject
+from common.proofs import KeyRing
+from common.quantity import format_bytes
+
+log = logging.getLogger(__name__)
+
+DECIDED_AHEAD = 2
+"""Pods decided per bind worker whose writes may wait for a worker, so a worker that finishes
+takes the next at once. Writes in flight stay at most `bind_workers`."""
+
+REPORT_INTERVAL_SECONDS = 10.0
+"""Shortest time between two FailedScheduling writes for one pod whose reason changed."""
+
+UNPROVEN_REMEMBERED = 10_000
+"""(pod, reason) pairs remembered as reported; past it the record starts again (as the agent's)."""
+
+
+class PodController:
+    """Decides and binds; the cache's listener."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        ledger: Ledger,
+        *,
+        leading: asyncio.Event,
+        keys: Keys,
+        policy: Policy,
+        queue: SchedulingQueue,
+        metrics: Metrics,
+        executor: Executor,
+        bind_workers: int,
+        identity: str,
+        placement_keys: Callable[[], KeyRing],
+        clock: Callable[[], float] = time.time,
+        report_interval: float = REPORT_INTERVAL_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+        consolidate_moves: int = 0,
+        preemption: bool = True,
+        inbox: Inbox | None = None,
+        preempt_replica: Callable[[PodInfo, str, str], None] | None = None,
+    ) -> None:
+        """`ledger` is the cache's (read here, changed there); `leading` is set while this
+        replica leads (only the leader schedules and writes); `inbox` is where the writers hand
+        outcomes back: the one the informers use, so the bind's answer and the watch event it
+        causes share a wake-up of the loop (None: one of its own, made on first use);
+        `preempt_replica(victim, by, node)` drains a TritonModel replica a pod preempts (the
+        model controller's; None: replicas are never victims). `queue` is the binder's one
+        queue, shared with the TritonModels: a cluster change retries both."""
+        self._kube = kube
+        self._keys = keys
+        self._policy = policy
+        self.queue = queue
+        self._metrics = metrics
+        self._slots = asyncio.Semaphore(bind_workers * DECIDED_AHEAD)
+        self._identity = identity
+        self._placement_keys = placement_keys
+        self._clock = clock
+        # The ledger's parts under short names: read on every decision, and never replaced.
+        self.state = ledger.state
+        self.pending = ledger.pending
+        self._ledger = ledger
+        self.unproven = ledger.unproven
+        """The cache's unproven pods (the same dict), to skip reports that went stale."""
+        self._leading = leading
+        self._unproven_reported: set[tuple[str, str]] = set()
+        self._unproven_waiting: dict[str, Unproven] = {}
+        """Reports not yet written, oldest first; one is written at a time."""
+        self._unproven_writing = False
+        self._in_flight: set[str] = set()
+        self._reported: dict[str, tuple[str, float]] = {}
+        """Per pod: the last message written and when (monotonic seconds)."""
+        self._report_interval = report_interval
+        self._monotonic = monotonic
+        self._consolidate_moves = consolidate_moves
+        self._preemption = preemption
+        self._preempt_replica = preempt_replica
+        self._budgets = ledger.budgets
+        self._nominations: dict[str, tuple[str, str]] = {}
+        """Pods whose preemption this replica started: (node, GPU uuid) of the room held."""
+        self._cooldowns = Cooldowns()
+        self.bound = 0
+        self._writes = Handover(executor, bind_workers, inbox)
+        """The API writes decided here, run on at most `bind_workers` threads."""
+        self._calls: dict[str, Any] = {}
+        self._scheduled = metrics.attempts.labels("scheduled")
+
+    # ---- listener of the cache -------------------------------------------------------------------
+
+    def pending_changed(self, pod: PodInfo, relevant: bool) -> None:
+        self._metrics.pending.set(len(self.pending))
+        if pod.uid in self._in_flight:
+            return
+        if relevant or pod.uid not in self.queue:
+            self.queue.add(pod.uid, pod.namespace)
+
+    def pending_gone(self, uid: str) -> None:
+        self._nominations.pop(uid, None)
+        self.state.release_nomination(uid)
+        self.queue.remove(uid)
+        self._reported.pop(uid, None)
+        self._metrics.pending.set(len(self.pending))
+
+    def restore_nominations(self) -> None:
+        """On taking the lead, before anything is placed: every pending pod whose preemption
+        made room (its status.nominatedNodeName, and the binder's nomination annotation naming
+        the GPU) holds that room again, so that nothing placed meanwhile takes it; what this
+        replica held when it led before is forgotten. One without the annotation, or whose
+        node or GPU is gone or whose proof is not the binder's for that pod's hold, holds
+        nothing (the pod is placed anew): a tenant can write both fields on its own pod."""
+        for uid in list(self._nominations):
+            self.state.release_nomination(uid)
+        self._nominations.clear()
+        if not self._preemption:
+            return
+        ring = self._placement_keys()
+        for uid, pod in self.pending.items():
+            if not pod.nominated_node or self.state.is_accounted(uid):
+                continue
+            node, gpu, proof = pod.nomination or (pod.nominated_node, "", "")
+            why = (
+                f"its nomination annotation names node {node}"
+                if node != pod.nominated_node
+                else stale_room(self.state, _held(pod), node, gpu, proof, ring)
+            )
+            if why:
+                log.info(
+                    "Pod %s does not hold room on node %s, its nominated node (%s): it is "
+                    "placed anew.",
+                    pod.key,
+                    pod.nominated_node,
+                    why,
+                    extra=subject(pod=pod.key, node=pod.nominated_node),
+                )
+                continue
+            self.state.nominate(pod, node, gpu)
+            self._nominations[uid] = (node, gpu)
+            log.info(
+                "Pod %s holds its room on node %s (GPU %s), which its preemption made: it waits "
+                "there for its victims.",
+                pod.key,
+                node,
+                gpu,
+                extra=subject(pod=pod.key, node=node),
+            )
+
+    def cluster_changed(self, why: str) -> None:
+        moved = self.queue.move_all_to_active()
+        if moved:
+            log.debug("%s: retrying %d unschedulable pods now.", why, moved)
+
+    def unproven_seen(self, verdict: Unproven) -> None:
+        """Report an unproven pod with a Warning Event, once per pod and reason. One such Event
+        is written at a time, so however many pods a tenant creates, they hold at most one of
+        the `bind_workers` writers; the others keep binding."""
+        key = (verdict.pod.uid, verdict.reason)
+        if not self._leading.is_set() or key in self._unproven_reported:
+            return
+        self._unproven_waiting[verdict.pod.uid] = verdict
+        self._write_unproven()
+
+    def _write_unproven(self) -> None:
+        while self._unproven_waiting and not self._unproven_writing:
+            uid = next(iter(self._unproven_waiting))
+            verdict = self._unproven_waiting.pop(uid)
+            current = self.unproven.get(uid)
+            if current is None or current.reason != verdict.reason or not self._leading.is_set():
+                continue  # gone, proven, changed reason (reported as such), or no longer ours
+            if len(self._unproven_reported) >= UNPROVEN_REMEMBERED:
+                self._unproven_reported.clear()
+            self._unproven_reported.add((uid, verdict.reason))
+            pod = verdict.pod
+
+            def write(pod: PodInfo = pod, verdict: Unproven = verdict) -> None:
+                self._kube.record_event(
+                    pod.namespace,
+                    pod.name,
+                    pod.uid,
+                    reason=verdict.reason,
+                    message=verdict.message,
+                    reporting_instance=self._identity,
+                )
+                self._count("event")
+
+            self._unproven_writing = True
+            self._hand_over(write, partial(self._unproven_written, verdict))
+
+    def _unproven_written(self, verdict: Unproven, error: Exception | None) -> None:
+        self._unproven_writing = False
+        if error is not None and not isinstance(error, NotFoundError):
+            # Reported again at the next sight (a change of the pod, or of leadership).
+            self._unproven_reported.discard((verdict.pod.uid, verdict.reason))
+            log.warning(
+                "Recording that pod %s is not charged has failed: %s.", verdict.pod.key, error
+            )
+        self._write_unproven()
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    async def slot(self) -> None:
+        """Waits for a bind slot, which `schedule_one` takes and releases once its API writes
+        are done: at most `bind_workers` x DECIDED_AHEAD pods decided ahead of their writes."""
+        await self._slots.acquire()
+
+    def release_slot(self) -> None:
+        """Gives back a slot `slot` took for a pod not decided after all."""
+        self._slots.release()
+
+    def schedule_one(self, uid: str) -> None:
+        """Decide for one pod. Holds a bind slot, released when its API writes are done."""
+        state = self.state
+        pod = self.pending.get(uid)
+        state.release_nomination(uid)  # the pod's own held room is its to take
+        if pod is None or state.is_accounted(uid) or uid in self._in_flight:
+            self._slots.release()
+            return
+        nominated = self._nominations.get(uid)
+        if nominated is not None and pod.nominated_node != nominated[0]:
+            pod = replace(pod, nominated_node=nominated[0])
+        # The namespace's pods and replicas together within its quotas: no room helps.
+        exceeded = self._exceeded_quota(pod)
+        # As kube-scheduler counts nominated pods only against lower-or-equal priorities, the
+        # rooms held for lower-priority pods are free to this one (and theirs are no victims).
+        lower = [] if exceeded else lower_holds(state, pod)
+        with state.without(lower) if lower else nullcontext():
+            placed = (
+                Unschedulable(exceeded, {})
+                if exceeded
+                else place(state, pod, now=self._clock(), policy=self._policy)
+            )
+            if isinstance(placed, Placement):
+                self._nominations.pop(uid, None)
+                proof = self._sign(pod, placed)
+                state.assume(pod, placed.node, placed.gpu.uuid, proof)
+                self._bind(pod, placed, proof)
+            else:
+                result = placed if exceeded else self._preempt(pod, placed)
+        landed = placed.node if isinstance(placed, Placement) else None
+        if landed is None and self._nominations.get(uid, nominated) != nominated:
+            landed = self._nominations[uid][0]
+        if landed is not None:
+            self._displace(lower, landed)
+        if isinstance(placed, Placement):
+            return
+        self._metrics.attempts.labels(result.attempt_result).inc()
+        delay = self.queue.backoff(uid)
+        log.info(
+            "Pod %s (%s of GPU memory) %s: %s Retrying in %.0f s or on a helpful cluster change.",
+            pod.key,
+            format_bytes(pod.request),
+            "is unschedulable"
+            if result.condition_reason == "Unschedulable"
+            else "could not be scheduled (scheduler error)",
+            result.message,
+            delay,
+            extra=subject(pod=pod.key, model=pod.model_id),
+        )
+        if self._consolidate_moves and result.condition_reason == "Unschedulable" and not exceeded:
+            self._make_room(pod)
+        if self._should_report(uid, result.message):
+            self._reported[uid] = (result.message, self._monotonic())
+            self._report(pod, result.message, result.condition_reason)
+        else:
+            self._slots.release()
+
+    def _exceeded_quota(self, pod: PodInfo) -> str:
+        """Why placing the pod would take its namespace's pods and replicas past a quota on GPU
+        memory, in the API server's words ("" when it would not: `binder.framework.quota`)."""
+        if pod.request <= 0 or pod.namespace not in self._ledger.quotas:
+            return ""
+        check = check_for(
+            self._ledger, self._keys, pod.namespace, pod.priority_class, pod=pod.asked
+        )
+        return check.refusal(pod.request, pod.allowance) if check is not None else ""
+
+    def _displace(self, lower: list[str], node: str) -> None:
+        """A higher-priority pod took room on `node`: the lower-priority pods holding room there
+        give it up and are tried again (kube-scheduler clears their nomination likewise)."""
+        for uid in lower:
+            if self.state.nominated.get(uid) != node:
+                continue
+            self._nominations.pop(uid, None)
+            self.state.release_nomination(uid)
+            held = self.pending.get(uid)
+            if held is not None:
+                log.info(
+                    "Pod %s gives up the room held for it on node %s: a pod of higher priority "
+                    "takes it.",
+                    held.key,
+                    node,
+                    extra=subject(pod=held.key, node=node),
+                )
+                self.queue.add(uid, held.namespace)
+
+    def _preempt(self, pod: PodInfo, result: Unschedulable) -> Unschedulable:
+        """Have lower-priority tritonshare pods evicted where that lets the pod in, and hold the
+        room for it (binder.framework.preemption); returns the result to report, with
+        kube-scheduler's `preemption: ...` counts when preemption cannot help."""
+        state = self.state
+        if (
+            not self._preemption
+            or result.condition_reason != "Unschedulable"
+            or not self._leading.is_set()
+            or not state.has_lower_priority(pod.priority)
+        ):
+            return result
+        now = self._clock()
+        held = self._nominations.get(pod.uid)
+        outcome = preempt(
+            state,
+            pod,
+            resolvable_nodes(state, pod, now),
+            now=now,
+            budgets=list(self._budgets.values()),
+        )
+        if isinstance(outcome, NoPreemption):
+            if outcome.waiting and held is not None and held[0] in state.nodes:
+                state.nominate(pod, *held)  # its victims are still leaving: keep the room
+                return result
+            self._nominations.pop(pod.uid, None)
+            if not outcome.reasons:
+                return result
+            counts = fit_message(len(state.names), outcome.reasons)
+            return replace(result, message=f"{result.message} preemption: {counts}")
+        victims = outcome.victims
+        replicas = [v for v in victims if v.host is not None]
+        drain = self._preempt_replica
+        if replicas and drain is None:
+            return result
+        with state.without([v.uid for v in victims]):
+            gpu = choose_gpu(
+                state, outcome.node, pod.request, self._policy, on_demand=pod.on_demand
+            )
+        if gpu is None:  # fits_on said a GPU fits with the victims gone
+            return result
+        state.nominate(pod, outcome.node, gpu.uuid)
+        self._nominations[pod.uid] = (outcome.node, gpu.uuid)
+        room = {
+            "node": outcome.node,
+            "gpu": gpu.uuid,
+            "proof": sign(self._placement_keys(), _held(pod), outcome.node, gpu.uuid),
+        }
+        nomination = {self._keys.nomination: json.dumps(room, separators=(",", ":"))}
+        log.info(
+            "Pod %s (priority %d) fits nowhere: preempting %d lower-priority pod(s) on node %s "
+            "(%s); GPU %s is held for it.",
+            pod.key,
+            pod.priority,
+            len(victims),
+            outcome.node,
+            ", ".join(v.key for v in victims),
+            gpu.uuid,
+            extra=subject(pod=pod.key, node=outcome.node, model=pod.model_id),
+        )
+
+        if drain is not None:
+            for victim in replicas:
+                drain(victim, f"pod {pod.uid}", outcome.node)
+        drained = [v.key for v in replicas]
+
+        def work() -> None:
+            # The GPU and proof first: a new leader holds the room only with both.
+            self._kube.patch_pod_annotations(pod.namespace, pod.name, nomination)
+            self._count("annotate")
+            carry_out_preemption(
+                self._kube, pod, outcome, self._identity, self._count, drained=drained
+            )
+
+        self._hand_over(work, partial(self._preempted, pod))
+        return result
+
+    def _preempted(self, pod: PodInfo, error: Exception | None) -> None:
+        if error is None:
+            return
+        self._nominations.pop(pod.uid, None)
+        self.state.release_nomination(pod.uid)
+        log.warning(
+            "Preempting pods for pod %s has failed (%s): its held room is released; it is "
+            "retried with backoff.",
+            pod.key,
+            error,
+            extra=subject(pod=pod.key),
+        )
+
+    def _make_room(self, pod: PodInfo) -> None:
+        """Plan to move a few smaller pods when only split free memory keeps the pod out
+        (binder.framework.consolidation), and carry the plan out off the loop
+        (binder.framework.moves). Once per pod per cooldown, whatever the answer, so a waiting pod's
+        retries do not plan again."""
+        state = self.state
+        now = self._monotonic()
+        recent = self._cooldowns.pods(now)
+        if not self._leading.is_set() or pod.uid in recent:
+            return
+        made = plan(
+            state,
+            pod,
+            now=self._clock(),
+            max_moves=self._consolidate_moves,
+            exempt=recent,
+            cold_nodes=self._cooldowns.nodes(now),
+        )
+        self._cooldowns.planned(pod, made, now)
+        if made is None:
+            return
+        log.info(
+            "Pod %s waits only because its nodes' free GPU memory is split: moving %d smaller "
+            "pod(s) off GPU %s on node %s gives it a block of %s.",
+            pod.key,
+            len(made.moves),
+            made.gpu.uuid,
+            made.node,
+            format_bytes(made.freed),
+            extra=subject(pod=pod.key, node=made.node, model=pod.model_id),
+        )
+
+        def work() -> None:
+            carry_out(self._kube, made, pod, self._identity, self._count)
+
+        self._hand_over(work, partial(self._moved, pod))
+
+    def _moved(self, pod: PodInfo, error: Exception | None) -> None:
+        if error is None:
+            return
+        if isinstance(error, ApiError | OSError):
+            log.warning(
+                "Moving pods to make room for pod %s has failed: %s. It waits for room.",
+                pod.key,
+                error,
+                extra=subject(pod=pod.key),
+            )
+        else:
+            log.error(
+                "Moving pods to make room for pod %s has failed: its work is abandoned.",
+                pod.key,
+                exc_info=error,
+                extra=subject(pod=pod.key),
+            )
+
+    def _should_report(self, uid: str, message: str) -> bool:
+        """Write a pod's first reason at once; a changed reason at most once per interval (the
+        largest free block moves with every bind elsewhere); an unchanged one never again."""
+        last = self._reported.get(uid)
+        if last is None:
+            return True
+        return last[0] != message and self._monotonic() - last[1] >= self._report_interval
+
+    # ---- API writes: on worker threads (binder.api.handover), outcomes back on the loop
+    # -------------
+
+    def _hand_over(self, work: Callable[[], None], outcome: Outcome) -> None:
+        """Run `work` (API writes) on a worker thread, then `outcome(its error or None)` here."""
+        self._writes.submit(work, outcome)
+
+    def _count(self, call: str) -> None:
+        """Count one API write (from any thread); the labelled child is looked up once."""
+        child = self._calls.get(call)
+        if child is None:
+            child = self._calls.setdefault(call, self._metrics.api_calls.labels(call))
+        child.inc()
+
+    def _sign(self, pod: PodInfo, placement: Placement) -> str:
+        """The proof of this placement, signed with the current key."""
+        return sign(self._placement_keys(), pod, placement.node, placement.gpu.uuid)
+
+    def _bind(self, pod: PodInfo, placement: Placement, proof: str = "") -> None:
+        """Post the pod's Binding, off the loop, carrying its GPU annotation and proof (the API
+        server sets them on the pod as it binds it: one write per pod, and a pod is never on a
+        node without them). The caller holds a bind slot, released with the outcome."""
+        annotations = {
+            self._keys.gpu: placement.gpu.uuid,
+            self._keys.placement: proof or self._sign(pod, placement),
+        }
+
+        def write() -> None:
+            self._kube.bind(pod.namespace, pod.name, pod.uid, placement.node, annotations)
+            self._count("bind")
+
+        self._in_flight.add(pod.uid)
+        try:
+            self._hand_over(write, partial(self._bound, pod, placement))
+        except BaseException:
+            self._in_flight.discard(pod.uid)
+            raise
+
+    def _bound(self, pod: PodInfo, placement: Placement, error: Exception | None) -> None:
+        """The outcome of a pod's writes, on the loop."""
+        state = self.state
+        try:
+            if error is None:
+                self._bound_well(pod, placement)
+            elif isinstance(error, NotFoundError | ConflictError):
+                state.forget_assumed(pod.uid)
+                self.queue.remove(pod.uid)
+                self._metrics.attempts.labels("error").inc()
+                log.info(
+                    "Pod %s was not bound to %s (%s): it was deleted or bound elsewhere; "
+                    "dropping it.",
+                    pod.key,
+                    placement.node,
+                    error.reason or error.status,
+                    extra=subject(pod=pod.key, node=placement.node),
+                )
+            elif isinstance(error, ApiError | OSError):
+                state.forget_assumed(pod.uid)
+                self._metrics.attempts.labels("error").inc()
+                delay = self.queue.backoff(pod.uid)
+                log.warning(
+                    "Binding pod %s to %s has failed (%s): released its GPU memory, retrying in "
+                    "%.0f s.",
+                    pod.key,
+                    placement.node,
+                    error,
+                    delay,
+                    extra=subject(pod=pod.key, node=placement.node),
+                )
+            else:
+                log.error(
+                    "Binding pod %s has failed: its work is abandoned.",
+                    pod.key,
+                    exc_info=error,
+                    extra=subject(pod=pod.key),
+                )
+        finally:
+            self._in_flight.discard(pod.uid)
+            self._slots.release()
+
+    def _bound_well(self, pod: PodInfo, placement: Placement) -> None:
+        self.bound += 1
+        self._nominations.pop(pod.uid, None)
+        self._scheduled.inc()
+        if pod.created:
+            self._metrics.latency.observe(max(0.0, self._clock() - pod.created))
+        self.queue.remove(pod.uid)
+        self._reported.pop(pod.uid, None)
+        # DEBUG, as kube-scheduler keeps "Successfully bound pod to node" below its default
+        # verbosity: a line per pod cost about 10 us of formatting and a write to stderr.
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "Bound pod %s (model %s, %s) to node %s, GPU %d (%s).",
+                pod.key,
+                pod.model_id,
+                format_bytes(pod.request),
+                placement.node,
+                placement.gpu.index,
+                placement.gpu.uuid,
+                extra=subject(pod=pod.key, node=placement.node, model=pod.model_id),
+            )
+
+    def _report(self, pod: PodInfo, message: str, reason: str) -> None:
+        """Record a FailedScheduling Event and set PodScheduled=False, off the loop. The caller
+        holds a bind slot, released with the outcome."""
+
+        def write() -> None:
+            self._kube.record_event(
+                pod.namespace,
+                pod.name,
+                pod.uid,
+                reason="FailedScheduling",
+                message=message,
+                reporting_instance=self._identity,
+            )
+            self._count("event")
+            self._kube.set_unschedulable(pod.namespace, pod.name, message, reason)
+            self._count("condition")
+
+        self._hand_over(write, partial(self._reported_why, pod))
+
+    def _reported_why(self, pod: PodInfo, error: Exception | None) -> None:
+        try:
+            if error is None or isinstance(error, NotFoundError):
+                return
+            if isinstance(error, ApiError | OSError):
+                self._reported.pop(pod.uid, None)
+                log.warning(
+                    "Recording why pod %s is pending has failed: %s.",
+                    pod.key,
+                    error,
+                    extra=subject(pod=pod.key),
+                )
+            else:
+                log.error(
+                    "Reporting why pod %s is pending has failed: its work is abandoned.",
+                    pod.key,
+                    exc_info=error,
+                    extra=subject(pod=pod.key),
+                )
+        finally:
+            self._slots.release()
+
+    async def drain(self, grace_seconds: float) -> None:
+        """Let in-flight API writes finish (bounded), then abandon what is left: a write already
+        on a worker thread ends there, its outcome ignored; a waiting one is never sent."""
+        await self._writes.drain(grace_seconds)
+
+
+def _held(pod: PodInfo) -> PodInfo:
+    """The pod as the room its preemption made is signed and checked: under `held_uid`, so the
+    proof never proves a placement."""
+    return replace(pod, uid=held_uid(pod.uid))

@@ -1,0 +1,402 @@
+"""A namespace's model hosts: the pod each node with a replica of the namespace's TritonModels
+gets, and the API writes that keep it so.
+
+`reconcile(namespace, nodes)` makes the hosts on `nodes` what the binder's ledger says: one pod
+per node with a replica of the namespace's placed (or a model of it parked there at zero
+replicas, `binder.autoscaler.parking`), named `tritonshare-host-<hash of the node>`, created on its
+node (`spec.nodeName`) as a model pod that serves many models (`binder.tritonmodels.hostpod`), owned
+by every TritonModel with a replica there, naming its replicas in `<prefix>hosted-models` and
+labelled `<prefix>serves-<model>` as the model writer says (`binder.tritonmodels.controller`:
+loaded, awake first, draining); deleted when its last replica leaves. A host made from another
+template (another
+--host-image, a Secret it lacks) is replaced one per namespace at a time; a host the API server
+refuses (a quota on pods, a LimitRange, a policy) is tried again every second, and its models'
+Ready condition and a `FailedCreate` Event say why.
+
+What it reads of the models (their drains, parkings, loaded and serving state, files) it is
+given by the model writer; it decides no placement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Container, Mapping
+from concurrent.futures import Executor
+from typing import Any
+
+from binder.api.kube import JsonObject, Kube
+from binder.cluster.cache import Ledger
+from binder.cluster.objects import ModelInfo, PodInfo, event_object, owner_reference
+from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.tritonmodels.hostpod import host_image, host_spec, mounted_secrets, template_hash
+from binder.tritonmodels.rolling import Loaded
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
+from common.hosted import (
+    HostedReplica,
+    Parked,
+    encode_hosted,
+    encode_parked,
+    host_label,
+    host_name,
+    host_template_annotation,
+    hosted_models_annotation,
+    parked_models_annotation,
+    serves_label,
+)
+from common.modelpod import NodeAccess
+
+log = logging.getLogger(__name__)
+
+Replicas = list[tuple[ModelInfo, int, PodInfo]]
+"""The replicas of a namespace charged on one node: (model, ordinal, replica)."""
+
+
+class HostWriter:
+    """Keeps a binder's model hosts: what they should be, and the writes that make them so."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        ledger: Ledger,
+        *,
+        keys: Keys,
+        executor: Executor,
+        identity: str,
+        scheduler_name: str,
+        host_image: str,
+        access: NodeAccess,
+        drain_seconds: float,
+        clock: Callable[[], float],
+        draining: Container[str],
+        parked: Mapping[str, str],
+        loaded: Callable[[ModelInfo, PodInfo], Loaded],
+        served: Callable[[ModelInfo, PodInfo], Loaded],
+        serves_value: Callable[[ModelInfo, str], str],
+        uri: Callable[[ModelInfo, int], str],
+        changed: Callable[[str], None],
+    ) -> None:
+        """`draining` (replica uids) and `parked` (model uid -> node) are the model writer's
+        own, read as they change; `loaded`, `served` and `serves_value` say whether a replica is
+        loaded on its host, served through its Service, and its host's `serves-` label; `uri`
+        the files a replica was placed with; `changed(uid)` queues a model whose Ready
+        condition a host's refusal changes."""
+        self._kube = kube
+        self._ledger = ledger
+        self._keys = keys
+        self._executor = executor
+        self._identity = identity
+        self._scheduler_name = scheduler_name
+        self._host_image = host_image
+        self._access = access
+        self._drain_seconds = drain_seconds
+        self._clock = clock
+        self._draining = draining
+        self._parked = parked
+        self._loaded = loaded
+        self._served = served
+        self._serves_value = serves_value
+        self._uri = uri
+        self._changed = changed
+        self.waiting: set[str] = set()
+        """Namespaces with a replica on a node whose old host is still terminating, or whose
+        host the API server refuses: tried again every second."""
+        self.refused: dict[tuple[str, str], str] = {}
+        """(namespace, node) -> why the API server refuses the host there now (the Ready
+        condition of the models placed there says it)."""
+        self._host_refusals: dict[str, str] = {}
+        """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
+        self._templates: dict[str, str] = {}
+        """Node -> `template_hash` of the hosts this binder makes there."""
+        self._replaced_at: dict[str, float] = {}
+        """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
+        self._replacing: dict[str, str] = {}
+        """Namespace -> the uid of the host it replaced last."""
+
+    def forget(self, model_uid: str) -> None:
+        """A deleted model: its hosts' refusal is no longer reported to it."""
+        self._host_refusals.pop(model_uid, None)
+
+    def _parked_on(self, namespace: str, node: str) -> list[ModelInfo]:
+        """The namespace's models parked on its host on `node`."""
+        models = self._ledger.models
+        return sorted(
+            (
+                models[uid]
+                for uid in self._ledger.by_namespace.get(namespace, ())
+                if self._parked.get(uid) == node and uid in models
+            ),
+            key=lambda m: m.name,
+        )
+
+    def _hosted(self, namespace: str) -> dict[str, Replicas]:
+        """Node -> the replicas of the namespace charged there (model, ordinal, replica),
+        draining ones too."""
+        state = self._ledger.state
+        nodes: dict[str, Replicas] = {}
+        for uid in self._ledger.by_namespace.get(namespace, ()):
+            model = self._ledger.models[uid]
+            for rid in self._ledger.replica_uids(uid):
+                replica = state.charged_pod(rid)
+                if replica is not None:
+                    ordinal = int(rid.rpartition("/")[2])
+                    nodes.setdefault(replica.node_name, []).append((model, ordinal, replica))
+        return nodes
+
+    async def reconcile(self, namespace: str, nodes: set[str] | None) -> None:
+        """Create, update or delete the namespace's hosts on `nodes` (None: every node) to
+        serve the replicas charged there."""
+        wanted = self._hosted(namespace)
+        for uid in self._ledger.by_namespace.get(namespace, ()):
+            if uid in self._parked:
+                wanted.setdefault(self._parked[uid], [])
+        label = host_label(self._keys)
+        there_now = self._ledger.hosts.get(namespace, {})
+        for node, replicas in sorted(wanted.items()):
+            if nodes is not None and node not in nodes:
+                continue
+            body = self._host(namespace, node, replicas)
+            there = there_now.get(node)
+            if there is not None and (there.get("metadata") or {}).get("deletionTimestamp"):
+                # The last one is going away: a new host once it is gone.
+                self.waiting.add(namespace)
+                continue
+            if there is None:
+                try:
+                    # A 409: made already, and its watch event is on the way.
+                    with contextlib.suppress(ConflictError):
+                        await self._call(self._kube.create_pod, namespace, body)
+                except ApiError as e:
+                    if e.status not in (403, 422):
+                        raise
+                    await self._host_refused(namespace, node, replicas, e)
+                else:
+                    self._host_accepted(namespace, node, replicas)
+                continue
+            outdated = self._outdated(there, body)
+            if outdated and self._may_replace(namespace, node, wanted, there_now):
+                await self._replace(namespace, node, there, outdated)
+                continue
+            if outdated:
+                self.waiting.add(namespace)  # its turn comes once the namespace's hosts settle
+            meta = there.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            patch_labels: dict[str, Any] = dict(body["metadata"]["labels"])
+            for key in labels:
+                if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
+                    patch_labels[key] = None
+            # The template annotation is written at creation only: it says what made the host.
+            annotations = {
+                key: body["metadata"]["annotations"].get(key)
+                for key in (
+                    hosted_models_annotation(self._keys),
+                    parked_models_annotation(self._keys),
+                )
+            }
+            if (
+                any(labels.get(k) != v for k, v in patch_labels.items())
+                or any((meta.get("annotations") or {}).get(k) != v for k, v in annotations.items())
+                or meta.get("ownerReferences") != body["metadata"]["ownerReferences"]
+            ):
+                # One write: a replica leaves its Service as it is marked draining.
+                patch = {
+                    "metadata": {
+                        "labels": patch_labels,
+                        "annotations": annotations,
+                        "ownerReferences": body["metadata"]["ownerReferences"],
+                    }
+                }
+                await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
+        for key in [k for k in self.refused if k[0] == namespace and k[1] not in wanted]:
+            del self.refused[key]  # no replica of the namespace there any more
+        for node, there in list(there_now.items()):
+            meta = there.get("metadata") or {}
+            if node in wanted or meta.get("deletionTimestamp") or (nodes and node not in nodes):
+                continue
+            if (meta.get("labels") or {}).get(label) != "true":
+                continue
+            with contextlib.suppress(NotFoundError, ConflictError):
+                await self._call(
+                    self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
+                )
+
+    def _outdated(self, there: JsonObject, body: JsonObject) -> str:
+        """Why the host `there` no longer matches the host the binder would create now, `body`
+        ("" when it does). A pod's spec cannot change, so a host made from another template
+        (another --host-image, ports or pod settings: another binder's), or without a storage
+        Secret its replicas need, is replaced."""
+        key = host_template_annotation(self._keys)
+        made = ((there.get("metadata") or {}).get("annotations") or {}).get(key)
+        if made != body["metadata"]["annotations"][key]:
+            old, new = host_image(there.get("spec") or {}), host_image(body["spec"])
+            if old != new:
+                return f"its image is {old}, and --host-image is {new}"
+            return "it was made from another pod template (ports, arguments or settings)"
+        missing = mounted_secrets(body["spec"]) - mounted_secrets(there.get("spec") or {})
+        if missing:
+            return f"it does not mount Secret {', '.join(sorted(missing))}"
+        return ""
+
+    def _may_replace(
+        self,
+        namespace: str,
+        node: str,
+        wanted: dict[str, Replicas],
+        there_now: dict[str, JsonObject],
+    ) -> bool:
+        """Whether the namespace's host on `node` may be replaced now: one host of a namespace
+        at a time, so its models stay served by their replicas on other nodes. The next waits
+        until no host of the namespace is being deleted and every other one serves its
+        replicas, or --host-drain-seconds after the last replacement at most."""
+        deleted = self._replacing.get(namespace)
+        for host in there_now.values():
+            meta = host.get("metadata") or {}
+            if meta.get("deletionTimestamp") or meta.get("uid") == deleted:
+                return False  # one is going (or its deletion is not in the cache yet)
+        if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
+            return True
+        for other, replicas in wanted.items():
+            if other == node:
+                continue
+            if other not in there_now:
+                return False
+            for model, _, replica in replicas:
+                if replica.uid not in self._draining and not self._served(model, replica).ready:
+                    return False
+        return True
+
+    async def _replace(self, namespace: str, node: str, there: JsonObject, why: str) -> None:
+        """Delete the outdated host on `node`: its proxy drains as a model pod's does (out of
+        its Services as it terminates), and the host is created anew once it is gone."""
+        meta = there.get("metadata") or {}
+        log.info(
+            "Replacing the model host %s/%s on node %s (%s): its replicas there are served "
+            "again once its successor has loaded them.",
+            namespace,
+            meta.get("name"),
+            node,
+            why,
+        )
+        self._replaced_at[namespace] = self._clock()
+        self._replacing[namespace] = str(meta.get("uid"))
+        self.waiting.add(namespace)
+        with contextlib.suppress(NotFoundError, ConflictError):
+            await self._call(self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"]))
+
+    async def _host_refused(
+        self,
+        namespace: str,
+        node: str,
+        replicas: Replicas,
+        error: ApiError,
+    ) -> None:
+        """The API server refuses the host (403: a ResourceQuota on pods, CPU or memory, a
+        policy; 422: a LimitRange): each model placed there gets a Warning Event with its words,
+        once per message, and its Ready condition False with them; the namespace's hosts are
+        tried again every RETRY_SECONDS."""
+        self.waiting.add(namespace)
+        message = f"the binder cannot create model host {host_name(node)} on node {node}: "
+        message += error.message
+        if self.refused.get((namespace, node)) != message:
+            self.refused[(namespace, node)] = message
+            for model, _, _ in replicas:
+                self._changed(model.uid)  # its Ready condition says so
+        for model in {model.uid: model for model, _, _ in replicas}.values():
+            if self._host_refusals.get(model.uid) == message:
+                continue
+            self._host_refusals[model.uid] = message
+            await self._call(
+                self._kube.record_object_event,
+                event_object(model),
+                reason="FailedCreate",
+                message=message,
+                reporting_instance=self._identity,
+            )
+
+    def _host_accepted(self, namespace: str, node: str, replicas: Replicas) -> None:
+        """The host refused before is created: its models' conditions no longer say so."""
+        if self.refused.pop((namespace, node), None) is not None:
+            for model, _, _ in replicas:
+                self._host_refusals.pop(model.uid, None)
+                self._changed(model.uid)
+
+    def _host(self, namespace: str, node: str, replicas: Replicas) -> JsonObject:
+        """The host pod of `namespace` on `node` serving `replicas`: labelled to serve each
+        model whose replica there is loaded (the agent's condition on the host) and not
+        draining."""
+        labels = {host_label(self._keys): "true"}
+        owners: dict[str, JsonObject] = {}
+        hosted = []
+        secrets = set()
+        for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
+            draining = replica.uid in self._draining
+            if not draining and self._loaded(model, replica).ready:
+                labels[serves_label(self._keys, model.name)] = self._serves_value(model, node)
+            owners.setdefault(model.uid, owner_reference(model, controller=False))
+            if model.storage_secret and not draining:
+                secrets.add(model.storage_secret)
+            hosted.append(
+                HostedReplica(
+                    model=model.name,
+                    model_id=replica.model_id,
+                    uid=model.uid,
+                    replica=ordinal,
+                    gpu=replica.gpu_uuid,
+                    residency=RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
+                    proof=replica.placement,
+                    storage_uri=self._uri(model, ordinal),
+                    concurrency=model.concurrency,
+                    idle_seconds=model.idle_seconds,
+                    draining=draining,
+                    storage_secret=model.storage_secret,
+                    storage_options=model.storage_options,
+                )
+            )
+        annotations = {
+            hosted_models_annotation(self._keys): encode_hosted(hosted),
+            host_template_annotation(self._keys): self._template(node),
+        }
+        parked = self._parked_on(namespace, node)
+        for model in parked:
+            # The Service reaches the parked model's host, whose proxy holds its requests.
+            labels[serves_label(self._keys, model.name)] = "true"
+            owners.setdefault(model.uid, owner_reference(model, controller=False))
+        if parked:
+            annotations[parked_models_annotation(self._keys)] = encode_parked(
+                Parked(m.name, m.template.model_id, m.concurrency) for m in parked
+            )
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": host_name(node),
+                "namespace": namespace,
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": list(owners.values()),
+            },
+            "spec": host_spec(
+                node,
+                self._scheduler_name,
+                self._host_image,
+                self._access,
+                self._keys,
+                len(replicas),
+                secrets,
+            ),
+        }
+
+    def _template(self, node: str) -> str:
+        """The template hash of this binder's hosts on `node` (computed once per node)."""
+        found = self._templates.get(node)
+        if found is None:
+            found = self._templates[node] = template_hash(
+                node, self._scheduler_name, self._host_image, self._access, self._keys
+            )
+        return found
+
+    async def _call(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))

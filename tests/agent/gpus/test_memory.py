@@ -1,0 +1,135 @@
+"""The GPU memory ledger's rules, fed numbers: whose a change is, how sure, and what may evict.
+
+The same rules run through the real agent, Triton and the mock NVML in test_gpu_memory.py; these
+pin the arithmetic each rule rests on."""
+
+from __future__ import annotations
+
+from agent.gpus.inventory import GpuInfo, GpuSnapshot
+from agent.gpus.memory import MemoryLedger
+
+GI = 1024**3
+GPU = "GPU-0"
+
+
+def reading(used: int) -> GpuInfo:
+    return GpuInfo(0, GPU, "Tesla T4", 16 * GI, used, True)
+
+
+def test_a_load_alone_on_its_gpu_is_billed_its_whole_growth_and_is_sure() -> None:
+    ledger = MemoryLedger()
+    ledger.observe(GpuSnapshot((reading(GI // 2),)))  # CUDA contexts: nobody's
+    entry, rest = ledger.record_load("a", GPU, GI, GI // 2, GI // 2 + 3 * GI, None)
+    assert (entry.bytes, rest, ledger.uncertainty("a")) == (3 * GI, None, 0)
+    [over] = ledger.over()
+    assert over.sure(ledger.allowed(GI)) and over.doubt() == ""
+
+
+def test_growth_during_a_load_beside_others_is_billed_up_to_the_request_the_rest_to_nobody() -> (
+    None
+):
+    ledger = MemoryLedger()
+    ledger.record_load("attacker", GPU, GI, 0, GI // 2, None)
+    # The victim really loads 1Gi; the attacker grows 4Gi in the same window.
+    entry, rest = ledger.record_load("victim", GPU, 2 * GI, GI // 2, GI // 2 + 5 * GI, None)
+    assert entry.bytes == 2 * GI
+    assert rest is not None and (rest.grown, rest.during_load_of, rest.models) == (
+        3 * GI,
+        "victim",
+        ("attacker",),
+    )
+    assert ledger.over() == []
+    assert ledger.unattributed(GPU) == 3 * GI
+    assert ledger.uncertainty("victim") == ledger.uncertainty("attacker") == 3 * GI
+
+
+def test_a_sole_model_is_billed_what_grew_since_the_last_reading() -> None:
+    ledger = MemoryLedger()
+    ledger.record_load("a", GPU, GI, 0, GI // 2, None)
+    assert ledger.observe_gpu(reading(GI // 2 + 4 * GI)) is None
+    assert ledger.measured("a") == GI // 2 + 4 * GI
+    [over] = ledger.over()
+    assert over.sure(ledger.allowed(GI))
+
+
+def test_growth_on_a_shared_gpu_is_reported_for_the_gpu_and_billed_to_no_model() -> None:
+    ledger = MemoryLedger()
+    ledger.record_load("a", GPU, GI, 0, GI, None)
+    ledger.record_load("b", GPU, GI, GI, 2 * GI, None)
+    growth = ledger.observe_gpu(reading(5 * GI))
+    assert growth is not None and (growth.grown, growth.models) == (3 * GI, ("a", "b"))
+    assert (ledger.measured("a"), ledger.measured("b")) == (GI, GI)
+    # A wobble within the tolerance's minimum is not reported again.
+    assert ledger.observe_gpu(reading(5 * GI + 100 * 1024**2)) is None
+
+
+def test_what_an_unload_does_not_free_stays_uncertain_for_the_model_left_alone() -> None:
+    ledger = MemoryLedger()
+    ledger.record_load("a", GPU, GI, 0, GI, None)
+    ledger.record_load("b", GPU, 2 * GI, GI, 3 * GI, None)
+    # b's 2Gi unload frees only 1Gi: Triton kept some, or a grew meanwhile.
+    ledger.record_unload("b", 3 * GI, 2 * GI)
+    ledger.observe_gpu(reading(2 * GI))
+    assert ledger.measured("a") == 2 * GI
+    assert ledger.uncertainty("a") == GI
+    [over] = ledger.over()
+    assert not over.sure(ledger.allowed(GI))
+    assert "while other models shared it" in over.doubt()
+
+
+def test_an_empty_gpu_starts_over_with_nothing_uncertain() -> None:
+    ledger = MemoryLedger()
+    ledger.record_load("a", GPU, GI, 0, GI, None)
+    ledger.record_load("b", GPU, GI, GI, 4 * GI, None)
+    ledger.record_unload("a", 4 * GI, 3 * GI)
+    ledger.record_unload("b", 3 * GI, GI // 4)  # what is left is Triton's, nobody's model
+    entry, _ = ledger.record_load("c", GPU, GI, GI // 4, GI // 4 + 3 * GI, None)
+    assert entry.bytes == 3 * GI and ledger.uncertainty("c") == 0
+
+
+def test_triton_s_own_figure_is_sure_and_never_lowered_by_nvml() -> None:
+    ledger = MemoryLedger()
+    entry, _ = ledger.record_load("t", GPU, GI, 0, 3 * GI, 2 * GI)
+    assert (entry.bytes, entry.source, ledger.uncertainty("t")) == (2 * GI, "triton", 0)
+    ledger.observe_gpu(reading(GI))
+    assert ledger.measured("t") == 2 * GI
+
+
+def test_models_found_loaded_after_a_restart_make_their_gpu_shared_and_unsure() -> None:
+    """The agent restarts with a model loaded: its load was never read, so a neighbour loading
+    beside it is measured as shared, and nothing on the GPU can be evicted on NVML's word."""
+    ledger = MemoryLedger()
+    ledger.observe_gpu(reading(3 * GI))  # before adoption: the old model looks like baseline
+    ledger.adopt("old", GPU, GI)
+    entry, rest = ledger.record_load("new", GPU, GI, 3 * GI, 6 * GI, None)
+    assert entry.bytes == GI and rest is not None and rest.grown == 2 * GI
+    ledger.record_unload("new", 6 * GI, 5 * GI)
+    ledger.observe_gpu(reading(8 * GI))
+    [over] = ledger.over()
+    assert over.model.model_id == "old" and not over.sure(ledger.allowed(GI))
+
+
+def test_a_reload_in_place_keeps_what_the_model_held() -> None:
+    """Triton reloads a loaded model in place: the GPU barely changes, and the model's memory
+    is still its own, not the GPU's baseline."""
+    ledger = MemoryLedger()
+    ledger.record_load("a", GPU, GI, 0, 2 * GI, None)
+    entry, _ = ledger.record_load("a", GPU, GI, 2 * GI, 2 * GI + GI // 2, None)
+    assert entry.bytes == 2 * GI + GI // 2
+    ledger.observe_gpu(reading(3 * GI))
+    assert ledger.measured("a") == 3 * GI
+
+
+def test_a_load_beside_an_unload_that_keeps_bytes_is_never_sure_of_them() -> None:
+    ledger = MemoryLedger()
+    ledger.observe(GpuSnapshot((reading(0),)))
+    ledger.record_load("sleeper", GPU, 4 * GI, 0, 4 * GI, None)
+    # One window: the sleeper's unload frees all but 1Gi; the waker loads its 2Gi.
+    ledger.record_unload("sleeper", 4 * GI, 0)  # billed as freeing its figure
+    entry, rest = ledger.record_load("waker", GPU, 2 * GI, 0, 3 * GI, None, beside=("sleeper",))
+    assert entry.bytes == 2 * GI and ledger.uncertainty("waker") == GI
+    assert rest is not None and (rest.grown, rest.models) == (GI, ("sleeper",))
+    # Alone on the GPU, the waker's figure takes the kept GiB, but it can never evict it.
+    ledger.observe(GpuSnapshot((reading(3 * GI),)))
+    [over] = ledger.over()
+    assert over.model.model_id == "waker" and not over.sure(ledger.allowed(2 * GI))

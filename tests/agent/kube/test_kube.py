@@ -1,0 +1,137 @@
+"""The Kubernetes adapter against sim/ through the official client: the pod watch keeps going
+across server-side watch timeouts, sees only this node's pods and relists when its
+resourceVersion is too old (410 Expired); token reviews."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from agent.errors import KubeError
+from agent.kube.client import KubeClient
+from sim.apiserver import RunningApiServer, start_in_thread
+from sim.apiserver.faults import Fault
+from sim.apiserver.settings import ApiServerSettings
+from tests.agent.conftest import NODE, eventually, make_pod
+
+
+async def test_the_pod_watch_survives_watch_timeouts_and_filters_by_node(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kubeconfig: Path
+) -> None:
+    make_pod(kube_api, "before", "m0")
+    listed: list[list[str]] = []
+    events: list[tuple[str, str]] = []
+
+    def on_list(items: list[dict[str, Any]]) -> None:
+        listed.append([i["metadata"]["name"] for i in items])
+
+    def on_event(kind: str, obj: dict[str, Any]) -> None:
+        events.append((kind, obj["metadata"]["name"]))
+
+    kube = KubeClient(str(kubeconfig))
+    watch = kube.watch_pods(NODE, on_list, on_event, timeout_seconds=1)
+    try:
+        await eventually(lambda: bool(listed), what="the first list")
+        assert listed[0] == ["before"]
+        # Outlive a few server-side watch timeouts (each one a new watch call) first.
+        await eventually(
+            lambda: sum(1 for r in apiserver.audit if r.verb == "watch") >= 3,
+            what="the watch to be renewed after server-side timeouts",
+        )
+        make_pod(kube_api, "after", "m1")
+        make_pod(kube_api, "other", "m2", node="another-node")
+        kubernetes.client.CoreV1Api(kube_api).delete_namespaced_pod(
+            "before", "default", grace_period_seconds=0
+        )
+        await eventually(
+            lambda: ("ADDED", "after") in events and ("DELETED", "before") in events,
+            what="the watch to report the new and the deleted pod",
+        )
+        assert all(name != "other" for _, name in events)
+        assert len(listed) == 1, "a watch timeout resumes from its resourceVersion, no relist"
+    finally:
+        watch.stop()
+        await kube.close()
+
+
+async def test_the_pod_watch_relists_quietly_when_its_version_expired(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server keeps 5 events and sends no bookmarks: ten pods created on another node (which
+    this watch never sees) push its resourceVersion out of the history, so its next watch gets
+    410 Expired; the watch lists again at once, without the warning and back-off of a failure,
+    and goes on reporting this node's pods."""
+    caplog.set_level(logging.WARNING, logger="agent.kube.client")
+    settings = ApiServerSettings(history_size=5, bookmark_interval_seconds=3600)
+    server = start_in_thread(settings=settings)
+    api = server.api_client()
+    kube = KubeClient(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+    listed: list[list[str]] = []
+    events: list[tuple[str, str]] = []
+    watch = kube.watch_pods(
+        NODE,
+        lambda items: listed.append([i["metadata"]["name"] for i in items]),
+        lambda kind, obj: events.append((kind, obj["metadata"]["name"])),
+        timeout_seconds=1,
+    )
+    try:
+        await eventually(lambda: bool(listed), what="the first list")
+        make_pod(api, "before", "m0")
+        await eventually(lambda: ("ADDED", "before") in events, what="the first pod's event")
+        for n in range(10):
+            make_pod(api, f"elsewhere-{n}", "m1", node="another-node")
+        await eventually(lambda: len(listed) >= 2, what="a relist after 410 Expired")
+        assert listed[0] == [] and listed[1] == ["before"]
+        make_pod(api, "after", "m2")
+        await eventually(lambda: ("ADDED", "after") in events, what="the new pod's event")
+        assert all(not name.startswith("elsewhere") for _, name in events)
+        assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text
+    finally:
+        watch.stop()
+        await kube.close()
+        api.close()  # type: ignore[no-untyped-call]
+        server.stop()
+
+
+async def test_token_review_reports_the_pod_of_a_projected_token(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kubeconfig: Path
+) -> None:
+    pod = make_pod(kube_api, "p", "m")
+    token = apiserver.mint_token("default", "p")
+    kube = KubeClient(str(kubeconfig))
+    try:
+        review = await kube.review_token(token, "tritonshare-agent")
+        wrong = await kube.review_token(token, "another-audience")
+        missing = await kube.get_pod("default", "nope")
+    finally:
+        await kube.close()
+    assert review.authenticated
+    assert review.username == "system:serviceaccount:default:default"
+    assert review.extra["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
+    assert not wrong.authenticated and "audience" in wrong.error
+    assert missing is None
+
+
+async def test_a_hanging_api_server_fails_a_call_after_the_timeout_not_never(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kubeconfig: Path
+) -> None:
+    """A call that gets no answer ends with KubeError, so the lease loop and the other
+    callers on the agent's few API threads go on (the API server held it 30 s)."""
+    make_pod(kube_api, "p", "m")
+    # Every attempt hangs (urllib3 repeats a GET whose answer timed out).
+    apiserver.faults.arm(Fault(503, times=100, resource="pods", verb="get", delay_seconds=30))
+    kube = KubeClient(str(kubeconfig), request_timeout=(1.0, 0.5))
+    try:
+        started = time.monotonic()
+        with pytest.raises(KubeError, match="unreachable while trying to read pod default/p"):
+            await kube.get_pod("default", "p")
+        assert time.monotonic() - started < 10
+        apiserver.faults.clear()
+        assert await kube.get_pod("default", "p") is not None
+    finally:
+        await kube.close()

@@ -1,0 +1,164 @@
+"""agent.models.probationhold with agent.pods.callertable: while a watched load is under way, and
+for a while after it ends, the caller table marks probationers held (and nobody else); a load that
+begins the hold waits until the gateway's activity table shows them held with nothing at Triton
+(bounded); with no probationer, nothing waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from agent.models.probationhold import TRIAL_MARGIN_SECONDS, ProbationHold, drained
+from agent.pods.callertable import CallerPublisher
+from common.activity import Activity, ActivityTable
+from common.callers import read_table
+from tests.agent.pods.test_gateway_table import pod
+
+
+def test_drained_needs_a_table_written_since_the_hold_that_shows_each_held_model_empty() -> None:
+    empty, busy = Activity(1, 5.0, 0, True), Activity(1, 5.0, 1, True)
+    assert drained([], None, 10.0), "nobody held: nothing to wait for"
+    assert not drained(["a"], None, 10.0), "no table: not known"
+    assert not drained(["a"], ActivityTable(9.0, {"a": empty}), 10.0), "written before the hold"
+    assert not drained(["a"], ActivityTable(11.0, {"a": busy}), 10.0), "a request at Triton"
+    unheld = Activity(0, 5.0, 0, False)
+    assert not drained(["a"], ActivityTable(11.0, {"a": unheld}), 10.0), "not held yet"
+    assert not drained(["a", "b"], ActivityTable(11.0, {"a": empty}), 10.0), "b not shown"
+    assert drained(["a"], ActivityTable(11.0, {"a": empty, "c": busy}), 10.0)
+
+
+async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
+    tmp_path: Path,
+) -> None:
+    owners = {"a-private": pod("a", "10.1.0.5"), "b-private": pod("b", "10.1.0.6")}
+    probation = {"team/a"}
+    table = tmp_path / "callers.json"
+    hold = ProbationHold(0.3, drain_seconds=5.0)
+    publisher = CallerPublisher(
+        table, "node-1", lambda: owners, probation=probation.__contains__, held=hold.holds
+    )
+    hold.on_change = publisher.publish
+    asked: list[list[str]] = []
+    gateway_done = asyncio.Event()
+
+    def gateway_drained(since: float) -> bool:
+        asked.append(publisher.held_names())
+        return gateway_done.is_set()
+
+    hold.drained = gateway_drained
+    publisher.publish()
+
+    def held() -> dict[str, bool]:
+        return {c.pod: c.held for c in read_table(table).callers}
+
+    assert held() == {"team/a": False, "team/b": False}
+    beginning = asyncio.get_running_loop().create_task(hold.begin("team/b"))
+    await asyncio.sleep(0.3)
+    assert not beginning.done(), "the load waits for the gateway to drain the probationer"
+    assert held() == {"team/a": True, "team/b": False}, "probationers only"
+    assert asked and asked[-1] == ["a-private"]
+    gateway_done.set()
+    await asyncio.wait_for(beginning, 5)
+    await asyncio.wait_for(hold.begin("team/b"), 1)  # a second one while held: drained already
+    hold.end("team/b")
+    hold.end("team/b")
+    assert hold.holding() and held()["team/a"]
+    deadline = time.monotonic() + 10
+    while held()["team/a"]:
+        assert time.monotonic() < deadline, "the hold never ended"
+        await asyncio.sleep(0.05)
+    assert not hold.holding()
+    # A gateway that never answers bounds the wait.
+    gateway_done.clear()
+    hold.drain_seconds = 0.2
+    await asyncio.wait_for(hold.begin("team/b"), 5)
+    hold.end("team/b")
+
+
+async def test_a_probationers_own_settling_load_does_not_hold_it() -> None:
+    """In flight, a probationer's own load holds it (its requests would explain the exit);
+    ended, only another pod's load does (an exit beside its own counts against its requests)."""
+    hold = ProbationHold(5.0)
+    await hold.begin("team/a")
+    assert hold.holds("team/a") and hold.holds("team/b")
+    hold.end("team/a")
+    assert not hold.holds("team/a") and hold.holds("team/b")
+    await hold.begin("team/b")
+    hold.end("team/b")
+    assert hold.holds("team/a") and hold.holds("team/b"), "each held for the other's load"
+
+
+async def test_no_hold_when_it_is_off() -> None:
+    hold = ProbationHold(0.0)
+    hold.drained = lambda since: False
+    await asyncio.wait_for(hold.begin("team/b"), 1.0)
+    assert not hold.holding()
+    hold.end("team/b")
+    assert not hold.holding()
+
+
+async def test_a_suspects_trial_holds_until_its_settling_window_is_over_and_says_so() -> None:
+    """A suspect's load (a trial) holds the other probationers, marked `trial`, while in flight
+    and through its settling window and the margin after, not just `hold_seconds`; a plain
+    load's hold is no trial. Its own pod is not held after it, as for any load."""
+    now = [0.0]
+    hold = ProbationHold(1.0, clock=lambda: now[0])
+    await hold.begin("team/a")
+    assert hold.holding() and not hold.trial()
+    hold.end("team/a")
+    await hold.begin("team/s", trial=True)
+    assert hold.trial() and hold.holds("team/b")
+    hold.end("team/s", trial=True, settle_seconds=8.0)
+    now[0] = 5.0
+    assert hold.trial() and hold.holds("team/b") and not hold.holds("team/s")
+    now[0] = 8.0 + TRIAL_MARGIN_SECONDS - 0.1
+    assert hold.trial() and hold.holds("team/b")
+    now[0] = 8.0 + TRIAL_MARGIN_SECONDS + 0.1
+    assert not hold.trial() and not hold.holds("team/b")
+    # A trial whose load was refused (no READY) holds as a plain load does, after it.
+    await hold.begin("team/s", trial=True)
+    hold.end("team/s", trial=True)
+    assert hold.holds("team/b") and not hold.trial()
+
+
+async def test_a_namespaces_next_trial_waits_as_long_as_its_last_one_refused() -> None:
+    """A namespace's trials refuse probationers at most half the time: its next begins only as
+    long after the last one's refusal ended as that refusal lasted; another namespace's goes at
+    once, and trials go one at a time."""
+    now = [100.0]
+    hold = ProbationHold(1.0, clock=lambda: now[0])
+    await hold.trial_turn("team-a")
+    await hold.begin("team-a/s-1", trial=True)
+    now[0] = 101.0  # READY after 1 s
+    hold.end("team-a/s-1", trial=True, settle_seconds=5.0)
+    refused = 1.0 + 5.0 + TRIAL_MARGIN_SECONDS
+    assert hold.trial_wait("team-a") == 100.0 + 2 * refused - now[0]
+    assert hold.trial_wait("team-b") == 0.0
+    await hold.trial_turn("team-b")
+    other = asyncio.get_running_loop().create_task(hold.trial_turn("team-c"))
+    await asyncio.sleep(0)
+    assert not other.done(), "one trial at a time"
+    hold.trial_over()  # team-b's never began
+    await asyncio.wait_for(other, 5)
+
+
+async def test_the_caller_table_marks_held_rows_of_a_trial(tmp_path: Path) -> None:
+    owners = {"a-private": pod("a", "10.1.0.5"), "b-private": pod("b", "10.1.0.6")}
+    table = tmp_path / "callers.json"
+    hold = ProbationHold(5.0)
+    publisher = CallerPublisher(
+        table,
+        "node-1",
+        lambda: owners,
+        probation={"team/a"}.__contains__,
+        held=hold.holds,
+        trial=hold.trial,
+    )
+    hold.on_change = publisher.publish
+    await hold.begin("team/b", trial=True)
+    rows = {c.pod: (c.held, c.trial) for c in read_table(table).callers}
+    assert rows == {"team/a": (True, True), "team/b": (False, False)}
+    hold.end("team/b", trial=True)
+    rows = {c.pod: (c.held, c.trial) for c in read_table(table).callers}
+    assert rows == {"team/a": (True, False), "team/b": (False, False)}, "held, no trial"

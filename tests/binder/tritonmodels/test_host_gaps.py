@@ -1,0 +1,275 @@
+"""What a platform team meets first with model hosts, at the binder, against the simulated API
+server through the official client: a TritonModel's storage Secret reaches its hosts' loader
+alone, named in its own namespace only; a host that lacks what the binder would build now (a
+Secret it does not mount) is replaced, one host of a namespace at a time."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from common.contract import Keys
+from common.hosted import (
+    HostedError,
+    decode_hosted,
+    host_name,
+    host_storage_problem,
+)
+from tests.binder.objects import GI
+from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.binder.tritonmodels import test_tritonmodels
+from tests.binder.tritonmodels.test_model_hosts import HOST_READY, hosted
+from tests.binder.tritonmodels.test_tritonmodels import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    hosts,
+    kubelet_removes_deleted,
+    loaded_types,
+    model,
+    placed,
+    read,
+)
+
+apiserver = test_tritonmodels.apiserver
+custom = test_tritonmodels.custom
+SECRET_DIR = "/var/secrets/storage"
+KEYS = Keys()
+TEMPLATE = "tritonshare.io/host-template"
+
+
+def private(name: str, replicas: int, secret: str = "creds") -> dict[str, Any]:  # noqa: S107
+    obj = model(name, replicas)
+    obj["spec"]["storageSecret"] = secret
+    return obj
+
+
+def condition(custom: Any, name: str, kind: str) -> dict[str, Any]:
+    conditions = (read(custom, name).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+def terminating(core: Any) -> list[str]:
+    """The nodes of the hosts being deleted."""
+    pods = core.list_namespaced_pod("default").items
+    return [p.spec.node_name for p in pods if p.metadata.deletion_timestamp]
+
+
+def ready_with(custom: Any, name: str, reason: str) -> dict[str, Any]:
+    """The model's Ready condition once its reason is `reason`, else {}."""
+    found = condition(custom, name, "Ready")
+    return found if found.get("reason") == reason else {}
+
+
+def loaded(core: Any, node: str, *models: str) -> None:
+    """What the agent writes on the host on `node` once it serves `models`."""
+    conditions = [
+        {"type": loaded, "status": "True", "reason": "ModelReady"}
+        for m in models
+        for loaded in loaded_types(core, node, m)
+    ] + [HOST_READY]
+    core.patch_namespaced_pod_status(
+        host_name(node),
+        "default",
+        {"status": {"conditions": conditions}},
+        _content_type="application/strategic-merge-patch+json",
+    )
+
+
+async def test_a_storage_secret_is_mounted_in_its_hosts_loader_alone(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("bert", 1))
+    host = (await eventually(lambda: hosts(core), what="the host"))["n1"]
+    spec = core.api_client.sanitize_for_serialization(host)["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    # Optional: a Secret that does not exist fails its own replicas' fetch, not the host.
+    # KServe's keys for s3://, gs:// and https:// storage, each optional.
+    names = (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "gcloud-application-credentials.json",
+        "https-host",
+        "headers",
+    )
+    keys = [{"key": k, "path": f"creds/{k}"} for k in names]
+    assert volumes["storage-secrets"] == {
+        "name": "storage-secrets",
+        "projected": {"sources": [{"secret": {"name": "creds", "optional": True, "items": keys}}]},
+    }
+    loader, proxy = spec["containers"]
+    mount = {"name": "storage-secrets", "mountPath": SECRET_DIR, "readOnly": True}
+    assert mount in loader["volumeMounts"]
+    assert f"--storage-secret-dir={SECRET_DIR}" in loader["args"]
+    assert all(m["name"] != "storage-secrets" for m in proxy["volumeMounts"]), "none in the proxy"
+    assert [e.get("storageSecret") for e in hosted(host)] == ["creds"]
+
+
+@pytest.mark.parametrize("secret", ["team-a/creds", "../team-a", "Creds", "a" * 254])
+async def test_a_storage_secret_is_named_in_the_models_own_namespace_only(
+    kube_api: kubernetes.client.ApiClient, custom: Any, secret: str
+) -> None:
+    """A Secret volume has no namespace (the kubelet reads the pod's own), and no name with a
+    slash gets as far as a host: the schema refuses it, and the agent refuses it in a host's
+    annotation (which the namespace can edit)."""
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, private("bert", 1, secret)
+        )
+    assert refused.value.status == 422
+    assert "spec.storageSecret" in json.loads(str(refused.value.body))["message"]
+    forged = json.dumps([{"model": "bert", "uid": "u", "replica": 0, "storageSecret": secret}])
+    with pytest.raises(HostedError, match="is not a Secret name"):
+        decode_hosted(forged)
+    assert "is not a Secret name" in host_storage_problem("https://h/m.tar.gz", secret)
+
+
+def test_a_credential_goes_over_https_only() -> None:
+    """The schema takes no http:// storageUri; the binder's rule holds without it too."""
+    assert "not plain http://" in host_storage_problem(
+        "http://models.example.com/x.tar.gz", "creds"
+    )
+    assert host_storage_problem("https://models.example.com/x.tar.gz", "creds") == ""
+    assert "cannot read a PersistentVolumeClaim" in host_storage_problem("pvc://claim/m")
+    assert host_storage_problem("s3://models/resnet", "creds") == ""
+    assert host_storage_problem("gs://models/resnet", "creds") == ""
+
+
+async def test_a_host_lacking_a_new_models_secret_is_replaced_one_at_a_time(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """The roll: the host of one node is deleted (its proxy drains as it terminates) and
+    created anew with the Secret once gone; the other node's waits until the new host serves
+    its replicas, so a model with a replica on each node stays served."""
+    for node in ("n1", "n2"):
+        add_node(kube_api, node, [16 * GI])
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
+    await eventually(lambda: placed(custom, "resnet", 2), what="resnet placed")
+    before = await eventually(lambda: len(hosts(core)) == 2 and hosts(core), what="2 hosts")
+    for node in before:
+        loaded(core, node, "resnet")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("bert", 2))
+    await eventually(lambda: placed(custom, "bert", 2), what="bert placed")
+
+    [first] = await eventually(functools.partial(terminating, core), what="one host replaced")
+    [other] = set(before) - {first}
+    assert hosts(core)[other].metadata.uid == before[other].metadata.uid, "one at a time"
+    kubelet_removes_deleted(core)
+    again = await eventually(
+        lambda: first in hosts(core) and hosts(core)[first], what="the new host"
+    )
+    assert again.metadata.uid != before[first].metadata.uid
+    [volume] = [v for v in again.spec.volumes if v.name == "storage-secrets"]
+    assert [s.secret.name for s in volume.projected.sources] == ["creds"]
+    assert sorted(e["model"] for e in hosted(again)) == ["bert", "resnet"]
+    # The other host keeps serving until the new one serves its replicas.
+    assert not terminating(core)
+    loaded(core, first, "resnet", "bert")
+    await eventually(functools.partial(terminating, core), what="then the other host")
+    assert terminating(core) == [other]
+
+
+async def test_a_host_the_api_server_refuses_is_in_each_models_ready_condition(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """Both models placed on the node say why they are not served, in the API server's words:
+    their Ready condition (reason FailedCreate), their placement's message and one Warning Event
+    each, until the host fits and is created."""
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    quota = {"metadata": {"name": "count"}, "spec": {"hard": {"pods": "1"}}}
+    core.create_namespaced_resource_quota("default", quota)
+    core.create_namespaced_pod(
+        "default",
+        {"metadata": {"name": "other"}, "spec": {"containers": [{"name": "m", "image": "x"}]}},
+    )
+    for name in ("bert", "resnet"):
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model(name, 1))
+    name = host_name("n1")
+    words = (
+        f'the binder cannot create model host {name} on node n1: pods "{name}" is forbidden: '
+        "exceeded quota: count, requested: pods=1, used: pods=1, limited: pods=1"
+    )
+    for model_name in ("bert", "resnet"):
+        ready = await eventually(
+            functools.partial(ready_with, custom, model_name, "FailedCreate"),
+            what=f"{model_name}'s Ready condition",
+        )
+        assert ready["status"] == "False"
+        assert ready["message"] == f"0 of 1 replicas ready; replica 0 on n1: {words}"
+        [placement] = read(custom, model_name)["status"]["placements"]
+        assert (placement["ready"], placement["message"]) == (False, words)
+        assert condition(custom, model_name, "Placed")["status"] == "True", "placed all the same"
+
+    def events(model_name: str) -> list[Any]:
+        selector = f"involvedObject.name={model_name}"
+        return [
+            (e.type, e.reason, e.message)
+            for e in core.list_namespaced_event("default", field_selector=selector).items
+            if e.reason != "Scheduled"
+        ]
+
+    for model_name in ("bert", "resnet"):
+        await eventually(functools.partial(events, model_name), what=f"{model_name}'s Event")
+        assert events(model_name) == [("Warning", "FailedCreate", words)], "one, no other"
+
+    core.patch_namespaced_resource_quota("count", "default", {"spec": {"hard": {"pods": "2"}}})
+    await eventually(lambda: "n1" in hosts(core), what="the host once the quota allows it")
+    past = "0 of 1 replicas ready; replica 0 on n1: not loaded on its model host yet"
+
+    def settled(model_name: str) -> bool:
+        # A status written as the host was being created may say "not created yet" first.
+        found = ready_with(custom, model_name, "ReplicasNotReady")
+        return found.get("message") == past
+
+    for model_name in ("bert", "resnet"):
+        await eventually(
+            functools.partial(settled, model_name),
+            what=f"{model_name}'s condition past the refusal: {past}",
+        )
+    assert len(events("bert")) == 1, "one Event per refusal, not one per retry"
+
+
+async def test_hosts_made_from_another_template_are_replaced_one_at_a_time(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A binder upgraded to another --host-image replaces the hosts the old one made, node by
+    node; labels and replicas written meanwhile never pass for the new template."""
+    for node in ("n1", "n2"):
+        add_node(kube_api, node, [16 * GI])
+    old = await make_binder(host_image="tritonshare:1.0")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
+    before = await eventually(lambda: len(hosts(core)) == 2 and hosts(core), what="2 hosts")
+    made = {n: h.metadata.annotations[TEMPLATE] for n, h in before.items()}
+    assert len(set(made.values())) == 2, "a hash per node"
+    for node in before:
+        loaded(core, node, "resnet")
+    await eventually(lambda: read(custom, "resnet")["status"].get("readyReplicas") == 2)
+    await make_binder.stop(old)
+
+    await make_binder(host_image="tritonshare:1.1")
+    [first] = await eventually(functools.partial(terminating, core), what="one old host replaced")
+    [other] = set(before) - {first}
+    assert hosts(core)[other].metadata.uid == before[other].metadata.uid, "one at a time"
+    assert hosts(core)[other].metadata.annotations[TEMPLATE] == made[other], "never patched"
+    kubelet_removes_deleted(core)
+    again = await eventually(lambda: hosts(core).get(first), what="the new host")
+    assert {c.image for c in again.spec.containers} == {"tritonshare:1.1"}
+    assert again.metadata.annotations[TEMPLATE] != made[first]
+    assert not terminating(core), "the other waits for the new host to serve"
+    loaded(core, first, "resnet")
+    await eventually(functools.partial(terminating, core), what="then the other host")
+    kubelet_removes_deleted(core)
+    last = await eventually(lambda: hosts(core).get(other), what="its new host")
+    assert {c.image for c in last.spec.containers} == {"tritonshare:1.1"}
+    loaded(core, other, "resnet")
+    await eventually(lambda: read(custom, "resnet")["status"].get("readyReplicas") == 2)
+    assert not terminating(core), "up to date: nothing more replaced"
