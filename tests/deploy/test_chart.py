@@ -535,7 +535,7 @@ def test_toggles_leave_out_what_they_name() -> None:
 
 
 def test_the_binder_may_evict_only_with_preemption_or_consolidate_moves_set() -> None:
-    """binder.framework.preemption (on by default) and binder.consolidateMoves above 0 each grant
+    """binder.preemption (on by default) and binder.consolidateMoves above 0 each grant
     create on pods/eviction and pass their flag; with both off, no eviction is granted."""
     for preemption, moves, granted in (
         (True, 0, True),
