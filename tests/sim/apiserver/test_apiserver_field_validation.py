@@ -61,7 +61,7 @@ def _model(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _refusal(error: ApiException) -> tuple[int, str]:
-    return error.status, json.loads(error.body)["message"]
+    return error.status, json.loads(error.body or "{}")["message"]
 
 
 def _send(

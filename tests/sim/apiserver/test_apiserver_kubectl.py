@@ -236,9 +236,9 @@ def test_kubectl_apply_refuses_an_unknown_field_in_the_servers_words(
     )
     refused = _kubectl_refused(kubeconfig, "apply", "-f", str(manifest))
     assert refused == (
-        'Error from server (BadRequest): error when creating "{}": TritonModel in version'
+        f'Error from server (BadRequest): error when creating "{manifest}": TritonModel in version'
         ' "v1alpha1" cannot be handled as a TritonModel: strict decoding error: unknown field'
-        ' "spec.replica"\n'.format(manifest)
+        ' "spec.replica"\n'
     )
     # --validate=false sends Ignore: the field is dropped and the model created.
     (said,) = _kubectl(kubeconfig, "apply", "--validate=false", "-f", str(manifest))
@@ -246,8 +246,8 @@ def test_kubectl_apply_refuses_an_unknown_field_in_the_servers_words(
     # On an existing model, apply's merge patch is refused in the patch's words.
     refused = _kubectl_refused(kubeconfig, "apply", "-f", str(manifest))
     assert refused.rstrip().endswith(
-        'for: "{}": error when patching "{}": strict decoding error:'
-        ' unknown field "spec.replica"'.format(manifest, manifest)
+        f'for: "{manifest}": error when patching "{manifest}": strict decoding error:'
+        ' unknown field "spec.replica"'
     )
 
 
