@@ -17,7 +17,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sim.apiserver import customresources, priority, services, validation, workloads
+from sim.apiserver import (
+    customresources,
+    fieldvalidation,
+    priority,
+    services,
+    validation,
+    workloads,
+)
 from sim.apiserver import patch as patches
 from sim.apiserver.clock import Clock, rfc3339
 from sim.apiserver.errors import (
@@ -140,6 +147,7 @@ class Registry:
             )
         body["kind"] = resource.kind
         body["apiVersion"] = resource.api_version
+        fieldvalidation.prune_metadata(body)
         # A custom object's fields are its schema's to check (`_validate`).
         problem = None if resource.custom else validation.decoding_error(resource, body)
         if problem is not None:
@@ -358,7 +366,9 @@ class Registry:
         raw: bytes,
         subresource: str = "",
         admit: Admit = admit_all,
+        fields: fieldvalidation.FieldValidation | None = None,
     ) -> Stored:
+        """PATCH; `fields` checks the patched object's fields (the request's fieldValidation)."""
         current = self.get(resource, namespace, name)
         media = content_type.split(";")[0].strip().lower()
         if resource.custom is not None and media == patches.STRATEGIC_MERGE_PATCH:
@@ -367,6 +377,8 @@ class Registry:
                 content_type, [patches.JSON_PATCH, patches.MERGE_PATCH, patches.APPLY_PATCH]
             )
         result = apply_patch(current.copy(), content_type, raw)
+        if fields is not None:
+            fields.check_patched(resource, content_type, raw, result)
         obj = self._check_body(resource, result)
         meta = obj["metadata"]
         if meta.get("name") != name or (resource.namespaced and meta.get("namespace") != namespace):

@@ -27,7 +27,9 @@ from sim.apiserver import (
     customresources,
     discovery,
     eviction,
+    fieldvalidation,
     listing,
+    openapi,
     podlogs,
     quota,
     tables,
@@ -165,6 +167,22 @@ async def _body(request: web.Request) -> Any:
         raise bad_request(f"the request body is not valid JSON: {e}") from e
 
 
+async def _checked_body(
+    request: web.Request, resource: Resource, fields: fieldvalidation.FieldValidation
+) -> Any:
+    """The body of a create or update, its fields checked as the request's fieldValidation
+    asks."""
+    raw = await request.read()
+    if not raw:
+        raise bad_request("the request body is empty; send the object as JSON")
+    try:
+        body, duplicates = fieldvalidation.loads(raw)
+    except ValueError as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from e
+    fields.check_object(resource, body, duplicates)
+    return body
+
+
 def _int_param(request: web.Request, name: str) -> int | None:
     value = request.query.get(name)
     if value is None or value == "":
@@ -294,6 +312,13 @@ class Handlers:
 
         return admit
 
+    @staticmethod
+    def _fields(request: web.Request) -> fieldvalidation.FieldValidation:
+        """Field validation for this request's write, as its `fieldValidation` parameter asks;
+        warnings go to the response's Warning headers."""
+        directive = fieldvalidation.parse_directive(request.query.get("fieldValidation"))
+        return fieldvalidation.FieldValidation(directive, request[WARNINGS_KEY])
+
     def _record(self, request: web.Request, info: RequestInfo, arrived: float, code: int) -> None:
         user = request.get(USER_KEY)
         # Requests without credentials are recorded with no user, as before admission knew them.
@@ -377,15 +402,17 @@ class Handlers:
             return await self._watch(request, resource, info)
         if verb == "create":
             registry = self.core.registry
-            obj, causes = registry.prepare_create(resource, namespace, await _body(request))
+            body = await _checked_body(request, resource, self._fields(request))
+            obj, causes = registry.prepare_create(resource, namespace, body)
             # Mutating admission: webhooks see the defaulted object, before validation.
             obj = await webhooks.mutate(
                 registry.store, resource, "CREATE", namespace, obj, request[USER_KEY]
             )
             return _object(registry.commit_create(resource, obj, causes, self._admit(request)), 201)
         if verb == "update":
+            body = await _checked_body(request, resource, self._fields(request))
             stored, created = self.core.registry.update(
-                resource, namespace, info.name, await _body(request), admit=self._admit(request)
+                resource, namespace, info.name, body, admit=self._admit(request)
             )
             return _object(stored, 201 if created else 200)
         if verb == "patch":
@@ -396,6 +423,7 @@ class Handlers:
                 request.headers.get("Content-Type", ""),
                 await request.read(),
                 admit=self._admit(request),
+                fields=self._fields(request),
             )
             return _object(stored)
         if verb == "delete":
@@ -482,7 +510,7 @@ class Handlers:
                 resource,
                 namespace,
                 info.name,
-                await _body(request),
+                await _checked_body(request, resource, self._fields(request)),
                 subresource=sub,
                 admit=self._admit(request),
             )
@@ -496,6 +524,7 @@ class Handlers:
                 await request.read(),
                 subresource=sub,
                 admit=self._admit(request),
+                fields=self._fields(request),
             )
             return _object(stored)
         raise method_not_allowed(info.verb, f"{resource.group_resource}/{sub}")
@@ -700,6 +729,20 @@ class Handlers:
             )
         return _json({"swagger": "2.0", "info": {"title": "sim", "version": "v1"}, "paths": {}})
 
+    async def openapi_v3(self, request: web.Request) -> web.Response:
+        """`/openapi/v3`: the group/versions with a document (those serving custom
+        resources)."""
+        return _json(openapi.discovery_document(self.core.catalog))
+
+    async def openapi_v3_group_version(self, request: web.Request) -> web.Response:
+        """`/openapi/v3/apis/<group>/<version>`: the custom resources' schemas and paths."""
+        document = openapi.group_version_document(
+            self.core.catalog, request.match_info["group"], request.match_info["version"]
+        )
+        if document is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        return _json(document)
+
 
 def build_app(core: ApiServerCore) -> web.Application:
     handlers = Handlers(core)
@@ -709,6 +752,8 @@ def build_app(core: ApiServerCore) -> web.Application:
     app.router.add_get("/apis", handlers.root_apis)
     app.router.add_get("/version", handlers.version)
     app.router.add_get("/openapi/v2", handlers.openapi_v2)
+    app.router.add_get("/openapi/v3", handlers.openapi_v3)
+    app.router.add_get("/openapi/v3/apis/{group}/{version}", handlers.openapi_v3_group_version)
     for path in ("/healthz", "/livez", "/readyz"):
         app.router.add_get(path, handlers.health)
     app.router.add_route("*", "/api/{tail:.*}", handlers.api)

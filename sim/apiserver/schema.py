@@ -8,7 +8,8 @@ is checked for `type` (with `nullable` and `x-kubernetes-int-or-string`), `prope
 `minLength`/`maxLength`, `pattern`, `minItems`/`maxItems`, and the CEL rules of
 `x-kubernetes-validations` (`rule` over `self`, with `message` or `messageExpression`; on the
 admission policies' evaluator, sim.apiserver.admission.cel), each failure a (field path, message)
-cause worded as the API server words it. Not implemented: `format`, transition rules (`oldSelf`:
+cause worded as the API server words it; pruning names the fields it drops, for field
+validation (sim.apiserver.fieldvalidation). Not implemented: `format`, transition rules (`oldSelf`:
 skipped), `fieldPath`, `oneOf`/`anyOf`/`allOf`/`not`, list-type and map-type uniqueness. Pure
 functions over JSON; no I/O.
 """
@@ -35,16 +36,20 @@ def _preserves(schema: Schema) -> bool:
     return bool(schema.get("x-kubernetes-preserve-unknown-fields"))
 
 
-def prune(schema: Schema, obj: dict[str, Any]) -> None:
-    """Drop, in place, every field of the object its schema does not declare."""
+def prune(schema: Schema, obj: dict[str, Any]) -> list[str]:
+    """Drop, in place, every field of the object its schema does not declare; returns the
+    paths of the fields dropped (`spec.replica`, `spec.items[0].extra`), as upstream's pruning
+    reports them to field validation."""
     kept = {key: obj[key] for key in _ROOT_KEPT if key in obj}
     for key in _ROOT_KEPT:
         obj.pop(key, None)
-    _prune(schema, obj)
+    dropped: list[str] = []
+    _prune(schema, obj, "", dropped)
     obj.update(kept)
+    return dropped
 
 
-def _prune(schema: Schema, value: Any) -> None:
+def _prune(schema: Schema, value: Any, path: str, dropped: list[str]) -> None:
     if isinstance(value, dict):
         properties: Mapping[str, Schema] = schema.get("properties") or {}
         additional = schema.get("additionalProperties")
@@ -55,16 +60,17 @@ def _prune(schema: Schema, value: Any) -> None:
             if child is None:
                 if not _preserves(schema) and additional is not True:
                     del value[key]
+                    dropped.append(_child(path, key))
                 continue
             if value[key] is None and "default" in child and not child.get("nullable"):
                 del value[key]  # as upstream: a null where a default exists is defaulted
                 continue
-            _prune(child, value[key])
+            _prune(child, value[key], _child(path, key), dropped)
     elif isinstance(value, list):
         items = schema.get("items")
         if isinstance(items, Mapping):
-            for item in value:
-                _prune(items, item)
+            for index, item in enumerate(value):
+                _prune(items, item, f"{path}[{index}]", dropped)
 
 
 def apply_defaults(schema: Schema, value: Any) -> None:

@@ -3,7 +3,9 @@
 The real kubectl binary asks for the Table form: TritonModels print their CRD's printer columns,
 pods their status and (`-o wide`) IP, node, nominated node and readiness gates, events their
 last-seen, type, reason, object and message. Discovery advertises only what is served, so no
-call warns about an API group it cannot read.
+call warns about an API group it cannot read. `kubectl apply` (which asks for Strict field
+validation) is refused an unknown field in the API server's words, and `kubectl explain` reads
+the TritonModel schema from the OpenAPI v3 documents.
 """
 
 from __future__ import annotations
@@ -127,6 +129,20 @@ def _kubectl(kubeconfig: Path, *args: str) -> list[list[str]]:
     return [line.split() for line in result.stdout.splitlines()]
 
 
+def _kubectl_refused(kubeconfig: Path, *args: str) -> str:
+    """What kubectl says on stderr when the command fails (it must fail)."""
+    result = subprocess.run(
+        [require_executable("kubectl"), *args],
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout
+    return result.stderr
+
+
 def test_kubectl_get_tritonmodels_prints_the_crd_columns(kubeconfig: Path) -> None:
     for name in ("tritonmodels", "tm"):
         header, row = _kubectl(kubeconfig, "get", name)
@@ -180,8 +196,7 @@ def test_kubectl_scales_a_tritonmodel_and_watches_it_change(
         "apiVersion: tritonshare.io/v1alpha1\nkind: TritonModel\nmetadata:\n  name: watched\n"
         "spec:\n  storageUri: s3://models/watched\n  gpuMemory: 512Mi\n  residency: on-demand\n"
     )
-    # kubectl 1.20 validates against /openapi/v2, which the simulator does not serve.
-    (said,) = _kubectl(kubeconfig, "apply", "--validate=false", "-f", str(manifest))
+    (said,) = _kubectl(kubeconfig, "apply", "-f", str(manifest))
     assert said == ["tritonmodel.tritonshare.io/watched", "created"]
     watching = subprocess.Popen(
         [require_executable("kubectl"), "get", "tm", "watched", "--watch"],
@@ -205,15 +220,71 @@ def test_kubectl_scales_a_tritonmodel_and_watches_it_change(
         watching.kill()
         watching.communicate()
     manifest.write_text(manifest.read_text().replace("on-demand", "sometimes"))
-    refused = subprocess.run(
-        [require_executable("kubectl"), "apply", "--validate=false", "-f", str(manifest)],
+    refused = _kubectl_refused(kubeconfig, "apply", "-f", str(manifest))
+    assert 'spec.residency: Unsupported value: "sometimes": supported values: "always",' in (
+        refused
+    )
+
+
+def test_kubectl_apply_refuses_an_unknown_field_in_the_servers_words(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "typo.yaml"
+    manifest.write_text(
+        "apiVersion: tritonshare.io/v1alpha1\nkind: TritonModel\nmetadata:\n  name: typo\n"
+        "spec:\n  storageUri: s3://models/typo\n  gpuMemory: 1Gi\n  replica: 3\n"
+    )
+    refused = _kubectl_refused(kubeconfig, "apply", "-f", str(manifest))
+    assert refused == (
+        f'Error from server (BadRequest): error when creating "{manifest}": TritonModel in version'
+        ' "v1alpha1" cannot be handled as a TritonModel: strict decoding error: unknown field'
+        ' "spec.replica"\n'
+    )
+    # --validate=false sends Ignore: the field is dropped and the model created.
+    (said,) = _kubectl(kubeconfig, "apply", "--validate=false", "-f", str(manifest))
+    assert said == ["tritonmodel.tritonshare.io/typo", "created"]
+    # On an existing model, apply's merge patch is refused in the patch's words.
+    refused = _kubectl_refused(kubeconfig, "apply", "-f", str(manifest))
+    assert refused.rstrip().endswith(
+        f'for: "{manifest}": error when patching "{manifest}": strict decoding error:'
+        ' unknown field "spec.replica"'
+    )
+
+
+def test_kubectl_explain_prints_the_tritonmodel_spec_fields(kubeconfig: Path) -> None:
+    result = subprocess.run(
+        [require_executable("kubectl"), "explain", "tritonmodel.spec"],
         env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert refused.returncode == 1
-    assert 'spec.residency: Unsupported value: "sometimes": supported values: "always",' in (
-        refused.stderr
-    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [
+        "GROUP:      tritonshare.io",
+        "KIND:       TritonModel",
+        "VERSION:    v1alpha1",
+    ]
+    assert "FIELD: spec <Object>" in lines
+    fields = {
+        line.split()[0]: line.split()[1:]
+        for line in lines
+        if line.startswith("  ") and "\t" in line
+    }
+    assert fields["storageUri"] == ["<string>", "-required-"]
+    assert fields["replicas"] == ["<integer>"]
+    assert fields["tolerations"] == ["<[]Object>"]
+    assert {"gpuMemory", "residency", "modelName", "affinity"} <= fields.keys()
+    (line,) = (i for i, text in enumerate(lines) if text.startswith("  storageUri"))
+    assert lines[line + 1].strip().startswith("Where the model's files are")
+    top = subprocess.run(
+        [require_executable("kubectl"), "explain", "tm"],
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "metadata\t<ObjectMeta>" in top and "spec\t<Object> -required-" in top
