@@ -148,15 +148,21 @@ class Relay(socketserver.ThreadingUnixStreamServer):
                     connection.shutdown(socket.SHUT_RDWR)
 
 
+INSTALLED_NAME = "nvmlrelay.py"
+"""The relay's file name in the directory it is installed into: Triton's container runs
+`python3 <dir>/nvmlrelay.py` (the chart's and the manifests' command)."""
+
+
 def install(directory: Path) -> list[Path]:
-    """Copy this file and `pynvml` into `directory` (the init container's job): Triton's image
-    runs them with its own Python."""
+    """Copy this file (as `INSTALLED_NAME`) and `pynvml` into `directory` (the init container's
+    job): Triton's image runs them with its own Python."""
     import pynvml  # the one file of nvidia-ml-py, copied as it is
 
     directory.mkdir(parents=True, exist_ok=True)
     copied = []
-    for source in (Path(__file__), Path(pynvml.__file__ or "")):
-        target = directory / source.name
+    sources = ((Path(__file__), INSTALLED_NAME), (Path(pynvml.__file__ or ""), "pynvml.py"))
+    for source, name in sources:
+        target = directory / name
         shutil.copyfile(source, target)
         copied.append(target)
     return copied
