@@ -212,10 +212,16 @@ async def test_it_scales_on_the_hosts_counts_and_yields_to_an_hpa_or_keda(
     counts.concurrency = 0.0
     # Out of panic a 6 s window after the last surge, then the stable window empties.
     await eventually(lambda: replicas(custom, "resnet") == 1, within=40, what="back to 1")
-    events = core.list_namespaced_event("default", field_selector="involvedObject.name=resnet")
-    rescales = [e.message for e in events.items if e.reason == "SuccessfulRescale"]
-    assert any(m.startswith("New size: 3; reason: concurrency") for m in rescales), rescales
-    assert any(m.startswith("New size: 1;") for m in rescales), rescales
+
+    def rescales() -> list[str]:
+        events = core.list_namespaced_event("default", field_selector="involvedObject.name=resnet")
+        return [e.message for e in events.items if e.reason == "SuccessfulRescale"]
+
+    # The scale is written first, its Event after it: wait for the Event rather than race it.
+    await eventually(
+        lambda: any(m.startswith("New size: 1;") for m in rescales()), what="the Event of 1"
+    )
+    assert any(m.startswith("New size: 3; reason: concurrency") for m in rescales()), rescales()
 
     # An HPA on the model: the built-in autoscaler stays off, whatever the load.
     custom.create_namespaced_custom_object(
