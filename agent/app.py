@@ -383,14 +383,20 @@ class Agent:
         """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails
         says so whatever its phase (a pod in its loader has no condition yet). A model host's
         replica (`<model>/<ordinal>`) only says so: its host serves the others."""
+        known = self.pods.by_key.get(f"{namespace}/{name}")
+        was = known.model_loaded[0] or None if known is not None else None
         model, replica, _ = name.rpartition("/")
         if replica:
             host = host_name(self.settings.node_name)
             condition = loaded_condition(self.settings.keys, model, int(replica))
-            await self.kube.set_pod_condition(namespace, host, condition, "False", reason, message)
+            await self.kube.set_pod_condition(
+                namespace, host, condition, "False", reason, message, was=was
+            )
             return
         condition = self.settings.keys.model_loaded
-        await self.kube.set_pod_condition(namespace, name, condition, "False", reason, message)
+        await self.kube.set_pod_condition(
+            namespace, name, condition, "False", reason, message, was=was
+        )
         await self.kube.fail_pod(namespace, name, reason, message)
 
     def _requests_quarantined(self) -> None:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 import urllib3
@@ -29,6 +29,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from agent import __version__
 from agent.errors import KubeError
 from agent.pods.podturns import PodTurns
+from common.conditions import Condition, condition_patch
 from common.events import EventAggregator, EventWrite, node_event, pod_event
 
 log = logging.getLogger(__name__)
@@ -262,23 +263,21 @@ class KubeClient:
         )
 
     async def set_pod_condition(
-        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+        self,
+        namespace: str,
+        name: str,
+        condition_type: str,
+        status: str,
+        reason: str,
+        message: str,
+        *,
+        was: str | None = None,
     ) -> None:
         """Set one condition on a pod's status (a strategic-merge patch: merged by type, the
-        pod's other conditions untouched), as the kubelet sets Ready."""
-        body = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": condition_type,
-                        "status": status,
-                        "reason": reason,
-                        "message": message[:1024],
-                        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    }
-                ]
-            }
-        }
+        pod's other conditions untouched), as the kubelet sets Ready. `was`: its status as last
+        seen (None: not known); while the status stays, its lastTransitionTime is kept."""
+        condition = Condition(condition_type, status, reason, message[:1024])
+        body = {"status": {"conditions": [condition_patch(condition, was)]}}
         await self._call(
             f"set {condition_type}={status} on pod {namespace}/{name}",
             self.core.patch_namespaced_pod_status,

@@ -93,7 +93,15 @@ class Hosts(Protocol):
 
 class ConditionWriter(Protocol):
     async def set_pod_condition(
-        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+        self,
+        namespace: str,
+        name: str,
+        condition_type: str,
+        status: str,
+        reason: str,
+        message: str,
+        *,
+        was: str | None = None,
     ) -> None: ...
 
 
@@ -439,6 +447,7 @@ class ModelConditions:
                 wanted.status,
                 wanted.reason,
                 wanted.message,
+                was=pod.model_loaded[0] or None,
             )
         except KubeError as e:
             log.warning(

@@ -47,6 +47,7 @@ from binder.errors import (
     UnavailableError,
     api_error,
 )
+from common.conditions import Condition, condition_patch
 from common.events import EventAggregator, EventWrite, pod_event
 from common.version import VERSION
 
@@ -91,10 +92,6 @@ _TRITONMODELS = "/apis/tritonshare.io/v1alpha1/tritonmodels"
 
 def _models_path(namespace: str) -> str:
     return f"/apis/tritonshare.io/v1alpha1/namespaces/{quote(namespace, safe='')}/tritonmodels"
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def micro_time(seconds: float) -> str:
@@ -564,24 +561,19 @@ class Kube:
         self._request("POST", _pod_path(namespace, name, "eviction"), READ_TIMEOUT_SECONDS, body)
 
     def set_unschedulable(
-        self, namespace: str, name: str, message: str, reason: str = "Unschedulable"
+        self,
+        namespace: str,
+        name: str,
+        message: str,
+        reason: str = "Unschedulable",
+        *,
+        was: str | None = None,
     ) -> None:
         """PodScheduled=False with `reason` (Unschedulable, or SchedulerError when a plugin
-        failed the attempt), as kube-scheduler writes it."""
-        body = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": reason,
-                        "message": message,
-                        "lastProbeTime": None,
-                        "lastTransitionTime": now_rfc3339(),
-                    }
-                ]
-            }
-        }
+        failed the attempt), as kube-scheduler writes it; `was`: its status as this replica last
+        wrote it (None: not known), which keeps its lastTransitionTime while it stays False."""
+        condition = condition_patch(Condition("PodScheduled", "False", reason, message), was)
+        body = {"status": {"conditions": [{**condition, "lastProbeTime": None}]}}
         self._write(
             f"setting PodScheduled=False on pod {namespace}/{name}",
             lambda timeout: self._request(

@@ -40,14 +40,24 @@ def proven(name: str = "a", phase: str = "Running", loaded: tuple[str, str] = ("
 class Writer:
     def __init__(self, fail: bool = False) -> None:
         self.written: list[tuple[str, str, str]] = []
+        self.was: list[str | None] = []
         self.fail = fail
 
     async def set_pod_condition(
-        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+        self,
+        namespace: str,
+        name: str,
+        condition_type: str,
+        status: str,
+        reason: str,
+        message: str,
+        *,
+        was: str | None = None,
     ) -> None:
         if self.fail:
             raise KubeError("the Kubernetes API is unreachable")
         self.written.append((name, status, reason))
+        self.was.append(was)
 
 
 class Events:
@@ -295,3 +305,13 @@ async def test_a_replica_triton_refused_reads_its_loaders_reason_as_soon_as_repo
     finally:
         stop.set()
         await asyncio.wait_for(runner, 10)
+
+
+async def test_each_write_says_the_status_it_replaces_so_its_transition_time_can_stay() -> None:
+    writer, events = Writer(), Events()
+    states = {"a": ModelStatus("model_a", ModelState.FAILED, reason="bad config")}
+    watcher = conditions(states, writer, events)
+    await watcher.sync([proven("a")], triton_live=True)
+    await watcher.sync([proven("a", loaded=("False", "ModelMissing"))], triton_live=True)
+    assert writer.written == [("a", "False", "ModelFailed")] * 2
+    assert writer.was == [None, "False"]
