@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -263,23 +263,15 @@ class KubeClient:
         )
 
     async def set_pod_condition(
-        self,
-        namespace: str,
-        name: str,
-        condition_type: str,
-        status: str,
-        reason: str,
-        message: str,
-        *,
-        was: str | None = None,
+        self, namespace: str, name: str, condition: Condition, *, was: str | None = None
     ) -> None:
         """Set one condition on a pod's status (a strategic-merge patch: merged by type, the
         pod's other conditions untouched), as the kubelet sets Ready. `was`: its status as last
         seen (None: not known); while the status stays, its lastTransitionTime is kept."""
-        condition = Condition(condition_type, status, reason, message[:1024])
-        body = {"status": {"conditions": [condition_patch(condition, was)]}}
+        bounded = replace(condition, message=condition.message[:1024])
+        body = {"status": {"conditions": [condition_patch(bounded, was)]}}
         await self._call(
-            f"set {condition_type}={status} on pod {namespace}/{name}",
+            f"set {condition.type}={condition.status} on pod {namespace}/{name}",
             self.core.patch_namespaced_pod_status,
             name,
             namespace,

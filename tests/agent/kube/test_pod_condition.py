@@ -8,23 +8,22 @@ from pathlib import Path
 import kubernetes.client
 
 from agent.kube.client import KubeClient
+from common.conditions import Condition
 from tests.agent.conftest import make_pod
 
 CONDITION = "tritonshare.io/ModelLoaded"
 LONG_AGO = "2026-01-01T00:00:00Z"
+FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
-def loaded(api: kubernetes.client.ApiClient, name: str) -> dict[str, str]:
+def loaded(api: kubernetes.client.ApiClient, name: str) -> tuple[str, str, str]:
+    """The condition's status, reason and lastTransitionTime as the API server stores them."""
     pod = kubernetes.client.CoreV1Api(api).read_namespaced_pod(name, "default")
-    for condition in pod.status.conditions or []:
-        if condition.type == CONDITION:
-            since = condition.last_transition_time
-            return {
-                "status": condition.status,
-                "reason": condition.reason,
-                "since": since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else "",
-            }
-    return {}
+    for c in (pod.status.conditions if pod.status else None) or []:
+        if c.type == CONDITION:
+            since = c.last_transition_time
+            return c.status, c.reason or "", since.strftime(FORMAT) if since else ""
+    return "", "", ""
 
 
 async def test_the_transition_time_moves_only_with_the_status(
@@ -50,19 +49,13 @@ async def test_the_transition_time_moves_only_with_the_status(
     )
     kube = KubeClient(str(kubeconfig))
     try:
-        await kube.set_pod_condition(
-            "default", "a", CONDITION, "False", "ModelFailed", "bad config", was="False"
-        )
-        assert loaded(kube_api, "a") == {
-            "status": "False",
-            "reason": "ModelFailed",
-            "since": LONG_AGO,
-        }
-        await kube.set_pod_condition(
-            "default", "a", CONDITION, "True", "ModelReady", "ready", was="False"
-        )
-        now = loaded(kube_api, "a")
-        assert (now["status"], now["reason"]) == ("True", "ModelReady")
-        assert now["since"] > LONG_AGO
+        failed = Condition(CONDITION, "False", "ModelFailed", "bad config")
+        await kube.set_pod_condition("default", "a", failed, was="False")
+        assert loaded(kube_api, "a") == ("False", "ModelFailed", LONG_AGO)
+        ready = Condition(CONDITION, "True", "ModelReady", "ready")
+        await kube.set_pod_condition("default", "a", ready, was="False")
+        status, reason, since = loaded(kube_api, "a")
+        assert (status, reason) == ("True", "ModelReady")
+        assert since > LONG_AGO
     finally:
         await kube.close()

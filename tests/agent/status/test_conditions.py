@@ -17,6 +17,7 @@ from agent.pods.modelpods import PodInfo
 from agent.pods.proofs import Proven
 from agent.quarantine.records import CrashRecord
 from agent.status.conditions import REINSTALL_WRITE_SECONDS, ModelConditions, verdict
+from common.conditions import Condition
 from tests.agent.conftest import eventually
 
 CONDITION = "tritonshare.io/ModelLoaded"
@@ -44,19 +45,11 @@ class Writer:
         self.fail = fail
 
     async def set_pod_condition(
-        self,
-        namespace: str,
-        name: str,
-        condition_type: str,
-        status: str,
-        reason: str,
-        message: str,
-        *,
-        was: str | None = None,
+        self, namespace: str, name: str, condition: Condition, *, was: str | None = None
     ) -> None:
         if self.fail:
             raise KubeError("the Kubernetes API is unreachable")
-        self.written.append((name, status, reason))
+        self.written.append((name, condition.status, condition.reason))
         self.was.append(was)
 
 
