@@ -35,10 +35,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Unpack
 
 from binder.api.kube import ApiError, JsonObject
 from common.conditions import Condition, condition_for, find, rfc3339
+from common.events import EventText
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,8 @@ class AgentDownKube(Protocol):
         name: str,
         uid: str,
         *,
-        reason: str,
-        message: str,
         reporting_instance: str,
-        event_type: str = ...,
-        component: str = ...,
+        **said: Unpack[EventText],
     ) -> None: ...
 
 
