@@ -2,11 +2,12 @@
 write them, and the one rule by which a repeat is recorded.
 
 The binder records why a pod is pending; the agent records why it refused a pod or what it did to
-its model, and what is wrong with its node's GPUs. Both send the same shape, built here so the two
-cannot drift apart, and both de-duplicate with `EventAggregator`, kube's own rule (client-go's
-event correlator): Events about one object with one reason and message are one Event whose
-`count` and `lastTimestamp` grow. Pure: it returns what to write; each part's Kubernetes adapter
-(binder/api/kube.py, agent/kube/client.py) writes it.
+its model, and what is wrong with its node's GPUs. Both send the same shape, built here (`event`,
+about any object; `EventText`, what one says) so the two cannot drift apart, and both
+de-duplicate with `EventAggregator`, kube's own rule (client-go's event correlator): Events about
+one object with one reason and message are one Event whose `count` and `lastTimestamp` grow.
+Pure: it returns what to write, and what to write next after an answer (`answered`); each part's
+Kubernetes adapter (binder/api/kube.py, agent/kube/client.py) only sends it.
 """
 
 from __future__ import annotations
