@@ -58,6 +58,7 @@ from agent.status.requestcrash import RequestCrashes
 from agent.triton import TritonClient
 from common.activity import ActivityTableError
 from common.activity import read_table as read_activity
+from common.conditions import Condition
 from common.crashwitness import path_beside
 from common.health import HttpServer, LoopBeat, build_health_app
 from common.hosted import host_name, loaded_condition
@@ -383,14 +384,17 @@ class Agent:
         """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails
         says so whatever its phase (a pod in its loader has no condition yet). A model host's
         replica (`<model>/<ordinal>`) only says so: its host serves the others."""
+        known = self.pods.by_key.get(f"{namespace}/{name}")
+        was = known.model_loaded[0] or None if known is not None else None
         model, replica, _ = name.rpartition("/")
         if replica:
             host = host_name(self.settings.node_name)
-            condition = loaded_condition(self.settings.keys, model, int(replica))
-            await self.kube.set_pod_condition(namespace, host, condition, "False", reason, message)
+            kind = loaded_condition(self.settings.keys, model, int(replica))
+            condition = Condition(kind, "False", reason, message)
+            await self.kube.set_pod_condition(namespace, host, condition, was=was)
             return
-        condition = self.settings.keys.model_loaded
-        await self.kube.set_pod_condition(namespace, name, condition, "False", reason, message)
+        condition = Condition(self.settings.keys.model_loaded, "False", reason, message)
+        await self.kube.set_pod_condition(namespace, name, condition, was=was)
         await self.kube.fail_pod(namespace, name, reason, message)
 
     def _requests_quarantined(self) -> None:

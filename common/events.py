@@ -2,21 +2,22 @@
 write them, and the one rule by which a repeat is recorded.
 
 The binder records why a pod is pending; the agent records why it refused a pod or what it did to
-its model, and what is wrong with its node's GPUs. Both send the same shape, built here so the two
-cannot drift apart, and both de-duplicate with `EventAggregator`, kube's own rule (client-go's
-event correlator): Events about one object with one reason and message are one Event whose
-`count` and `lastTimestamp` grow. Pure: it returns what to write; each part's Kubernetes adapter
-(binder/api/kube.py, agent/kube/client.py) writes it.
+its model, and what is wrong with its node's GPUs. Both send the same shape, built here (`event`,
+about any object; `EventText`, what one says) so the two cannot drift apart, and both
+de-duplicate with `EventAggregator`, kube's own rule (client-go's event correlator): Events about
+one object with one reason and message are one Event whose `count` and `lastTimestamp` grow.
+Pure: it returns what to write, and what to write next after an answer (`answered`); each part's
+Kubernetes adapter (binder/api/kube.py, agent/kube/client.py) only sends it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 MESSAGE_LIMIT = 1024
 """kube-apiserver refuses longer Event messages."""
@@ -25,80 +26,69 @@ NODE_EVENT_NAMESPACE = "default"
 """Where the kubelet records a node's Events, and so where `kubectl describe node` finds them."""
 
 
-def pod_event(
-    namespace: str,
-    name: str,
-    uid: str,
-    *,
-    reason: str,
-    message: str,
-    component: str,
-    instance: str,
-    action: str,
-    event_type: str = "Warning",
-    now: datetime | None = None,
-) -> dict[str, Any]:
+class EventText(TypedDict):
+    """What an Event says: `reason` (UpperCamelCase), `message`, and `event_type` (Warning,
+    the default, or Normal)."""
+
+    reason: str
+    message: str
+    event_type: NotRequired[str]
+
+
+class EventFields(EventText):
+    """What an Event says and who says it: `component` (source.component and
+    reportingComponent), `instance` (reportingInstance), `action`; `now`: its time (the
+    clock's when left out)."""
+
+    component: str
+    instance: str
+    action: str
+    now: NotRequired[datetime | None]
+
+
+def pod_ref(namespace: str, name: str, uid: str) -> dict[str, str]:
+    """The involvedObject of an Event about a pod."""
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": uid}
+
+
+def node_ref(name: str) -> dict[str, str]:
+    """The involvedObject of an Event about a node (the kubelet names a node's uid by the
+    node's name, so `kubectl describe node` shows it)."""
+    return {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name}
+
+
+def pod_event(namespace: str, name: str, uid: str, **fields: Unpack[EventFields]) -> dict[str, Any]:
     """The body to POST to `/api/v1/namespaces/{namespace}/events`."""
-    involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": uid}
-    return _event(
-        namespace, involved, reason, message, component, instance, action, event_type, now
-    )
+    return event(pod_ref(namespace, name, uid), **fields)
 
 
-def node_event(
-    name: str,
-    *,
-    reason: str,
-    message: str,
-    component: str,
-    instance: str,
-    action: str,
-    event_type: str = "Warning",
-    now: datetime | None = None,
-) -> dict[str, Any]:
-    """The body to POST to `/api/v1/namespaces/default/events` about node `name` (the kubelet
-    names a node's uid by the node's name, so `kubectl describe node` shows it)."""
-    involved = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name}
-    return _event(
-        NODE_EVENT_NAMESPACE,
-        involved,
-        reason,
-        message,
-        component,
-        instance,
-        action,
-        event_type,
-        now,
-    )
+def node_event(name: str, **fields: Unpack[EventFields]) -> dict[str, Any]:
+    """The body to POST to `/api/v1/namespaces/default/events` about node `name`."""
+    return event(node_ref(name), **fields)
 
 
-def _event(
-    namespace: str,
-    involved: dict[str, str],
-    reason: str,
-    message: str,
-    component: str,
-    instance: str,
-    action: str,
-    event_type: str,
-    now: datetime | None,
-) -> dict[str, Any]:
-    stamp = _stamp(now or datetime.now(UTC))
+def event(involved: Mapping[str, str], **fields: Unpack[EventFields]) -> dict[str, Any]:
+    """The body of an Event about any object (`involved`: apiVersion, kind, name, uid, and
+    namespace unless the object has none: then it is recorded in NODE_EVENT_NAMESPACE, as the
+    kubelet records a node's)."""
+    namespace = involved.get("namespace") or NODE_EVENT_NAMESPACE
+    stamp = _stamp(fields.get("now") or datetime.now(UTC))
+    component = fields["component"]
     return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
-        "involvedObject": involved,
-        "reason": reason,
-        "message": message[:MESSAGE_LIMIT],
-        "type": event_type,
+        "involvedObject": dict(involved),
+        "reason": fields["reason"],
+        "message": fields["message"][:MESSAGE_LIMIT],
+        "type": fields.get("event_type", "Warning"),
         "count": 1,
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
         "source": {"component": component},
         "reportingComponent": component,
-        "reportingInstance": instance,
-        "action": action,
+        "reportingInstance": fields["instance"],
+        "action": fields["action"],
     }
 
 
@@ -116,6 +106,8 @@ class EventWrite:
     body: dict[str, Any]
     create: bool
     key: tuple[str, ...]
+    event: dict[str, Any]
+    """The Event recorded, whole (a repeat whose Event is gone creates it from this)."""
 
 
 @dataclass
@@ -160,7 +152,7 @@ class EventAggregator:
         self._lock = threading.Lock()
 
     def write_for(self, body: dict[str, Any]) -> EventWrite:
-        """The write that records `body` (an Event built by `pod_event` or `node_event`)."""
+        """The write that records `body` (an Event built by `event`)."""
         key = event_key(body)
         namespace = key[0]
         with self._lock:
@@ -171,10 +163,21 @@ class EventAggregator:
                 name = f"{body['involvedObject']['name']}.{time.time_ns():x}"
                 self._seen[key] = _Seen(name, 1)
                 metadata = {"name": name, "namespace": namespace}
-                return EventWrite(namespace, name, {**body, "metadata": metadata}, True, key)
+                created = {**body, "metadata": metadata}
+                return EventWrite(namespace, name, created, True, key, body)
             seen.count += 1
             patch = {"count": seen.count, "lastTimestamp": _stamp(self._now())}
-            return EventWrite(namespace, seen.name, patch, False, key)
+            return EventWrite(namespace, seen.name, patch, False, key, body)
+
+    def answered(self, write: EventWrite, *, found: bool) -> EventWrite | None:
+        """What to send after `write` was answered (`found`: False when the API server answered
+        404): nothing, or, for a repeat whose Event is gone (expired, deleted), the write that
+        records it anew. Each part's adapter sends `write_for`'s write, then these, until None;
+        after a failed send it calls `failed`."""
+        if found:
+            return None
+        self.lost(write)
+        return None if write.create else self.write_for(write.event)
 
     def lost(self, write: EventWrite) -> None:
         """The Event of `write` is gone (expired, deleted): its next repeat creates it anew."""

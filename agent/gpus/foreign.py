@@ -19,12 +19,13 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from agent.errors import AgentError
 from agent.gpus.inventory import GpuInfo, GpuSnapshot
 from agent.gpus.nvml import GpuProcess, GpuReader
 from agent.gpus.processes import TritonProcesses
+from common.events import EventText
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class ForeignProcess:
 
 class NodeEventWriter(Protocol):
     async def record_node_event(
-        self, name: str, *, reason: str, message: str, component: str, event_type: str = ...
+        self, name: str, *, component: str, **said: Unpack[EventText]
     ) -> None: ...
 
 

@@ -17,9 +17,9 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, TypeVar, Unpack
 
 import urllib3
 from kubernetes import client, config
@@ -29,7 +29,8 @@ from kubernetes.watch.watch import iter_resp_lines
 from agent import __version__
 from agent.errors import KubeError
 from agent.pods.podturns import PodTurns
-from common.events import EventAggregator, EventWrite, node_event, pod_event
+from common.conditions import Condition, condition_patch
+from common.events import EventAggregator, EventText, EventWrite, event, node_ref, pod_ref
 
 log = logging.getLogger(__name__)
 
@@ -189,57 +190,34 @@ class KubeClient:
 
     # Events.
     async def record_pod_event(
-        self,
-        namespace: str,
-        name: str,
-        uid: str,
-        *,
-        reason: str,
-        message: str,
-        component: str,
-        event_type: str = "Warning",
+        self, namespace: str, name: str, uid: str, *, component: str, **said: Unpack[EventText]
     ) -> None:
         """An Event on a pod (Warning by default), as the kubelet records one (`kubectl
         describe pod`)."""
-        body = pod_event(
-            namespace,
-            name,
-            uid,
-            reason=reason,
-            message=message,
-            component=component,
-            instance=component,
-            action="Serving",
-            event_type=event_type,
-        )
-        await self._record(f"record an event on pod {namespace}/{name}", body)
+        await self.record_event(pod_ref(namespace, name, uid), component, "Serving", **said)
 
     async def record_node_event(
-        self, name: str, *, reason: str, message: str, component: str, event_type: str = "Warning"
+        self, name: str, *, component: str, **said: Unpack[EventText]
     ) -> None:
         """An Event on a Node, as the kubelet records one (`kubectl describe node`)."""
-        body = node_event(
-            name,
-            reason=reason,
-            message=message,
-            component=component,
-            instance=component,
-            action="Checking",
-            event_type=event_type,
-        )
-        await self._record(f"record an event on node {name}", body)
+        await self.record_event(node_ref(name), component, "Checking", **said)
 
-    async def _record(self, what: str, body: JsonObject) -> None:
-        """Record the Event `body` as the aggregator says: created, or its count raised."""
-        write = self.events.write_for(body)
-        try:
-            if await self._send_event(what, write) is None and not write.create:
-                # Expired or deleted: the repeat records it again.
-                self.events.lost(write)
-                await self._send_event(what, self.events.write_for(body))
-        except KubeError:
-            self.events.failed(write)
-            raise
+    async def record_event(
+        self, involved: Mapping[str, str], component: str, action: str, **said: Unpack[EventText]
+    ) -> None:
+        """Record an Event about `involved` as the aggregator says: created, or its count
+        raised (common/events.py)."""
+        body = event(involved, component=component, instance=component, action=action, **said)
+        key = "/".join(filter(None, (involved.get("namespace"), involved["name"])))
+        what = f"record an event on {involved['kind'].lower()} {key}"
+        write: EventWrite | None = self.events.write_for(body)
+        while write is not None:
+            try:
+                answer = await self._send_event(what, write)
+            except KubeError:
+                self.events.failed(write)
+                raise
+            write = self.events.answered(write, found=answer is not None)
 
     async def _send_event(self, what: str, write: EventWrite) -> Any:
         if write.create:
@@ -262,25 +240,15 @@ class KubeClient:
         )
 
     async def set_pod_condition(
-        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+        self, namespace: str, name: str, condition: Condition, *, was: str | None = None
     ) -> None:
         """Set one condition on a pod's status (a strategic-merge patch: merged by type, the
-        pod's other conditions untouched), as the kubelet sets Ready."""
-        body = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": condition_type,
-                        "status": status,
-                        "reason": reason,
-                        "message": message[:1024],
-                        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    }
-                ]
-            }
-        }
+        pod's other conditions untouched), as the kubelet sets Ready. `was`: its status as last
+        seen (None: not known); while the status stays, its lastTransitionTime is kept."""
+        bounded = replace(condition, message=condition.message[:1024])
+        body = {"status": {"conditions": [condition_patch(bounded, was)]}}
         await self._call(
-            f"set {condition_type}={status} on pod {namespace}/{name}",
+            f"set {condition.type}={condition.status} on pod {namespace}/{name}",
             self.core.patch_namespaced_pod_status,
             name,
             namespace,

@@ -16,10 +16,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from agent.errors import KubeError
 from agent.pods.modelpods import PodInfo
+from common.events import EventText
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -31,15 +32,7 @@ REMEMBERED = 10_000
 
 class EventWriter(Protocol):
     async def record_pod_event(
-        self,
-        namespace: str,
-        name: str,
-        uid: str,
-        *,
-        reason: str,
-        message: str,
-        component: str,
-        event_type: str = "Warning",
+        self, namespace: str, name: str, uid: str, *, component: str, **said: Unpack[EventText]
     ) -> None: ...
 
 

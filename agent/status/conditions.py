@@ -56,6 +56,7 @@ from agent.pods.loadfailures import LoadFailure
 from agent.pods.modelpods import PENDING_REASON, PodInfo
 from agent.pods.proofs import Proven
 from agent.quarantine.suspects import REASON as REQUESTS_CRASHED_REASON
+from common.conditions import Condition
 from common.hosted import LOAD_FAILURE_REASONS, SLEEPING_REASON
 from common.lifecycle import spawn
 from common.logs import subject
@@ -93,7 +94,7 @@ class Hosts(Protocol):
 
 class ConditionWriter(Protocol):
     async def set_pod_condition(
-        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+        self, namespace: str, name: str, condition: Condition, *, was: str | None = None
     ) -> None: ...
 
 
@@ -435,10 +436,8 @@ class ModelConditions:
             await self._writer.set_pod_condition(
                 pod.namespace,
                 pod.object_name,
-                condition_type,
-                wanted.status,
-                wanted.reason,
-                wanted.message,
+                Condition(condition_type, wanted.status, wanted.reason, wanted.message),
+                was=pod.model_loaded[0] or None,
             )
         except KubeError as e:
             log.warning(

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from agent.errors import AgentError, NvmlUnavailableError
 from agent.gpus.inventory import (
@@ -33,6 +33,7 @@ from agent.gpus.inventory import (
 from agent.gpus.nvml import GpuReader
 from agent.metrics import AgentMetrics
 from common.contract import TENANT_CODE_NODE, Keys, agent_lease_name
+from common.events import EventText
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class NodeApi(Protocol):
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None: ...
 
     async def record_node_event(
-        self, name: str, *, reason: str, message: str, component: str, event_type: str = ...
+        self, name: str, *, component: str, **said: Unpack[EventText]
     ) -> None: ...
 
     async def renew_lease(

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote, urlencode, urlsplit
 
 import kubernetes.client
@@ -47,7 +47,8 @@ from binder.errors import (
     UnavailableError,
     api_error,
 )
-from common.events import EventAggregator, EventWrite, pod_event
+from common.conditions import Condition, condition_patch
+from common.events import EventAggregator, EventText, EventWrite, event, pod_ref
 from common.version import VERSION
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,6 @@ _TRITONMODELS = "/apis/tritonshare.io/v1alpha1/tritonmodels"
 
 def _models_path(namespace: str) -> str:
     return f"/apis/tritonshare.io/v1alpha1/namespaces/{quote(namespace, safe='')}/tritonmodels"
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def micro_time(seconds: float) -> str:
@@ -564,24 +561,19 @@ class Kube:
         self._request("POST", _pod_path(namespace, name, "eviction"), READ_TIMEOUT_SECONDS, body)
 
     def set_unschedulable(
-        self, namespace: str, name: str, message: str, reason: str = "Unschedulable"
+        self,
+        namespace: str,
+        name: str,
+        message: str,
+        reason: str = "Unschedulable",
+        *,
+        was: str | None = None,
     ) -> None:
         """PodScheduled=False with `reason` (Unschedulable, or SchedulerError when a plugin
-        failed the attempt), as kube-scheduler writes it."""
-        body = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": reason,
-                        "message": message,
-                        "lastProbeTime": None,
-                        "lastTransitionTime": now_rfc3339(),
-                    }
-                ]
-            }
-        }
+        failed the attempt), as kube-scheduler writes it; `was`: its status as this replica last
+        wrote it (None: not known), which keeps its lastTransitionTime while it stays False."""
+        condition = condition_patch(Condition("PodScheduled", "False", reason, message), was)
+        body = {"status": {"conditions": [{**condition, "lastProbeTime": None}]}}
         self._write(
             f"setting PodScheduled=False on pod {namespace}/{name}",
             lambda timeout: self._request(
@@ -651,25 +643,17 @@ class Kube:
         name: str,
         uid: str,
         *,
-        reason: str,
-        message: str,
         reporting_instance: str,
-        event_type: str = "Warning",
         component: str = "tritonshare",
+        **said: Unpack[EventText],
     ) -> None:
         """A core/v1 Event about a pod, as kube-scheduler records one."""
-        body = pod_event(
-            namespace,
-            name,
-            uid,
-            reason=reason,
-            message=message,
+        self.record_object_event(
+            pod_ref(namespace, name, uid),
+            reporting_instance=reporting_instance,
             component=component,
-            instance=reporting_instance,
-            action="Scheduling",
-            event_type=event_type,
+            **said,
         )
-        self._record(f"recording a {reason} event for pod {namespace}/{name}", body)
 
     # ---- TritonModels, their hosts and Services ------------------------------------------------
 
@@ -731,44 +715,41 @@ class Kube:
 
     def record_object_event(
         self,
-        involved: JsonObject,
+        involved: Mapping[str, str],
         *,
-        reason: str,
-        message: str,
         reporting_instance: str,
-        event_type: str = "Warning",
+        component: str = "tritonshare",
+        **said: Unpack[EventText],
     ) -> None:
         """An Event about any object (`involved`: apiVersion, kind, namespace, name, uid), as
-        kube-scheduler records one."""
-        namespace, name = str(involved["namespace"]), str(involved["name"])
-        body = pod_event(
-            namespace,
-            name,
-            str(involved["uid"]),
-            reason=reason,
-            message=message,
-            component="tritonshare",
+        kube-scheduler records one; created, or its count raised, as the aggregator says
+        (common/events.py)."""
+        body = event(
+            involved,
+            component=component,
             instance=reporting_instance,
             action="Scheduling",
-            event_type=event_type,
+            **said,
         )
-        body["involvedObject"] = dict(involved)
-        self._record(f"recording a {reason} event for {involved['kind']} {namespace}/{name}", body)
-
-    def _record(self, what: str, body: JsonObject) -> None:
-        """Record the Event `body` as the aggregator says: created, or its count raised."""
-        write = self.events.write_for(body)
-        try:
-            self._send_event(what, write)
-        except NotFoundError:
-            self.events.lost(write)
-            if write.create:
+        what = (
+            f"recording a {said['reason']} event for {involved['kind']} "
+            f"{involved['namespace']}/{involved['name']}"
+        )
+        write: EventWrite | None = self.events.write_for(body)
+        while write is not None:
+            try:
+                self._send_event(what, write)
+            except NotFoundError:
+                # Expired or deleted: a repeat records it again; a new one is refused.
+                if write.create:
+                    self.events.lost(write)
+                    raise
+                write = self.events.answered(write, found=False)
+                continue
+            except Exception:
+                self.events.failed(write)
                 raise
-            # Expired or deleted: the repeat records it again.
-            self._send_event(what, self.events.write_for(body))
-        except Exception:
-            self.events.failed(write)
-            raise
+            write = self.events.answered(write, found=True)
 
     def _send_event(self, what: str, write: EventWrite) -> None:
         events = f"/api/v1/namespaces/{quote(write.namespace, safe='')}/events"

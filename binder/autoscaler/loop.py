@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 
 from binder.api.inbox import Inbox
-from binder.api.kube import Kube, now_rfc3339
+from binder.api.kube import Kube
 from binder.autoscaler.kpa import Decider, Decision, Scaling
 from binder.autoscaler.loadcounts import Counts, answer_bound, parse_counts
 from binder.autoscaler.parking import parked_on
@@ -51,6 +51,7 @@ from binder.autoscaler.targets import (
     model_target,
 )
 from binder.cluster.cache import Informer, Ledger
+from common.conditions import Condition, find, set_condition
 from common.contract import PROXY_AUTOSCALING_PATH, Keys
 
 log = logging.getLogger(__name__)
@@ -430,26 +431,14 @@ class Autoscaling:
                     self._written[target.uid] = (wanted, self._monotonic())
             return
         conditions = [c for c in target.status.get("conditions") or [] if isinstance(c, dict)]
-        old = next((c for c in conditions if c.get("type") == CONDITION), None)
+        old = find(conditions, CONDITION)
         if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == wanted:
             return
         if fresh and written is not None and written[0] == wanted:
             return  # written, and the cache has not seen it yet
         writes[target.namespace] += 1
-        status, reason, message = wanted
-        kept = old is not None and old.get("status") == status
-        conditions = [c for c in conditions if c.get("type") != CONDITION]
-        conditions.append(
-            {
-                "type": CONDITION,
-                "status": status,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": (old or {}).get("lastTransitionTime")
-                if kept
-                else now_rfc3339(),
-                "observedGeneration": target.generation,
-            }
+        conditions = set_condition(
+            conditions, Condition(CONDITION, *wanted, observed_generation=target.generation)
         )
         if await self._call(
             f"Writing the Autoscaling condition of TritonModel {target.key}",

@@ -35,9 +35,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Unpack
 
 from binder.api.kube import ApiError, JsonObject
+from common.conditions import Condition, condition_for, find, rfc3339
+from common.events import EventText
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +68,8 @@ class AgentDownKube(Protocol):
         name: str,
         uid: str,
         *,
-        reason: str,
-        message: str,
         reporting_instance: str,
-        event_type: str = ...,
-        component: str = ...,
+        **said: Unpack[EventText],
     ) -> None: ...
 
 
@@ -224,7 +223,7 @@ class AgentDown:
             self._fail(pod, node, since)
             return
         if verdict == "mark":
-            when = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            when = rfc3339(datetime.fromtimestamp(since, UTC))
             then = (
                 f"; it is deleted, for its controller to replace it elsewhere, if the agent is "
                 f"still down {grace:.0f} s after that"
@@ -236,7 +235,7 @@ class AgentDown:
                 f"nothing installs, reloads or reports this pod's model there (the node gateway "
                 f"may still serve it for its grace){then}"
             )
-            self._kube.set_pod_condition(namespace, name, self._condition("Unknown", message))
+            self._kube.set_pod_condition(namespace, name, self._condition(pod, "Unknown", message))
             self._tell(namespace, name, uid, message)
             log.warning("Pod %s/%s: %s.", namespace, name, message)
             return
@@ -268,27 +267,24 @@ class AgentDown:
     def _fail(self, pod: Mapping[str, Any], node: str, since: float) -> None:
         metadata = pod.get("metadata") or {}
         namespace, name, uid = metadata["namespace"], metadata["name"], metadata.get("uid", "")
-        when = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = rfc3339(datetime.fromtimestamp(since, UTC))
         said = loader_message(pod)
         message = (
             f"the tritonshare agent of node {node} has not renewed its Lease since {when}, so "
             f"nothing there can load this pod's model; the pod is failed for its controller to "
             f"replace it on a node with a live agent" + (f" (its loader: {said})" if said else "")
         )
-        self._kube.fail_pod(namespace, name, REASON, message, self._condition("False", message))
+        self._kube.fail_pod(
+            namespace, name, REASON, message, self._condition(pod, "False", message)
+        )
         self.failed.append(f"{namespace}/{name}")
         self._tell(namespace, name, uid, message)
         log.warning("Failed pod %s/%s: %s.", namespace, name, message)
 
-    def _condition(self, status: str, message: str) -> dict[str, str]:
+    def _condition(self, pod: Mapping[str, Any], status: str, message: str) -> JsonObject:
         """The pod's model condition saying its node's agent is gone."""
-        return {
-            "type": self.rules.condition_type,
-            "status": status,
-            "reason": REASON,
-            "message": message,
-            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
+        old = find((pod.get("status") or {}).get("conditions"), self.rules.condition_type)
+        return condition_for(Condition(self.rules.condition_type, status, REASON, message), old)
 
     def _tell(self, namespace: str, name: str, uid: str, message: str) -> None:
         """The pod's Warning Event `EVENT_REASON` with `message`."""

@@ -310,8 +310,10 @@ class PodController:
         if self._consolidate_moves and result.condition_reason == "Unschedulable" and not exceeded:
             self._make_room(pod)
         if self._should_report(uid, result.message):
+            # Reported before and not failed since: PodScheduled is False already.
+            was = "False" if uid in self._reported else None
             self._reported[uid] = (result.message, self._monotonic())
-            self._report(pod, result.message, result.condition_reason)
+            self._report(pod, result.message, result.condition_reason, was)
         else:
             self._slots.release()
 
@@ -599,9 +601,10 @@ class PodController:
                 extra=subject(pod=pod.key, node=placement.node, model=pod.model_id),
             )
 
-    def _report(self, pod: PodInfo, message: str, reason: str) -> None:
-        """Record a FailedScheduling Event and set PodScheduled=False, off the loop. The caller
-        holds a bind slot, released with the outcome."""
+    def _report(self, pod: PodInfo, message: str, reason: str, was: str | None) -> None:
+        """Record a FailedScheduling Event and set PodScheduled=False (`was`: PodScheduled's
+        status as last written, None: not known), off the loop. The caller holds a bind slot,
+        released with the outcome."""
 
         def write() -> None:
             self._kube.record_event(
@@ -613,7 +616,7 @@ class PodController:
                 reporting_instance=self._identity,
             )
             self._count("event")
-            self._kube.set_unschedulable(pod.namespace, pod.name, message, reason)
+            self._kube.set_unschedulable(pod.namespace, pod.name, message, reason, was=was)
             self._count("condition")
 
         self._hand_over(write, partial(self._reported_why, pod))

@@ -78,7 +78,7 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
 
-from binder.api.kube import JsonObject, Kube, now_rfc3339
+from binder.api.kube import JsonObject, Kube
 from binder.autoscaler.parking import park_node
 from binder.autoscaler.room import Room, capacity
 from binder.cluster.cache import Ledger
@@ -108,6 +108,7 @@ from binder.tritonmodels.rolling import (
     Rollout,
 )
 from binder.tritonmodels.status import StatusWriter, Write
+from common.conditions import Condition, condition_for, find
 from common.contract import Keys
 from common.hosted import (
     LOAD_FAILURE_REASONS,
@@ -1164,28 +1165,9 @@ class TritonModelController:
     ) -> dict[str, Any]:
         """A condition of the model's status, its lastTransitionTime kept while its status
         stays, and kept whole while nothing of it changes."""
-        condition: dict[str, Any] = {
-            "type": kind,
-            "status": status,
-            "reason": reason,
-            "message": message,
-        }
-        old = next(
-            (
-                c
-                for c in model.status.get("conditions") or []
-                if isinstance(c, dict) and c.get("type") == kind
-            ),
-            {},
-        )
-        same = old.get("status") == status
-        condition["lastTransitionTime"] = (
-            old.get("lastTransitionTime") if same else None
-        ) or now_rfc3339()
-        if same and all(old.get(k) == condition[k] for k in ("reason", "message")):
-            condition = dict(old)
-        condition["observedGeneration"] = model.generation
-        return condition
+        old = find(model.status.get("conditions"), kind)
+        new = Condition(kind, status, reason, message, observed_generation=model.generation)
+        return condition_for(new, old)
 
     # ---- hosts and Services --------------------------------------------------------------------
 

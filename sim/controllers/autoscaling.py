@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.conditions import Condition
+
 JsonObject = dict[str, Any]
 
 TOLERANCE = 0.1
@@ -218,14 +220,6 @@ def propose(metric: MetricSpec, reading: Reading, current: int, ready: int) -> i
     if abs(1.0 - ratio) <= TOLERANCE:
         return current
     return math.ceil(ratio * ready)
-
-
-@dataclass(frozen=True)
-class Condition:
-    type: str
-    status: str
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)

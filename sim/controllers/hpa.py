@@ -33,11 +33,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from common.conditions import condition_for, find
 from sim.apiserver.clock import rfc3339
 from sim.controllers.autoscaling import (
     Autoscaler,
@@ -372,22 +374,11 @@ class Autoscalers:
         meta = hpa["metadata"]
         old = hpa.get("status") or {}
         stamp = rfc3339(now)
-        previous = {c["type"]: c for c in old.get("conditions") or ()}
-        conditions = []
-        for c in decision.conditions:
-            before = previous.get(c.type) or {}
-            changed = before.get("status") != c.status
-            conditions.append(
-                {
-                    "type": c.type,
-                    "status": c.status,
-                    "reason": c.reason,
-                    "message": c.message,
-                    "lastTransitionTime": stamp
-                    if changed
-                    else before.get("lastTransitionTime", stamp),
-                }
-            )
+        moment = datetime.fromtimestamp(int(now), UTC)
+        conditions = [
+            condition_for(c, find(old.get("conditions"), c.type), now=moment)
+            for c in decision.conditions
+        ]
         status: JsonObject = {
             "currentReplicas": status_replicas,
             "desiredReplicas": decision.desired,

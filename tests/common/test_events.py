@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from common.events import EventAggregator, node_event, pod_event
+from common.events import EventAggregator, event, node_event, node_ref, pod_event
 
 
 def _event(
@@ -82,3 +82,48 @@ def test_the_remembered_events_are_bounded() -> None:
         assert events.write_for(_event(message)).create
     again = events.write_for(_event("a"))
     assert again.create, "forgotten past the bound: a new Event"
+
+
+def test_any_object_s_event_has_one_shape_and_a_node_s_goes_to_default() -> None:
+    when = datetime(2026, 11, 26, 5, 0, 0, tzinfo=UTC)
+    model = {"apiVersion": "tritonshare.io/v1alpha1", "kind": "TritonModel"}
+    model |= {"namespace": "team-a", "name": "m", "uid": "uid-m"}
+    body = event(
+        model,
+        reason="Preempted",
+        message="x" * 2000,
+        event_type="Normal",
+        component="tritonshare",
+        instance="binder-0",
+        action="Scheduling",
+        now=when,
+    )
+    assert body["involvedObject"] == model and body["metadata"]["namespace"] == "team-a"
+    assert (body["type"], len(body["message"]), body["lastTimestamp"]) == (
+        "Normal",
+        1024,
+        "2026-11-26T05:00:00Z",
+    )
+    fields: dict[str, Any] = {"component": "c", "instance": "i", "action": "a"}
+    node = event(node_ref("gpu-1"), reason="R", message="m", **fields)
+    assert node["metadata"]["namespace"] == "default" and node["type"] == "Warning"
+    assert node == node_event("gpu-1", reason="R", message="m", now=None, **fields) | {
+        "firstTimestamp": node["firstTimestamp"],
+        "lastTimestamp": node["lastTimestamp"],
+    }
+
+
+def test_after_an_answer_only_a_gone_repeat_is_written_again_as_new() -> None:
+    events = EventAggregator()
+    first = events.write_for(_event())
+    assert events.answered(first, found=True) is None
+    repeat = events.write_for(_event())
+    assert not repeat.create
+    again = events.answered(repeat, found=False)
+    assert again is not None and again.create and again.body["count"] == 1
+    assert again.body["reason"] == "FailedScheduling"
+    assert events.answered(again, found=True) is None
+    # A create answered 404 (its namespace gone) is forgotten, not tried again.
+    gone = events.write_for(_event("other"))
+    assert events.answered(gone, found=False) is None
+    assert events.write_for(_event("other")).create

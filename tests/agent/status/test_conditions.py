@@ -17,6 +17,7 @@ from agent.pods.modelpods import PodInfo
 from agent.pods.proofs import Proven
 from agent.quarantine.records import CrashRecord
 from agent.status.conditions import REINSTALL_WRITE_SECONDS, ModelConditions, verdict
+from common.conditions import Condition
 from tests.agent.conftest import eventually
 
 CONDITION = "tritonshare.io/ModelLoaded"
@@ -40,14 +41,16 @@ def proven(name: str = "a", phase: str = "Running", loaded: tuple[str, str] = ("
 class Writer:
     def __init__(self, fail: bool = False) -> None:
         self.written: list[tuple[str, str, str]] = []
+        self.was: list[str | None] = []
         self.fail = fail
 
     async def set_pod_condition(
-        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+        self, namespace: str, name: str, condition: Condition, *, was: str | None = None
     ) -> None:
         if self.fail:
             raise KubeError("the Kubernetes API is unreachable")
-        self.written.append((name, status, reason))
+        self.written.append((name, condition.status, condition.reason))
+        self.was.append(was)
 
 
 class Events:
@@ -295,3 +298,13 @@ async def test_a_replica_triton_refused_reads_its_loaders_reason_as_soon_as_repo
     finally:
         stop.set()
         await asyncio.wait_for(runner, 10)
+
+
+async def test_each_write_says_the_status_it_replaces_so_its_transition_time_can_stay() -> None:
+    writer, events = Writer(), Events()
+    states = {"a": ModelStatus("model_a", ModelState.FAILED, reason="bad config")}
+    watcher = conditions(states, writer, events)
+    await watcher.sync([proven("a")], triton_live=True)
+    await watcher.sync([proven("a", loaded=("False", "ModelMissing"))], triton_live=True)
+    assert writer.written == [("a", "False", "ModelFailed")] * 2
+    assert writer.was == [None, "False"]

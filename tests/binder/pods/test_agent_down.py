@@ -172,3 +172,22 @@ def test_a_pending_pod_a_controller_owns_is_failed_at_once_with_its_loader_s_rea
     assert watcher.failed == ["models/w", "models/new"]
     assert kube.events == [("w", EVENT_REASON), ("new", EVENT_REASON), ("r", EVENT_REASON)]
     assert kube.deleted == []
+
+
+def test_the_condition_keeps_its_transition_time_while_its_status_stays() -> None:
+    """A pod whose condition is already Unknown (for another reason) keeps the time it became
+    so; one that was True gets a new time."""
+    clock = Clock()
+    unknown, ready = pod("unknown"), pod("ready")
+    unknown["status"]["conditions"] = [
+        {"type": CONDITION, "status": "Unknown", "reason": "Other", "lastTransitionTime": "T0"}
+    ]
+    ready["status"]["conditions"] = [
+        {"type": CONDITION, "status": "True", "reason": "ModelReady", "lastTransitionTime": "T0"}
+    ]
+    kube = Kube({"gpu-1": [unknown, ready]})
+    watcher = AgentDown(kube, RULES, deletions_per_second=0.1, identity="b", clock=clock)
+    watcher.pass_once({"gpu-1": clock.now - 10}, lambda: True)
+    since = {n: (c["reason"], c["lastTransitionTime"]) for n, c in kube.conditions}
+    assert since["unknown"] == (REASON, "T0")
+    assert since["ready"][0] == REASON and since["ready"][1].endswith("Z")
