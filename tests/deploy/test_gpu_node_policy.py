@@ -249,7 +249,7 @@ def test_the_model_pod_the_binder_places_and_the_node_pod_are_accepted(cluster: 
     )
     assert cluster.admin.read_namespaced_pod("m", TENANT_NAMESPACE).spec.node_name == "gpu-1"
     # The node pod, with its GPUs and the taint's toleration, in the system namespace.
-    daemonset = yaml.safe_load((DEPLOY / "base" / "node-daemonset.yaml").read_text())
+    daemonset = yaml.safe_load((DEPLOY / "base" / "node" / "node-daemonset.yaml").read_text())
     spec = {**daemonset["spec"]["template"]["spec"], "nodeName": "gpu-2"}
     del spec["priorityClassName"]  # not installed here
     node_pod = {"metadata": {"name": "node-gpu-2"}, "spec": spec}

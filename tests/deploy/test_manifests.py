@@ -409,7 +409,10 @@ def test_the_node_daemonset_runs_a_restricted_explicit_triton_on_gpu_nodes(kubec
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]
-    assert spec["nodeSelector"], "the node pod must be limited to GPU nodes"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms and all(t["matchExpressions"] for t in terms), "limited to GPU nodes"
     by_name = {c["name"]: c for c in spec["containers"]}
     triton, agent = by_name["triton"], by_name["agent"]
     assert triton["image"] == TRITON_IMAGE
