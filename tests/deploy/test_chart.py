@@ -307,6 +307,7 @@ def test_tenant_code_namespaces_get_nodes_of_their_own() -> None:
     assert "--tenant-code-namespaces=lab" not in _args((plain,), "agent")
     assert "--tenant-code-namespaces=lab" in _args((dedicated,), "agent")
     assert "--tenant-code-namespaces=lab" in _args(objects, "binder")
+
     def terms(daemonset: Obj) -> list[Any]:
         terms: list[Any] = daemonset["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
