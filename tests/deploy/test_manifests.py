@@ -639,7 +639,7 @@ def test_the_documented_overlay_moves_monitoring_to_another_namespace(
     into one shell with `kubectl apply -k` as `kubectl kustomize`, render with the installed
     kubectl, and move what names the monitoring namespace and release."""
     shutil.copytree(DEPLOY, tmp_path / "deploy")
-    patches = _doc_block("cat >> my-cluster/kustomization.yaml")
+    patches = _doc_block("N='namespaceSelector/")
     assert "kubectl apply -k my-cluster" in patches
     script = _doc_block("mkdir -p my-cluster\n") + patches.replace(
         "kubectl apply -k", f"{kubectl} kustomize"
