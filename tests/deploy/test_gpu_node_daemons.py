@@ -308,7 +308,13 @@ def test_a_daemon_that_reaches_neither_host_nor_gpus_needs_no_listing(cluster: C
     attempt["metadata"]["name"] = "probe-3"
     attempt["spec"]["containers"][0]["resources"] = {"limits": {"tritonshare.io/gpu-mem": "1Gi"}}
     message = _denial(cluster.tenant.create_namespaced_pod, TENANT_NAMESPACE, attempt)
-    assert "ask for tritonshare.io/ resources" in message
+    assert "for tritonshare.io/ resources" in message
+    # Nor may it take the node pod's ports (the agent's 8100, the gateway's 8010 and 8011).
+    attempt = copy.deepcopy(probe)
+    attempt["metadata"]["name"] = "probe-4"
+    attempt["spec"]["containers"][0]["ports"] = [{"containerPort": 8100, "hostPort": 8100}]
+    message = _denial(cluster.tenant.create_namespaced_pod, TENANT_NAMESPACE, attempt)
+    assert "publish host ports" in message
 
 
 def test_a_daemon_that_keeps_off_gpu_nodes_is_no_concern(cluster: Cluster) -> None:

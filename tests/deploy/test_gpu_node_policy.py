@@ -32,10 +32,10 @@ POLICY = "tritonshare-gpu-nodes"
 TOLERATION = Keys().gpu_node_toleration()
 ON_GPU_NODE = "a pod that can run on a tritonshare GPU node may not"
 NOT_A_MODEL_POD = (
-    "only tritonshare's model pods may tolerate the tritonshare.io/gpu-node taint by its key or "
-    "ask for tritonshare.io/ resources (GPU nodes run the node pod and model pods alone); remove "
-    "them, or make it a model pod with schedulerName tritonshare for the tritonshare binder to "
-    "place"
+    "only tritonshare's model pods may tolerate the tritonshare.io/gpu-node taint by its key, ask "
+    "for tritonshare.io/ resources or publish host ports (GPU nodes run the node pod and model "
+    "pods alone, on the node pod's ports); remove them, or make it a model pod with "
+    "schedulerName tritonshare for the tritonshare binder to place"
 )
 NODE_NAME = (
     "a pod that tolerates the tritonshare.io/gpu-node taint may not be created with "
