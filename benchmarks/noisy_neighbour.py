@@ -47,7 +47,8 @@ alone's (the better p99 of "alone" and "alone again", so a stall of a shared box
 flatters no attack), Triton's restarts, the victim's outcome beside the same probe alone, what
 the attacker saw, and the peak RSS of the gateway, the agent, Triton (its whole process tree: the
 server and its Python backend stubs) and the victim's proxy against their container memory
-limits (deploy/base/node-daemonset.yaml, and the proxy's in deploy/example/model-deployment.yaml).
+limits (deploy/base/node/node-daemonset.yaml, and the proxy's in
+deploy/example/model-deployment.yaml).
 Peaks are psutil samples every --sample-ms, and for the single processes also the kernel's
 high-water mark (VmHWM, reset at each phase's start).
 Then, per phase after alone and control, the target: the victim's p99 within 2x of alone, no victim
@@ -136,7 +137,7 @@ GIB = 1024 * MIB
 NODE, SPARE = "node-a", "node-b"
 VICTIM, ATTACKER = "victim", "attacker"
 VICTIM_MODEL, ATTACKER_MODEL = "victim_model", "attacker_model"
-DAEMONSET = ROOT / "deploy" / "base" / "node-daemonset.yaml"
+DAEMONSET = ROOT / "deploy" / "base" / "node" / "node-daemonset.yaml"
 MODEL_DEPLOYMENT = ROOT / "deploy" / "example" / "model-deployment.yaml"
 NODE_PARTS = ("gateway", "agent", "triton")
 PARTS = (*NODE_PARTS, "proxy")

@@ -56,7 +56,7 @@ GPU_MODELS = {
     "T4": GpuModel(16 * GI, 4 * GI),  # g4dn.xlarge: 4 vCPUs, 16 GiB
 }
 NAMED_SHAPES = ("8xA100-80GB:96:110", "8xL4:192:110", "1xT4:4:29")
-# The node pod's requests (deploy/base/node-daemonset.yaml): the agent and the gateway, then
+# The node pod's requests (deploy/base/node/node-daemonset.yaml): the agent and the gateway, then
 # Triton's for nodes of SMALL_NODE_MEMORY allocatable and more (the base, the chart's
 # triton.resources) and for smaller ones (deploy/overlays/small-nodes, a pool's tritonResources).
 NODE_POD_SIDECARS = {CPU: 100 + 500, MEMORY: 128 * MI + 128 * MI}

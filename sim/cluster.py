@@ -99,14 +99,15 @@ ADMISSION_POLICY_FILES = tuple(
         "gpu-node-admission-policy.yaml",
     )
 )
-NODE_DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "base" / "node-daemonset.yaml"
-SYSTEM_NAMESPACE_MANIFEST = NODE_DAEMONSET.with_name("namespace.yaml")
-EXAMPLE_NAMESPACE_MANIFEST = NODE_DAEMONSET.parents[1] / "example" / "namespace.yaml"
+DEPLOY_BASE = Path(__file__).resolve().parents[1] / "deploy" / "base"
+NODE_DAEMONSET = DEPLOY_BASE / "node" / "node-daemonset.yaml"
+SYSTEM_NAMESPACE_MANIFEST = DEPLOY_BASE / "namespace.yaml"
+EXAMPLE_NAMESPACE_MANIFEST = DEPLOY_BASE.parent / "example" / "namespace.yaml"
 """The namespaces as shipped, with their Pod Security labels (`apply_namespace`)."""
 CHART_CRDS = Path(__file__).resolve().parents[1] / "charts" / "tritonshare" / "crds"
 """The CRDs the cluster serves from the start: the chart's own (TritonModel)."""
 BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
-# deploy/base/node-daemonset.yaml's host ports (with SimCluster's node_ports).
+# deploy/base/node/node-daemonset.yaml's host ports (with SimCluster's node_ports).
 NODE_AGENT_PORT = 8100
 NODE_GATEWAY_HTTP_PORT = 8010
 NODE_GATEWAY_GRPC_PORT = 8011
@@ -303,7 +304,7 @@ class SimCluster:
         self.cpu_shares = cpu_shares
         """Weight each pod's processes by its CPU requests, as a kubelet does: the model pods'
         (the kubelet) and the real node's node pod's (its Triton, agent and gateway, with the
-        requests of deploy/base/node-daemonset.yaml), in cgroups of their own
+        requests of deploy/base/node/node-daemonset.yaml), in cgroups of their own
         (`sim.node.cpushares`). Off by default: it needs a writable cgroup CPU controller."""
         self.cpu: CpuGroups | None = None
         self.node_ports = node_ports

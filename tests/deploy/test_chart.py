@@ -307,12 +307,21 @@ def test_tenant_code_namespaces_get_nodes_of_their_own() -> None:
     assert "--tenant-code-namespaces=lab" not in _args((plain,), "agent")
     assert "--tenant-code-namespaces=lab" in _args((dedicated,), "agent")
     assert "--tenant-code-namespaces=lab" in _args(objects, "binder")
-    terms = plain["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]["nodeSelectorTerms"]
-    assert terms == [
-        {"matchExpressions": [{"key": label, "operator": "NotIn", "values": ["true"]}]}
-    ]
+
+    def terms(daemonset: Obj) -> list[Any]:
+        terms: list[Any] = daemonset["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        return terms
+
+    # Each term that finds a GPU node keeps the plain agents off the dedicated ones.
+    not_dedicated = {"key": label, "operator": "NotIn", "values": ["true"]}
+    assert len(terms(plain)) > 1
+    for plain_term, dedicated_term in zip(terms(plain), terms(dedicated), strict=True):
+        assert plain_term["matchExpressions"] == [
+            *dedicated_term["matchExpressions"],
+            not_dedicated,
+        ]
     assert dedicated["spec"]["template"]["spec"]["nodeSelector"][label] == "true"
     # Each DaemonSet owns only its own pods: the second's selector is the first's and the label.
     assert dedicated["spec"]["selector"]["matchLabels"] == {
@@ -320,11 +329,14 @@ def test_tenant_code_namespaces_get_nodes_of_their_own() -> None:
         label: "true",
     }
     assert dedicated["spec"]["template"]["metadata"]["labels"][label] == "true"
-    # Without tenant code, one DaemonSet everywhere and a binder that places none.
+    # Without tenant code, one DaemonSet per GPU count everywhere and a binder that places none.
     objects = render_chart()
-    assert [name_of(o) for o in objects if o["kind"] == "DaemonSet"] == [name_of(plain)], (
-        "one DaemonSet"
-    )
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "DaemonSet"] == [
+        "tritonshare-node",
+        "tritonshare-node-2gpu",
+        "tritonshare-node-4gpu",
+        "tritonshare-node-8gpu",
+    ]
     assert not any("tenant-code" in a for a in _args(objects, "binder"))
 
 

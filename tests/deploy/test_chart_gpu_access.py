@@ -59,6 +59,24 @@ def _containers(daemonset: Obj) -> dict[str, Any]:
     return {c["name"]: c for c in daemonset["spec"]["template"]["spec"]["containers"]}
 
 
+def _terms(daemonset: Obj) -> list[list[dict[str, Any]]]:
+    """The match expressions of each of the node pod's required node affinity terms."""
+    affinity = daemonset["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return [t["matchExpressions"] for t in terms]
+
+
+def _count_values(daemonset: Obj) -> set[str]:
+    """The GPU counts the node pod's affinity asks for with `In` (none: any count)."""
+    return {
+        v
+        for term in _terms(daemonset)
+        for e in term
+        if e["operator"] == "In" and "gpu" in e["key"] and "count" in e["key"]
+        for v in e["values"]
+    }
+
+
 def _env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
 
@@ -96,10 +114,9 @@ def test_the_device_plugin_gives_each_pools_node_pod_its_gpu_count() -> None:
         assert GPU_NODE_TOLERATION in template["spec"]["tolerations"]
     default, l4 = daemonsets["tritonshare-node"], daemonsets["tritonshare-node-l4"]
     # Each pool's pod runs only where its request is every GPU of the node.
-    assert default["spec"]["template"]["spec"]["nodeSelector"] == {
-        "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.count": "8",
-    }
+    assert "nodeSelector" not in default["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu.count", "operator": "In", "values": ["8"]} in _terms(default)[0]
+    assert _count_values(default) == {"8"}
     assert l4["spec"]["template"]["spec"]["nodeSelector"] == {
         "nvidia.com/gpu.product": "NVIDIA-L4",
         "nvidia.com/gpu.count": "1",
@@ -156,7 +173,9 @@ def test_dra_claims_every_gpu_of_the_node_for_triton_and_the_agent() -> None:
         assert "nvidia.com/gpu" not in containers[name]["resources"].get("limits", {})
         assert "NVIDIA_VISIBLE_DEVICES" not in _env(containers[name])
     assert "claims" not in containers["gateway"]["resources"]
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}, "any GPU count"
+    assert "nodeSelector" not in spec
+    assert _count_values(daemonset) == set(), "any GPU count"
+    assert set(_daemonsets(objects)) == {"tritonshare-node"}, "one DaemonSet for every count"
     # The default (device plugin) renders no claim template.
     assert not [o for o in render_chart() if o["kind"] == "ResourceClaimTemplate"]
 

@@ -32,8 +32,9 @@ POLICY = "tritonshare-gpu-nodes"
 TOLERATION = Keys().gpu_node_toleration()
 ON_GPU_NODE = "a pod that can run on a tritonshare GPU node may not"
 NOT_A_MODEL_POD = (
-    "only tritonshare's model pods may tolerate the tritonshare.io/gpu-node taint (GPU nodes run "
-    "the node pod and model pods alone); remove the toleration, or make it a model pod with "
+    "only tritonshare's model pods may tolerate the tritonshare.io/gpu-node taint by its key, ask "
+    "for tritonshare.io/ resources or publish host ports (GPU nodes run the node pod and model "
+    "pods alone, on the node pod's ports); remove them, or make it a model pod with "
     "schedulerName tritonshare for the tritonshare binder to place"
 )
 NODE_NAME = (
@@ -248,7 +249,7 @@ def test_the_model_pod_the_binder_places_and_the_node_pod_are_accepted(cluster: 
     )
     assert cluster.admin.read_namespaced_pod("m", TENANT_NAMESPACE).spec.node_name == "gpu-1"
     # The node pod, with its GPUs and the taint's toleration, in the system namespace.
-    daemonset = yaml.safe_load((DEPLOY / "base" / "node-daemonset.yaml").read_text())
+    daemonset = yaml.safe_load((DEPLOY / "base" / "node" / "node-daemonset.yaml").read_text())
     spec = {**daemonset["spec"]["template"]["spec"], "nodeName": "gpu-2"}
     del spec["priorityClassName"]  # not installed here
     node_pod = {"metadata": {"name": "node-gpu-2"}, "spec": spec}

@@ -409,7 +409,10 @@ def test_the_node_daemonset_runs_a_restricted_explicit_triton_on_gpu_nodes(kubec
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]
-    assert spec["nodeSelector"], "the node pod must be limited to GPU nodes"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms and all(t["matchExpressions"] for t in terms), "limited to GPU nodes"
     by_name = {c["name"]: c for c in spec["containers"]}
     triton, agent = by_name["triton"], by_name["agent"]
     assert triton["image"] == TRITON_IMAGE
@@ -636,7 +639,7 @@ def test_the_documented_overlay_moves_monitoring_to_another_namespace(
     into one shell with `kubectl apply -k` as `kubectl kustomize`, render with the installed
     kubectl, and move what names the monitoring namespace and release."""
     shutil.copytree(DEPLOY, tmp_path / "deploy")
-    patches = _doc_block("cat >> my-cluster/kustomization.yaml")
+    patches = _doc_block("N='namespaceSelector/")
     assert "kubectl apply -k my-cluster" in patches
     script = _doc_block("mkdir -p my-cluster\n") + patches.replace(
         "kubectl apply -k", f"{kubectl} kustomize"

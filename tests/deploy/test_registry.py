@@ -23,8 +23,12 @@ PUBLIC = (
     "nvcr.io/nvidia/tritonserver",
     "kserve/storage-initializer",
 )
+# The folders under base/ are the base's parts (the node DaemonSet and its per-GPU-count copies),
+# which only the base installs, with its images.
 EVERY_KUSTOMIZATION = sorted(
-    str(k.parent.relative_to(DEPLOY)) for k in DEPLOY.rglob("kustomization.yaml")
+    str(k.parent.relative_to(DEPLOY))
+    for k in DEPLOY.rglob("kustomization.yaml")
+    if k.parent.parent != DEPLOY / "base" and k.parent.parent.parent != DEPLOY / "base"
 )
 GPU_ACCESS = ("devicePlugin", "dra", "env")
 

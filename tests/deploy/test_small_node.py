@@ -39,8 +39,10 @@ SYSTEM = "tritonshare-system"
 
 
 def _node_objects(objects: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
-    """The node DaemonSet and what its pod names (its ServiceAccount, its PriorityClass)."""
-    [daemonset] = [o for o in objects if o["kind"] == "DaemonSet"]
+    """The 1-GPU node DaemonSet (the first) and what its pod names (its ServiceAccount, its
+    PriorityClass)."""
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    assert daemonset["metadata"]["name"] in ("tritonshare-node", "tritonshare-node-small")
     spec = daemonset["spec"]["template"]["spec"]
     needed = {
         ("ServiceAccount", spec["serviceAccountName"]),
@@ -184,7 +186,11 @@ def test_the_base_node_pod_is_refused_by_a_g4dn_xlarge_and_the_small_one_admitte
     """Why small nodes need their own sizes: Triton's 32Gi is more than the node has."""
     allocatable = {k: str(v) for k, v in G4DN_XLARGE.allocatable.items()}
     allocatable[CPU] = f"{G4DN_XLARGE.allocatable[CPU]}m"
-    [base] = [o for o in render(require_executable("kubectl"), "base") if o["kind"] == "DaemonSet"]
+    [base] = [
+        o
+        for o in render(require_executable("kubectl"), "base")
+        if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "tritonshare-node"
+    ]
     for daemonset, refused in ((base, "OutOfmemory"), (overlay()[0], None)):
         judge = NodeAdmission()
         judge.set_node({"status": {"allocatable": allocatable}})
