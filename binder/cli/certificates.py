@@ -47,8 +47,8 @@ def pem_certificates(pem: bytes) -> list[Certificate]:
 
 def _certificate(der: bytes) -> Certificate:
     try:
-        certificate, _ = _element(der, 0, 0x30)
-        tbs_start, tbs_end = _content(der, certificate[0], 0x30)
+        outer_start = _content(der, 0, 0x30)[0]
+        tbs_start, tbs_end = _content(der, outer_start, 0x30)
         at = tbs_start
         if der[at] == 0xA0:  # [0] EXPLICIT version
             at = _content(der, at, 0xA0)[1]

@@ -14,14 +14,16 @@ Changes nothing: a dry run stores nothing.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TextIO
 from urllib.parse import quote
 
 from binder.api.kube import JsonObject, Kind, Kube
-from binder.cli import checks
-from binder.cli.checks import FAIL, OK, WARN, Check, DryRun, GpuNode, Survey
+from binder.cli import checks, gpunodes
+from binder.cli.checks import FAIL, OK, WARN, Check, DryRun, Survey
+from binder.cli.gpunodes import GpuNode
 from binder.cli.report import write_document
 from binder.errors import ApiError, UnavailableError
 from common.contract import Keys
@@ -90,13 +92,13 @@ def dry_run_daemonsets(
 ) -> tuple[list[DryRun] | None, str]:
     """Each DaemonSet's pod (for a GPU node it runs on, if any) created with dryRun=All: refused
     by one of `policies`, by something else, or admitted. (None, why) when the CLI may not."""
-    nodes = checks.gpu_nodes(found.nodes)
+    nodes = gpunodes.gpu_nodes(found.nodes)
     answers = []
     for ds in found.daemonsets:
         meta = ds.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        on = checks.gpu_nodes_of(ds, nodes, found.keys)
-        pod = checks.daemonset_pod(ds, on[0] if on else None)
+        on = gpunodes.gpu_nodes_of(ds, nodes, found.keys)
+        pod = gpunodes.daemonset_pod(ds, on[0] if on else None)
         spec = pod["spec"]
         account = str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
         refused_by = message = ""
@@ -107,20 +109,33 @@ def dry_run_daemonsets(
         except ApiError as e:
             if e.status == 403 and "cannot create resource" in e.message:
                 return None, f"this user may not create pods in {namespace} (dry run): {e.message}"
-            message = e.message
-            refused_by = next((p for p in policies if f"'{p}'" in message), "")
+            refused_by = next((p for p in policies if f"'{p}'" in e.message), "")
+            message = refusal(e.message)
         answers.append(DryRun(namespace, name, account, refused_by, message, on))
     return answers, ""
 
 
+_FORBIDDEN = re.compile(r'^pods "[^"]*" is forbidden: ')
+_POLICY_DENIAL = re.compile(
+    r"^ValidatingAdmissionPolicy '([^']*)' with binding '[^']*' denied request: "
+)
+
+
+def refusal(message: str) -> str:
+    """An admission refusal without the generated pod's name: `policy P: why`, or the API
+    server's words."""
+    message = _FORBIDDEN.sub("", message)
+    return _POLICY_DENIAL.sub(lambda m: f"policy {m[1]}: ", message)
+
+
 def run_checks(found: Survey, pre: bool, now: float) -> list[Check]:
-    nodes: list[GpuNode] = checks.gpu_nodes(found.nodes)
+    nodes: list[GpuNode] = gpunodes.gpu_nodes(found.nodes)
     ran = [
         checks.kubernetes_version(found.version),
         checks.pod_security(found),
-        checks.gpu_node_check(nodes, found.keys),
-        checks.node_pod_fit(found, nodes, pre),
-        checks.policy_check(found, nodes, pre),
+        gpunodes.gpu_node_check(nodes, found.keys),
+        gpunodes.node_pod_fit(found, nodes, pre),
+        gpunodes.policy_check(found, nodes, pre),
         checks.cni_check(found.daemonsets),
         checks.prometheus_check(found.crds),
     ]
