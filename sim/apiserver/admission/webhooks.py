@@ -180,7 +180,7 @@ async def mutate(
         name = str(webhook.get("name", ""))
         if dry_run and webhook.get("sideEffects") not in ("None", "NoneOnDryRun"):
             raise ApiError(
-                400, "BadRequest", f"admission webhook {name!r} does not support dry run"
+                400, "BadRequest", f'admission webhook "{name}" does not support dry run'
             )
         try:
             review = _review(resource, operation, namespace, obj, user, dry_run)
