@@ -254,6 +254,6 @@ def test_a_dry_run_is_sent_as_one_to_webhooks_without_side_effects(
     with pytest.raises(kubernetes.client.ApiException) as raised:
         core.create_namespaced_pod("default", _pod("r"), dry_run="All")
     assert raised.value.status == 400
-    assert json.loads(raised.value.body)["message"] == (
+    assert json.loads(raised.value.body or "{}")["message"] == (
         'admission webhook "pods.example.com" does not support dry run'
     )
