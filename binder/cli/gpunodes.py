@@ -11,6 +11,7 @@ server itself: `daemonset_pod` builds the pod the DaemonSet controller would cre
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,12 +68,14 @@ class GpuNode:
     obj: JsonObject
 
 
-def gpu_nodes(nodes: Sequence[JsonObject]) -> list[GpuNode]:
+def gpu_nodes(nodes: Sequence[JsonObject], keys: Keys) -> list[GpuNode]:
     """The nodes that have GPUs by any of: GPU feature discovery's nvidia.com/gpu.present,
-    allocatable nvidia.com/gpu, the clouds' accelerator labels, Karpenter's GPU count."""
+    allocatable nvidia.com/gpu, the clouds' accelerator labels, Karpenter's GPU count, the GPUs
+    tritonshare's agent publishes on the node."""
     found = []
     for node in nodes:
         labels = meta_of(node).get("labels") or {}
+        published = _published_gpus(meta_of(node).get("annotations") or {}, keys)
         status = node.get("status") or {}
         try:
             allocatable = node_allocatable(status) if "allocatable" in status else {}
@@ -91,12 +94,23 @@ def gpu_nodes(nodes: Sequence[JsonObject]) -> list[GpuNode]:
             if value.isdigit() and int(value) > 0:
                 signals.append(f"{key}={value}")
                 counted = counted or int(value)
+        if published:
+            signals.append(f"{published} published by tritonshare's agent ({keys.gpus})")
         if signals:
-            gpus = advertised or counted
+            gpus = advertised or counted or published
             found.append(
                 GpuNode(name_of(node), gpus, tuple(signals), allocatable, advertised > 0, node)
             )
     return sorted(found, key=lambda n: n.name)
+
+
+def _published_gpus(annotations: Mapping[str, Any], keys: Keys) -> int:
+    """How many GPUs the node's agent lists in its annotation (0: none, or unreadable)."""
+    try:
+        listed = json.loads(str(annotations.get(keys.gpus) or "[]"))
+    except ValueError:
+        return 0
+    return len(listed) if isinstance(listed, list) else 0
 
 
 def gpu_node_check(nodes: Sequence[GpuNode], keys: Keys) -> Check:

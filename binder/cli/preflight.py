@@ -92,7 +92,7 @@ def dry_run_daemonsets(
 ) -> tuple[list[DryRun] | None, str]:
     """Each DaemonSet's pod (for a GPU node it runs on, if any) created with dryRun=All: refused
     by one of `policies`, by something else, or admitted. (None, why) when the CLI may not."""
-    nodes = gpunodes.gpu_nodes(found.nodes)
+    nodes = gpunodes.gpu_nodes(found.nodes, found.keys)
     answers = []
     for ds in found.daemonsets:
         meta = ds.get("metadata") or {}
@@ -129,7 +129,7 @@ def refusal(message: str) -> str:
 
 
 def run_checks(found: Survey, pre: bool, now: float) -> list[Check]:
-    nodes: list[GpuNode] = gpunodes.gpu_nodes(found.nodes)
+    nodes: list[GpuNode] = gpunodes.gpu_nodes(found.nodes, found.keys)
     ran = [
         checks.kubernetes_version(found.version),
         checks.pod_security(found),

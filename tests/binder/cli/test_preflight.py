@@ -22,6 +22,7 @@ import yaml
 
 from binder.cli.main import main as cli
 from tests.binder.objects import node_obj
+from tests.binder.simcluster import add_node
 from tests.fixtures_sim import apps_v1, core_v1
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -513,3 +514,17 @@ def test_text_output_and_an_old_cluster(kubeconfig: Path, monkeypatch: pytest.Mo
         in text
     )
     assert text.rstrip().endswith("failed.")
+
+
+def test_a_node_whose_agent_publishes_gpus_is_a_gpu_node(
+    kubeconfig: Path, kube_api: kubernetes.client.ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No label, no device plugin: the GPUs tritonshare's agent publishes find it, and the
+    missing device plugin is named."""
+    add_node(kube_api, "gpu-1", [16 << 30, 16 << 30])
+    nodes = report(kubeconfig, monkeypatch, "--pre")["gpu-nodes"]
+    assert nodes["status"] == "warn"
+    assert nodes["details"][0].startswith(
+        "gpu-1: 2 GPUs (2 published by tritonshare's agent (tritonshare.io/gpus))"
+    )
+    assert "advertise no allocatable nvidia.com/gpu (gpu-1)" in nodes["message"]
