@@ -258,21 +258,24 @@ def prometheus_check(crds: Sequence[str]) -> Check:
 
 
 def webhook_check(survey: Survey, now: float) -> Check:
-    """tritonshare's mutating webhooks (their service in the system namespace): a caBundle set
-    and current, and the serving certificate's Secret present, current and issued by it."""
+    """tritonshare's mutating webhooks (their service in the system namespace, or their name in
+    the key prefix's domain, `model-pods.tritonshare.io`): a caBundle set and current, and the
+    serving certificate's Secret present, current and issued by it."""
     system = survey.system_namespace
+    domain = "." + survey.keys.prefix.split("/")[0]
     hooks = [
         (config, hook)
         for config in survey.webhooks
         for hook in config.get("webhooks") or []
         if ((hook.get("clientConfig") or {}).get("service") or {}).get("namespace") == system
+        or str(hook.get("name", "")).endswith(domain)
     ]
     if not hooks:
         return Check(
             "webhook-certificate",
             FAIL,
-            f"no admission webhook calls a service in {system}: the model pod webhook is not "
-            f"installed",
+            f"no admission webhook calls a service in {system} or is named *{domain}: the model "
+            f"pod webhook is not installed",
             "install tritonshare with its webhook (docs/deploy.md)",
         )
     problems: list[str] = []
