@@ -207,7 +207,9 @@ def node_pod_fit(survey: Survey, nodes: Sequence[GpuNode], pre: bool) -> Check:
             gpus = requests.get(NVIDIA_GPU, 0)
             if gpus and node.gpus and gpus < node.gpus:
                 partial.append(node.name)
-        used = _requests_on(survey.pods, node.name, owners)
+        # Before installing, a node pod already there is the one the chart's would replace.
+        skip = survey.system_namespace if pre else None
+        used = _requests_on(survey.pods, node.name, owners, skip)
         free = {r: node.allocatable.get(r, 0) - used.get(r, 0) for r in (CPU, MEMORY)}
         asks = f"asks {cpus(requests.get(CPU, 0))} CPU, {format_bytes(requests.get(MEMORY, 0))}"
         room = f"{cpus(free[CPU])} CPU, {format_bytes(free[MEMORY])} free"
@@ -236,12 +238,15 @@ def node_pod_fit(survey: Survey, nodes: Sequence[GpuNode], pre: bool) -> Check:
     )
 
 
-def _requests_on(pods: Sequence[JsonObject], node: str, skip_owners: set[Any]) -> dict[str, int]:
-    """CPU and memory requested by the node's running pods, but those of `skip_owners`."""
+def _requests_on(
+    pods: Sequence[JsonObject], node: str, skip_owners: set[Any], skip_namespace: str | None
+) -> dict[str, int]:
+    """CPU and memory requested by the node's running pods, but those of `skip_owners` and of
+    `skip_namespace`."""
     total = {CPU: 0, MEMORY: 0}
     for pod in pods:
         spec = pod.get("spec") or {}
-        if spec.get("nodeName") != node:
+        if spec.get("nodeName") != node or meta_of(pod).get("namespace") == skip_namespace:
             continue
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue

@@ -450,6 +450,23 @@ def test_gke_cluster_with_four_gpu_nodes(
         "cloud.google.com/gke-accelerator=nvidia-l4)"
         for i in range(2)
     ]
+    # The room is what the node's pods leave (an old node pod of tritonshare's aside).
+    for namespace, name, memory in (("team-a", "big", "160Gi"), (SYSTEM, "old-node-pod", "32Gi")):
+        asks = {"requests": {"cpu": "1", "memory": memory}}
+        spec = {"nodeName": "gke-gpu-0", "containers": [container("c", resources=asks)]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        create_all(kube_api, [pod | {"spec": spec}])
+    fit = report(kubeconfig, monkeypatch, "--pre")["node-pod-fit"]
+    assert fit["status"] == "fail"
+    assert fit["details"][0] == (
+        "gke-gpu-0: node pod asks 2.6 CPU, 32.2Gi; 46 CPU, 20Gi free (too little memory)"
+    )
+    core_v1(kube_api).delete_namespaced_pod("big", "team-a", grace_period_seconds=0)
+    core_v1(kube_api).delete_namespaced_pod("old-node-pod", SYSTEM, grace_period_seconds=0)
     create_all(
         kube_api,
         installed(
