@@ -348,7 +348,7 @@ def policy_check(survey: Survey, nodes: Sequence[GpuNode], pre: bool) -> Check:
             + _on(gpu_nodes_of(ds, nodes, survey.keys))
             for ds in judged
         )
-        why = survey.dry_run_problem or "the GPU-node policy is not installed yet"
+        why = survey.dry_run_problem or "which it refuses depends on the installed policy's values"
         return Check(
             "gpu-node-policy",
             WARN,
