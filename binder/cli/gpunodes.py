@@ -43,11 +43,24 @@ GPU_LABELS = (
 """Labels that name a node's accelerator: GKE's, EKS's, AKS's, GPU feature discovery's."""
 GPU_PRESENT = "nvidia.com/gpu.present"
 GPU_COUNT_LABELS = ("nvidia.com/gpu.count", "karpenter.k8s.aws/instance-gpu-count")
+"""GPU feature discovery's and Karpenter's; the operator's own `<prefix>gpu-count` too."""
 NVIDIA_GPU = "nvidia.com/gpu"
 
-CHART_NODE_POD_REQUESTS = {CPU: 2600, MEMORY: (32 << 30) + (256 << 20)}
-"""The node pod's requests with the chart's default values (Triton 2 CPU / 32Gi, the agent
-100m / 128Mi, the gateway 500m / 128Mi), what --pre checks the GPU nodes' room against."""
+CHART_SIDECAR_REQUESTS = {CPU: 600, MEMORY: 256 << 20}
+"""The node pod's requests beside Triton's with the chart's defaults: the agent 100m / 128Mi, the
+gateway 500m / 128Mi."""
+CHART_TRITON_PER_GPU = {CPU: 2000, MEMORY: 32 << 30}
+CHART_TRITON_GPU_COUNTS = frozenset({1, 2, 4, 8})
+"""Triton asks 2 CPUs and 32Gi per GPU on nodes of these counts (node.tritonResourcesByGpus),
+else a 1-GPU node's (triton.resources)."""
+
+
+def chart_node_pod_requests(gpus: int) -> dict[str, int]:
+    """The node pod's CPU and memory requests on a node of `gpus` GPUs with the chart's defaults:
+    what --pre checks each GPU node's room against."""
+    share = gpus if gpus in CHART_TRITON_GPU_COUNTS else 1
+    return {r: CHART_SIDECAR_REQUESTS[r] + share * CHART_TRITON_PER_GPU[r] for r in (CPU, MEMORY)}
+
 
 DEFAULT_EXEMPT = ("kube-system", "gpu-operator")
 """The namespaces the chart's GPU-node policy leaves alone by default, beside its own."""
@@ -89,7 +102,7 @@ def gpu_nodes(nodes: Sequence[JsonObject], keys: Keys) -> list[GpuNode]:
             signals.append(f"allocatable {NVIDIA_GPU}={advertised}")
         signals += [f"{k}={labels[k]}" for k in GPU_LABELS if labels.get(k)]
         counted = 0
-        for key in GPU_COUNT_LABELS:
+        for key in (*GPU_COUNT_LABELS, f"{keys.prefix}gpu-count"):
             value = str(labels.get(key, ""))
             if value.isdigit() and int(value) > 0:
                 signals.append(f"{key}={value}")
@@ -192,7 +205,7 @@ def node_pod_fit(survey: Survey, nodes: Sequence[GpuNode], pre: bool) -> Check:
     details, unserved, tight, partial = [], [], [], []
     for node in nodes:
         if pre:
-            owners, requests, gpus = set(), dict(CHART_NODE_POD_REQUESTS), 0
+            owners, requests, gpus = set(), chart_node_pod_requests(node.gpus), 0
         else:
             chosen = [
                 ds for ds in daemonsets if not _selects(_template_spec(ds), node.obj, survey.keys)
@@ -322,7 +335,9 @@ def tolerates_gpu_node(ds: Mapping[str, Any], keys: Keys) -> bool:
     """Whether its pods tolerate the GPU-node taint (by its key, or every taint)."""
     for t in _template_spec(ds).get("tolerations") or []:
         key = t.get("key") or ""
-        if key in ("", keys.gpu_node) and (t.get("operator") == "Exists" or key):
+        effect = t.get("effect") or GPU_NODE_TAINT_EFFECT
+        tolerated = t.get("operator") == "Exists" or key
+        if key in ("", keys.gpu_node) and effect == GPU_NODE_TAINT_EFFECT and tolerated:
             return True
     return False
 

@@ -27,7 +27,7 @@ from tests.fixtures_sim import apps_v1, core_v1
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICY = ROOT / "deploy" / "base" / "gpu-node-admission-policy.yaml"
-NODE_DAEMONSET = ROOT / "deploy" / "base" / "node-daemonset.yaml"
+NODE_DAEMONSET = sorted(ROOT.glob("deploy/base/**/node-daemonset.yaml"))[0]
 SYSTEM = "tritonshare-system"
 TAINT = {"key": "tritonshare.io/gpu-node", "value": "true", "effect": "NoExecute"}
 EVERYTHING = [{"operator": "Exists"}]
@@ -241,6 +241,7 @@ def installed(pools: list[tuple[str, dict[str, str], int, str]]) -> list[dict[st
         ds = copy.deepcopy(base)
         ds["metadata"]["name"] = name
         spec = ds["spec"]["template"]["spec"]
+        spec.pop("affinity", None)
         spec["nodeSelector"] = selector
         triton = next(c for c in spec["containers"] if c["name"] == "triton")
         triton["resources"] = {
@@ -463,7 +464,7 @@ def test_gke_cluster_with_four_gpu_nodes(
     fit = report(kubeconfig, monkeypatch, "--pre")["node-pod-fit"]
     assert fit["status"] == "fail"
     assert fit["details"][0] == (
-        "gke-gpu-0: node pod asks 2.6 CPU, 32.2Gi; 46 CPU, 20Gi free (too little memory)"
+        "gke-gpu-0: node pod asks 8.6 CPU, 128.2Gi; 46 CPU, 20Gi free (too little memory)"
     )
     core_v1(kube_api).delete_namespaced_pod("big", "team-a", grace_period_seconds=0)
     core_v1(kube_api).delete_namespaced_pod("old-node-pod", SYSTEM, grace_period_seconds=0)

@@ -14,6 +14,8 @@ import pytest
 
 from binder.cli.certificates import CertificateError, pem_certificates
 from binder.cli.checks import cni_check, kubernetes_version
+from binder.cli.gpunodes import chart_node_pod_requests, tolerates_gpu_node
+from common.contract import Keys
 
 
 def _openssl(*args: str) -> str:
@@ -87,3 +89,25 @@ def test_cnis_by_their_daemonsets() -> None:
     assert unknown.status == "warn" and unknown.message.startswith("Cilium: whether its hostPort")
     assert "unknown" in unknown.message
     assert cni_check([]).message.startswith("no known CNI DaemonSet found")
+
+
+@pytest.mark.parametrize(
+    ("toleration", "judged"),
+    [
+        ({"operator": "Exists"}, True),
+        ({"operator": "Exists", "effect": "NoExecute"}, True),
+        ({"operator": "Exists", "effect": "NoSchedule"}, False),  # never reaches the node
+        ({"key": "tritonshare.io/gpu-node", "operator": "Exists"}, True),
+        ({"key": "nvidia.com/gpu", "operator": "Exists"}, False),
+    ],
+)
+def test_which_daemonsets_reach_gpu_nodes(toleration: dict[str, str], judged: bool) -> None:
+    ds = {"spec": {"template": {"spec": {"tolerations": [toleration]}}}}
+    assert tolerates_gpu_node(ds, Keys()) is judged
+
+
+def test_the_charts_node_pod_by_gpu_count() -> None:
+    gi = 1 << 30
+    assert chart_node_pod_requests(1) == {"cpu": 2600, "memory": 32 * gi + 256 * 2**20}
+    assert chart_node_pod_requests(8) == {"cpu": 16600, "memory": 256 * gi + 256 * 2**20}
+    assert chart_node_pod_requests(3) == chart_node_pod_requests(1)
