@@ -32,6 +32,7 @@ from sim.triton import free_port
 
 CONFIGURATION_NAME = "tritonshare-model-pods"
 WEBHOOK_NAME = "model-pods.tritonshare.io"
+TLS_SECRET_NAME = "tritonshare-webhook-tls"  # noqa: S105 - a Secret's name
 PATH = "/mutate-pods"
 IMAGE = f"ghcr.io/tritonshare/tritonshare:{VERSION}"
 STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.14.1"
@@ -56,6 +57,8 @@ class WebhookHandle:
     url: str
     """https://host:port, without a path."""
     ca: Path
+    """Its serving certificate, which is its own CA."""
+    key: Path
 
 
 def arguments(port: int, cert: Path, key: Path, ports: NodePorts) -> list[str]:
@@ -134,7 +137,7 @@ def start(
     argv = [sys.executable, "-m", "webhook", *arguments(port, cert, key, ports)]
     process = ManagedProcess("webhook", argv, log_dir / "webhook.log")
     process.start({**env, **environment()})
-    return WebhookHandle(process, f"https://127.0.0.1:{port}", cert)
+    return WebhookHandle(process, f"https://127.0.0.1:{port}", cert, key)
 
 
 def _serving(webhook: WebhookHandle, context: ssl.SSLContext) -> bool:
@@ -156,3 +159,16 @@ def register(webhook: WebhookHandle, api: kubernetes.client.ApiClient) -> None:
     admission = cast(Any, kubernetes.client.AdmissionregistrationV1Api(api))
     body = configuration(webhook.url + PATH, webhook.ca.read_bytes())
     admission.create_mutating_webhook_configuration(body, _preload_content=False)
+    # The serving certificate's Secret, as the chart creates it (the process reads the files).
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": TLS_SECRET_NAME, "namespace": DEFAULT_SYSTEM_NAMESPACE},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "tls.crt": base64.b64encode(webhook.ca.read_bytes()).decode(),
+            "tls.key": base64.b64encode(webhook.key.read_bytes()).decode(),
+        },
+    }
+    core = cast(Any, kubernetes.client.CoreV1Api(api))
+    core.create_namespaced_secret(DEFAULT_SYSTEM_NAMESPACE, secret, _preload_content=False)

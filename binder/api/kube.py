@@ -813,6 +813,21 @@ class Kube:
         path = f"/api/v1/nodes/{quote(name, safe='')}" + (f"/{subresource}" if subresource else "")
         self._request("PATCH", path, READ_TIMEOUT_SECONDS, body, _MERGE_PATCH)
 
+    # ---- reads and dry runs for `tritonshare preflight` ------------------------------------------
+
+    def read(self, path: str) -> JsonObject:
+        """GET one object or document at `path` (`/version`, an object's path); one attempt."""
+        result: JsonObject = json.loads(self._request("GET", path))
+        return result
+
+    def dry_run_create_pod(self, namespace: str, body: JsonObject) -> JsonObject:
+        """Create the pod with `dryRun=All`: the API server defaults, validates and admits it
+        (webhooks, Pod Security, ValidatingAdmissionPolicies, quotas) and stores nothing. The pod
+        it would have stored, or the ApiError that refuses it; one attempt."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods?dryRun=All"
+        result: JsonObject = json.loads(self._request("POST", path, READ_TIMEOUT_SECONDS, body))
+        return result
+
     def read_pod(self, namespace: str, name: str) -> JsonObject:
         result: JsonObject = json.loads(self._request("GET", _pod_path(namespace, name)))
         return result

@@ -35,7 +35,7 @@ from typing import TextIO
 import yaml
 
 from binder.api.kube import JsonObject, Kind, Kube, kubeconfig_namespace
-from binder.cli import uninstall
+from binder.cli.main import preflight, uninstall
 from binder.cli.modelreport import find_model, model_document, write_model
 from binder.cli.report import (
     asleep_keys,
@@ -571,6 +571,25 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     )
     quota.add_argument("quota_namespace", nargs="?", metavar="NAMESPACE", help="only this one")
     FLAGS.add_to(quota)
+    check = commands.add_parser(
+        "preflight",
+        help="what would break tritonshare on this cluster, and how to fix it",
+        description="Check the cluster before and after installing: the Kubernetes version, Pod "
+        "Security, the GPU nodes and the node pod's fit on each, the DaemonSets the GPU-node "
+        "policy refuses (dry runs), the CNI, the Prometheus Operator's CRDs, the webhook's "
+        "certificate and image pulls. Each check is ok, warn or fail with its fix; exits 1 when "
+        "one fails. Needs list on nodes, namespaces, pods, daemonsets, CRDs, webhook "
+        "configurations, admission policies and the system namespace's secrets, and create on "
+        "pods for the dry runs (they store nothing).",
+        allow_abbrev=False,
+    )
+    check.add_argument(
+        "--pre",
+        action="store_true",
+        help="before installing: check against the chart's defaults and leave out what only an "
+        "installed tritonshare has",
+    )
+    FLAGS.add_to(check)
     cleanup = commands.add_parser(
         "uninstall-cleanup",
         help="after uninstalling, remove the agents' node annotations and resources and the "
@@ -837,6 +856,10 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
+        if args.command == "preflight":
+            return preflight.preflight(
+                kube, keys, system_namespace, args.pre, output, out, time.time()
+            )
         if args.command == "uninstall-cleanup":
             return uninstall_cleanup(kube, keys, system_namespace, args, prog, out)
         # -n narrows the lists to a namespace; -A (their default) or no -n shows every one.

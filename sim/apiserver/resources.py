@@ -287,6 +287,21 @@ REPLICA_SETS = Resource(
     status_subresource=True,
 )
 
+# Stored only: no controller creates their pods (a test or the simulated cluster creates node
+# pods itself); read by `tritonshare preflight` and the Pod Security warnings of their templates.
+DAEMON_SETS = Resource(
+    group="apps",
+    version="v1",
+    plural="daemonsets",
+    kind="DaemonSet",
+    short_names=("ds",),
+    namespaced=True,
+    categories=("all",),
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
 # Autoscaling: the HPA controller and KEDA's operator are API clients too (sim.controllers.hpa).
 HORIZONTAL_POD_AUTOSCALERS = Resource(
     group="autoscaling",
@@ -410,6 +425,7 @@ STORED: tuple[Resource, ...] = (
     PRIORITY_CLASSES,
     DEPLOYMENTS,
     REPLICA_SETS,
+    DAEMON_SETS,
     HORIZONTAL_POD_AUTOSCALERS,
     SCALED_OBJECTS,
     CUSTOM_RESOURCE_DEFINITIONS,

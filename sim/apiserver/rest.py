@@ -251,8 +251,10 @@ class Registry:
         obj: JsonObject,
         causes: list[tuple[str, str]],
         admit: Admit = admit_all,
+        dry_run: bool = False,
     ) -> Stored:
-        """Default again (a webhook may have added fields), validate, admit, store."""
+        """Default again (a webhook may have added fields), validate, admit, store; a dry run
+        (`?dryRun=All`) does all but store, and answers with the object it would have stored."""
         self._defaults(resource, obj)
         meta = obj["metadata"]
         name = str(meta.get("name", ""))
@@ -262,6 +264,8 @@ class Registry:
         admit("CREATE", resource, "", str(meta.get("namespace", "")), name, obj, None)
         if self.store.get(resource, meta.get("namespace", ""), name) is not None:
             raise already_exists(resource.group_resource, name)
+        if dry_run:
+            return Stored(obj, 0)
         return self.store.insert(resource, obj)
 
     def _defaults(self, resource: Resource, obj: JsonObject) -> None:

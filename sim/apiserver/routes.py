@@ -382,7 +382,11 @@ class Handlers:
             if isinstance(body, dict):
                 self._admit(request)("CREATE", BINDINGS, "", info.namespace, name, body, None)
             return self._bind(info.namespace, name, body)
-        if "dryRun" in request.query and verb in WRITE_VERBS:
+        dry_run = verb == "create" and "dryRun" in request.query
+        if dry_run and request.query.getall("dryRun") != ["All"]:
+            values = ", ".join(f'"{v}"' for v in request.query.getall("dryRun"))
+            raise bad_request(f'dryRun: Unsupported value: {values}: supported values: "All"')
+        if "dryRun" in request.query and verb in WRITE_VERBS and not dry_run:
             raise bad_request(
                 "dryRun is not implemented by the simulated API server: the request was not"
                 " applied; send it without dryRun"
@@ -406,9 +410,10 @@ class Handlers:
             obj, causes = registry.prepare_create(resource, namespace, body)
             # Mutating admission: webhooks see the defaulted object, before validation.
             obj = await webhooks.mutate(
-                registry.store, resource, "CREATE", namespace, obj, request[USER_KEY]
+                registry.store, resource, "CREATE", namespace, obj, request[USER_KEY], dry_run
             )
-            return _object(registry.commit_create(resource, obj, causes, self._admit(request)), 201)
+            admit = self._admit(request)
+            return _object(registry.commit_create(resource, obj, causes, admit, dry_run), 201)
         if verb == "update":
             body = await _checked_body(request, resource, self._fields(request))
             stored, created = self.core.registry.update(

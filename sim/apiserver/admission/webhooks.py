@@ -75,7 +75,12 @@ def webhooks_for(
 
 
 def _review(
-    resource: Resource, operation: str, namespace: str, obj: JsonObject, user: UserInfo
+    resource: Resource,
+    operation: str,
+    namespace: str,
+    obj: JsonObject,
+    user: UserInfo,
+    dry_run: bool = False,
 ) -> JsonObject:
     group_version_kind = {
         "group": resource.group,
@@ -98,7 +103,7 @@ def _review(
         "userInfo": user.to_json(),
         "object": obj,
         "oldObject": None,
-        "dryRun": False,
+        "dryRun": dry_run,
         "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
     }
     if resource.namespaced:
@@ -166,12 +171,20 @@ async def mutate(
     namespace: str,
     obj: JsonObject,
     user: UserInfo,
+    dry_run: bool = False,
 ) -> JsonObject:
-    """`obj` after every matching mutating webhook, or the ApiError that fails the request."""
+    """`obj` after every matching mutating webhook, or the ApiError that fails the request. A
+    dry run calls only webhooks whose sideEffects are None or NoneOnDryRun, and fails with
+    upstream's 400 on any other, as kube-apiserver does."""
     for webhook in webhooks_for(store, resource, operation, namespace, obj):
         name = str(webhook.get("name", ""))
+        if dry_run and webhook.get("sideEffects") not in ("None", "NoneOnDryRun"):
+            raise ApiError(
+                400, "BadRequest", f'admission webhook "{name}" does not support dry run'
+            )
         try:
-            response = await call(webhook, _review(resource, operation, namespace, obj, user))
+            review = _review(resource, operation, namespace, obj, user, dry_run)
+            response = await call(webhook, review)
             if not response.get("allowed"):
                 raise _denied(name, response)
             if response.get("patch"):

@@ -235,3 +235,25 @@ def test_the_configuration_is_served_like_any_cluster_scoped_kind(
     listed = admission.list_mutating_webhook_configuration()
     assert [c.metadata.name for c in listed.items] == ["test"]
     assert listed.items[0].webhooks[0].client_config.url == webhook.url
+
+
+def test_a_dry_run_is_sent_as_one_to_webhooks_without_side_effects(
+    webhook: RecordingWebhook, admission: Any, core: Any
+) -> None:
+    """A dry-run create reaches a webhook with `dryRun: true` and its patch shows in the answer,
+    nothing is stored; a webhook whose sideEffects are not None fails the dry run (400)."""
+    webhook.respond = _label_patch
+    admission.create_mutating_webhook_configuration(configuration(webhook))
+    answered = core.create_namespaced_pod("default", _pod("p"), dry_run="All")
+    assert answered.metadata.labels == {"mutated": "yes"}
+    assert core.list_namespaced_pod("default").items == []
+    core.create_namespaced_pod("default", _pod("q"))
+    assert [review["request"]["dryRun"] for review in webhook.reviews] == [True, False]
+    admission.delete_mutating_webhook_configuration("test")
+    admission.create_mutating_webhook_configuration(configuration(webhook, sideEffects="Some"))
+    with pytest.raises(kubernetes.client.ApiException) as raised:
+        core.create_namespaced_pod("default", _pod("r"), dry_run="All")
+    assert raised.value.status == 400
+    assert json.loads(raised.value.body or "{}")["message"] == (
+        'admission webhook "pods.example.com" does not support dry run'
+    )

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from sim.apiserver import RunningApiServer
-from tests.fixtures_sim import coordination_v1, core_v1, status_of
+from tests.fixtures_sim import apps_v1, coordination_v1, core_v1, status_of
 
 
 def _pod(name: str = "", generate: str = "", **spec: Any) -> dict[str, Any]:
@@ -299,10 +299,49 @@ def test_system_namespaces_cannot_be_deleted(kube_api: client.ApiClient) -> None
     assert core_v1(kube_api).read_namespace("kube-system").status.phase == "Active"
 
 
-def test_dry_run_is_refused_rather_than_applied(kube_api: client.ApiClient) -> None:
+def test_dry_run_creates_nothing_and_other_dry_runs_are_refused(
+    kube_api: client.ApiClient,
+) -> None:
+    """A create with dryRun=All is defaulted, validated and admitted, answered with the object,
+    and stored nowhere; dry runs of other writes are refused rather than applied."""
     v1 = core_v1(kube_api)
+    pod = {
+        "metadata": {"generateName": "probe-"},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }
+    answered = v1.create_namespaced_pod("default", pod, dry_run="All")
+    assert answered.metadata.name.startswith("probe-")
+    assert answered.spec.scheduler_name == "default-scheduler"  # defaulted
+    assert v1.list_namespaced_pod("default").items == []
     with pytest.raises(client.ApiException) as raised:
-        v1.create_node({"metadata": {"name": "n1"}}, dry_run="All")
+        bad = {"metadata": {"name": "Not_A_Name"}, "spec": pod["spec"]}
+        v1.create_namespaced_pod("default", bad, dry_run="All")
+    assert raised.value.status == 422  # validated as a real create is
+    with pytest.raises(client.ApiException) as raised:
+        v1.create_node({"metadata": {"name": "n1"}}, dry_run="Bogus")
+    assert raised.value.status == 400
+    assert status_of(raised.value)["message"] == (
+        'dryRun: Unsupported value: "Bogus": supported values: "All"'
+    )
+    v1.create_node({"metadata": {"name": "n1"}})
+    with pytest.raises(client.ApiException) as raised:
+        v1.patch_node("n1", {"metadata": {"labels": {"a": "b"}}}, dry_run="All")
     assert raised.value.status == 400
     assert "dryRun is not implemented" in status_of(raised.value)["message"]
-    assert v1.list_node().items == []
+    assert v1.read_node("n1").metadata.labels is None
+
+
+def test_daemonsets_are_stored(kube_api: client.ApiClient) -> None:
+    """DaemonSets are stored and listed (no controller acts on them)."""
+    labels = {"app": "agent"}
+    template = {
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }
+    body = {
+        "metadata": {"name": "agent", "namespace": "kube-system"},
+        "spec": {"selector": {"matchLabels": labels}, "template": template},
+    }
+    apps_v1(kube_api).create_namespaced_daemon_set("kube-system", body)
+    listed = apps_v1(kube_api).list_daemon_set_for_all_namespaces().items
+    assert [(d.metadata.namespace, d.metadata.name) for d in listed] == [("kube-system", "agent")]
