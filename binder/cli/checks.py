@@ -1,11 +1,11 @@
 """The checks of `tritonshare preflight`: pure functions of what the CLI read from the cluster.
 
-The cluster-wide checks live here; the GPU nodes' and the node daemons' in `binder.cli.main.gpunodes`.
+The cluster-wide checks live here; the GPU nodes' and the node daemons' in `binder.cli.gpunodes`.
 A `Survey` holds the lists as the API server returned them (and, for the GPU-node policy, the
 answers of its dry runs); each check returns a `Check`: ok, warn or fail, one line saying what it
 found, one line saying how to fix it, and the details (one line per node, DaemonSet, ...). What a
 check cannot know from the API it says it does not know, as a warning. No I/O, no clock (`now` is
-passed in): `binder.cli.main.preflight` reads the cluster and writes the report.
+passed in): `binder.cli.preflight` reads the cluster and writes the report.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from binder.cli.main.certificates import pem_certificates
+from binder.cli.certificates import pem_certificates
 from common.contract import Keys
 
 JsonObject = dict[str, Any]

@@ -6,7 +6,7 @@ nvidia.com/gpu (a device plugin runs there), the clouds' accelerator labels (GKE
 Karpenter's GPU count. The node pod's selection and fit follow kube-scheduler's own rules
 (`binder.cluster.rules`) and requests (`common.podresources`). The policy is judged by the API
 server itself: `daemonset_pod` builds the pod the DaemonSet controller would create, which
-`binder.cli.main.preflight` dry-runs. Pure: no I/O.
+`binder.cli.preflight` dry-runs. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from binder.cli.main.checks import (
+from binder.cli.checks import (
     FAIL,
     OK,
     WARN,

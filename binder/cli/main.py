@@ -35,7 +35,7 @@ from typing import TextIO
 import yaml
 
 from binder.api.kube import JsonObject, Kind, Kube, kubeconfig_namespace
-from binder.cli.main import preflight, uninstall
+from binder.cli import preflight, uninstall
 from binder.cli.modelreport import find_model, model_document, write_model
 from binder.cli.report import (
     asleep_keys,

@@ -4,7 +4,7 @@ Reads the cluster once (version, nodes, namespaces, DaemonSets, pods, CRDs; afte
 mutating webhooks, the system namespace's Secrets and the admission policies), asks the API
 server to dry-run each DaemonSet's pod where tritonshare's GPU-node policy is installed (so the
 policy is judged as the cluster itself evaluates it, whatever its rules say), and runs the pure
-checks of `binder.cli.main.checks`. `--pre` leaves out what only an installed tritonshare has (the
+checks of `binder.cli.checks`. `--pre` leaves out what only an installed tritonshare has (the
 node DaemonSets' fit and selection use the chart's defaults; no webhook, policy or image checks).
 Text as `linkerd check` prints it (a line per check, its details and fix), or
 `-o json|yaml`. Exit status: 1 when a check fails, else 0.
@@ -21,9 +21,9 @@ from typing import TextIO
 from urllib.parse import quote
 
 from binder.api.kube import JsonObject, Kind, Kube
-from binder.cli.main import checks, gpunodes
-from binder.cli.main.checks import FAIL, OK, WARN, Check, DryRun, Survey
-from binder.cli.main.gpunodes import GpuNode
+from binder.cli import checks, gpunodes
+from binder.cli.checks import FAIL, OK, WARN, Check, DryRun, Survey
+from binder.cli.gpunodes import GpuNode
 from binder.cli.report import write_document
 from binder.errors import ApiError, UnavailableError
 from common.contract import Keys

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from binder.cli.main.certificates import CertificateError, pem_certificates
-from binder.cli.main.checks import cni_check, kubernetes_version
-from binder.cli.main.gpunodes import chart_node_pod_requests, tolerates_gpu_node
+from binder.cli.certificates import CertificateError, pem_certificates
+from binder.cli.checks import cni_check, kubernetes_version
+from binder.cli.gpunodes import chart_node_pod_requests, tolerates_gpu_node
 from common.contract import Keys
 
 
