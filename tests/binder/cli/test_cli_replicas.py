@@ -16,8 +16,8 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from binder.cli.main import explain_target
 from binder.cli.main import main as cli
+from binder.cli.views import explain_target
 from common.hosted import SLEEPING_REASON, host_label, loaded_condition
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from tests.binder.objects import GI, KEYS, pod_obj
