@@ -576,11 +576,7 @@ class Models:
         self.limits.policy.check_load_data_files(config, model_id, sizes)
         pin = self._pin(index)
         # Billed its own processes' memory: its load needs no window of the GPU's.
-        apart = (
-            self.apart is not None
-            and pin is not None
-            and runs_in_own_process(backend_of(config), config.runtime)
-        )
+        apart = self.apart is not None and runs_in_own_process(backend_of(config), config.runtime)
         # Triton requires the config's name to be the directory's: the name in Triton.
         override = override_json(pinned_config(config, name, pin))
         entry = await self.triton.state(name)
