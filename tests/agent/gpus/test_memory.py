@@ -133,3 +133,25 @@ def test_a_load_beside_an_unload_that_keeps_bytes_is_never_sure_of_them() -> Non
     ledger.observe(GpuSnapshot((reading(3 * GI),)))
     [over] = ledger.over()
     assert over.model.model_id == "waker" and not over.sure(ledger.allowed(2 * GI))
+
+
+def test_a_model_measured_apart_is_its_processes_and_never_anothers_growth() -> None:
+    """A Python model billed its own process's memory beside an in-process model alone in the
+    GPU's remaining memory: the Python model growing is its own, never the other's, and an
+    over-user measured apart is sure."""
+    ledger = MemoryLedger()
+    ledger.observe(GpuSnapshot((reading(GI // 2),)))
+    ledger.record_load("onnx", GPU, 2 * GI, GI // 2, GI // 2 + GI, None)
+    ledger.record_apart("python", GPU, GI, GI + GI // 2)  # its stub: 1.5Gi
+    # The stub grows to 4Gi; the poll's per-process reading comes with the GPU's.
+    ledger.refresh_apart(GPU, {"python": 4 * GI})
+    ledger.observe(GpuSnapshot((reading(GI // 2 + GI + 4 * GI),)))
+    assert (ledger.measured("onnx"), ledger.measured("python")) == (GI, 4 * GI)
+    assert ledger.unattributed(GPU) == 0 and ledger.uncertainty("python") == 0
+    [over] = ledger.over()
+    assert over.model.model_id == "python" and over.sure(ledger.allowed(GI))
+    # Its unload frees what its processes held: nothing of it stays unexplained.
+    ledger.record_unload("python", GI // 2 + GI, GI // 2 + GI)
+    ledger.refresh_apart(GPU, {})
+    ledger.observe(GpuSnapshot((reading(GI // 2 + GI),)))
+    assert (ledger.measured("onnx"), ledger.unattributed(GPU)) == (GI, 0)
