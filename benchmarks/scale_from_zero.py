@@ -4,12 +4,12 @@ Knative's benchmark (`test/performance/benchmarks/scale-from-zero` in knative/se
 5, 25 and 100 services at once and holds the 25-service case to a p95 of 2 s. Here, on the
 simulated cluster with the real processes and a real Triton on the CPU (one node, mock GPUs),
 for each count in `--models`: that many TritonModels (add_one, Python backend) with
-`autoscaling.minReplicas: 0` and a 6 s window are created, scaled to zero by the built-in
-autoscaler and unloaded (their model host kept, the models parked there), then sent one request
-each, all at once, through the host. Printed for each count: p50, p95 and max seconds from the
-requests' start to each model's first answer, beside the floor: a Triton of the same build and
-flags, in the same run, loading the same number of copies of the model at once through its
-repository API (seconds until the last is loaded).
+`autoscaling.minReplicas: 0` and a 6 s window are created and each asked once, then scaled to
+zero by the built-in autoscaler and unloaded (their model host kept, the models parked there),
+then sent one request each, all at once, through the host. Printed for each count: p50, p95
+and max seconds from the requests' start to each model's first answer, beside the floor: a
+Triton of the same build and flags, in the same run, loading the same number of copies of the
+model at once through its repository API (seconds until the last is loaded).
 
 With `--as pods`, Deployments of model pods (the short form, completed by the webhook) take the
 TritonModels' place: scaled from one replica to zero, then all back to one at once (a Deployment
@@ -241,20 +241,29 @@ def wake_tritonmodels(cluster: SimCluster, count: int, workdir: Path) -> Wake:
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
     names = [f"zero-{count}-{i}" for i in range(count)]
-    unloads_before = _agent_metric(cluster, UNLOADS)
     for name in names:
         uri = cluster.model_store.publish(name, MODELS_DIR / "add_one", release="bench")
         custom.create_namespaced_custom_object(
             GROUP, VERSION, NAMESPACE, PLURAL, _tritonmodel(name, uri, node)
         )
     parked_key = f"{KEYS.prefix}parked-models"
-    conditions = [loaded_condition(KEYS, n, 0).removesuffix("0") for n in names]
 
     def host() -> Any:
         hosts = core.list_namespaced_pod(
             NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
         ).items
         return hosts[0] if hosts else None
+
+    def host_ip() -> str | None:
+        found = host()
+        return str(found.status.pod_ip) if found is not None and found.status.pod_ip else None
+
+    # As Knative's services are Ready first: each model answers once, then is scaled to zero
+    # (each unloaded at least once since).
+    unloads_before = _agent_metric(cluster, UNLOADS)
+    address = wait_until("the model host", host_ip, 300)
+    _all_at_once(names, lambda _: lambda: address)
+    conditions = [loaded_condition(KEYS, n, 0).removesuffix("0") for n in names]
 
     def all_parked() -> str | None:
         found = host()
