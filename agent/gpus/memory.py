@@ -3,9 +3,9 @@ the rules built on it.
 
 A model's request (`tritonshare.io/gpu-mem`, proved by the binder's signature) is what the binder
 booked. What it really uses is measured here, on NVML readings of its GPU that
-`agent.models.nodemodels` takes around every load and unload, one at a time per GPU (two loads never
-overlap on a GPU; a load may share an unload's window, read as one), and on the node's polls between
-them:
+`agent.models.nodemodels` takes around every load and unload, one at a time per GPU (two loads not
+measured apart never overlap on a GPU; a load may share an unload's window, read as one), and on
+the node's polls between them:
 
 - a model **measured apart** (its backend runs it in processes of its own: Python's stubs) is billed
   what its own processes hold on its GPU, as NVML lists each process's memory, refreshed at every
