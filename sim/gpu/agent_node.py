@@ -89,6 +89,7 @@ def _footprints(agent_args: Sequence[str], spec: Spec, process_context: int) -> 
         {gpu.uuid: index for index, gpu in enumerate(spec.gpus)},
         admin_header=(name.strip(), value.strip()) if value else None,
         process_context=process_context,
+        listed=True,
     )
 
 

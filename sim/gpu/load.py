@@ -13,10 +13,11 @@ Triton; a tenant's model growing on its first large request, say); like the rest
 footprint, that is freed when its unload has finished. With `process_context`, a model whose
 backend runs in a process of its own (`backend: "python"`, `common.backends`) also holds that
 many bytes while it is in memory, as a stub process's CUDA context does on a real GPU (524 to 616
-MiB, docs/results.md; one instance per model here). A model running in a process of its own holds
-all of that in its process, as on a real GPU: its Python backend stub (found in `/proc` by its
-command line, which names the model's directory in `repository`) is listed with those bytes by
-the mock's per-process queries (`processes`), not counted in the GPU's other use.
+MiB, docs/results.md; one instance per model here). With `listed`, a model running in a process of
+its own holds all of that in its process, as on a real GPU: its Python backend stub (found in
+`/proc` by its command line, which names the model's directory in `repository`) is listed with
+those bytes by the mock's per-process queries (`mock.set_workload(footprints,
+footprints.processes)`), not counted in the GPU's other use.
 It reads Triton's repository index, the model's config file and the node's pods; it writes
 nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
 """
@@ -68,6 +69,7 @@ class ModelFootprints:
         cache_seconds: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         process_context: int = 0,
+        listed: bool = False,
     ) -> None:
         self._url = triton_http_url if "://" in triton_http_url else f"http://{triton_http_url}"
         self._repository = repository
@@ -79,6 +81,8 @@ class ModelFootprints:
         """What Triton's restricted repository API asks of its callers (the agent's header)."""
         self._cache_seconds = cache_seconds
         self.process_context = process_context
+        self.listed = listed
+        """Own-process models' memory is their stub process's (`processes`), not the GPU's."""
         self._clock = clock
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[int, int]] = (-1e9, {})
@@ -158,7 +162,7 @@ class ModelFootprints:
         for gone in set(self._allocated) - held:
             del self._allocated[gone]
         gpus = self._gpu_of_models()
-        stubs = self._stubs()
+        stubs = self._stubs() if self.listed else {}
         footprint: dict[int, int] = {}
         in_processes: dict[int, dict[int, int]] = {}
         for model in held:

@@ -512,7 +512,7 @@ async def test_python_models_load_at_once_each_billed_its_own_process(
     by side (the GPU's slot shared), and each is billed exactly what its own stub process
     holds (its allocation and its CUDA context, NVML's per-process figure), none of the GPU
     left unattributed."""
-    footprints.process_context = STUB_CONTEXT
+    footprints.process_context, footprints.listed = STUB_CONTEXT, True
     mock_nvml.set_workload(footprints, footprints.processes)
     pid_file = tmp_path / "triton.pid"
     assert triton.process is not None
