@@ -155,3 +155,21 @@ def test_a_model_measured_apart_is_its_processes_and_never_anothers_growth() -> 
     ledger.refresh_apart(GPU, {})
     ledger.observe(GpuSnapshot((reading(GI // 2 + GI),)))
     assert (ledger.measured("onnx"), ledger.unattributed(GPU)) == (GI, 0)
+
+
+def test_growth_outside_every_process_measured_apart_is_blamed_on_no_model_beside_them() -> None:
+    """A tenant's Python model hides memory in a process outside Triton's tree (or has Triton
+    allocate for it): its own figure misses it, and its in-process neighbour, the only model
+    measured by the GPU's used memory, must not be billed (or evicted) for it: beside a model
+    measured apart, growth is unexplained, as beside any other model."""
+    ledger = MemoryLedger(tolerance_min=0)
+    ledger.observe(GpuSnapshot((reading(GI // 2),)))
+    ledger.record_load("onnx", GPU, GI, GI // 2, GI // 2 + GI, None)
+    ledger.record_apart("python", GPU, GI, GI)
+    ledger.refresh_apart(GPU, {"python": GI})
+    [growth] = ledger.observe(GpuSnapshot((reading(GI // 2 + GI + GI + 3 * GI),)))
+    assert (growth.grown, growth.models) == (3 * GI, ("onnx", "python"))
+    assert ledger.measured("onnx") == GI and ledger.over() == []
+    # A load beside a model measured apart is billed up to its request, the rest unexplained.
+    entry, rest = ledger.record_load("onnx2", GPU, GI, 6 * GI, 10 * GI, None)
+    assert entry.bytes == GI and rest is not None and rest.grown == 3 * GI
