@@ -11,7 +11,9 @@ the node's polls between them:
   what its own processes hold on its GPU, as NVML lists each process's memory, refreshed at every
   reading: exact, whatever loads beside it, so such loads share their GPU (`agent.gpus.gpuqueue`).
   Every other figure and rule below is on the GPU's used memory **less** what the models measured
-  apart hold (`net`), so their loads and growth are never billed to another model;
+  apart hold (`net`), so their loads and growth are never billed to another model; they still
+  count as neighbours (what escapes their processes, such as a process outside Triton's, may
+  grow beside them), so nothing is billed beside them but up to a request;
 - a load's figure is Triton's own per-model figure when the backend reports one; else the growth
   of the GPU's used memory across the load. When the model was the only one on its GPU, that
   growth is its own. When other models were loaded there, or unloaded during its window, any of
@@ -223,7 +225,8 @@ class MemoryLedger:
             # GPU's baseline, and its figure is that plus the change.
             used_before -= previous.bytes
         growth = used_after - used_before
-        others = [m.model_id for m in self._windowed(gpu_uuid) if m.model_id != model_id]
+        # Models measured apart are others too: what escapes their figure may grow meanwhile.
+        others = [m.model_id for m in self.on_gpu(gpu_uuid) if m.model_id != model_id]
         others += beside
         if not others:
             # Nothing else on the GPU could change during the window: what was there before is
@@ -253,7 +256,7 @@ class MemoryLedger:
         if entry is None or entry.source == "process":
             return
         self._used[entry.gpu_uuid] = used_after
-        if not self._windowed(entry.gpu_uuid):
+        if not self.on_gpu(entry.gpu_uuid):
             self._baseline[entry.gpu_uuid] = used_after
             self._unexplained[entry.gpu_uuid] = 0
             return
@@ -280,13 +283,13 @@ class MemoryLedger:
             return None
         used = self.net(gpu)
         self._used[gpu.uuid] = used
-        models = self._windowed(gpu.uuid)
+        models = self.on_gpu(gpu.uuid)
         if not models:
             self._baseline[gpu.uuid] = used
             self._unexplained[gpu.uuid] = 0
             return None
         baseline = self._baseline.setdefault(gpu.uuid, 0)
-        if len(models) == 1:
+        if len(models) == 1 and models[0].source != "process":
             # Alone on its GPU: every change is its own. What is unexplained stays so, as the
             # figure's uncertainty: it may be what a neighbour grew, or left behind.
             sole = models[0]
