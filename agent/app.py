@@ -27,6 +27,7 @@ from agent.api.auth import Authorizer
 from agent.api.callgate import MAX_MESSAGE_BYTES, Gate
 from agent.api.service import AgentService, add_to_server
 from agent.errors import AgentError
+from agent.gpus.apart import ApartMemory
 from agent.gpus.foreign import ForeignWatch
 from agent.gpus.inventory import GpuSnapshot
 from agent.gpus.memory import MemoryLedger, describe
@@ -108,6 +109,7 @@ def _model_limits(settings: Settings) -> ModelLimits:
         load_timeout_per_gib=settings.load_timeout_per_gib_seconds,
         load_timeout=settings.load_timeout_seconds,
         max_load_attempts=settings.max_load_attempts,
+        parallel_loads=settings.parallel_loads,
     )
 
 
@@ -194,6 +196,7 @@ class Agent:
         )
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
         self.triton_processes = TritonProcesses(settings.triton_pid_file)
+        self.apart = ApartMemory(self._gpu_reader, self.triton_processes, self._nvml_thread)
 
         # The node: its GPUs (and the memory measured on them), its pods.
         self.ledger = MemoryLedger(tolerance_fraction=settings.gpu_mem_tolerance)
@@ -249,6 +252,7 @@ class Agent:
             evictor=self.evictor,
             host=self.host_memory,
             hold=self.hold,
+            apart=self.apart,
         )
         self.reconciler = Reconciler(
             self.models,
@@ -432,13 +436,22 @@ class Agent:
     def _observe_memory(self, snapshot: GpuSnapshot) -> None:
         """Called where NVML was read (its own thread): the ledger belongs to the event loop,
         which changes it around loads, so the reading is handed over rather than applied here."""
+        apart: dict[int, dict[str, int]] = {}
+        if self.apart.known:
+            # Read here with the snapshot: what models measured apart hold is theirs.
+            apart = self.apart.held_on([g.index for g in snapshot.gpus if g.healthy])
         if self._loop is None:
-            self._apply_memory(snapshot)
+            self._apply_memory(snapshot, apart)
             return
         with contextlib.suppress(RuntimeError):  # the loop is closing at shutdown
-            self._loop.call_soon_threadsafe(self._apply_memory, snapshot)
+            self._loop.call_soon_threadsafe(self._apply_memory, snapshot, apart)
 
-    def _apply_memory(self, snapshot: GpuSnapshot) -> None:
+    def _apply_memory(
+        self, snapshot: GpuSnapshot, apart: dict[int, dict[str, int]] | None = None
+    ) -> None:
+        for gpu in snapshot.gpus:
+            if apart and gpu.index in apart and gpu.uuid not in self.ledger.loading:
+                self.ledger.refresh_apart(gpu.uuid, apart[gpu.index])
         for growth in self.ledger.observe(snapshot):
             self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
             log.warning("%s.", describe(growth))

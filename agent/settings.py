@@ -431,6 +431,16 @@ class Settings:
     )
     """Loads of one model refused (or abandoned) in a row after which the agent stops trying
     until its files are installed again or its pod is recreated; 0: it never stops."""
+    parallel_loads: int = setting(
+        "parallel-loads",
+        "loads measured by their own processes (Python backend) that may run at once on one GPU",
+        whole(minimum=1),
+        default="4",
+    )
+    """Loads and wakes of models whose backend runs them in processes of their own are billed
+    those processes' memory (NVML's per-process figures), so up to this many share a GPU at
+    once; other loads keep the GPU to themselves. Triton's `--model-load-thread-count` should be
+    at least this (the chart sets both from `agent.parallelLoads`)."""
     load_backoff_max_seconds: float = setting(
         "load-backoff-max-seconds",
         "the longest wait before a failed load is tried again",

@@ -25,6 +25,10 @@ from pathlib import Path
 from types import TracebackType
 
 STANDIN_BACKENDS = Path(__file__).resolve().parent / "tritonbackends"
+PARALLEL_LOADS = 4
+"""Loads Triton runs at once (`--model-load-thread-count`), as the chart sets it from
+`agent.parallelLoads`: the agent's `--parallel-loads` default."""
+LOAD_THREADS_ARGS = (f"--model-load-thread-count={PARALLEL_LOADS}",)
 
 
 class TritonUnavailableError(RuntimeError):
@@ -166,6 +170,7 @@ class TritonServer:
             "--strict-readiness=true",
             "--log-verbose=0",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *LOAD_THREADS_ARGS,
         ]
         if self.restricted:
             header = "tritonshare-admin-key=local"  # Triton 2.51 wants <api>:<header>=<value>

@@ -6,7 +6,11 @@ it). One overlap is allowed: a load or wake may be granted beside an unload or e
 slot (one per such turn, and only when no turn waits before it), so that a wake does not wait
 for an unrelated model's unload (1-2 s in Triton); Triton runs a load and an unload of two
 models at once, and `agent.models.nodemodels` measures the pair as one window and sends a load that
-does not fit without the unloading model's memory back to wait for it. Two loads never overlap.
+does not fit without the unloading model's memory back to wait for it. Two loads measured by
+their GPU's used memory never overlap; loads and wakes measured **apart** (a model whose backend
+runs in processes of its own, billed its own processes' memory as NVML lists it per process) need
+no window of the GPU's: up to `parallel` of them share the slot, beside each other but never
+beside any other turn. Turns of different GPUs never wait for each other.
 This module decides the order and each turn's time budget. The slot goes round the namespaces
 waiting: the next turn is the oldest of the namespace served least recently (one that has not
 been served while it waited goes first), so a namespace with many loads queued delays another's
@@ -53,6 +57,8 @@ class Turn:
     """Bytes of the model's files (what a load reads), 0 when unknown or not a load."""
     alone: bool = False
     """Never granted beside another turn (a load that did not fit beside an unload)."""
+    apart: bool = False
+    """A load or wake measured by its own processes: granted beside other such turns."""
 
 
 Budget = Callable[[Turn], float | None]
@@ -87,6 +93,8 @@ class _Slot:
     beside_at: float = 0.0
     beside_given: bool = False
     """The holder's turn has had its one turn beside it."""
+    shared: dict[Turn, float] = field(default_factory=dict)
+    """The turns measured apart granted now (no holder meanwhile), with when each was."""
     waiting: deque[Turn] = field(default_factory=deque)
     """In the order asked."""
     served: dict[str, int] = field(default_factory=dict)
@@ -98,8 +106,12 @@ class _Slot:
 class GpuQueue:
     """The slots of every GPU of the node and the turns waiting for them."""
 
-    def __init__(self, budget: Budget = unbounded) -> None:
+    def __init__(self, budget: Budget = unbounded, *, parallel: int = 1) -> None:
+        if parallel < 1:
+            raise ValueError(f"parallel loads per GPU must be at least 1, not {parallel}")
         self._budget = budget
+        self.parallel = parallel
+        """The most turns measured apart granted at once on one GPU."""
         self._slots: dict[str, _Slot] = {}
         self._numbers = itertools.count(1)
 
@@ -113,12 +125,17 @@ class GpuQueue:
         size: int = 0,
         *,
         alone: bool = False,
+        apart: bool = False,
     ) -> Turn:
-        """A new turn on `gpu`; granted at once when the slot is free (see `holder`), or beside
-        the unload holding it (see `beside`) unless `alone`."""
-        turn = Turn(next(self._numbers), gpu, work, name, namespace, now, size, alone)
+        """A new turn on `gpu`; granted at once when the slot is free (see `holder`), beside
+        the unload holding it (see `beside`) unless `alone`, or, `apart` (a load or wake measured
+        by its own processes), beside the others granted so (see `shared`)."""
+        apart = apart and work.adds and not alone
+        turn = Turn(next(self._numbers), gpu, work, name, namespace, now, size, alone, apart)
         slot = self._slots.setdefault(gpu, _Slot())
-        if slot.holder is None:
+        if not slot.waiting and self._may_share(slot, turn):
+            self._grant_shared(slot, turn, now)
+        elif slot.holder is None and not slot.shared:
             self._grant(slot, turn, now)
         elif not slot.waiting and self._may_go_beside(slot, turn):
             self._grant_beside(slot, turn, now)
@@ -136,9 +153,14 @@ class GpuQueue:
         slot = self._slots.get(gpu)
         return slot.beside if slot else None
 
+    def shared(self, gpu: str) -> list[Turn]:
+        """The turns measured apart granted on `gpu` now, in the order granted."""
+        slot = self._slots.get(gpu)
+        return list(slot.shared) if slot else []
+
     def granted(self, turn: Turn) -> bool:
         slot = self._slots.get(turn.gpu)
-        return slot is not None and turn in (slot.holder, slot.beside)
+        return slot is not None and (turn in (slot.holder, slot.beside) or turn in slot.shared)
 
     def waiting(self, gpu: str) -> list[Turn]:
         slot = self._slots.get(gpu)
@@ -147,35 +169,74 @@ class GpuQueue:
     def done(self, turn: Turn, now: float) -> Turn | None:
         """End `turn`, granted or still waiting (its caller gave up); returns the turn granted
         the slot in its place, if any (a turn granted beside it then is `beside`'s; the turn
-        beside an ending holder takes its place, granted already, and is not returned)."""
+        beside an ending holder takes its place, granted already, and is not returned). See
+        `done_all` for every turn granted."""
+        following = self.done_all(turn, now)
+        return following[0] if following else None
+
+    def done_all(self, turn: Turn, now: float) -> list[Turn]:
+        """`done`, returning every turn granted in its place (a holder and the turn beside it,
+        or turns measured apart)."""
         slot = self._slots.get(turn.gpu)
         if slot is None:
-            return None
-        following = None
-        if slot.beside == turn:
+            return []
+        following: list[Turn] = []
+        if turn in slot.shared:
+            del slot.shared[turn]
+            if not slot.shared:
+                following = self._grant_next(slot, now)
+            else:
+                following = self._share_next(slot, now)
+        elif slot.beside == turn:
             slot.beside = None
         elif slot.holder != turn:
             if turn in slot.waiting:
                 slot.waiting.remove(turn)
-            return None
+                # The head of the line may have been it: who follows may go now.
+                if slot.holder is None:
+                    following = self._grant_next(slot, now) if not slot.shared else []
+                    following = following or self._share_next(slot, now)
         elif slot.beside is not None:
             slot.holder, slot.granted_at = slot.beside, slot.beside_at
             slot.beside = None
         else:
-            following = self._next(slot, lambda t: True)
             slot.holder = None
-            if following is not None:
-                self._grant(slot, following, now)
-                beside = self._next(slot, lambda t: self._may_go_beside(slot, t))
-                if beside is not None:
-                    self._grant_beside(slot, beside, now)
+            following = self._grant_next(slot, now)
         waiting = {t.namespace for t in slot.waiting}
-        held = {t.namespace for t in (slot.holder, slot.beside) if t is not None}
+        held = {t.namespace for t in (slot.holder, slot.beside, *slot.shared) if t is not None}
         for namespace in set(slot.served) - waiting - held:
             del slot.served[namespace]
-        if slot.holder is None and not slot.waiting:
+        if slot.holder is None and not slot.shared and not slot.waiting:
             del self._slots[turn.gpu]  # GPUs come and go: an idle slot costs nothing
         return following
+
+    def _grant_next(self, slot: _Slot, now: float) -> list[Turn]:
+        """The free slot to the next turn in line: turns measured apart, as many as may share
+        it, or one holder (and a turn beside it, if one may go)."""
+        following = self._next(slot, lambda t: True)
+        if following is None:
+            return []
+        if following.apart:
+            self._grant_shared(slot, following, now)
+            return [following, *self._share_next(slot, now)]
+        self._grant(slot, following, now)
+        beside = self._next(slot, lambda t: self._may_go_beside(slot, t))
+        if beside is not None:
+            self._grant_beside(slot, beside, now)
+            return [following, beside]
+        return [following]
+
+    def _share_next(self, slot: _Slot, now: float) -> list[Turn]:
+        """Turns measured apart next in line, granted beside those sharing the slot while
+        there is room; stops at the first turn in line that may not share it."""
+        granted = []
+        while slot.shared or slot.holder is None:
+            turn = self._next(slot, lambda t: self._may_share(slot, t))
+            if turn is None:
+                break
+            self._grant_shared(slot, turn, now)
+            granted.append(turn)
+        return granted
 
     def deadline(self, gpu: str) -> float | None:
         """When the turn holding `gpu`'s slot has used its budget (None: no turn, or unbounded)."""
@@ -185,21 +246,32 @@ class GpuQueue:
     def deadline_of(self, turn: Turn) -> float | None:
         """When granted `turn` has used its budget (None: not granted, or unbounded)."""
         slot = self._slots.get(turn.gpu)
-        if slot is None or turn not in (slot.holder, slot.beside):
+        if slot is None or not self.granted(turn):
             return None
         budget = self._budget(turn)
-        granted_at = slot.granted_at if turn == slot.holder else slot.beside_at
+        if turn in slot.shared:
+            granted_at = slot.shared[turn]
+        else:
+            granted_at = slot.granted_at if turn == slot.holder else slot.beside_at
         return None if budget is None else granted_at + budget
 
     def overdue(self, now: float) -> list[Turn]:
         """The granted turns past their budget at `now`."""
         late = []
         for slot in self._slots.values():
-            for turn in (slot.holder, slot.beside):
+            for turn in (slot.holder, slot.beside, *slot.shared):
                 deadline = None if turn is None else self.deadline_of(turn)
                 if turn is not None and deadline is not None and now >= deadline:
                     late.append(turn)
         return late
+
+    def _may_share(self, slot: _Slot, turn: Turn) -> bool:
+        return (
+            turn.apart
+            and slot.holder is None
+            and slot.beside is None
+            and len(slot.shared) < self.parallel
+        )
 
     @staticmethod
     def _may_go_beside(slot: _Slot, turn: Turn) -> bool:
@@ -207,6 +279,7 @@ class GpuQueue:
         return (
             turn.work.adds
             and not turn.alone
+            and not turn.apart
             and holder is not None
             and not holder.work.adds
             and slot.beside is None
@@ -219,6 +292,12 @@ class GpuQueue:
         slot.holder, slot.granted_at = turn, now
         slot.served[turn.namespace] = slot.grants
         slot.beside_given = False
+
+    @staticmethod
+    def _grant_shared(slot: _Slot, turn: Turn, now: float) -> None:
+        slot.grants += 1
+        slot.shared[turn] = now
+        slot.served[turn.namespace] = slot.grants
 
     @staticmethod
     def _grant_beside(slot: _Slot, turn: Turn, now: float) -> None:

@@ -3,10 +3,17 @@ the rules built on it.
 
 A model's request (`tritonshare.io/gpu-mem`, proved by the binder's signature) is what the binder
 booked. What it really uses is measured here, on NVML readings of its GPU that
-`agent.models.nodemodels` takes around every load and unload, one at a time per GPU (two loads never
-overlap on a GPU; a load may share an unload's window, read as one), and on the node's polls between
-them:
+`agent.models.nodemodels` takes around every load and unload, one at a time per GPU (two loads not
+measured apart never overlap on a GPU; a load may share an unload's window, read as one), and on
+the node's polls between them:
 
+- a model **measured apart** (its backend runs it in processes of its own: Python's stubs) is billed
+  what its own processes hold on its GPU, as NVML lists each process's memory, refreshed at every
+  reading: exact, whatever loads beside it, so such loads share their GPU (`agent.gpus.gpuqueue`).
+  Every other figure and rule below is on the GPU's used memory **less** what the models measured
+  apart hold (`net`), so their loads and growth are never billed to another model; they still
+  count as neighbours (what escapes their processes, such as a process outside Triton's, may
+  grow beside them), so nothing is billed beside them but up to a request;
 - a load's figure is Triton's own per-model figure when the backend reports one; else the growth
   of the GPU's used memory across the load. When the model was the only one on its GPU, that
   growth is its own. When other models were loaded there, or unloaded during its window, any of
@@ -64,7 +71,8 @@ class Measured:
     request: int
     bytes: int
     source: str
-    """`triton` (the backend's own statistics) or `nvml` (its GPU's used memory)."""
+    """`triton` (the backend's own statistics), `nvml` (its GPU's used memory) or `process`
+    (its own processes' memory, NVML's per-process figures: measured apart)."""
     floor: int = 0
     """Triton's figure at load: a model alone on its GPU is never measured below it."""
     adopted: bool = False
@@ -153,14 +161,39 @@ class MemoryLedger:
         return [m for m in self.models.values() if m.gpu_uuid == gpu_uuid]
 
     def attributed(self, gpu_uuid: str) -> int:
-        return sum(m.bytes for m in self.on_gpu(gpu_uuid))
+        """Bytes billed to the models on the GPU that are not measured apart."""
+        return sum(m.bytes for m in self._windowed(gpu_uuid))
+
+    def _windowed(self, gpu_uuid: str) -> list[Measured]:
+        """The GPU's models measured by its used memory (or Triton's figures), not apart."""
+        return [m for m in self.on_gpu(gpu_uuid) if m.source != "process"]
+
+    def apart(self, gpu_uuid: str) -> list[Measured]:
+        """The GPU's models measured apart, by their own processes."""
+        return [m for m in self.on_gpu(gpu_uuid) if m.source == "process"]
+
+    def net(self, gpu: GpuInfo) -> int:
+        """The GPU's used bytes less what its models measured apart hold (as last refreshed)."""
+        return gpu.memory_used - sum(m.bytes for m in self.apart(gpu.uuid))
+
+    def record_apart(self, model_id: str, gpu_uuid: str, request: int, held: int) -> Measured:
+        """A load measured apart finished: it is billed `held`, what its own processes hold."""
+        entry = Measured(model_id, gpu_uuid, request, held, "process")
+        self.models[model_id] = entry
+        return entry
+
+    def refresh_apart(self, gpu_uuid: str, held: dict[str, int]) -> None:
+        """What each model measured apart holds on the GPU now, by its name (a model with no
+        process listed holds nothing)."""
+        for m in self.apart(gpu_uuid):
+            m.bytes = held.get(m.model_id, 0)
 
     def uncertainty(self, model_id: str) -> int:
         """Bytes of the model's figure another tenant may have caused (0 for Triton's own)."""
         entry = self.models.get(model_id)
-        if entry is None or entry.source == "triton":
+        if entry is None or entry.source in ("triton", "process"):
             return 0
-        if any(m.adopted for m in self.on_gpu(entry.gpu_uuid)):
+        if any(m.adopted for m in self._windowed(entry.gpu_uuid)):
             # Loaded before this agent started: nothing on its GPU was read from empty.
             return entry.bytes
         return max(self._unexplained.get(entry.gpu_uuid, 0), 0)
@@ -183,15 +216,16 @@ class MemoryLedger:
         *,
         beside: tuple[str, ...] = (),
     ) -> tuple[Measured, Unexplained | None]:
-        """A load finished (`used_before` was observed first): its figure, and the growth of
-        its window that could not be billed to it (None when there was none). `beside`: models
-        unloaded during the window, which it is billed as loaded beside."""
+        """A load finished (`used_before` was observed first; both readings `net`): its figure,
+        and the growth of its window that could not be billed to it (None when there was none).
+        `beside`: models unloaded during the window, which it is billed as loaded beside."""
         previous = self.models.get(model_id)
         if previous is not None:
             # A reload replaces the model in place: what it held before is its own, not the
             # GPU's baseline, and its figure is that plus the change.
             used_before -= previous.bytes
         growth = used_after - used_before
+        # Models measured apart are others too: what escapes their figure may grow meanwhile.
         others = [m.model_id for m in self.on_gpu(gpu_uuid) if m.model_id != model_id]
         others += beside
         if not others:
@@ -216,9 +250,10 @@ class MemoryLedger:
         return entry, Unexplained(gpu_uuid, rest, total, names, during_load_of=model_id)
 
     def record_unload(self, model_id: str, used_before: int, used_after: int) -> None:
-        """An unload finished, read before and after: what it did not free stays unexplained."""
+        """An unload finished, read before and after (`net`): what it did not free stays
+        unexplained. A model measured apart freed what its processes held: they are gone."""
         entry = self.models.pop(model_id, None)
-        if entry is None:
+        if entry is None or entry.source == "process":
             return
         self._used[entry.gpu_uuid] = used_after
         if not self.on_gpu(entry.gpu_uuid):
@@ -231,7 +266,7 @@ class MemoryLedger:
     def forget(self, model_id: str) -> None:
         """An unload that could not be read: the model's memory is taken to be freed."""
         entry = self.models.pop(model_id, None)
-        if entry is not None:
+        if entry is not None and entry.source != "process":
             used = self._used.get(entry.gpu_uuid, 0)
             self._used[entry.gpu_uuid] = max(used - entry.bytes, 0)
 
@@ -241,25 +276,27 @@ class MemoryLedger:
         return [u for u in found if u is not None]
 
     def observe_gpu(self, gpu: GpuInfo) -> Unexplained | None:
-        """A GPU's change since its last reading is its sole model's; on a GPU with several, it
-        is unexplained (returned when it grew by more than the tolerance's minimum)."""
+        """A GPU's change since its last reading (`net`: what models measured apart hold, as
+        last refreshed, is theirs) is its sole model's; on a GPU with several, it is unexplained
+        (returned when it grew by more than the tolerance's minimum)."""
         if not gpu.healthy:
             return None
-        self._used[gpu.uuid] = gpu.memory_used
+        used = self.net(gpu)
+        self._used[gpu.uuid] = used
         models = self.on_gpu(gpu.uuid)
         if not models:
-            self._baseline[gpu.uuid] = gpu.memory_used
+            self._baseline[gpu.uuid] = used
             self._unexplained[gpu.uuid] = 0
             return None
         baseline = self._baseline.setdefault(gpu.uuid, 0)
-        if len(models) == 1:
+        if len(models) == 1 and models[0].source != "process":
             # Alone on its GPU: every change is its own. What is unexplained stays so, as the
             # figure's uncertainty: it may be what a neighbour grew, or left behind.
             sole = models[0]
-            sole.bytes = max(gpu.memory_used - baseline, sole.floor)
+            sole.bytes = max(used - baseline, sole.floor)
             return None
         before = self._unexplained.get(gpu.uuid, 0)
-        now = gpu.memory_used - baseline - self.attributed(gpu.uuid)
+        now = used - baseline - self.attributed(gpu.uuid)
         self._unexplained[gpu.uuid] = now
         if now - before <= self.tolerance_min:
             return None
@@ -267,8 +304,8 @@ class MemoryLedger:
         return Unexplained(gpu.uuid, now - before, now, names)
 
     def unattributed(self, gpu_uuid: str) -> int:
-        """Used bytes on the GPU that no model's figure and no baseline accounts for (may be < 0
-        while an unload is finishing)."""
+        """Used bytes on the GPU that no model's figure (those measured apart included) and no
+        baseline accounts for (may be < 0 while an unload is finishing)."""
         used = self._used.get(gpu_uuid, 0)
         return used - self._baseline.get(gpu_uuid, 0) - self.attributed(gpu_uuid)
 

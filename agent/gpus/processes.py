@@ -1,5 +1,6 @@
 """Triton's processes as `/proc` shows them: the tree under Triton's PID (the server and its
-children, such as Python backend stubs) and the resident memory it holds.
+children, such as Python backend stubs), the resident memory it holds, and which model each stub
+runs.
 
 The only module that reads `/proc`. Triton's PID comes from `--triton-pid-file`, which Triton's
 container writes; the PIDs are those of the agent's PID namespace, so the node pod shares one
@@ -17,6 +18,19 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+STUB_NAME = b"triton_python_backend_stub"
+"""The Python backend's stub: one process per model instance."""
+
+
+def _under(root: int, children: dict[int, list[int]]) -> set[int]:
+    """`root` and every process under it."""
+    pids, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in pids:
+                pids.add(child)
+                todo.append(child)
+    return pids
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,40 @@ class TritonProcesses:
         root = self.root()
         if root is None:
             return None
+        pids = _under(root, self._children())
+        return TritonTree(frozenset(pids), sum(self._rss(pid) for pid in pids))
+
+    def by_model(self) -> dict[str, frozenset[int]] | None:
+        """Each model's processes by its name in Triton: every Python backend stub in Triton's
+        tree (its command line is `triton_python_backend_stub <repository>/<name>/<version>/
+        model.py ...`) with the processes under it; None when Triton's PID is not known."""
+        root = self.root()
+        if root is None:
+            return None
+        children = self._children()
+        found: dict[str, set[int]] = {}
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            model = self._stub_model(pid) if pid != root else ""
+            if model:
+                found.setdefault(model, set()).update(_under(pid, children))
+            else:
+                todo.extend(children.get(pid, ()))
+        return {name: frozenset(pids) for name, pids in found.items()}
+
+    def _stub_model(self, pid: int) -> str:
+        """The model a Python backend stub runs ("" when `pid` is no stub)."""
+        try:
+            argv = (self._proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return ""
+        if len(argv) < 2 or not argv[0].endswith(STUB_NAME):
+            return ""
+        parts = Path(argv[1].decode(errors="replace")).parts
+        return parts[-3] if len(parts) >= 3 else ""
+
+    def _children(self) -> dict[int, list[int]]:
         children: dict[int, list[int]] = {}
         for entry in self._proc.iterdir():
             if not entry.name.isdigit():
@@ -67,13 +115,7 @@ class TritonProcesses:
             parent = self._parent(entry)
             if parent is not None:
                 children.setdefault(parent, []).append(int(entry.name))
-        pids, todo = {root}, [root]
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                if child not in pids:
-                    pids.add(child)
-                    todo.append(child)
-        return TritonTree(frozenset(pids), sum(self._rss(pid) for pid in pids))
+        return children
 
     def memory_limit(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
         """The memory limit of Triton's cgroup (v2 `memory.max`), where the agent can read it;

@@ -34,5 +34,7 @@ class ModelLimits:
     """Seconds a load may hold its GPU's slot per GiB of the model's files."""
     load_timeout: float = 600.0
     """The most seconds any load may take, whatever its size."""
+    parallel_loads: int = 1
+    """Loads measured apart (by their own processes) that may share one GPU at once."""
     max_load_attempts: int = 5
     """Loads refused in a row after which none is tried until the model changes (0: no bound)."""

@@ -46,12 +46,14 @@ from agent.errors import (
     TritonNotConnectedError,
     TritonUnreachableError,
 )
+from agent.gpus.apart import ApartMemory
 from agent.gpus.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
 from agent.gpus.inventory import GpuInfo, GpuSnapshot, gpu_for
 from agent.gpus.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.installs.filecache import FileCache, NamespaceDisk
 from agent.installs.limits import ModelLimits
 from agent.installs.modelconfig import (
+    backend_of,
     check_declared_backend,
     override_json,
     parse_config,
@@ -82,6 +84,7 @@ from agent.pods.ownership import OwnerRecord, OwnerStore
 from agent.pods.proofs import Proven
 from agent.quarantine.records import CrashLedger, CrashRecord, Marker, NamespaceRecord
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
+from common.backends import runs_in_own_process
 from common.logs import subject
 from common.manifest import Manifest
 
@@ -169,6 +172,8 @@ class _Window:
 
     before: GpuInfo | None = None
     """The GPU's reading when the window opened (after the evictions of a load that made room)."""
+    before_net: int = 0
+    """Its used bytes less what the models measured apart held then (`MemoryLedger.net`)."""
     opened: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once `before` is read (or its reading failed)."""
     members: int = 0
@@ -282,6 +287,7 @@ class Models:
         evictor: Evictor | None = None,
         host: HostMemory | None = None,
         hold: ProbationHold | None = None,
+        apart: ApartMemory | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -312,7 +318,11 @@ class Models:
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
         )
-        self.gpu_queue = GpuQueue(self._load_budget)
+        self.apart = apart if apart is not None and apart.known else None
+        """Reads what models measured apart hold (None: every load keeps its GPU to itself)."""
+        self.gpu_queue = GpuQueue(self._load_budget, parallel=limits.parallel_loads)
+        self._loading_apart: dict[str, dict[str, int]] = {}
+        """GPU UUID -> the loads measured apart under way there, each with its request."""
         self._granted: dict[int, asyncio.Future[None]] = {}
         """Turn number -> what its waiter awaits until the GPU queue grants it."""
         self._windows: dict[str, _Window] = {}
@@ -565,6 +575,8 @@ class Models:
         sizes = {e.path: e.size for e in manifest.files}
         self.limits.policy.check_load_data_files(config, model_id, sizes)
         pin = self._pin(index)
+        # Billed its own processes' memory: its load needs no window of the GPU's.
+        apart = self.apart is not None and runs_in_own_process(backend_of(config), config.runtime)
         # Triton requires the config's name to be the directory's: the name in Triton.
         override = override_json(pinned_config(config, name, pin))
         entry = await self.triton.state(name)
@@ -669,6 +681,7 @@ class Models:
                 index,
                 manifest.total_bytes,
                 waking=waking,
+                apart=apart,
                 # READY: an exit from now on finds it settling, even while it is measured.
                 on_ready=lambda: self.crashes.finished(marker, settle=settle),
             )
@@ -825,7 +838,7 @@ class Models:
                 waking,
                 reclaimed=victim.name in choice.reclaimed,
             )
-        after = await self._gpus.read_gpu(gpu.uuid)
+        after = await self._read_gpu(gpu.uuid)
         if after is None:
             return None, ""
         self._unexplained(self.ledger.observe_gpu(after))
@@ -841,15 +854,16 @@ class Models:
                 return
             self._step(name, record, Event.UNLOAD_STARTED)
             try:
-                before = await self._gpus.read_gpu(uuid)
+                before = await self._read_gpu(uuid)
+                before_net = None if before is None else self.ledger.net(before)
                 await self.triton.unload(name)
                 await self.triton.wait_unloaded(name, self.limits.unload_timeout)
-                after = await self._gpus.read_gpu(uuid)
+                after = await self._read_gpu(uuid)
             except BaseException:
                 self._step(name, record, Event.UNLOAD_FAILED)
                 raise
-            if before is not None and after is not None:
-                self.ledger.record_unload(name, before.memory_used, after.memory_used)
+            if before_net is not None and after is not None:
+                self.ledger.record_unload(name, before_net, self.ledger.net(after))
             self.ledger.forget(name)
         if self.host is not None:
             self.host.forget(name)
@@ -890,6 +904,7 @@ class Models:
         size: int = 0,
         *,
         waking: bool = False,
+        apart: bool = False,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
         """Load, admitted and measured when the model's GPU can be read: one load at a time per
@@ -910,6 +925,12 @@ class Models:
                     raise
                 raise self._timed_out(size, bound or 0.0) from e
             return
+        if apart:
+            try:
+                await self._load_apart(name, override, owner, uuid, index, size, waking, on_ready)
+                return
+            except _AloneError:
+                pass  # it does not fit as things are: a window of its own makes room, or refuses
         try:
             await self._load_in(name, override, owner, uuid, index, size, waking, on_ready)
         except _AloneError:
@@ -948,6 +969,8 @@ class Models:
                     # this turn: what they free is measured before this load begins.
                     before, problem = await self._make_gpu_room(owner, before, problem, waking)
                     shared.before = before
+                    if before is not None:
+                        shared.before_net = self.ledger.net(before)
                 if problem and waking:
                     raise ResourceExhaustedError(
                         f"model {model_id!r} of pod {owner.key} cannot wake: {problem}; it "
@@ -966,6 +989,75 @@ class Models:
             reported = await self.triton.gpu_memory(name, index)
             shared.load = _Billed(name, owner.request, reported, model_id, owner.key, index)
 
+    async def _load_apart(
+        self,
+        name: str,
+        override: str,
+        owner: Proven,
+        uuid: str,
+        index: int,
+        size: int,
+        waking: bool,
+        on_ready: Callable[[], None] | None,
+    ) -> None:
+        """`_load_measured` of a model measured apart: beside the GPU's other such loads, billed
+        what its own processes hold once loaded; _AloneError when it does not fit beside the
+        loads under way (a window of its own may make room)."""
+        assert self.apart is not None
+        work = Work.WAKE if waking else Work.LOAD
+        async with self._gpu_turn(uuid, work, name, owner.namespace, size, apart=True):
+            reading = await self._read_gpu(uuid)
+            loading = self._loading_apart.setdefault(uuid, {})
+            if reading is not None:
+                # What the loads under way have not allocated yet counts as used.
+                seen = replace(reading, memory_used=reading.memory_used + sum(loading.values()))
+                booked = self.booked(uuid, owner.uid)
+                if admission_problem(seen, owner.request, booked, self.limits.gpu_mem_reserve):
+                    if not loading:
+                        del self._loading_apart[uuid]
+                    raise _AloneError
+            loading[name] = owner.request
+            self.ledger.loading.add(uuid)
+            try:
+                await self.triton.load(name, override)
+                if on_ready is not None:
+                    on_ready()
+                held = await self.apart.held(index)
+            finally:
+                del loading[name]
+                if not loading:
+                    del self._loading_apart[uuid]
+                    self.ledger.loading.discard(uuid)
+            if held is None:
+                log.warning(
+                    "What model %s's processes hold on GPU %d cannot be read now: billed its "
+                    "request until the next reading.",
+                    name,
+                    index,
+                )
+            figure = owner.request if held is None else held.get(name, 0)
+            entry = self.ledger.record_apart(name, uuid, owner.request, figure)
+            log.info(
+                "Model %s of pod %s uses %d bytes of GPU %d (%s) by its own processes; it asked "
+                "for %d.",
+                owner.model_id,
+                owner.key,
+                entry.bytes,
+                index,
+                uuid,
+                owner.request,
+            )
+
+    async def _read_gpu(self, uuid: str) -> GpuInfo | None:
+        """A fresh reading of the GPU, with what its models measured apart hold refreshed in
+        the ledger (so that `MemoryLedger.net` of it is right)."""
+        reading = await self._gpus.read_gpu(uuid)
+        if reading is not None and self.apart is not None and self.ledger.apart(uuid):
+            held = await self.apart.held(reading.index)
+            if held is not None:
+                self.ledger.refresh_apart(uuid, held)
+        return reading
+
     @contextlib.asynccontextmanager
     async def _gpu_turn(
         self,
@@ -976,11 +1068,15 @@ class Models:
         size: int = 0,
         *,
         alone: bool = False,
+        apart: bool = False,
     ) -> AsyncIterator[Turn]:
-        """Hold the GPU's slot for one turn (or a load's beside an unload's, unless `alone`),
-        waiting as long as the GPU queue (`agent.gpus.gpuqueue`) says; a turn still at work past its
-        budget is cut short (LoadTimedOutError) and the slot passed on."""
-        turn = self.gpu_queue.ask(uuid, work, name, namespace, self.clock(), size, alone=alone)
+        """Hold the GPU's slot for one turn (or a load's beside an unload's, unless `alone`, or
+        beside other loads measured `apart`), waiting as long as the GPU queue
+        (`agent.gpus.gpuqueue`) says; a turn still at work past its budget is cut short
+        (LoadTimedOutError) and the slot passed on."""
+        turn = self.gpu_queue.ask(
+            uuid, work, name, namespace, self.clock(), size, alone=alone, apart=apart
+        )
         if not self.gpu_queue.granted(turn):
             granted = asyncio.get_running_loop().create_future()
             self._granted[turn.number] = granted
@@ -1008,8 +1104,8 @@ class Models:
             self._pass_on(turn)
 
     def _pass_on(self, turn: Turn) -> None:
-        following = self.gpu_queue.done(turn, self.clock())
-        for next_turn in (following, self.gpu_queue.beside(turn.gpu)):
+        following = self.gpu_queue.done_all(turn, self.clock())
+        for next_turn in (*following, self.gpu_queue.beside(turn.gpu)):
             granted = self._granted.pop(next_turn.number, None) if next_turn else None
             # A waiter cancelled meanwhile finds its turn granted and gives it back itself.
             if granted is not None and not granted.done():
@@ -1045,14 +1141,15 @@ class Models:
             try:
                 if opens:
                     try:
-                        reading = window.before = await self._gpus.read_gpu(uuid)
+                        reading = window.before = await self._read_gpu(uuid)
                         if reading is not None:
+                            window.before_net = self.ledger.net(reading)
                             self._unexplained(self.ledger.observe_gpu(reading))
                     finally:
                         window.opened.set()
                 else:
                     await window.opened.wait()  # a reading before the opener's starts nothing
-                    reading = await self._gpus.read_gpu(uuid)
+                    reading = await self._read_gpu(uuid)
                 yield window, reading, beside
             finally:
                 window.members -= 1
@@ -1069,22 +1166,22 @@ class Models:
         it is taken to free its whole figure, and the load is billed as one beside other models
         (up to its request, the rest unexplained), so that what the unload kept, or freed late,
         is never billed past the load's request."""
-        before, after = window.before, await self._gpus.read_gpu(uuid)
+        before, after = window.before, await self._read_gpu(uuid)
         if before is None or after is None:
             return
         beside = tuple(name for name, _ in window.unloads) if window.load else ()
-        used = before.memory_used
+        used, used_after = window.before_net, self.ledger.net(after)
         for name, figure in window.unloads:
             if beside:
                 self.ledger.record_unload(name, used, used - figure)
                 used -= figure
             else:
-                self.ledger.record_unload(name, used, after.memory_used)
+                self.ledger.record_unload(name, used, used_after)
         load = window.load
         if load is None:
             return
         entry, rest = self.ledger.record_load(
-            load.name, uuid, load.request, used, after.memory_used, load.reported, beside=beside
+            load.name, uuid, load.request, used, used_after, load.reported, beside=beside
         )
         log.info(
             "Model %s of pod %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
@@ -1112,7 +1209,8 @@ class Models:
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
             return
         async with self._gpu_window(entry.gpu_uuid, work, name) as (window, _, _):
-            figure = entry.bytes
+            # Measured apart, it was never in the GPU's net used memory the window reads.
+            figure = 0 if entry.source == "process" else entry.bytes
             await self.triton.unload(name)
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
             window.unloads.append((name, figure))

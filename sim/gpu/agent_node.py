@@ -89,6 +89,7 @@ def _footprints(agent_args: Sequence[str], spec: Spec, process_context: int) -> 
         {gpu.uuid: index for index, gpu in enumerate(spec.gpus)},
         admin_header=(name.strip(), value.strip()) if value else None,
         process_context=process_context,
+        listed=True,
     )
 
 
@@ -110,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     mock = install(spec)
     if options.get("simulate_model_memory"):
-        mock.set_workload(_footprints(agent_args, spec, options["process_context"]))
+        footprints = _footprints(agent_args, spec, options["process_context"])
+        mock.set_workload(footprints, footprints.processes)
     # Imported only now, so that agent.gpus.nvml binds the mock as `pynvml`.
     from agent.__main__ import main as agent_main
 

@@ -13,7 +13,11 @@ Triton; a tenant's model growing on its first large request, say); like the rest
 footprint, that is freed when its unload has finished. With `process_context`, a model whose
 backend runs in a process of its own (`backend: "python"`, `common.backends`) also holds that
 many bytes while it is in memory, as a stub process's CUDA context does on a real GPU (524 to 616
-MiB, docs/results.md; one instance per model here).
+MiB, docs/results.md; one instance per model here). With `listed`, a model running in a process of
+its own holds all of that in its process, as on a real GPU: its Python backend stub (found in
+`/proc` by its command line, which names the model's directory in `repository`) is listed with
+those bytes by the mock's per-process queries (`mock.set_workload(footprints,
+footprints.processes)`), not counted in the GPU's other use.
 It reads Triton's repository index, the model's config file and the node's pods; it writes
 nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
 """
@@ -65,6 +69,7 @@ class ModelFootprints:
         cache_seconds: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         process_context: int = 0,
+        listed: bool = False,
     ) -> None:
         self._url = triton_http_url if "://" in triton_http_url else f"http://{triton_http_url}"
         self._repository = repository
@@ -76,9 +81,12 @@ class ModelFootprints:
         """What Triton's restricted repository API asks of its callers (the agent's header)."""
         self._cache_seconds = cache_seconds
         self.process_context = process_context
+        self.listed = listed
+        """Own-process models' memory is their stub process's (`processes`), not the GPU's."""
         self._clock = clock
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[int, int]] = (-1e9, {})
+        self._in_processes: dict[int, dict[int, int]] = {}
         self._first_ready: dict[str, float] = {}
         self._allocated: dict[str, int] = {}
 
@@ -88,7 +96,15 @@ class ModelFootprints:
             self._allocated[model] = self._allocated.get(model, 0) + size
             self._cached = (-1e9, {})
 
+    def processes(self) -> dict[int, dict[int, int]]:
+        """Per GPU index, the stub processes of models running in processes of their own, each
+        with what its model holds (read with `__call__`'s figures, at the same moment)."""
+        self()
+        with self._lock:
+            return {index: dict(held) for index, held in self._in_processes.items()}
+
     def __call__(self) -> dict[int, int]:
+        """Per GPU index, the bytes models hold outside their own processes."""
         with self._lock:
             now = self._clock()
             if now - self._cached[0] < self._cache_seconds:
@@ -146,7 +162,9 @@ class ModelFootprints:
         for gone in set(self._allocated) - held:
             del self._allocated[gone]
         gpus = self._gpu_of_models()
+        stubs = self._stubs() if self.listed else {}
         footprint: dict[int, int] = {}
+        in_processes: dict[int, dict[int, int]] = {}
         for model in held:
             first = self._first_ready.setdefault(model, now) if model in ready else now
             try:
@@ -156,14 +174,40 @@ class ModelFootprints:
                 if growth and now - first >= float(after or 0):
                     size += _bytes(growth)
                 size += self._allocated.get(model, 0)
-                if self.process_context and _own_process(text):
+                own = _own_process(text)
+                if self.process_context and own:
                     size += self.process_context
             except (OSError, QuantityError):
                 continue
             if model in gpus and size:
                 index = gpus[model]
-                footprint[index] = footprint.get(index, 0) + size
+                if own and model in stubs:
+                    in_processes.setdefault(index, {})[stubs[model]] = size
+                else:
+                    footprint[index] = footprint.get(index, 0) + size
+        self._in_processes = in_processes
         return footprint
+
+    def _stubs(self) -> dict[str, int]:
+        """Each model's first Python backend stub process of this repository's Triton, by the
+        model's name."""
+        found: dict[str, int] = {}
+        root = self._repository.resolve()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue  # gone meanwhile
+            if len(argv) < 2 or not argv[0].endswith(b"triton_python_backend_stub"):
+                continue
+            path = Path(argv[1].decode(errors="replace"))
+            if path.parent.parent.parent != root:
+                continue
+            name, pid = path.parent.parent.name, int(entry.name)
+            found[name] = min(found.get(name, pid), pid)
+        return found
 
 
 def _own_process(config_text: str) -> bool:

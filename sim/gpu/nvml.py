@@ -26,8 +26,10 @@ and `add_process` / `remove_process` for a process holding memory on a GPU, list
 `nvmlDeviceGetComputeRunningProcesses` (or `...GraphicsRunningProcesses`) as pynvml lists one
 (`pid`, `usedGpuMemory`, `gpuInstanceId`, `computeInstanceId`) and counted in the GPU's used
 memory.
-`set_workload(fn)` adds what processes on the GPUs allocate: `fn()` returns extra used bytes by
-GPU index, read on every memory query (`sim.gpu.load` models Triton's loaded models this way).
+`set_workload(fn, processes)` adds what processes on the GPUs allocate: `fn()` returns extra used
+bytes by GPU index, read on every memory query, and `processes()` processes by GPU index, each
+PID with its bytes, listed as compute processes and counted in the GPU's used memory
+(`sim.gpu.load` models Triton's loaded models this way).
 """
 
 from __future__ import annotations
@@ -206,6 +208,7 @@ class MockNvml:
         self._init_count = 0
         self.calls = 0
         self._workload: Callable[[], Mapping[int, int]] | None = None
+        self._workload_processes: Callable[[], Mapping[int, Mapping[int, int]]] | None = None
         self._processes: dict[tuple[int, str], dict[int, ProcessInfo]] = {}
 
     def add_process(self, index: int, pid: int, used: int | None, *, kind: str = "compute") -> None:
@@ -226,10 +229,16 @@ class MockNvml:
         with self._lock:
             self._gpus[index].used = used
 
-    def set_workload(self, workload: Callable[[], Mapping[int, int]] | None) -> None:
-        """What the GPUs' processes allocate, by GPU index, on top of each GPU's own `used`."""
+    def set_workload(
+        self,
+        workload: Callable[[], Mapping[int, int]] | None,
+        processes: Callable[[], Mapping[int, Mapping[int, int]]] | None = None,
+    ) -> None:
+        """What the GPUs' processes allocate, by GPU index, on top of each GPU's own `used`;
+        `processes`: processes of their own (PID -> bytes, by GPU index), listed as such."""
         with self._lock:
             self._workload = workload
+            self._workload_processes = processes
 
     def lose_gpu(self, index: int) -> None:
         with self._lock:
@@ -342,9 +351,11 @@ class MockNvml:
         with self._lock:
             self._enter()
             gpu = self._device(handle)
-            workload = self._workload
+            workload, listed = self._workload, self._workload_processes
         # Outside the lock: the workload may take a moment (sim.gpu.load asks Triton).
         extra = workload().get(handle.index, 0) if workload is not None else 0
+        if listed is not None:
+            extra += sum(listed().get(handle.index, {}).values())
         with self._lock:
             extra += sum(
                 p.usedGpuMemory or 0
@@ -365,7 +376,12 @@ class MockNvml:
         with self._lock:
             self._enter()
             self._device(handle)
-            return list(self._processes.get((handle.index, kind), {}).values())
+            found = list(self._processes.get((handle.index, kind), {}).values())
+            listed = self._workload_processes if kind == "compute" else None
+        if listed is not None:  # outside the lock, as the workload's memory
+            held = listed().get(handle.index, {})
+            found += [ProcessInfo(pid, used) for pid, used in held.items()]
+        return found
 
     def nvmlErrorString(self, code: int) -> str:  # noqa: N802
         return _ERROR_STRINGS.get(code, f"NVML Error with code {code}")

@@ -24,6 +24,7 @@ BENCHMARKS = (
     "proxy_latency",
     "replica_spread",
     "residency",
+    "scale_from_zero",
     "sim_apiserver",
 )
 

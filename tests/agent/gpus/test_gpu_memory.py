@@ -497,3 +497,63 @@ async def test_a_python_model_whose_pod_declares_an_in_process_backend_is_refuse
     details = refused.value.details() or ""
     assert "runs in a process of its own (backend 'python')" in details, details
     assert "declares backend 'onnxruntime'" in details
+
+
+async def test_python_models_load_at_once_each_billed_its_own_process(
+    footprints: ModelFootprints,
+    mock_nvml: MockNvml,
+    triton: TritonServer,
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """Three Python models whose loads take 3 s each, asked at once on one GPU: they load side
+    by side (the GPU's slot shared), and each is billed exactly what its own stub process
+    holds (its allocation and its CUDA context, NVML's per-process figure), none of the GPU
+    left unattributed."""
+    footprints.process_context, footprints.listed = STUB_CONTEXT, True
+    mock_nvml.set_workload(footprints, footprints.processes)
+    pid_file = tmp_path / "triton.pid"
+    assert triton.process is not None
+    pid_file.write_text(f"{triton.process.pid}\n")
+    running = await start_custom_agent(triton_pid_file=pid_file, usage_publish_seconds=0.2)
+    gpu = running.mock.gpus[0].uuid
+    uses = {"p1": "256Mi", "p2": "512Mi", "p3": "1Gi"}
+    sharing = [0]
+
+    async def watch() -> None:
+        while True:
+            sharing[0] = max(sharing[0], len(running.agent.models.gpu_queue.shared(gpu)))
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        statuses = await asyncio.gather(
+            *(
+                serve(
+                    running,
+                    apiserver,
+                    kube_api,
+                    tmp_path,
+                    name,
+                    request=2 * GI + ALLOWANCE,
+                    uses=size,
+                    slow=True,
+                )
+                for name, size in uses.items()
+            )
+        )
+    finally:
+        watcher.cancel()
+    for status in statuses:
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    assert sharing[0] >= 2, "the loads never shared the GPU"
+    ledger = running.agent.models.ledger
+    for name, size in uses.items():
+        entry = ledger.models[tn(kube_api, name)]
+        expected = {"256Mi": GI // 4, "512Mi": GI // 2, "1Gi": GI}[size] + STUB_CONTEXT
+        assert (entry.source, entry.bytes) == ("process", expected), name
+    assert ledger.unattributed(gpu) == 0
+    metrics = await scrape(running)
+    assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{UUID="{gpu}",gpu="0"}} 0.0' in metrics

@@ -54,15 +54,15 @@ async def test_turns_are_taken_one_at_a_time_in_the_order_asked(tmp_path: Path) 
         leaves["a"].set()
         await until(lambda: entered == ["a", "c"], "c holding the slot")
         # d is cancelled just as c's end grants it the slot: it passes the turn on to e.
-        grant = models.gpu_queue.done
+        grant = models.gpu_queue.done_all
 
-        def grant_then_cancel(turn: Turn, now: float) -> Turn | None:
+        def grant_then_cancel(turn: Turn, now: float) -> list[Turn]:
             following = grant(turn, now)
-            if following is not None and following.name == "d":
+            if any(t.name == "d" for t in following):
                 tasks["d"].cancel()
             return following
 
-        models.gpu_queue.done = grant_then_cancel  # type: ignore[method-assign]
+        models.gpu_queue.done_all = grant_then_cancel  # type: ignore[method-assign]
         leaves["c"].set()
         await until(lambda: entered == ["a", "c", "e"], "e holding the slot")
         leaves["e"].set()

@@ -174,3 +174,44 @@ def test_a_load_goes_beside_an_unload_only_in_its_fair_turn() -> None:
     # A wake beside an unload that gives up leaves the unload holding.
     assert queue.done(behind, 8.5) is None and queue.holder("GPU-a") == queued
     assert queue.done(queued, 9.0) is None and queue._slots == {}
+
+
+def test_loads_measured_apart_share_the_slot_up_to_the_bound_and_never_with_a_window() -> None:
+    queue = GpuQueue(parallel=2)
+    a = queue.ask("GPU-a", Work.LOAD, "a", "ns-a", 0.0, apart=True)
+    b = queue.ask("GPU-a", Work.WAKE, "b", "ns-b", 0.1, apart=True)
+    c = queue.ask("GPU-a", Work.LOAD, "c", "ns-a", 0.2, apart=True)
+    assert queue.shared("GPU-a") == [a, b] and queue.holder("GPU-a") is None
+    windowed = queue.ask("GPU-a", Work.LOAD, "w", "ns-c", 0.3)
+    late = queue.ask("GPU-a", Work.LOAD, "d", "ns-d", 0.4, apart=True)
+    assert not queue.granted(c) and not queue.granted(windowed)
+    # The windowed load's namespace was never served: it is next in line, and waits for a and
+    # b to end; nothing measured apart overtakes it meanwhile.
+    assert queue.done_all(a, 1.0) == []
+    assert not queue.granted(c) and not queue.granted(late)
+    assert queue.done_all(b, 2.0) == [windowed] and queue.holder("GPU-a") == windowed
+    assert queue.shared("GPU-a") == []
+    assert queue.done_all(windowed, 3.0) == [late, c] and queue.shared("GPU-a") == [late, c]
+    assert queue.deadline_of(late) is None
+    assert queue.done(c, 4.0) is None
+    assert queue.done(late, 5.0) is None and queue.waiting("GPU-a") == []
+
+
+def test_loads_measured_apart_keep_the_namespaces_turns() -> None:
+    """A namespace with many loads queued delays another's by at most one turn per share."""
+    queue = GpuQueue(parallel=1)
+    first = queue.ask("GPU-a", Work.LOAD, "a0", "busy", 0.0, apart=True)
+    for i in range(1, 5):
+        queue.ask("GPU-a", Work.LOAD, f"a{i}", "busy", 0.0, apart=True)
+    other = queue.ask("GPU-a", Work.LOAD, "b0", "quiet", 1.0, apart=True)
+    assert queue.done_all(first, 2.0) == [other]
+
+
+def test_unloads_and_wakes_beside_them_are_not_shared_by_loads_measured_apart() -> None:
+    queue = GpuQueue(parallel=4)
+    unload = queue.ask("GPU-a", Work.UNLOAD, "u", "ns", 0.0)
+    apart = queue.ask("GPU-a", Work.WAKE, "p", "ns", 0.1, apart=True)
+    assert queue.beside("GPU-a") is None and not queue.granted(apart)
+    assert queue.done_all(unload, 1.0) == [apart]
+    other_gpu = queue.ask("GPU-b", Work.LOAD, "x", "ns", 1.0)
+    assert queue.granted(other_gpu), "turns of different GPUs never wait for each other"

@@ -133,3 +133,43 @@ def test_a_load_beside_an_unload_that_keeps_bytes_is_never_sure_of_them() -> Non
     ledger.observe(GpuSnapshot((reading(3 * GI),)))
     [over] = ledger.over()
     assert over.model.model_id == "waker" and not over.sure(ledger.allowed(2 * GI))
+
+
+def test_a_model_measured_apart_is_its_processes_and_never_anothers_growth() -> None:
+    """A Python model billed its own process's memory beside an in-process model alone in the
+    GPU's remaining memory: the Python model growing is its own, never the other's, and an
+    over-user measured apart is sure."""
+    ledger = MemoryLedger()
+    ledger.observe(GpuSnapshot((reading(GI // 2),)))
+    ledger.record_load("onnx", GPU, 2 * GI, GI // 2, GI // 2 + GI, None)
+    ledger.record_apart("python", GPU, GI, GI + GI // 2)  # its stub: 1.5Gi
+    # The stub grows to 4Gi; the poll's per-process reading comes with the GPU's.
+    ledger.refresh_apart(GPU, {"python": 4 * GI})
+    ledger.observe(GpuSnapshot((reading(GI // 2 + GI + 4 * GI),)))
+    assert (ledger.measured("onnx"), ledger.measured("python")) == (GI, 4 * GI)
+    assert ledger.unattributed(GPU) == 0 and ledger.uncertainty("python") == 0
+    [over] = ledger.over()
+    assert over.model.model_id == "python" and over.sure(ledger.allowed(GI))
+    # Its unload frees what its processes held: nothing of it stays unexplained.
+    ledger.record_unload("python", GI // 2 + GI, GI // 2 + GI)
+    ledger.refresh_apart(GPU, {})
+    ledger.observe(GpuSnapshot((reading(GI // 2 + GI),)))
+    assert (ledger.measured("onnx"), ledger.unattributed(GPU)) == (GI, 0)
+
+
+def test_growth_outside_every_process_measured_apart_is_blamed_on_no_model_beside_them() -> None:
+    """A tenant's Python model hides memory in a process outside Triton's tree (or has Triton
+    allocate for it): its own figure misses it, and its in-process neighbour, the only model
+    measured by the GPU's used memory, must not be billed (or evicted) for it: beside a model
+    measured apart, growth is unexplained, as beside any other model."""
+    ledger = MemoryLedger(tolerance_min=0)
+    ledger.observe(GpuSnapshot((reading(GI // 2),)))
+    ledger.record_load("onnx", GPU, GI, GI // 2, GI // 2 + GI, None)
+    ledger.record_apart("python", GPU, GI, GI)
+    ledger.refresh_apart(GPU, {"python": GI})
+    [growth] = ledger.observe(GpuSnapshot((reading(GI // 2 + GI + GI + 3 * GI),)))
+    assert (growth.grown, growth.models) == (3 * GI, ("onnx", "python"))
+    assert ledger.measured("onnx") == GI and ledger.over() == []
+    # A load beside a model measured apart is billed up to its request, the rest unexplained.
+    entry, rest = ledger.record_load("onnx2", GPU, GI, 6 * GI, 10 * GI, None)
+    assert entry.bytes == GI and rest is not None and rest.grown == 3 * GI

@@ -111,7 +111,7 @@ async def test_one_namespace_s_queued_loads_delay_another_s_by_one_load(
     b0 = name_in_triton(kube_api, "b0", "b0", "team-b")
     # What the queue did, in order: ("ask", name), ("grant", name).
     log: list[tuple[str, str]] = []
-    real_ask, real_done = queue.ask, queue.done
+    real_ask, real_done = queue.ask, queue.done_all
 
     def ask(*args: Any, **kwargs: Any) -> Any:
         turn = real_ask(*args, **kwargs)
@@ -122,12 +122,11 @@ async def test_one_namespace_s_queued_loads_delay_another_s_by_one_load(
 
     def done(turn: Any, now: float) -> Any:
         following = real_done(turn, now)
-        if following is not None:
-            log.append(("grant", following.name))
+        log.extend(("grant", t.name) for t in following)
         return following
 
     monkeypatch.setattr(queue, "ask", ask)
-    monkeypatch.setattr(queue, "done", done)
+    monkeypatch.setattr(queue, "done_all", done)
     team_a = [asyncio.create_task(load(running, f"a{i}", tokens[f"a{i}"])) for i in range(5)]
     await eventually(lambda: len(queue.waiting(gpu)) >= 3, what="team-a's loads to queue")
     status = await load(running, "b0", tokens["b0"])

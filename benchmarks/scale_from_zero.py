@@ -1,0 +1,356 @@
+"""Benchmark: many models woken from zero at once, in the shape of Knative's scale-from-zero.
+
+Knative's benchmark (`test/performance/benchmarks/scale-from-zero` in knative/serving) wakes 1,
+5, 25 and 100 services at once and holds the 25-service case to a p95 of 2 s. Here, on the
+simulated cluster with the real processes and a real Triton on the CPU (one node, mock GPUs),
+for each count in `--models`: that many TritonModels (add_one, Python backend) with
+`autoscaling.minReplicas: 0` and a 6 s window are created and each asked once, then scaled to
+zero by the built-in autoscaler and unloaded (their model host kept, the models parked there),
+then sent one request each, all at once, through the host. Printed for each count: p50, p95
+and max seconds from the requests' start to each model's first answer, beside the floor: a
+Triton of the same build and flags, in the same run, loading the same number of copies of the
+model at once through its repository API (seconds until the last is loaded).
+
+With `--as pods`, Deployments of model pods (the short form, completed by the webhook) take the
+TritonModels' place: scaled from one replica to zero, then all back to one at once (a Deployment
+has no request to wake it here: the scale-up is its request), each timed to its first answer at
+its new pod's address.
+
+The closing line, for the largest count run:
+
+    scale_from_zero: 25 models: p95 4.1 s, triton 3.5 s
+
+Run: .venv/bin/python -m benchmarks.scale_from_zero [--models 1 5 25] [--as tritonmodels|pods]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes.client
+import numpy as np
+import tritonclient.http as httpclient
+
+from benchmarks import command_line
+from common.contract import Keys
+from common.hosted import decode_parked, loaded_condition
+from sim.cluster import SimCluster
+from sim.demo.scenario import MODELS_DIR, NODES
+from sim.processes import wait_until
+from sim.triton import LOAD_THREADS_ARGS, TritonServer
+
+KEYS = Keys()
+NAMESPACE = "models"
+GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+COUNTS = (1, 5, 25)
+"""Knative's counts but its 100 (`--models 100` runs it)."""
+UNLOADS = "tritonshare_agent_unload_duration_seconds_count"
+GPU_MEMORY = "256Mi"
+"""Each model's request: 100 of them fit the node's two simulated T4s."""
+
+
+@dataclass(frozen=True)
+class Wake:
+    """One count's wake: every model's seconds to its first answer, and Triton's floor."""
+
+    kind: str
+    models: int
+    firsts: tuple[float, ...]
+    floor: float
+
+    def line(self) -> str:
+        p50, p95, top = (percentile(list(self.firsts), q) for q in (0.5, 0.95, 1.0))
+        return (
+            f"{self.models} {self.kind} woken at once: first answer p50 {p50:.2f} s, p95 "
+            f"{p95:.2f} s, max {top:.2f} s; Triton loading {self.models} at once {self.floor:.2f} s"
+        )
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The `q` quantile by the nearest-rank rule (the largest for 1.0)."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+
+
+def closing(wakes: Sequence[Wake]) -> str:
+    """The last line: the largest count's p95 beside Triton's floor."""
+    largest = max(wakes, key=lambda w: w.models)
+    p95 = percentile(list(largest.firsts), 0.95)
+    return (
+        f"scale_from_zero: {largest.models} models: p95 {p95:.1f} s, triton "
+        f"{largest.floor:.1f} s ({largest.kind}, {p95 / largest.floor:.2f}x)"
+    )
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = command_line(
+        "scale_from_zero",
+        (
+            "Measures how soon models scaled to zero answer when each gets one request, all at "
+            "once (--models counts, 1 5 25 by default), beside Triton's own time to load as many "
+            "at once; --as pods wakes Deployments of model pods instead of TritonModels."
+        ),
+    )
+    parser.add_argument(
+        "--models",
+        type=int,
+        nargs="+",
+        default=list(COUNTS),
+        metavar="N",
+        help="how many models wake at once, one run per count (1 5 25; Knative adds 100)",
+    )
+    parser.add_argument(
+        "--as",
+        dest="kind",
+        choices=("tritonmodels", "pods"),
+        default="tritonmodels",
+        help="TritonModels at minReplicas 0 (the default) or Deployments of model pods",
+    )
+    args = parser.parse_args(argv)
+    if any(n < 1 or n > 100 for n in args.models):
+        parser.error("--models: each count is 1 to 100 (the node's GPUs hold 100 of 256Mi)")
+    return args
+
+
+def _answers(address: str, model: str) -> bool:
+    try:
+        with httpclient.InferenceServerClient(
+            f"{address}:9000", network_timeout=120, connection_timeout=120
+        ) as http:
+            tensor = httpclient.InferInput("INPUT0", list(DATA.shape), "FP32")
+            tensor.set_data_from_numpy(DATA)
+            answer = http.infer(model, [tensor]).as_numpy("OUTPUT0")
+    except Exception:
+        return False
+    return bool(answer.reshape(-1).tolist() == [2.0, 3.0, 4.0])
+
+
+def _first_answer(address: Callable[[], str | None], model: str, started: float) -> float:
+    """Seconds from `started` until `model` answers at `address()`, asking until it does."""
+    while time.monotonic() - started < 300:
+        where = address()
+        if where and _answers(where, model):
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise TimeoutError(f"{model} did not answer within 300 s")
+
+
+def _all_at_once(
+    names: Sequence[str], address: Callable[[str], Callable[[], str | None]]
+) -> tuple[float, ...]:
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        futures = [pool.submit(_first_answer, address(n), n, started) for n in names]
+        return tuple(f.result() for f in futures)
+
+
+def _agent_metric(cluster: SimCluster, name: str) -> float:
+    """The node's agent's series `name` (unlabelled) as it reads now; 0 before its first."""
+    agent = cluster.agents[NODES[0].name]
+    with urllib.request.urlopen(f"http://{agent.http}/metrics", timeout=5) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith(f"{name} "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def triton_floor(count: int, workdir: Path) -> float:
+    """Seconds a Triton (the node's build and flags) takes to load `count` copies of the model
+    asked at once through its repository API."""
+    repository = workdir / "floor"
+    for i in range(count):
+        name = f"floor-{i}"
+        shutil.copytree(MODELS_DIR / "add_one", repository / name)
+        config = repository / name / "config.pbtxt"
+        config.write_text(config.read_text().replace('name: "add_one"', f'name: "{name}"'))
+    with TritonServer(repository, extra_args=list(node_triton_args())) as triton:
+
+        def load(name: str) -> None:
+            url = f"http://{triton.http_url}/v2/repository/models/{name}/load"
+            request = urllib.request.Request(url, data=b"{}", method="POST")
+            with urllib.request.urlopen(request, timeout=300) as answer:
+                answer.read()
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            list(pool.map(load, [f"floor-{i}" for i in range(count)]))
+        return time.monotonic() - started
+
+
+def node_triton_args() -> tuple[str, ...]:
+    """The flags the simulated node's Triton runs with beyond the defaults."""
+    return LOAD_THREADS_ARGS
+
+
+def _tritonmodel(name: str, uri: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TritonModel",
+        "metadata": {"name": name},
+        "spec": {
+            "storageUri": uri,
+            "gpuMemory": GPU_MEMORY,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "autoscaling": {"target": 1, "minReplicas": 0, "window": "6s"},
+        },
+    }
+
+
+def _deployment(name: str, uri: str, node: str) -> dict[str, Any]:
+    labels = {"tritonshare.io/role": "model", "app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        f"{KEYS.prefix}model-uri": uri,
+                        f"{KEYS.prefix}gpu-mem": GPU_MEMORY,
+                        f"{KEYS.prefix}model-id": name,
+                    },
+                },
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "containers": [{"name": "proxy", "image": "tritonshare"}],
+                },
+            },
+        },
+    }
+
+
+def wake_tritonmodels(cluster: SimCluster, count: int, workdir: Path) -> Wake:
+    assert cluster.model_store is not None
+    node = NODES[0].name
+    core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+    names = [f"zero-{count}-{i}" for i in range(count)]
+    for name in names:
+        uri = cluster.model_store.publish(name, MODELS_DIR / "add_one", release="bench")
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL, _tritonmodel(name, uri, node)
+        )
+    parked_key = f"{KEYS.prefix}parked-models"
+
+    def host() -> Any:
+        hosts = core.list_namespaced_pod(
+            NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
+        ).items
+        return hosts[0] if hosts else None
+
+    def host_ip() -> str | None:
+        found = host()
+        return str(found.status.pod_ip) if found is not None and found.status.pod_ip else None
+
+    # As Knative's services are Ready first: each model answers once, then is scaled to zero
+    # (each unloaded at least once since).
+    unloads_before = _agent_metric(cluster, UNLOADS)
+    address = wait_until("the model host", host_ip, 300)
+    _all_at_once(names, lambda _: lambda: address)
+    conditions = [loaded_condition(KEYS, n, 0).removesuffix("0") for n in names]
+
+    def all_parked() -> str | None:
+        found = host()
+        if found is None or not found.status.pod_ip:
+            return None
+        value = (found.metadata.annotations or {}).get(parked_key, "")
+        parked = {p.model for p in decode_parked(value, 100)[0]}
+        loaded = [
+            c.type
+            for c in found.status.conditions or []
+            if c.status == "True" and any(c.type.startswith(p) for p in conditions)
+        ]
+        unloaded = _agent_metric(cluster, UNLOADS) - unloads_before >= count
+        waiting = set(names) - parked
+        return None if waiting or loaded or not unloaded else str(found.status.pod_ip)
+
+    address = wait_until(f"{count} TritonModels parked at zero, unloaded", all_parked, 600)
+    firsts = _all_at_once(names, lambda _: lambda: address)
+    for name in names:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    return Wake("TritonModels", count, firsts, triton_floor(count, workdir))
+
+
+def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
+    assert cluster.model_store is not None
+    node = NODES[0].name
+    core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+    apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
+    names = [f"pods-{count}-{i}" for i in range(count)]
+    for name in names:
+        uri = cluster.model_store.publish(name, MODELS_DIR / "add_one", release="bench")
+        apps.create_namespaced_deployment(NAMESPACE, _deployment(name, uri, node))
+
+    def pod_address(name: str) -> Callable[[], str | None]:
+        def address() -> str | None:
+            pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app={name}").items
+            live = [p for p in pods if p.status.pod_ip and not p.metadata.deletion_timestamp]
+            return str(live[0].status.pod_ip) if live else None
+
+        return address
+
+    _all_at_once(names, pod_address)  # each answers once before it is scaled to zero
+
+    def scale(replicas: int) -> None:
+        for name in names:
+            apps.patch_namespaced_deployment_scale(
+                name, NAMESPACE, {"spec": {"replicas": replicas}}
+            )
+
+    scale(0)
+
+    def gone() -> bool:
+        pods = core.list_namespaced_pod(NAMESPACE, label_selector="tritonshare.io/role=model")
+        return not [p for p in pods.items if p.metadata.labels.get("app") in names]
+
+    wait_until(f"{count} Deployments' pods gone", gone, 300)
+    scale(1)
+    firsts = _all_at_once(names, pod_address)
+    for name in names:
+        apps.delete_namespaced_deployment(name, NAMESPACE)
+    wait_until(f"{count} Deployments' pods gone", gone, 300)
+    return Wake("model pods", count, firsts, triton_floor(count, workdir))
+
+
+def run(counts: Sequence[int], kind: str) -> list[Wake]:
+    wakes = []
+    with (
+        tempfile.TemporaryDirectory(prefix="tritonshare-scale-from-zero-") as workdir,
+        SimCluster(Path(workdir) / "cluster", [NODES[0]], binders=1, webhook=True) as cluster,
+    ):
+        assert cluster.missing == [], cluster.missing
+        core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+        core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
+        for count in counts:
+            floor_dir = Path(workdir) / f"floor-{count}"
+            wake = (wake_pods if kind == "pods" else wake_tritonmodels)(cluster, count, floor_dir)
+            print(wake.line(), flush=True)
+            wakes.append(wake)
+    return wakes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    wakes = run(args.models, args.kind)
+    print(closing(wakes))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""`python -m benchmarks.scale_from_zero` runs the counts asked, refuses those it cannot run
+before starting anything, and closes on the largest count's p95 beside Triton's own load."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import scale_from_zero as bench
+
+
+def test_the_counts_default_to_knatives_but_100_and_one_count_runs_alone() -> None:
+    assert bench.parse([]).models == [1, 5, 25]
+    assert bench.parse(["--models", "25"]).models == [25]
+    assert bench.parse(["--models", "100", "--as", "pods"]).kind == "pods"
+
+
+@pytest.mark.parametrize("count", ["0", "101"])
+def test_a_count_it_cannot_run_is_refused_with_what_to_give(
+    count: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        bench.parse(["--models", count])
+    assert refused.value.code == 2
+    assert "--models: each count is 1 to 100" in capsys.readouterr().err
+
+
+def test_the_report_gives_percentiles_and_closes_on_the_largest_count() -> None:
+    firsts = tuple(float(i) for i in range(1, 21))  # 1..20 s
+    wakes = [
+        bench.Wake("TritonModels", 20, firsts, 8.0),
+        bench.Wake("TritonModels", 1, (0.5,), 0.4),
+    ]
+    assert wakes[0].line() == (
+        "20 TritonModels woken at once: first answer p50 10.00 s, p95 19.00 s, max 20.00 s; "
+        "Triton loading 20 at once 8.00 s"
+    )
+    last = bench.closing(wakes)
+    assert last.startswith("scale_from_zero: 20 models: p95 19.0 s, triton 8.0 s")
+
+
+def test_triton_in_the_floor_runs_with_the_nodes_load_threads() -> None:
+    assert bench.node_triton_args() == ("--model-load-thread-count=4",)
