@@ -50,3 +50,41 @@ def test_the_checker_sees_an_aiohttp_web_import(tmp_path: Path) -> None:
     assert _imports_aiohttp_web(sample)
     sample.write_text("import aiohttp\n")
     assert not _imports_aiohttp_web(sample)
+
+
+def _layer_contracts() -> dict[str, list[str]]:
+    """Each layers contract's container -> the names its layers list."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    named: dict[str, list[str]] = {}
+    for contract in config["tool"]["importlinter"]["contracts"]:
+        if contract["type"] != "layers":
+            continue
+        for container in contract.get("containers", []):
+            names = [
+                name.strip()
+                for layer in contract["layers"]
+                for name in layer.replace("|", ":").split(":")
+            ]
+            named[container] = [n for n in names if n]
+    return named
+
+
+def test_every_module_of_the_binder_and_the_agent_sits_in_a_layer() -> None:
+    """The binder and the agent are subpackages in layers: each module and subpackage is named in
+    its part's layers contract, and each subpackage's modules in the subpackage's own contract,
+    so that a new module cannot slip between layers unchecked."""
+    named = _layer_contracts()
+    missing = []
+    for part in ("binder", "agent"):
+        subpackages = sorted(d for d in (ROOT / part).iterdir() if (d / "__init__.py").exists())
+        packages = [ROOT / part, *subpackages]
+        for package in packages:
+            container = package.relative_to(ROOT).as_posix().replace("/", ".")
+            members = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+            if package == ROOT / part:
+                members |= {p.name for p in packages[1:]}
+            layered = set(named.get(container, []))
+            missing += [f"{container}.{m}" for m in sorted(members - layered)]
+    assert not missing, f"not in any layer of pyproject.toml's import contracts: {missing}"
