@@ -55,6 +55,7 @@ from proxy.policy.routing import (
     health_body,
     parked_message,
 )
+from proxy.reconnect import connect_retrying
 from proxy.table import Served
 
 log = logging.getLogger(__name__)
@@ -349,7 +350,10 @@ class ClientConnection(Connection):
 
     async def _connect_then_send(self, health: Forward | None = None) -> None:
         try:
-            upstream = await self._relay.pool.connect()
+            # Refused: the gateway (or Triton) restarts; the request has not left, so it waits.
+            upstream = await connect_retrying(
+                self._relay.pool.connect, self._relay.settings.connect_retry_seconds
+            )
         except OSError as e:
             self._release_slot()
             address = self._relay.upstream_address
