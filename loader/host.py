@@ -615,16 +615,17 @@ class Host:
                 merged.setdefault(t.model, t.entry)
                 if not t.leaving:
                     staying.add(t.model)
-        for model, entry in merged.items():
-            if model not in staying:
-                # Every replica of it here drains: its Service no longer routes here, and the
-                # proxy sends its clients there (`leaving`: their connections close).
-                merged[model] = entry | {"leaving": True}
         held = dict(self._parked)
         for t in self._tracked.values():
             if t.loading and t.model not in held:
                 limit = t.entry.get("maxConcurrency")
                 held[t.model] = limit if isinstance(limit, int) else 0
+        for model, entry in merged.items():
+            if model not in staying and model not in held:
+                # Every replica of it here drains, and none is parked or loading here: its
+                # Service no longer routes here, and the proxy sends its clients there
+                # (`leaving`: their connections close).
+                merged[model] = entry | {"leaving": True}
         listed = list(merged.values())
         listed += [
             {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})
