@@ -4,10 +4,9 @@ A request that has not reached its upstream yet, because nothing listens there (
 Triton is restarting: a container restart, a node pod replaced), is safe to send once it listens
 again: Triton never saw it. `connect_retrying` tries again for up to the proxy's
 --connect-retry seconds, waiting 50 ms doubling to 0.5 s between tries, and gives up with the
-last refusal. A connection that
-breaks once a request is on its way is never retried here: Triton may have run it (an inference
-is not idempotent), and the relays answer its failure instead. Owns only the retry schedule; it
-must not read or write a request.
+last refusal. A connection that breaks once a request is on its way is never retried here:
+Triton may have run it (an inference is not idempotent), and the relays answer its failure
+instead. Owns only the retry schedule; it must not read or write a request.
 """
 
 from __future__ import annotations
