@@ -6,8 +6,9 @@
 #
 # Stage 1 installs the project and its dependencies into a virtual environment (every dependency
 # ships manylinux wheels) and compiles the proxy's hot modules with mypyc (`python -m
-# proxy.native`, docs/proxy.md "Performance"): the only stage with a C compiler. The final stage
-# gets only the venv, whose proxy package holds the compiled modules beside their sources.
+# proxy.native`, docs/proxy.md "The native build (mypyc)"): the only stage with a C compiler. The
+# final stage gets only the venv, whose proxy package holds the compiled modules beside their
+# sources.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

@@ -25,9 +25,11 @@ model may share the host, each with its own files, GPU and private name in Trito
   replica of it is ready here (or, one served elsewhere, `unroute_seconds` after it left the
   annotation), so that the proxy holds its requests meanwhile; its files stay under ROOT when
   its replica leaves, so that its wake fetches nothing.
-- draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
-  has taken the host out of its Service; requests routed before the endpoints caught up are
-  answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
+- draining, gone, or given another storage URI: still listed for `unroute_seconds`, with
+  `"leaving": true` once no replica of its model here stays (the binder has taken the host out
+  of its Service; requests routed before the endpoints caught up are answered, and the proxy
+  closes their connections so that their clients reconnect through the Service), then removed
+  from the models file; after `drain_seconds` (the proxy finishes its
   requests meanwhile) unloaded through the agent, then its files deleted. Another URI is then
   loaded as a new replica. One listed not draining again before its unload (the binder took it
   back: scaled up again) stays loaded and is listed again; after, it is loaded again.
@@ -607,14 +609,23 @@ class Host:
         replicas of a model share the model's settings). The node gateway reaches one replica
         of a model at a time, so the model's limit is one replica's `maxConcurrency`."""
         merged: dict[str, dict[str, object]] = {}
+        staying: set[str] = set()
         for _, t in sorted(self._tracked.items(), key=_order):
             if t.published:
                 merged.setdefault(t.model, t.entry)
+                if not t.leaving:
+                    staying.add(t.model)
         held = dict(self._parked)
         for t in self._tracked.values():
             if t.loading and t.model not in held:
                 limit = t.entry.get("maxConcurrency")
                 held[t.model] = limit if isinstance(limit, int) else 0
+        for model, entry in merged.items():
+            if model not in staying and model not in held:
+                # Every replica of it here drains, and none is parked or loading here: its
+                # Service no longer routes here, and the proxy sends its clients there
+                # (`leaving`: their connections close).
+                merged[model] = entry | {"leaving": True}
         listed = list(merged.values())
         listed += [
             {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})

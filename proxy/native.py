@@ -94,6 +94,8 @@ LEFT_OUT = {
     "an unexpected exit of Triton, touch it",
     "proxy/policy/holdings.py": "the node's byte budget: asked by a pod's read only past its "
     "allowance, and by the gateway's walk every 0.1 s, never per request",
+    "proxy/reconnect.py": "connecting again while the upstream refuses: a restart's moments, "
+    "never per request",
     "proxy/gateway/": "wiring, the caller table and its metrics: the gateway's requests run "
     "through the compiled relays",
     "proxy/__main__.py": "run once per process (also proxy/settings, state, sockets, runner, "

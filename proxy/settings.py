@@ -111,6 +111,16 @@ def idle_timeout() -> Any:
     )
 
 
+def connect_retry() -> Any:
+    return setting(
+        "connect-retry",
+        "seconds a request that has not reached its upstream (the node gateway, or Triton) "
+        "waits for it to listen again",
+        seconds(),
+        default="5",
+    )
+
+
 def finish_timeout() -> Any:
     return setting(
         "finish-timeout",
@@ -227,6 +237,11 @@ class Settings:
     """Seconds to keep serving after SIGTERM while reporting not ready (endpoints update)."""
     finish_timeout_seconds: float = finish_timeout()
     """Seconds to wait for in-flight requests after the drain period before giving up on them."""
+    connect_retry_seconds: float = connect_retry()
+    """Seconds a request waits while its connection to the node gateway (in the gateway: to
+    Triton) is refused, tried again 50 ms doubling to 0.5 s apart (proxy/reconnect.py): a
+    restarted gateway or Triton listens again within it, and the request, which never left,
+    is sent then. Past it: 502 / UNAVAILABLE, as at once with 0."""
     head_timeout_seconds: float = head_timeout()
     """Seconds a REST client may take to send a request's head once it has begun (a slower one is
     answered 408 and closed), and a gRPC client to send the HTTP/2 connection preface (else the

@@ -2,13 +2,14 @@
 
 A model pod's proxy serves a table of one, built from --model-id; a model host's proxy reads its
 table from --models-file (written by the host's loader: a JSON list of objects, each with `model`,
-the public model id, and optionally `maxConcurrency`, `residency`, `idleSeconds` and `parked`)
-and follows it as the file is replaced. Each entry has its own concurrency limit (its
+the public model id, and optionally `maxConcurrency`, `residency`, `idleSeconds`, `parked` and
+`leaving`) and follows it as the file is replaced. Each entry has its own concurrency limit (its
 `maxConcurrency`, else the proxy's --container-concurrency) and queue (`policy.limiter`) and its
 own metrics (`metrics.ProxyMetrics`, labelled with its model id); the relays find a request's
 entry with one dict lookup (`served`), whatever the table's size. An `on-demand` entry gets its
 own residency (proxy.residency, made by the proxy's `make`), asleep after its `idleSeconds`; a
-`parked` one (at zero replicas) holds its requests until it is served (proxy.parking).
+`parked` one (at zero replicas) holds its requests until it is served (proxy.parking); a
+`leaving` one is served, its clients' connections closed after their requests.
 
 In the node gateway a model host's table names private names: each entry has the name Triton
 knows its replica by (`triton_name`), and the relays map the public id in a request, and in
@@ -62,6 +63,10 @@ class Entry:
     """`always`, or `on-demand`: put to sleep when idle, woken by its next request."""
     parked: bool = False
     """At zero replicas, parked here: its requests wait until it is ready (`proxy.parking`)."""
+    leaving: bool = False
+    """Leaving the host (its Service no longer routes here): still served, and each connection
+    a request of it comes on is closed after that request's answer (REST: `Connection: close`;
+    gRPC: GOAWAY), so that its clients reconnect through the Service."""
 
 
 class Served:
@@ -177,8 +182,14 @@ def read_models(path: Path) -> list[Entry]:
                 f"entry {number} of the models file {path}: `parked` {parked!r} is not true or "
                 f"false"
             )
+        leaving = entry.get("leaving", False)
+        if not isinstance(leaving, bool):
+            raise TableError(
+                f"entry {number} of the models file {path}: `leaving` {leaving!r} is not true "
+                f"or false"
+            )
         if name not in models:
-            models[name] = Entry(name, concurrency, idle_seconds, residency, parked)
+            models[name] = Entry(name, concurrency, idle_seconds, residency, parked, leaving)
     return list(models.values())
 
 

@@ -34,6 +34,7 @@ from common.settings import (
 from proxy.settings import (
     Settings,
     SettingsError,
+    connect_retry,
     finish_timeout,
     head_timeout,
     idle_timeout,
@@ -127,6 +128,9 @@ class GatewaySettings:
     head_timeout_seconds: float = head_timeout()
     idle_timeout_seconds: float = idle_timeout()
     finish_timeout_seconds: float = finish_timeout()
+    connect_retry_seconds: float = connect_retry()
+    """Seconds a request waits while Triton refuses connections (it restarts), sent once it
+    listens again; past it: 502 / UNAVAILABLE."""
     max_connections_per_pod: int = setting(
         "max-connections-per-pod",
         "connections one pod may hold open",
@@ -236,6 +240,7 @@ class GatewaySettings:
             queue_size=limit,
             head_timeout_seconds=self.head_timeout_seconds,
             idle_timeout_seconds=self.idle_timeout_seconds,
+            connect_retry_seconds=self.connect_retry_seconds,
             finish_timeout_seconds=self.finish_timeout_seconds,
             drain_seconds=0.0,
         )

@@ -50,6 +50,7 @@ from proxy.http2.streamstates import (
 )
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields, spliced
+from proxy.reconnect import connect_retrying
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
 
@@ -132,8 +133,11 @@ class TritonChannel(Channel, asyncio.Protocol):
         """Open the connection; until then frames wait in the write buffer."""
         host, _, port = self.relay.settings.triton_grpc_url.rpartition(":")
         loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(
+
+        async def connection() -> object:
+            if self.transport is not None or self.closing:
+                return None  # connected meanwhile (a test's transport), or given up
+            return await asyncio.wait_for(
                 loop.create_connection(
                     lambda: self,
                     host,
@@ -142,6 +146,11 @@ class TritonChannel(Channel, asyncio.Protocol):
                 ),
                 CONNECT_TIMEOUT,
             )
+
+        try:
+            # Refused: the gateway (or Triton) restarts; the streams on this channel have not
+            # left (their frames wait in its outbox), so they wait too.
+            await connect_retrying(connection, self.relay.settings.connect_retry_seconds)
         except (OSError, TimeoutError) as e:
             reason = e if isinstance(e, OSError) else f"no answer within {CONNECT_TIMEOUT:g} s"
             self.relay.triton_unreachable(f"{host}:{port}", reason)

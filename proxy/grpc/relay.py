@@ -158,6 +158,11 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
 
     def finish(self, stream: Stream, code: str) -> None:
         self.gate.finish(stream, code)
+        served = stream.served
+        if served is not None and served.entry.leaving:
+            # Its model leaves the host: the client opens a new connection (through its
+            # Service, which no longer routes here) for its next call.
+            self.go_away()
 
     def refuse(self, stream: Stream, code: str, details: str, response: bytes | None) -> None:
         self.gate.refuse(stream, code, details, response)

@@ -36,6 +36,10 @@ from proxy.table import ModelTable, Served
 
 log = logging.getLogger(__name__)
 
+CLOSING_GRACE: Final = 1.0
+"""Seconds a stopping relay leaves idle keep-alive connections open, so that a client's next
+request is answered (with `Connection: close`) rather than sent on a connection closing under
+it; those still idle after it are closed."""
 _PREPARED_HEADS: Final = 256
 """Distinct request heads kept; past that the cache starts again (a client varying its heads)."""
 _PREPARED_HEAD_BYTES: Final = 4096
@@ -150,15 +154,20 @@ class RestRelay:
                 connection.transport.abort()
 
     async def stop(self) -> None:
-        """Stop listening; let in-flight exchanges finish (up to the finish timeout); close."""
+        """Stop listening; let in-flight exchanges finish (up to the finish timeout), each next
+        request answered with `Connection: close` (idle connections closed after
+        CLOSING_GRACE); close."""
         self.closing = True
         self.idle.stop()
         if self._server is not None:
             self._server.close()
-        deadline = time.monotonic() + self.settings.finish_timeout_seconds
+        started = time.monotonic()
+        deadline = started + self.settings.finish_timeout_seconds
+        graceful = started + min(CLOSING_GRACE, self.settings.finish_timeout_seconds)
         while True:
-            for connection in list(self.connections):
-                connection.close_if_idle()
+            if time.monotonic() >= graceful:
+                for connection in list(self.connections):
+                    connection.close_if_idle()
             if not self.connections or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)

@@ -55,6 +55,7 @@ from proxy.policy.routing import (
     health_body,
     parked_message,
 )
+from proxy.reconnect import connect_retrying
 from proxy.table import Served
 
 log = logging.getLogger(__name__)
@@ -312,6 +313,10 @@ class ClientConnection(Connection):
         self._give_health_body(upstream, decision)
         return False
 
+    def keep_alive_ends(self) -> None:
+        """The connection closes after this exchange (its answer says so)."""
+        self._keep_alive = False
+
     def _give_health_body(self, upstream: Upstream, decision: Forward) -> None:
         """Have Triton's answer to the health call just sent on `upstream` reach the tenant
         through a `HealthBody`."""
@@ -345,7 +350,10 @@ class ClientConnection(Connection):
 
     async def _connect_then_send(self, health: Forward | None = None) -> None:
         try:
-            upstream = await self._relay.pool.connect()
+            # Refused: the gateway (or Triton) restarts; the request has not left, so it waits.
+            upstream = await connect_retrying(
+                self._relay.pool.connect, self._relay.settings.connect_retry_seconds
+            )
         except OSError as e:
             self._release_slot()
             address = self._relay.upstream_address
@@ -412,6 +420,10 @@ class ClientConnection(Connection):
             self._sink = upstream
             self._checks.begin(head, self._route, self._remaining)
             self._relay_body(buffer, start)
+        if head.keep_alive and (self._relay.closing or _leaving(self._served)):
+            # The tenant's client is told to reconnect (through its Service, which no longer
+            # routes here) before its next request, rather than finding the connection closed.
+            upstream.client = ClosingAnswer(self)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
 
@@ -682,6 +694,50 @@ class HealthBody:
 
     def resume_reading(self) -> None:
         self._client.resume_reading()
+
+
+class ClosingAnswer:
+    """Between an upstream connection and the tenant connection for one exchange whose
+    connection ends after it (the model leaves the host, or the proxy stops): Triton's answer
+    passes as it comes, with `Connection: close` added to its final head, so that the tenant's
+    client opens a new connection for its next request instead of sending it on one about to
+    close."""
+
+    __slots__ = ("_client", "_said")
+
+    def __init__(self, client: ClientConnection) -> None:
+        self._client = client
+        self._said = False
+
+    def _told(self, data: bytes) -> bytes:
+        if self._said or data.startswith(b"HTTP/1.1 1"):  # an interim 1xx head passes as it is
+            return data
+        self._said = True
+        self._client.keep_alive_ends()
+        line_end = data.find(b"\r\n")
+        if line_end < 0:  # never: the upstream passes the response's head whole
+            return data
+        return data[: line_end + 2] + b"Connection: close\r\n" + data[line_end + 2 :]
+
+    def relay_response(self, data: bytes) -> None:
+        self._client.relay_response(self._told(data))
+
+    def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
+        self._client.response_complete(upstream, self._told(data) if data else data, reusable)
+
+    def upstream_failed(self, upstream: Upstream, reason: str) -> None:
+        self._client.upstream_failed(upstream, reason)
+
+    def pause_reading(self) -> None:
+        self._client.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._client.resume_reading()
+
+
+def _leaving(served: Served | None) -> bool:
+    """Whether `served` is a model that leaves the host (`leaving` in its models file line)."""
+    return served is not None and served.entry.leaving
 
 
 def _renamed_head(head: bytes, served: Served) -> bytes:

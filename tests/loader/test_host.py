@@ -430,6 +430,48 @@ async def test_a_leaving_replica_leaves_the_file_first_and_is_unloaded_after_the
         assert servicer.count("LoadModel", "add_one") == 1, "a draining replica stays down"
 
 
+async def test_a_leaving_model_is_listed_leaving_while_its_service_moves(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """While its Service stops routing here, a leaving model is still served and says so in the
+    models file, so that the proxy sends its clients to the Service again; the others do not."""
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    servicer.host("identity", models.url("identity"))
+    async with following(address, tmp_path, drain_seconds=0.5, unroute_seconds=1.0):
+        await until(lambda: ready(tmp_path) == ["add_one", "identity"], "both listed")
+        servicer.replicas["add_one"].draining = True
+        await until(
+            lambda: (
+                {str(e["model"]): e.get("leaving", False) for e in listed(tmp_path)}
+                == {"add_one": True, "identity": False}
+            ),
+            "add_one listed leaving, identity not",
+        )
+        await until(lambda: names(tmp_path) == ["identity"], "add_one removed from the file")
+
+
+async def test_a_model_parked_where_its_last_replica_drains_is_not_listed_leaving(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """Scaled to zero, a model whose last replica drains on the host it is parked on keeps its
+    Service here: its clients are not sent away."""
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    async with following(address, tmp_path, drain_seconds=0.5, unroute_seconds=0.5):
+        await until(lambda: ready(tmp_path) == ["add_one"], "listed")
+        servicer.parked["add_one"] = 1
+        servicer.replicas["add_one"].draining = True
+        seen: list[list[dict[str, object]]] = []
+
+        def parked() -> bool:
+            seen.append(listed(tmp_path))
+            return listed(tmp_path) == [{"model": "add_one", "parked": True, "maxConcurrency": 1}]
+
+        await until(parked, "listed parked once its replica left")
+        assert not any(entry.get("leaving") for entries in seen for entry in entries), seen
+
+
 async def test_a_model_unparked_with_no_replica_here_stays_held_while_its_service_moves(
     agent: tuple[StandInAgent, str], tmp_path: Path
 ) -> None:

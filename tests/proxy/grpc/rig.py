@@ -88,7 +88,7 @@ class Rig:
 
     def __init__(self, **flags: str) -> None:
         argv = ["--model-id", MODEL, "--triton-http-url", "127.0.0.1:1"]
-        argv += ["--triton-grpc-url", "127.0.0.1:2"]
+        argv += ["--triton-grpc-url", "127.0.0.1:2", "--connect-retry", "0"]
         for name, value in flags.items():
             argv += [f"--{name.replace('_', '-')}", value]
         settings = parse_settings(argv, {})

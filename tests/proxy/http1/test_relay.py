@@ -160,6 +160,7 @@ def test_an_unreachable_triton_is_a_clear_502_and_unavailable(
         proxy_settings(served_triton, grpc_mode=grpc_mode),
         triton_http_url=down,
         triton_grpc_url=down,
+        connect_retry_seconds=0.0,  # at once: waiting for it to listen is test_upstream_restart's
     )
     with running_proxy(settings) as running:
         with _connect(running) as sock:

@@ -1,0 +1,131 @@
+"""A model leaving a model host: its clients are sent back to its Service. While the host's
+loader lists it `leaving` (its Service no longer routes here), the host's proxy still answers its
+requests, and ends each connection they come on after the answer (REST: `Connection: close` in
+the answer; gRPC: GOAWAY), so that a keep-alive client reconnects through the Service rather than
+finding the model gone from this host; the other models' connections stay open. Against the real
+Triton, with http.client and grpcio as the tenants."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from sim.triton import TritonServer
+from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy
+
+pytestmark = pytest.mark.triton
+
+BODIES = {
+    "add_one": {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+    "identity": {"name": "INPUT_FP32", "shape": [5], "datatype": "FP32", "data": [1, 2, 3, 4, 5]},
+}
+
+
+def write_table(path: Path, leaving: set[str]) -> None:
+    entries = [{"model": m} | ({"leaving": True} if m in leaving else {}) for m in ("add_one",)]
+    entries.append({"model": "identity"})
+    temporary = path.with_suffix(".new")
+    temporary.write_text(json.dumps(entries))
+    temporary.replace(path)
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    path = tmp_path / "models.json"
+    write_table(path, set())
+    return path
+
+
+@pytest.fixture
+def host(served_triton: TritonServer, table: Path) -> Iterator[RunningProxy]:
+    settings = proxy_settings(
+        served_triton, model_id="", models_file=table, models_check_seconds=0.05
+    )
+    with running_proxy(settings) as running:
+        yield running
+
+
+def _infer(connection: http.client.HTTPConnection, model: str) -> http.client.HTTPResponse:
+    connection.request(
+        "POST",
+        f"/v2/models/{model}/infer",
+        json.dumps({"inputs": [BODIES[model]]}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    answer = connection.getresponse()
+    body = answer.read()
+    assert answer.status == 200, (answer.status, body)
+    return answer
+
+
+def test_a_leaving_model_s_rest_clients_are_told_to_reconnect(
+    host: RunningProxy, table: Path
+) -> None:
+    address = host.http_url
+    leaving = http.client.HTTPConnection(address, timeout=10)
+    staying = http.client.HTTPConnection(address, timeout=10)
+    try:
+        assert _infer(leaving, "add_one").getheader("Connection") is None
+        write_table(table, {"add_one"})
+        deadline = time.monotonic() + 10
+        while True:  # until the proxy has reread its table: each answer 200 meanwhile
+            answer = _infer(leaving, "add_one")
+            if answer.getheader("Connection") == "close":
+                break
+            assert time.monotonic() < deadline, "no answer said Connection: close"
+            time.sleep(0.05)
+        # The answer said so, and the proxy closed the connection after it: the client's next
+        # request opens a new one, and is answered.
+        assert leaving.sock is None
+        assert _infer(leaving, "add_one").status == 200
+        # Another model's keep-alive connection stays open.
+        for _ in range(3):
+            assert _infer(staying, "identity").getheader("Connection") is None
+            assert staying.sock is not None
+    finally:
+        leaving.close()
+        staying.close()
+
+
+def test_a_leaving_model_s_grpc_clients_are_sent_goaway(host: RunningProxy, table: Path) -> None:
+    channel = grpc.insecure_channel(host.grpc_url)
+    states: list[grpc.ChannelConnectivity] = []
+    changed = threading.Event()
+
+    def seen(state: grpc.ChannelConnectivity) -> None:
+        states.append(state)
+        changed.set()
+
+    channel.subscribe(seen)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+    request = service_pb2.ModelInferRequest(model_name="add_one", inputs=[tensor._get_tensor()])
+    request.raw_input_contents.append(tensor._get_content())
+    try:
+        stub.ModelInfer(request, timeout=10)
+        assert states[-1] == grpc.ChannelConnectivity.READY
+        mark = len(states)
+        write_table(table, {"add_one"})
+        deadline = time.monotonic() + 10
+        # Each call answered; once the proxy has its new table, the connection gets GOAWAY
+        # after the answer and the channel leaves READY (to reconnect for the next call).
+        while all(state == grpc.ChannelConnectivity.READY for state in states[mark:]):
+            assert time.monotonic() < deadline, f"the channel stayed on its connection: {states}"
+            changed.clear()
+            stub.ModelInfer(request, timeout=10)
+            changed.wait(0.05)
+        stub.ModelInfer(request, timeout=10)  # on a new connection
+    finally:
+        channel.unsubscribe(seen)
+        channel.close()

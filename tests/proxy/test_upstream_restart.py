@@ -1,0 +1,139 @@
+"""A request that has not reached its upstream waits while the upstream restarts. When nothing
+listens at the proxy's upstream (the node gateway, or Triton behind it, restarting), a REST
+request and a gRPC call are held and sent once it listens again (within
+--connect-retry), instead of failing at once; past the bound they still fail as
+before (502 / UNAVAILABLE). Against the real Triton, behind a TCP forwarder that starts late as a
+restarted gateway does, with http.client and tritonclient as the tenants."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from sim.triton import TritonServer
+from tests.proxy.conftest import proxy_settings, running_proxy
+
+pytestmark = pytest.mark.triton
+
+RESTART = 1.0
+"""Seconds nothing listens at the upstream after the requests were sent."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Forwarder(socketserver.ThreadingTCPServer):
+    """Every connection to it, passed on to `target` byte for byte (a stand-in gateway)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, target: str) -> None:
+        host, _, target_port = target.rpartition(":")
+        self.target = (host, int(target_port))
+        super().__init__(("127.0.0.1", port), Splice)
+
+
+class Splice(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        assert isinstance(self.server, Forwarder)
+        tenant = self.request
+        with socket.create_connection(self.server.target) as upstream:
+
+            def pump(source: socket.socket, sink: socket.socket) -> None:
+                try:
+                    while data := source.recv(65536):
+                        sink.sendall(data)
+                except OSError:
+                    pass
+                finally:
+                    with contextlib.suppress(OSError):
+                        sink.shutdown(socket.SHUT_WR)
+
+            back = threading.Thread(target=pump, args=(upstream, tenant))
+            back.start()
+            pump(tenant, upstream)
+            back.join()
+
+
+@pytest.fixture
+def ports() -> tuple[int, int]:
+    return free_port(), free_port()
+
+
+@pytest.fixture
+def forwarders(served_triton: TritonServer, ports: tuple[int, int]) -> Iterator[list[Forwarder]]:
+    started: list[Forwarder] = []
+    yield started
+    for forwarder in started:
+        forwarder.shutdown()
+        forwarder.server_close()
+
+
+def _rest(address: str) -> tuple[int, float]:
+    began = time.monotonic()
+    connection = http.client.HTTPConnection(address, timeout=30)
+    body = {
+        "inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]
+    }
+    try:
+        connection.request("POST", "/v2/models/add_one/infer", json.dumps(body).encode())
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status, time.monotonic() - began
+    finally:
+        connection.close()
+
+
+def _grpc(address: str) -> tuple[str, float]:
+    began = time.monotonic()
+    client = grpcclient.InferenceServerClient(address)
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+    try:
+        client.infer("add_one", [tensor], client_timeout=30)
+        return "OK", time.monotonic() - began
+    except grpcclient.InferenceServerException as e:
+        return str(e.status()), time.monotonic() - began
+    finally:
+        client.close()
+
+
+def test_requests_wait_while_the_upstream_restarts(
+    served_triton: TritonServer, ports: tuple[int, int], forwarders: list[Forwarder]
+) -> None:
+    http_port, grpc_port = ports
+    settings = proxy_settings(
+        served_triton,
+        triton_http_url=f"127.0.0.1:{http_port}",
+        triton_grpc_url=f"127.0.0.1:{grpc_port}",
+    )
+    with running_proxy(settings) as running, ThreadPoolExecutor(2) as pool:
+        rest = pool.submit(_rest, running.http_url)
+        rpc = pool.submit(_grpc, running.grpc_url)
+        time.sleep(RESTART)  # the upstream is restarting: nothing listens
+        for port, target in (
+            (http_port, served_triton.http_url),
+            (grpc_port, served_triton.grpc_url),
+        ):
+            forwarder = Forwarder(port, target)
+            threading.Thread(target=forwarder.serve_forever, daemon=True).start()
+            forwarders.append(forwarder)
+        status, took = rest.result(30)
+        assert status == 200 and took >= RESTART, (status, took)
+        code, took = rpc.result(30)
+        assert code == "OK" and took >= RESTART, (code, took)
