@@ -30,10 +30,12 @@ RESTART = 1.0
 """Seconds nothing listens at the upstream after the requests were sent."""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def held_port() -> socket.socket:
+    """A port bound and not listening: a connection to it is refused (nothing listens, as while
+    the upstream restarts), and no other process of the machine can take it meanwhile."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 class Forwarder(socketserver.ThreadingTCPServer):
@@ -71,8 +73,16 @@ class Splice(socketserver.BaseRequestHandler):
 
 
 @pytest.fixture
-def ports() -> tuple[int, int]:
-    return free_port(), free_port()
+def held() -> Iterator[list[socket.socket]]:
+    sockets = [held_port(), held_port()]
+    yield sockets
+    for sock in sockets:
+        sock.close()
+
+
+@pytest.fixture
+def ports(held: list[socket.socket]) -> tuple[int, int]:
+    return held[0].getsockname()[1], held[1].getsockname()[1]
 
 
 @pytest.fixture
@@ -114,7 +124,10 @@ def _grpc(address: str) -> tuple[str, float]:
 
 
 def test_requests_wait_while_the_upstream_restarts(
-    served_triton: TritonServer, ports: tuple[int, int], forwarders: list[Forwarder]
+    served_triton: TritonServer,
+    ports: tuple[int, int],
+    held: list[socket.socket],
+    forwarders: list[Forwarder],
 ) -> None:
     http_port, grpc_port = ports
     settings = proxy_settings(
@@ -126,10 +139,11 @@ def test_requests_wait_while_the_upstream_restarts(
         rest = pool.submit(_rest, running.http_url)
         rpc = pool.submit(_grpc, running.grpc_url)
         time.sleep(RESTART)  # the upstream is restarting: nothing listens
-        for port, target in (
-            (http_port, served_triton.http_url),
-            (grpc_port, served_triton.grpc_url),
+        for port, target, holder in (
+            (http_port, served_triton.http_url, held[0]),
+            (grpc_port, served_triton.grpc_url, held[1]),
         ):
+            holder.close()  # the upstream is back: it listens on the port held until now
             forwarder = Forwarder(port, target)
             threading.Thread(target=forwarder.serve_forever, daemon=True).start()
             forwarders.append(forwarder)
