@@ -12,14 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.models.heldloads import HeldLoads
-from agent.quarantine.records import (
-    CrashLedger,
-    Marker,
-    NamespaceRecord,
-    annotation,
-    from_annotation,
-    namespaces_from_annotation,
-)
+from agent.quarantine.published import annotation, from_annotation, namespaces_from_annotation
+from agent.quarantine.records import CrashLedger, Marker, NamespaceRecord
 
 
 def marker(version: int, namespace: str = "team-a") -> Marker:

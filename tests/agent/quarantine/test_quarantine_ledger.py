@@ -17,7 +17,8 @@ from agent.metrics import AgentMetrics
 from agent.models.reconcile import Reconciler
 from agent.pods.modelpods import pod_from_dict
 from agent.pods.proofs import Proven
-from agent.quarantine.records import COUNTS_FILE, CrashLedger, CrashRecord, Marker, NodeQuarantine
+from agent.quarantine.published import NodeQuarantine
+from agent.quarantine.records import COUNTS_FILE, CrashLedger, CrashRecord, Marker
 from common.contract import Keys
 from common.crashwitness import Suspect
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.quarantine.records import CrashLedger, CrashRecord, Marker, annotation, from_annotation
+from agent.quarantine.published import annotation, from_annotation
+from agent.quarantine.records import CrashLedger, CrashRecord, Marker
 from agent.quarantine.suspects import CallerRecord, at_exit, counted, merged, message
 from agent.status.requestcrash import RequestCrashes
 from common.crashwitness import (
