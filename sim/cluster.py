@@ -1,10 +1,12 @@
 """A whole simulated tritonshare cluster on one machine, for the demo and the end-to-end test.
 
-Owns starting and stopping, in a fixed order: the simulated API server (in this process), the
-Node objects (as kubelets would register them), a real Triton on the CPU and a gateway for each
-node whose pods run for real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the
-binder replicas (`python -m binder`), the controller manager (`sim.controllers`: Deployments and
-ReplicaSets, in this process), a kubelet per real node and a hollow kubelet for the other nodes;
+Owns starting and stopping, in a fixed order: the simulated API server (in this process),
+deploy/base's node DaemonSets (stored only: their pods are the Triton, agent and gateway processes
+below), the Node objects (as kubelets, GPU feature discovery and the device plugin would write
+them: `sim.gpustack`), a real Triton on the CPU and a gateway for each node whose pods run for
+real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the binder replicas
+(`python -m binder`), the controller manager (`sim.controllers`: Deployments and ReplicaSets, in
+this process), a kubelet per real node and a hollow kubelet for the other nodes;
 with `webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered as the
 chart registers it: `sim.admission_webhook`) and a model store serving model archives over HTTPS
 (`sim.modelstore`), so pods written in the short form run end to end. Every process

@@ -63,12 +63,13 @@ def mock_gpus(spec: str, node: str) -> NodeGpus:
     return NodeGpus(len(gpus), gpus[0].product, gpus[0].memory)
 
 
-def nvml_gpus(node: str) -> NodeGpus:
-    """This machine's own GPUs, read through NVML as the node's agent reads them."""
+def nvml_gpus(node: str, nvml: object | None = None) -> NodeGpus:
+    """This machine's own GPUs, read through NVML as the node's agent reads them (`nvml`: a
+    stand-in for the `pynvml` module)."""
     from agent.errors import NvmlUnavailableError
     from agent.gpus.nvml import GpuReader
 
-    reader = GpuReader()
+    reader = GpuReader(nvml)
     try:
         gpus = reader.read().gpus
     except NvmlUnavailableError as e:
