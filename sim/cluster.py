@@ -1,10 +1,12 @@
 """A whole simulated tritonshare cluster on one machine, for the demo and the end-to-end test.
 
-Owns starting and stopping, in a fixed order: the simulated API server (in this process), the
-Node objects (as kubelets would register them), a real Triton on the CPU and a gateway for each
-node whose pods run for real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the
-binder replicas (`python -m binder`), the controller manager (`sim.controllers`: Deployments and
-ReplicaSets, in this process), a kubelet per real node and a hollow kubelet for the other nodes;
+Owns starting and stopping, in a fixed order: the simulated API server (in this process),
+deploy/base's node DaemonSets (stored only: their pods are the Triton, agent and gateway processes
+below), the Node objects (as kubelets, GPU feature discovery and the device plugin would write
+them: `sim.gpustack`), a real Triton on the CPU and a gateway for each node whose pods run for
+real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the binder replicas
+(`python -m binder`), the controller manager (`sim.controllers`: Deployments and ReplicaSets, in
+this process), a kubelet per real node and a hollow kubelet for the other nodes;
 with `webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered as the
 chart registers it: `sim.admission_webhook`) and a model store serving model archives over HTTPS
 (`sim.modelstore`), so pods written in the short form run end to end. Every process
@@ -60,9 +62,20 @@ from common.contract import (
     Keys,
     agent_lease_name,
 )
+from common.podresources import CPU, MEMORY
 from sim import admission_webhook
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
+from sim.gpustack import (
+    NVIDIA_GPU,
+    GpuStackError,
+    NodeGpus,
+    feature_labels,
+    mock_gpus,
+    node_size,
+    nvml_gpus,
+    render_node_daemonsets,
+)
 from sim.modelstore import ModelStore
 from sim.node.addresses import PodAddresses
 from sim.node.cpushares import (
@@ -321,6 +334,8 @@ class SimCluster:
         self.process_context = process_context
         self.say = say
         self.missing: list[str] = []
+        self.node_daemonsets: list[dict[str, Any]] = []
+        """deploy/base's node DaemonSets as stored (none where kubectl cannot render them)."""
         self.exit_codes: dict[str, int | None] = {}
         """Exit code of each stopped part (binder-N, agent/NODE); negative: killed by a signal."""
         self.apiserver: RunningApiServer | None = None
@@ -415,6 +430,7 @@ class SimCluster:
         self.kube.user_agent = USER_AGENT
         self.say(f"Simulated Kubernetes API server is up at {self.apiserver.url}.")
         apply_namespace(self.kube, SYSTEM_NAMESPACE_MANIFEST)
+        self._store_node_daemonsets()
         if self.admission_policies:
             installed = install_admission_policies(self.kube)
             self.say(f"The API server runs tritonshare's admission policies ({len(installed)}).")
@@ -490,28 +506,65 @@ class SimCluster:
             raise ClusterError("the controller manager did not list the cluster within 30 s")
         self.say("The controller manager rolls Deployments and keeps ReplicaSets' pods.")
 
+    def _store_node_daemonsets(self) -> None:
+        """deploy/base's node DaemonSets, as `kubectl apply -k deploy/base` creates them: the
+        cluster runs their pods' containers as processes (`sim.gpustack`)."""
+        try:
+            self.node_daemonsets = render_node_daemonsets()
+        except GpuStackError as e:
+            self.missing.append(f"node DaemonSets ({e})")
+            return
+        apps = cast(Any, kubernetes.client.AppsV1Api(self.kube))
+        for daemonset in self.node_daemonsets:
+            namespace = daemonset["metadata"]["namespace"]
+            apps.create_namespaced_daemon_set(namespace, daemonset, _preload_content=False)
+        names = ", ".join(d["metadata"]["name"] for d in self.node_daemonsets)
+        self.say(f"The API server stores deploy/base's node DaemonSets ({names}).")
+
+    def _gpus(self, node: NodeSpec) -> NodeGpus:
+        """The node's GPUs, as GPU feature discovery and the device plugin find them."""
+        try:
+            return (
+                nvml_gpus(node.name) if node.gpus == REAL_GPUS else mock_gpus(node.gpus, node.name)
+            )
+        except GpuStackError as e:
+            raise ClusterError(str(e)) from e
+
     def _register(self, node: NodeSpec) -> None:
         # Agents that allow tenant code start only on nodes dedicated to it; the binders place
         # the same namespaces, and only them, there.
         dedicated = {KEYS.tenant_code: TENANT_CODE_NODE} if self.tenant_code_namespaces else {}
+        gpus = self._gpus(node)
+        # GPU feature discovery's labels; the node's own override them.
+        labels = {
+            "kubernetes.io/hostname": node.name,
+            **feature_labels(gpus),
+            **dedicated,
+            **node.labels,
+        }
         body = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {
-                "name": node.name,
-                "labels": {"kubernetes.io/hostname": node.name, **dedicated, **node.labels},
-            },
+            "metadata": {"name": node.name, "labels": labels},
             # Every node is a tritonshare GPU node: the taint only model pods and the node pod
             # tolerate (deploy/base/gpu-node-admission-policy.yaml), then the node's own.
             "spec": {"taints": [GPU_NODE_TAINT, *(dict(t) for t in node.taints)]},
         }
         self.core.create_node(body, _preload_content=False)
+        size = node_size(self.node_daemonsets, labels)
+        # The device plugin advertises every GPU of the node.
+        resources = {
+            "cpu": f"{size[CPU]}m",
+            "memory": f"{size[MEMORY] >> 20}Mi",
+            "pods": "110",
+            **({NVIDIA_GPU: str(gpus.count)} if gpus.count else {}),
+        }
         status = {
             "status": {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
                 "addresses": [{"type": "InternalIP", "address": self.node_addresses[node.name]}],
-                "capacity": {"cpu": "8", "memory": "64Gi", "pods": "110"},
-                "allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110"},
+                "capacity": resources,
+                "allocatable": resources,
             }
         }
         self.core.patch_node_status(node.name, status, _preload_content=False)

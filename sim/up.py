@@ -54,7 +54,7 @@ NODES = (
     NodeSpec(
         "gpu-node-0",
         "2xT4",
-        {"nvidia.com/gpu.product": "Tesla-T4", "topology.kubernetes.io/zone": "zone-a"},
+        {"topology.kubernetes.io/zone": "zone-a"},
         (GPU_TAINT,),
         real=True,
     ),

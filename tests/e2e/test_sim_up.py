@@ -2,8 +2,8 @@
 cluster is ready with `export KUBECONFIG=...` last; plain `kubectl apply -k deploy/example` gets
 a Ready model pod answering through its Service's address; a Deployment in the short form is
 completed by the webhook and served, sim-up's convolutional ONNX model too; `tritonshare status`
-shows them; `python -m sim.up stop` ends every process and removes the directory. One cluster
-for the module."""
+shows them; `tritonshare preflight` fails nothing; `python -m sim.up stop` ends every process and
+removes the directory. One cluster for the module."""
 
 from __future__ import annotations
 
@@ -269,6 +269,28 @@ def test_status_shows_both_pods_on_the_node(sim_up: SimUp) -> None:
     # concepts.md reads the node gateway's split from its metrics port, as deploy/base has it.
     with urllib.request.urlopen("http://127.0.0.1:8012/metrics", timeout=10) as response:
         assert b"tritonshare_gateway_namespaces_sending" in response.read()
+
+
+def test_preflight_finds_the_cluster_installed_as_deploy_base_installs_it(sim_up: SimUp) -> None:
+    """`tritonshare preflight` on sim-up, as a new user runs it first: the node DaemonSets that
+    deploy/base renders, and the node as the GPU Operator labels it, with room for the node
+    pod beside the model pods of the tests above. It fails nothing; each warning says its fix."""
+    tritonshare = str(Path(sys.executable).parent / "tritonshare")
+    report = sim_up.run(tritonshare, "preflight")  # exit status 0
+    assert "[fail]" not in report and ", 0 failed." in report, report
+    checks = report.split("\n[")
+    warned = [c for c in checks if c.startswith("warn]")]
+    assert all("\n    fix: " in c for c in warned), report
+    assert "[ok]   gpu-nodes: 1 GPU node\n" in report, report
+    assert "allocatable nvidia.com/gpu=2" in report and "nvidia.com/gpu.count=2" in report
+    assert "[ok]   node-pod-fit: the node pod fits on every GPU node" in report, report
+    daemonsets = sim_up.get("daemonsets", "-n", "tritonshare-system")["items"]
+    names = {d["metadata"]["name"] for d in daemonsets}
+    assert names == {f"tritonshare-node{s}" for s in ("", "-2gpu", "-4gpu", "-8gpu")}
+    # The one whose pod asks for both T4s is the one preflight found there.
+    two = next(d for d in daemonsets if d["metadata"]["name"] == "tritonshare-node-2gpu")
+    triton = two["spec"]["template"]["spec"]["containers"][0]
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == "2"
 
 
 def test_sim_down_stops_every_process_and_removes_its_files(sim_up: SimUp) -> None:
