@@ -98,16 +98,14 @@ class AgentRpc:
     ) -> agent_pb2.ModelStatus:
         """The agent's view of `model_id` (NOT_FOUND: the node has none of it)."""
         request = agent_pb2.GetModelRequest(model_id=model_id, replica=replica)
-        reply: agent_pb2.ModelStatus = await self._call(self._stub.GetModel, request, time_limit)
-        return reply
+        return await self._status(self._stub.GetModel, request, time_limit)
 
     async def load_model(
         self, model_id: str, time_limit: float, *, replica: int | None = None
     ) -> agent_pb2.ModelStatus:
         """Load an installed (or sleeping) model; the agent answers once it is READY or FAILED."""
         request = agent_pb2.LoadModelRequest(model_id=model_id, replica=replica)
-        reply: agent_pb2.ModelStatus = await self._call(self._stub.LoadModel, request, time_limit)
-        return reply
+        return await self._status(self._stub.LoadModel, request, time_limit)
 
     async def unload_model(
         self, model_id: str, time_limit: float, *, replica: int | None = None, idle: bool = False
@@ -115,8 +113,7 @@ class AgentRpc:
         """Unload the model and remove its files, or with `idle` put it to sleep (files kept);
         the agent answers once it is done."""
         request = agent_pb2.UnloadModelRequest(model_id=model_id, replica=replica, idle=idle)
-        reply: agent_pb2.ModelStatus = await self._call(self._stub.UnloadModel, request, time_limit)
-        return reply
+        return await self._status(self._stub.UnloadModel, request, time_limit)
 
     async def list_hosted(
         self, failures: list[agent_pb2.LoadFailure], time_limit: float
@@ -145,6 +142,13 @@ class AgentRpc:
         reply: agent_pb2.InstallModelResponse = await self._call(
             self._stub.InstallKept, header, time_limit
         )
+        return reply
+
+    async def _status(
+        self, method: Callable[..., Awaitable[Any]], request: object, time_limit: float
+    ) -> agent_pb2.ModelStatus:
+        """A call the agent answers with a model's status."""
+        reply: agent_pb2.ModelStatus = await self._call(method, request, time_limit)
         return reply
 
     async def _call(
