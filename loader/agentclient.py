@@ -1,9 +1,9 @@
-"""The loader's one adapter to the node's agent: a grpc.aio channel and the calls it needs.
+"""The loader's one adapter to the node's agent: the calls it needs, made by common.agentrpc (the
+channel, the bearer token re-read for each call, deadlines, one error for a failed call).
 
-Every call carries `authorization: Bearer <token>`, with the token re-read from its file for each
-call because the kubelet rotates projected tokens. Agent answers are converted to the dataclasses
-below where they enter; gRPC failures are converted once, by errors.classify, into a permanent
-LoaderError or a TransientError. Must not retry or decide what to do next (loading.py does).
+Agent answers are converted to the dataclasses below where they enter; failed calls are converted
+once, by errors.classify, into a permanent LoaderError or a TransientError, and a token file that
+gives no token into a SettingsError. Must not retry or decide what to do next (loading.py does).
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
-import grpc.aio
 
+from common.agentrpc import AgentCallError, AgentRpc, BearerToken, TokenFileError, agent_channel
 from common.manifest import Manifest
 from loader.errors import (
     INSTALL,
@@ -34,9 +35,11 @@ from loader.errors import (
 )
 from loader.manifest import hash_file
 from loader.validate import ModelDirectory
-from protos import agent_pb2, agent_pb2_grpc
+from protos import agent_pb2
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ModelState(Enum):
@@ -173,21 +176,10 @@ class AgentClient:
         self, address: str, token_file: Path, *, chunk_bytes: int, reconnect_max_seconds: float
     ) -> None:
         self.address = address
-        self._token_file = token_file
         self._chunk_bytes = chunk_bytes
-        # gRPC's own reconnect backoff grows to 120 s by default; while it waits, every call fails
-        # at once, so an agent that came back would go unnoticed for up to two minutes. Keep it
-        # within the loader's own retry delays.
-        reconnect_ms = max(100, int(reconnect_max_seconds * 1000))
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.initial_reconnect_backoff_ms", min(250, reconnect_ms)),
-                ("grpc.min_reconnect_backoff_ms", min(250, reconnect_ms)),
-                ("grpc.max_reconnect_backoff_ms", reconnect_ms),
-            ],
-        )
-        self._stub = agent_pb2_grpc.AgentStub(self._channel)
+        # Reconnect within the loader's own retry delays (common.agentrpc.agent_channel).
+        self._channel = agent_channel(address, reconnect_max_seconds)
+        self._rpc = AgentRpc(self._channel, BearerToken(token_file))
         self.replica: int | None = None
         """For a model host: the replica (ordinal) every model call names; None: a model pod's
         own model, or a host's only replica of it."""
@@ -202,59 +194,32 @@ class AgentClient:
         """Close the channel; pending calls are cancelled."""
         await self._channel.close(grace=None)
 
-    def _failure(self, e: grpc.aio.AioRpcError, phase: str) -> LoaderError | TransientError:
-        # The channel's state, not the message, tells "no connection" from the agent's own
-        # UNAVAILABLE ("busy"): grpc-core's wording of connection errors is not an interface.
-        connected = self._channel.get_state() is grpc.ChannelConnectivity.READY
-        return classify(e.code(), e.details() or "", phase, connected=connected)
-
-    def _metadata(self) -> tuple[tuple[str, str], ...]:
-        try:
-            token = self._token_file.read_text(encoding="utf-8").strip()
-        except FileNotFoundError as e:
-            raise SettingsError(
-                f"token file {self._token_file} does not exist; mount a projected "
-                f"service-account token with the agent's audience there, or set --token-file"
-            ) from e
-        except (OSError, UnicodeDecodeError) as e:
-            raise SettingsError(f"token file {self._token_file} cannot be read: {e}") from e
-        if not token:
-            raise SettingsError(f"token file {self._token_file} is empty; mount a real token")
-        return (("authorization", f"Bearer {token}"),)
-
     async def get_model(self, model_id: str, time_limit: float) -> ModelStatus:
         """The agent's view of `model_id`; NOT_FOUND reads as ABSENT."""
-        request = agent_pb2.GetModelRequest(model_id=model_id, replica=self.replica)
         try:
-            reply = await self._stub.GetModel(
-                request, metadata=self._metadata(), timeout=time_limit
-            )
-        except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
+            reply = await _settled(self._rpc.get_model(model_id, time_limit, replica=self.replica))
+        except AgentCallError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:
                 return ModelStatus(model_id=model_id, state=ModelState.ABSENT)
-            raise self._failure(e, QUERY) from e
+            raise _failure(e, QUERY) from e
         return ModelStatus.from_proto(reply)
 
     async def load(self, model_id: str, time_limit: float) -> ModelStatus:
         """Ask the agent to load an installed model; it answers once READY or FAILED."""
-        request = agent_pb2.LoadModelRequest(model_id=model_id, replica=self.replica)
         try:
-            reply = await self._stub.LoadModel(
-                request, metadata=self._metadata(), timeout=time_limit
-            )
-        except grpc.aio.AioRpcError as e:
-            raise self._failure(e, LOAD) from e
+            reply = await _settled(self._rpc.load_model(model_id, time_limit, replica=self.replica))
+        except AgentCallError as e:
+            raise _failure(e, LOAD) from e
         return ModelStatus.from_proto(reply)
 
     async def unload(self, model_id: str, time_limit: float) -> ModelStatus:
         """Ask the agent to unload the model and remove its files; it answers once they are gone."""
-        request = agent_pb2.UnloadModelRequest(model_id=model_id, replica=self.replica)
         try:
-            reply = await self._stub.UnloadModel(
-                request, metadata=self._metadata(), timeout=time_limit
+            reply = await _settled(
+                self._rpc.unload_model(model_id, time_limit, replica=self.replica)
             )
-        except grpc.aio.AioRpcError as e:
-            raise self._failure(e, UNLOAD) from e
+        except AgentCallError as e:
+            raise _failure(e, UNLOAD) from e
         return ModelStatus.from_proto(reply)
 
     async def list_hosted(
@@ -262,20 +227,16 @@ class AgentClient:
     ) -> HostedList:
         """The replicas of the calling model host (its token says which host calls); tells the
         agent the replicas it fails to load now (`failures`)."""
-        request = agent_pb2.ListHostedRequest(
-            failures=[
-                agent_pb2.LoadFailure(
-                    model_id=f.model_id, reason=f.reason, message=f.message, replica=f.replica
-                )
-                for f in failures
-            ]
-        )
-        try:
-            reply = await self._stub.ListHosted(
-                request, metadata=self._metadata(), timeout=time_limit
+        told = [
+            agent_pb2.LoadFailure(
+                model_id=f.model_id, reason=f.reason, message=f.message, replica=f.replica
             )
-        except grpc.aio.AioRpcError as e:
-            raise self._failure(e, LIST) from e
+            for f in failures
+        ]
+        try:
+            reply = await _settled(self._rpc.list_hosted(told, time_limit))
+        except AgentCallError as e:
+            raise _failure(e, LIST) from e
         return HostedList(
             replicas=tuple(Hosted.from_proto(r) for r in reply.replicas),
             refused=tuple(reply.refused),
@@ -295,15 +256,13 @@ class AgentClient:
         )
         requests = self._install_requests(header, model, manifest, counter)
         try:
-            reply = await self._stub.InstallModel(
-                requests, metadata=self._metadata(), timeout=time_limit
-            )
-        except grpc.aio.AioRpcError as e:
+            reply = await _settled(self._rpc.install_model(requests, time_limit))
+        except AgentCallError as e:
             if counter.failure is not None:
                 # The stream was cut because a local file changed; that, not the cancellation
                 # the agent saw, is the reason to report.
                 raise counter.failure from e
-            if e.code() == grpc.StatusCode.DATA_LOSS:
+            if e.code == grpc.StatusCode.DATA_LOSS:
                 # The agent saw other bytes than the manifest promised. Resending helps only if
                 # they were damaged on the way, not if a file changed on disk after hashing.
                 changed = await asyncio.to_thread(_changed_since, model, manifest)
@@ -312,7 +271,7 @@ class AgentClient:
                         f"{', '.join(changed[:3])} in the model directory changed while being "
                         f"sent; finish writing the model before the loader starts"
                     ) from e
-            raise self._failure(e, INSTALL) from e
+            raise _failure(e, INSTALL) from e
         if counter.failure is not None:
             raise counter.failure
         return InstallResult(
@@ -331,13 +290,11 @@ class AgentClient:
             model_id=model_id, manifest=manifest.to_proto(), replica=self.replica
         )
         try:
-            reply = await self._stub.InstallKept(
-                header, metadata=self._metadata(), timeout=time_limit
-            )
-        except grpc.aio.AioRpcError as e:
-            if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
+            reply = await _settled(self._rpc.install_kept(header, time_limit))
+        except AgentCallError as e:
+            if e.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
                 return None
-            raise self._failure(e, INSTALL) from e
+            raise _failure(e, INSTALL) from e
         return InstallResult(
             manifest_digest=reply.manifest_digest,
             unchanged=reply.unchanged,
@@ -378,6 +335,18 @@ class AgentClient:
                     f"writing the model before the loader starts"
                 )
                 return
+
+
+async def _settled(call: Awaitable[T]) -> T:
+    """The call's answer; a token file that gives no token is a settings error."""
+    try:
+        return await call
+    except TokenFileError as e:
+        raise SettingsError(str(e)) from e
+
+
+def _failure(e: AgentCallError, phase: str) -> LoaderError | TransientError:
+    return classify(e.code, e.details, phase, connected=e.connected)
 
 
 def _changed_since(model: ModelDirectory, manifest: Manifest) -> list[str]:

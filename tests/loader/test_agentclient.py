@@ -21,6 +21,7 @@ from loader.errors import InvalidModelError, ModelRejectedError, RefusedError, T
 from loader.manifest import build_manifest
 from loader.validate import ModelDirectory, validate_model_directory
 from protos import agent_pb2, agent_pb2_grpc
+from tests.agentserver import agent_server
 from tests.conftest import copy_model
 
 
@@ -92,14 +93,8 @@ class RecordingAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
 @pytest.fixture
 async def agent() -> AsyncIterator[tuple[RecordingAgent, str]]:
     servicer = RecordingAgent()
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield servicer, f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+    async with agent_server(servicer) as address:
+        yield servicer, address
 
 
 @pytest.fixture
