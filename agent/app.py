@@ -385,7 +385,8 @@ class Agent:
         replica (`<model>/<ordinal>`) only says so: its host serves the others."""
         model, replica, _ = name.rpartition("/")
         if replica:
-            host = host_name(self.settings.node_name)
+            watched = self.pods.by_key.get(f"{namespace}/{name}")
+            host = watched.host if watched is not None else host_name(self.settings.node_name)
             condition = loaded_condition(self.settings.keys, model, int(replica))
             await self.kube.set_pod_condition(namespace, host, condition, "False", reason, message)
             return

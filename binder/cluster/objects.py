@@ -36,6 +36,7 @@ from common.contract import (
     validate_residency,
 )
 from common.hosted import (
+    host_group,
     host_storage_problem,
     replica_name,
     replica_uid,
@@ -679,6 +680,12 @@ class ModelInfo:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def host_group(self) -> str:
+        """The key of the hosts that serve its replicas, one per node: its namespace's hosts
+        of its storage Secret (`common.hosted.host_group`)."""
+        return host_group(self.namespace, self.storage_secret)
 
     def replica(self, ordinal: int, node: str = "", gpu: str = "", proof: str = "") -> PodInfo:
         """Replica `ordinal`: uid "<model uid>/<ordinal>" and name "<model>/<ordinal>", which no

@@ -115,6 +115,7 @@ from common.hosted import (
     SLEEPING_REASON,
     HostedError,
     decode_hosted,
+    group_namespace,
     host_name,
     hosted_models_annotation,
     loaded_condition,
@@ -338,7 +339,8 @@ class TritonModelController:
         instead of taking them again), and drain on, from now, to their end."""
         state = self._ledger.state
         now = self._clock()
-        for namespace, hosts in self._ledger.hosts.items():
+        for group, hosts in self._ledger.hosts.items():
+            namespace = group_namespace(group)
             for node, host in hosts.items():
                 annotation = hosted_models_annotation(self._keys)
                 value = ((host.get("metadata") or {}).get("annotations") or {}).get(annotation)
@@ -672,7 +674,7 @@ class TritonModelController:
             current=self._parked.get(model.uid),
             replica_nodes=nodes,
             served=served,
-            hosts=self._ledger.hosts.get(model.namespace, {}),
+            hosts=self._ledger.hosts.get(model.host_group, {}),
             keys=self._keys,
         )
         if node is None:
@@ -962,8 +964,8 @@ class TritonModelController:
         condition of the replica True, or False only because the on-demand replica is asleep:
         the host's proxy wakes it on the next request), and why not."""
         node = replica.node_name
-        host = self._ledger.hosts.get(model.namespace, {}).get(node)
-        refused = self._hosts.refused.get((model.namespace, node))
+        host = self._ledger.hosts.get(model.host_group, {}).get(node)
+        refused = self._hosts.refused.get((model.namespace, (node, model.storage_secret)))
         if host is None and refused:
             return Loaded(False, refused, HOST_REFUSED)
         if host is None:
@@ -984,7 +986,7 @@ class TritonModelController:
         """Whether a replica of `model` (replica `ordinal`, when given) is loaded and not asleep
         on the namespace's host on `node`, and that host is Ready (in the Service's
         endpoints)."""
-        host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
+        host = self._ledger.hosts.get(model.host_group, {}).get(node) or {}
         status = {
             c.get("type"): c.get("status")
             for c in (host.get("status") or {}).get("conditions") or []
@@ -1028,7 +1030,7 @@ class TritonModelController:
         loaded = self._loaded(model, replica)
         if not loaded.ready:
             return loaded
-        host = self._ledger.hosts.get(model.namespace, {}).get(replica.node_name) or {}
+        host = self._ledger.hosts.get(model.host_group, {}).get(replica.node_name) or {}
         for condition in (host.get("status") or {}).get("conditions") or []:
             if isinstance(condition, dict) and condition.get("type") == "Ready":
                 if condition.get("status") == "True":
@@ -1112,7 +1114,7 @@ class TritonModelController:
                 "node": replica.node_name,
                 "gpu": replica.gpu_uuid,
                 "proof": replica.placement,
-                "host": host_name(replica.node_name),
+                "host": host_name(replica.node_name, model.storage_secret),
                 "ready": ready,
                 "storageUri": self._rollout.uri(model, ordinal),
             }

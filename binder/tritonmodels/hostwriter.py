@@ -2,14 +2,16 @@
 gets, and the API writes that keep it so.
 
 `reconcile(namespace, nodes)` makes the hosts on `nodes` what the binder's ledger says: one pod
-per node with a replica of the namespace's placed (or a model of it parked there at zero
-replicas, `binder.autoscaler.parking`), named `tritonshare-host-<hash of the node>`, created on its
+per node and storage Secret (none is one) with a replica of the namespace's placed (or a model of
+it parked there at zero replicas, `binder.autoscaler.parking`), named `tritonshare-host-<hash of
+the node and the Secret>` and mounting that Secret alone, so a model that needs a new Secret gets
+a host of its own and its neighbours' hosts are never replaced for it; created on its
 node (`spec.nodeName`) as a model pod that serves many models (`binder.tritonmodels.hostpod`), owned
 by every TritonModel with a replica there, naming its replicas in `<prefix>hosted-models` and
 labelled `<prefix>serves-<model>` as the model writer says (`binder.tritonmodels.controller`:
 loaded, awake first, draining); deleted when its last replica leaves. A host made from another
 template (another
---host-image, a Secret it lacks) is replaced one per namespace at a time; a host the API server
+--host-image) is replaced one per namespace at a time; a host the API server
 refuses (a quota on pods, a LimitRange, a policy) is tried again every second, and its models'
 Ready condition and a `FailedCreate` Event say why.
 
@@ -39,8 +41,10 @@ from common.hosted import (
     Parked,
     encode_hosted,
     encode_parked,
+    group_namespace,
     host_label,
     host_name,
+    host_secret_annotation,
     host_template_annotation,
     hosted_models_annotation,
     parked_models_annotation,
@@ -52,6 +56,8 @@ log = logging.getLogger(__name__)
 
 Replicas = list[tuple[ModelInfo, int, PodInfo]]
 """The replicas of a namespace charged on one node: (model, ordinal, replica)."""
+Where = tuple[str, str]
+"""A host of a namespace: its node and its storage Secret ("": none)."""
 
 
 class HostWriter:
@@ -103,8 +109,8 @@ class HostWriter:
         self.waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating, or whose
         host the API server refuses: tried again every second."""
-        self.refused: dict[tuple[str, str], str] = {}
-        """(namespace, node) -> why the API server refuses the host there now (the Ready
+        self.refused: dict[tuple[str, Where], str] = {}
+        """(namespace, (node, Secret)) -> why the API server refuses that host now (the Ready
         condition of the models placed there says it)."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
@@ -119,31 +125,41 @@ class HostWriter:
         """A deleted model: its hosts' refusal is no longer reported to it."""
         self._host_refusals.pop(model_uid, None)
 
-    def _parked_on(self, namespace: str, node: str) -> list[ModelInfo]:
-        """The namespace's models parked on its host on `node`."""
+    def _parked_on(self, namespace: str, where: Where) -> list[ModelInfo]:
+        """The namespace's models parked on its host `where`."""
         models = self._ledger.models
         return sorted(
             (
                 models[uid]
                 for uid in self._ledger.by_namespace.get(namespace, ())
-                if self._parked.get(uid) == node and uid in models
+                if uid in models and (self._parked.get(uid), models[uid].storage_secret) == where
             ),
             key=lambda m: m.name,
         )
 
-    def _hosted(self, namespace: str) -> dict[str, Replicas]:
-        """Node -> the replicas of the namespace charged there (model, ordinal, replica),
-        draining ones too."""
+    def _hosted(self, namespace: str) -> dict[Where, Replicas]:
+        """(node, Secret) -> the replicas of the namespace charged on that node whose model
+        fetches with that storage Secret (model, ordinal, replica), draining ones too."""
         state = self._ledger.state
-        nodes: dict[str, Replicas] = {}
+        hosts: dict[Where, Replicas] = {}
         for uid in self._ledger.by_namespace.get(namespace, ()):
             model = self._ledger.models[uid]
             for rid in self._ledger.replica_uids(uid):
                 replica = state.charged_pod(rid)
                 if replica is not None:
                     ordinal = int(rid.rpartition("/")[2])
-                    nodes.setdefault(replica.node_name, []).append((model, ordinal, replica))
-        return nodes
+                    where = (replica.node_name, model.storage_secret)
+                    hosts.setdefault(where, []).append((model, ordinal, replica))
+        return hosts
+
+    def _there(self, namespace: str) -> dict[Where, JsonObject]:
+        """(node, Secret) -> the namespace's hosts as the cache shows them."""
+        found: dict[Where, JsonObject] = {}
+        for group, hosts in list(self._ledger.hosts.items()):
+            if group_namespace(group) == namespace:
+                secret = group.partition("/")[2]
+                found.update(((node, secret), host) for node, host in hosts.items())
+        return found
 
     async def reconcile(self, namespace: str, nodes: set[str] | None) -> None:
         """Create, update or delete the namespace's hosts on `nodes` (None: every node) to
@@ -151,14 +167,16 @@ class HostWriter:
         wanted = self._hosted(namespace)
         for uid in self._ledger.by_namespace.get(namespace, ()):
             if uid in self._parked:
-                wanted.setdefault(self._parked[uid], [])
+                secret = self._ledger.models[uid].storage_secret
+                wanted.setdefault((self._parked[uid], secret), [])
         label = host_label(self._keys)
-        there_now = self._ledger.hosts.get(namespace, {})
-        for node, replicas in sorted(wanted.items()):
+        there_now = self._there(namespace)
+        for where, replicas in sorted(wanted.items()):
+            node = where[0]
             if nodes is not None and node not in nodes:
                 continue
-            body = self._host(namespace, node, replicas)
-            there = there_now.get(node)
+            body = self._host(namespace, where, replicas)
+            there = there_now.get(where)
             if there is not None and (there.get("metadata") or {}).get("deletionTimestamp"):
                 # The last one is going away: a new host once it is gone.
                 self.waiting.add(namespace)
@@ -171,12 +189,12 @@ class HostWriter:
                 except ApiError as e:
                     if e.status not in (403, 422):
                         raise
-                    await self._host_refused(namespace, node, replicas, e)
+                    await self._host_refused(namespace, where, replicas, e)
                 else:
-                    self._host_accepted(namespace, node, replicas)
+                    self._host_accepted(namespace, where, replicas)
                 continue
             outdated = self._outdated(there, body)
-            if outdated and self._may_replace(namespace, node, wanted, there_now):
+            if outdated and self._may_replace(namespace, where, wanted, there_now):
                 await self._replace(namespace, node, there, outdated)
                 continue
             if outdated:
@@ -211,9 +229,10 @@ class HostWriter:
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
         for key in [k for k in self.refused if k[0] == namespace and k[1] not in wanted]:
             del self.refused[key]  # no replica of the namespace there any more
-        for node, there in list(there_now.items()):
+        for where, there in list(there_now.items()):
             meta = there.get("metadata") or {}
-            if node in wanted or meta.get("deletionTimestamp") or (nodes and node not in nodes):
+            gone = meta.get("deletionTimestamp") or (nodes and where[0] not in nodes)
+            if where in wanted or gone:
                 continue
             if (meta.get("labels") or {}).get(label) != "true":
                 continue
@@ -242,11 +261,11 @@ class HostWriter:
     def _may_replace(
         self,
         namespace: str,
-        node: str,
-        wanted: dict[str, Replicas],
-        there_now: dict[str, JsonObject],
+        where: Where,
+        wanted: dict[Where, Replicas],
+        there_now: dict[Where, JsonObject],
     ) -> bool:
-        """Whether the namespace's host on `node` may be replaced now: one host of a namespace
+        """Whether the namespace's host `where` may be replaced now: one host of a namespace
         at a time, so its models stay served by their replicas on other nodes. The next waits
         until no host of the namespace is being deleted and every other one serves its
         replicas, or --host-drain-seconds after the last replacement at most."""
@@ -258,7 +277,7 @@ class HostWriter:
         if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
             return True
         for other, replicas in wanted.items():
-            if other == node:
+            if other == where:
                 continue
             if other not in there_now:
                 return False
@@ -288,7 +307,7 @@ class HostWriter:
     async def _host_refused(
         self,
         namespace: str,
-        node: str,
+        where: Where,
         replicas: Replicas,
         error: ApiError,
     ) -> None:
@@ -297,10 +316,11 @@ class HostWriter:
         once per message, and its Ready condition False with them; the namespace's hosts are
         tried again every RETRY_SECONDS."""
         self.waiting.add(namespace)
-        message = f"the binder cannot create model host {host_name(node)} on node {node}: "
-        message += error.message
-        if self.refused.get((namespace, node)) != message:
-            self.refused[(namespace, node)] = message
+        node, secret = where
+        message = f"the binder cannot create model host {host_name(node, secret)} on node "
+        message += f"{node}: {error.message}"
+        if self.refused.get((namespace, where)) != message:
+            self.refused[(namespace, where)] = message
             for model, _, _ in replicas:
                 self._changed(model.uid)  # its Ready condition says so
         for model in {model.uid: model for model, _, _ in replicas}.values():
@@ -315,28 +335,26 @@ class HostWriter:
                 reporting_instance=self._identity,
             )
 
-    def _host_accepted(self, namespace: str, node: str, replicas: Replicas) -> None:
+    def _host_accepted(self, namespace: str, where: Where, replicas: Replicas) -> None:
         """The host refused before is created: its models' conditions no longer say so."""
-        if self.refused.pop((namespace, node), None) is not None:
+        if self.refused.pop((namespace, where), None) is not None:
             for model, _, _ in replicas:
                 self._host_refusals.pop(model.uid, None)
                 self._changed(model.uid)
 
-    def _host(self, namespace: str, node: str, replicas: Replicas) -> JsonObject:
-        """The host pod of `namespace` on `node` serving `replicas`: labelled to serve each
-        model whose replica there is loaded (the agent's condition on the host) and not
-        draining."""
+    def _host(self, namespace: str, where: Where, replicas: Replicas) -> JsonObject:
+        """The host pod of `namespace` on node `where[0]` serving `replicas`, whose models fetch
+        with the storage Secret `where[1]` (mounted): labelled to serve each model whose replica
+        there is loaded (the agent's condition on the host) and not draining."""
+        node, secret = where
         labels = {host_label(self._keys): "true"}
         owners: dict[str, JsonObject] = {}
         hosted = []
-        secrets = set()
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
             if not draining and self._loaded(model, replica).ready:
                 labels[serves_label(self._keys, model.name)] = self._serves_value(model, node)
             owners.setdefault(model.uid, owner_reference(model, controller=False))
-            if model.storage_secret and not draining:
-                secrets.add(model.storage_secret)
             hosted.append(
                 HostedReplica(
                     model=model.name,
@@ -358,7 +376,9 @@ class HostWriter:
             hosted_models_annotation(self._keys): encode_hosted(hosted),
             host_template_annotation(self._keys): self._template(node),
         }
-        parked = self._parked_on(namespace, node)
+        if secret:
+            annotations[host_secret_annotation(self._keys)] = secret
+        parked = self._parked_on(namespace, where)
         for model in parked:
             # The Service reaches the parked model's host, whose proxy holds its requests.
             labels[serves_label(self._keys, model.name)] = "true"
@@ -371,7 +391,7 @@ class HostWriter:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": host_name(node),
+                "name": host_name(node, secret),
                 "namespace": namespace,
                 "labels": labels,
                 "annotations": annotations,
@@ -384,7 +404,7 @@ class HostWriter:
                 self._access,
                 self._keys,
                 len(replicas),
-                secrets,
+                [secret] if secret else [],
             ),
         }
 
