@@ -260,13 +260,14 @@ class ClusterCache:
 
     def _is_host(self, pod: PodInfo, obj: JsonObject) -> bool:
         """A model host the binder made: its label, on a node, under the name the binder gives
-        the host there. Its pod slot and requests are charged as its namespace's host while the
-        namespace has a replica on the node (`binder.cluster.podindex`), so it is not also counted
-        as a pod then. A tenant can write the label and name on a pod of its own: where its
-        namespace has no replica on the node the pod counts as any pod (`_apply_host`); where it has
-        one, the name is the binder's host's (created with the first replica there), so the slot is
-        charged once either way (a pod made first under that name would stand in for the host
-        and serve none of the namespace's replicas: a loss to that namespace alone).
+        the host of its storage Secret (its annotation; none is one) there. Its pod slot and
+        requests are charged as its host group's host while the group has a replica on the node
+        (`binder.cluster.podindex`), so it is not also counted as a pod then. A tenant can write
+        the label, annotation and name on a pod of its own: where its group has no replica on
+        the node the pod counts as any pod (`_apply_host`); where it has one, the name is the
+        binder's host's (created with the first replica there), so the slot is charged once
+        either way (a pod made first under that name would stand in for the host and serve none
+        of the group's replicas: a loss to that namespace alone).
         """
         return (
             pod.labels.get(self._host_label) == "true"
@@ -280,9 +281,8 @@ class ClusterCache:
         return str(annotations.get(host_secret_annotation(self.keys)) or "")
 
     def _apply_host(self, event: str, pod: PodInfo, obj: JsonObject) -> None:
-        # A namespace's hosts on a node (one per storage Secret) are charged as one.
-        key = (pod.namespace, pod.node_name)
         group = host_group(pod.namespace, self._host_secret(obj))
+        key = (group, pod.node_name)
         hosts = self.ledger.hosts.setdefault(group, {})
         if event == "DELETED":
             if (hosts.get(pod.node_name) or {}).get("metadata", {}).get("uid") == pod.uid:
