@@ -258,7 +258,7 @@ class TritonModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
-        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
+        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str, str]]] = {}
         self._awake_seen: set[tuple[str, str]] = set()
         """(model uid, node) where the model was last seen awake (`_awake_first`)."""
         self._room = Room()
@@ -642,20 +642,20 @@ class TritonModelController:
             self._services.add(uid)
         return bool(refusal)
 
-    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str]]:
+    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str, str]]:
         """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
-        files)."""
+        files, storage Secret: which of the node's hosts)."""
         hosted = set()
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)
             if charged is not None:
                 ordinal = int(rid.rpartition("/")[2])
                 draining = rid in self._draining
-                hosted.add(
-                    (ordinal, charged.node_name, draining, self._rollout.uri(model, ordinal))
-                )
+                uri = self._rollout.uri(model, ordinal)
+                hosted.add((ordinal, charged.node_name, draining, uri, model.storage_secret))
         if model.uid in self._parked:
-            hosted.add((-1, self._parked[model.uid], False, ""))  # -1: parked there
+            # -1: parked there
+            hosted.add((-1, self._parked[model.uid], False, "", model.storage_secret))
         return frozenset(hosted)
 
     def _park(self, model: ModelInfo) -> None:

@@ -37,8 +37,10 @@ from binder.tritonmodels.hostpod import host_image, host_spec, mounted_secrets, 
 from binder.tritonmodels.rolling import Loaded
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
+    HostedError,
     HostedReplica,
     Parked,
+    decode_hosted,
     encode_hosted,
     encode_parked,
     group_namespace,
@@ -171,10 +173,17 @@ class HostWriter:
                 wanted.setdefault((self._parked[uid], secret), [])
         label = host_label(self._keys)
         there_now = self._there(namespace)
+        listed = self._listed(there_now)
         for where, replicas in sorted(wanted.items()):
             node = where[0]
             if nodes is not None and node not in nodes:
                 continue
+            moving = [r for r in replicas if listed.get(r[2].uid, where) != where]
+            if moving:
+                # Its model's storageSecret changed: the old host lets it go first, as the
+                # agent acts for a replica named by one host at a time.
+                self.waiting.add(namespace)
+                replicas = [r for r in replicas if r not in moving]
             body = self._host(namespace, where, replicas)
             there = there_now.get(where)
             if there is not None and (there.get("metadata") or {}).get("deletionTimestamp"):
@@ -240,6 +249,20 @@ class HostWriter:
                 await self._call(
                     self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
                 )
+
+    def _listed(self, there_now: Mapping[Where, JsonObject]) -> dict[str, Where]:
+        """Replica uid -> the host that lists it now (one being deleted too, until it is
+        gone: the agent acts for its replicas while its proxy drains)."""
+        listed: dict[str, Where] = {}
+        key = hosted_models_annotation(self._keys)
+        for where, host in there_now.items():
+            meta = host.get("metadata") or {}
+            try:
+                entries = decode_hosted(str((meta.get("annotations") or {}).get(key) or ""))
+            except HostedError:
+                continue  # not the binder's writing: rewritten below
+            listed.update((entry.replica_uid, where) for entry in entries)
+        return listed
 
     def _outdated(self, there: JsonObject, body: JsonObject) -> str:
         """Why the host `there` no longer matches the host the binder would create now, `body`

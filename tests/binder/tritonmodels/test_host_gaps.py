@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from typing import Any
 
 import kubernetes.client
@@ -35,6 +36,7 @@ from tests.binder.tritonmodels.test_tritonmodels import (
     placed,
     read,
 )
+from tests.fixtures_sim import new_watch
 
 apiserver = test_tritonmodels.apiserver
 custom = test_tritonmodels.custom
@@ -190,6 +192,59 @@ async def test_a_model_with_a_new_storage_secret_gets_hosts_of_its_own(
     ]
     placements = read(custom, "bert")["status"]["placements"]
     assert {p["host"] for p in placements} == {host_name(n, "creds") for n in ("n1", "n2")}
+
+
+async def test_a_replica_whose_secret_changes_moves_host_once_the_old_one_lets_it_go(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A model whose storageSecret is changed moves to the host of its new Secret; the agent acts
+    for a replica named by one host at a time, so no write ever has two hosts naming it: the old
+    host lets it go (here: is deleted, and gone) before the new one names it."""
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("bert", 1))
+    await eventually(lambda: placed(custom, "bert", 1), what="bert placed")
+    await eventually(lambda: host_name("n1", "creds") in all_hosts(core), what="its host")
+    listing: dict[str, list[str]] = {}
+    overlaps: list[dict[str, list[str]]] = []
+    stop = threading.Event()
+
+    def follow() -> None:
+        # Each event in the API server's order: who names bert's replica after it.
+        version = ""
+        while not stop.is_set():
+            options = {"resource_version": version} if version else {}
+            for event in new_watch().stream(
+                core.list_namespaced_pod, "default", timeout_seconds=1, **options
+            ):
+                pod = event["object"]
+                version = pod.metadata.resource_version
+                gone = event["type"] == "DELETED"
+                listing[pod.metadata.name] = [] if gone else [e["model"] for e in hosted(pod)]
+                if sum("bert" in n for n in listing.values()) > 1:
+                    overlaps.append(dict(listing))
+
+    watcher = threading.Thread(target=follow)
+    watcher.start()
+    try:
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, "bert", {"spec": {"storageSecret": "other"}}
+        )
+        await eventually(functools.partial(terminating, core), what="the old host deleted")
+        new = await eventually(lambda: all_hosts(core).get(host_name("n1", "other")))
+        assert hosted(new) == [], "nothing while the old host drains"
+        kubelet_removes_deleted(core)
+
+        def moved() -> list[str]:
+            host = all_hosts(core).get(host_name("n1", "other"))
+            return [e["model"] for e in hosted(host)] if host is not None else []
+
+        assert await eventually(moved, what="bert on its new host") == ["bert"]
+        assert host_name("n1", "creds") not in all_hosts(core)
+    finally:
+        stop.set()
+        watcher.join(10)
+    assert overlaps == [], "two hosts named the replica at once"
 
 
 async def test_a_host_the_api_server_refuses_is_in_each_models_ready_condition(
