@@ -669,6 +669,8 @@ class ModelInfo:
     """Why a model host cannot fetch its files ("" when it can): its replicas are not placed."""
     concurrency: int = 0
     """spec.maxConcurrency (0: none given)."""
+    min_available: int = 0
+    """spec.minAvailable: the ready replicas an eviction of its hosts must leave (0: none)."""
     idle_seconds: int = 0
     """spec.idleSeconds (0: none given)."""
     priority_class: str = ""
@@ -794,6 +796,7 @@ def model_from_api(
         storage_options=options,
         storage_problem=storage_problem,
         concurrency=_whole(spec.get("maxConcurrency")),
+        min_available=_whole(spec.get("minAvailable")),
         idle_seconds=_whole(spec.get("idleSeconds")),
         priority_class=str(spec.get("priorityClassName") or ""),
         autoscaling=spec["autoscaling"] if isinstance(spec.get("autoscaling"), Mapping) else None,

@@ -258,7 +258,7 @@ class TritonModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
-        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str, str]]] = {}
+        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str, str, int]]] = {}
         self._awake_seen: set[tuple[str, str]] = set()
         """(model uid, node) where the model was last seen awake (`_awake_first`)."""
         self._room = Room()
@@ -642,9 +642,9 @@ class TritonModelController:
             self._services.add(uid)
         return bool(refusal)
 
-    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str, str]]:
+    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str, str, int]]:
         """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
-        files, storage Secret: which of the node's hosts)."""
+        files, storage Secret: which of the node's hosts, minAvailable: their budget)."""
         hosted = set()
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)
@@ -652,10 +652,12 @@ class TritonModelController:
                 ordinal = int(rid.rpartition("/")[2])
                 draining = rid in self._draining
                 uri = self._rollout.uri(model, ordinal)
-                hosted.add((ordinal, charged.node_name, draining, uri, model.storage_secret))
+                secret, minimum = model.storage_secret, model.min_available
+                hosted.add((ordinal, charged.node_name, draining, uri, secret, minimum))
         if model.uid in self._parked:
             # -1: parked there
-            hosted.add((-1, self._parked[model.uid], False, "", model.storage_secret))
+            parked = self._parked[model.uid]
+            hosted.add((-1, parked, False, "", model.storage_secret, model.min_available))
         return frozenset(hosted)
 
     def _park(self, model: ModelInfo) -> None:

@@ -33,6 +33,7 @@ from binder.api.kube import JsonObject, Kube
 from binder.cluster.cache import Ledger
 from binder.cluster.objects import ModelInfo, PodInfo, event_object, owner_reference
 from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.tritonmodels.hostbudget import BUDGET_NAME, budget, min_available
 from binder.tritonmodels.hostpod import host_image, host_spec, mounted_secrets, template_hash
 from binder.tritonmodels.rolling import Loaded
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
@@ -122,6 +123,8 @@ class HostWriter:
         """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
         self._replacing: dict[str, str] = {}
         """Namespace -> the uid of the host it replaced last."""
+        self._budgets: dict[str, int] = {}
+        """Namespace -> the minAvailable of the budget on its hosts this binder wrote last."""
 
     def forget(self, model_uid: str) -> None:
         """A deleted model: its hosts' refusal is no longer reported to it."""
@@ -238,6 +241,7 @@ class HostWriter:
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
         for key in [k for k in self.refused if k[0] == namespace and k[1] not in wanted]:
             del self.refused[key]  # no replica of the namespace there any more
+        await self._keep_budget(namespace, wanted)
         for where, there in list(there_now.items()):
             meta = there.get("metadata") or {}
             gone = meta.get("deletionTimestamp") or (nodes and where[0] not in nodes)
@@ -249,6 +253,41 @@ class HostWriter:
                 await self._call(
                     self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
                 )
+
+    async def _keep_budget(self, namespace: str, wanted: Mapping[Where, Replicas]) -> None:
+        """Write the namespace's budget on its hosts (`binder.tritonmodels.hostbudget`) when it
+        changes: from its Ready hosts and its models' ready replicas on each, now."""
+        served: dict[str, dict[str, int]] = {}
+        minimums: dict[str, int] = {}
+        for where, replicas in wanted.items():
+            for model, _, replica in replicas:
+                if not model.min_available:
+                    continue
+                minimums[model.uid] = model.min_available
+                counts = served.setdefault(model.uid, {})
+                if replica.uid not in self._draining and self._served(model, replica).ready:
+                    host = host_name(*where)
+                    counts[host] = counts.get(host, 0) + 1
+        for uid in self._ledger.by_namespace.get(namespace, ()):
+            other = self._ledger.models.get(uid)
+            if other is not None and other.min_available and uid not in minimums:
+                minimums[uid] = other.min_available  # no replica charged: none ready
+                served[uid] = {}
+        ready = sum(
+            1
+            for host in self._there(namespace).values()
+            if not (host.get("metadata") or {}).get("deletionTimestamp") and _ready(host)
+        )
+        minimum = min_available(ready, [(served[uid], minimums[uid]) for uid in minimums])
+        key = f"{namespace}/{BUDGET_NAME}"
+        if minimum is None:
+            if self._budgets.pop(namespace, None) is not None or key in self._ledger.budgets:
+                await self._call(self._kube.delete_budget, namespace, BUDGET_NAME)
+            return
+        if self._budgets.get(namespace) != minimum:
+            body = budget(namespace, host_label(self._keys), minimum)
+            await self._call(self._kube.put_budget, body)
+            self._budgets[namespace] = minimum
 
     def _listed(self, there_now: Mapping[Where, JsonObject]) -> dict[str, Where]:
         """Replica uid -> the host that lists it now (one being deleted too, until it is
@@ -443,3 +482,11 @@ class HostWriter:
     async def _call(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+
+def _ready(host: JsonObject) -> bool:
+    """Whether the host pod is Ready (in its Services' endpoints)."""
+    return any(
+        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (host.get("status") or {}).get("conditions") or []
+    )
