@@ -725,9 +725,12 @@ class TritonModelController:
         old = self._rollout.old(model, placed)
         allowed = model.replicas + (1 if old and model.replicas else 0)
         if len(placed) > allowed:
-            # Scaled down: the replicas on previous files leave first, then the highest.
+            # Scaled down: as a ReplicaSet, those not served leave first (the served ones keep
+            # the model answering, and its minAvailable); then those on previous files, then
+            # the highest.
             newer = sorted((o for o in placed if o not in old), reverse=True)
-            for ordinal in (old + newer)[: len(placed) - allowed]:
+            order = sorted(old + newer, key=lambda o: self._served(model, placed[o]).ready)
+            for ordinal in order[: len(placed) - allowed]:
                 leaving = placed.pop(ordinal)
                 self._leave(model, leaving)
                 if leaving.uid in self._draining:

@@ -18,6 +18,7 @@ from tests.binder.objects import GI
 from tests.binder.simcluster import MakeBinder, add_node, eventually
 from tests.binder.tritonmodels import test_tritonmodels
 from tests.binder.tritonmodels.test_host_gaps import loaded
+from tests.binder.tritonmodels.test_model_hosts import hosted
 from tests.binder.tritonmodels.test_tritonmodels import (
     GROUP,
     PLURAL,
@@ -156,3 +157,36 @@ def test_a_negative_minimum_is_refused(custom: Any) -> None:
 
 def _terminating(core: Any) -> list[Any]:
     return [p for p in core.list_namespaced_pod("default").items if p.metadata.deletion_timestamp]
+
+
+async def test_a_scale_down_drains_a_replica_not_served_before_a_served_one(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """As a ReplicaSet deletes its unready pods first: scaled from 2 to 1 while only the highest
+    replica is served, the other one drains, and the model keeps its minAvailable of 1."""
+    for node in ("n1", "n2"):
+        add_node(kube_api, node, [16 * GI])
+    await make_binder()
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, budgeted("resnet", 2, 1)
+    )
+    obj = await eventually(lambda: placed(custom, "resnet", 2), what="resnet placed")
+    nodes = {p["replica"]: p["node"] for p in obj["status"]["placements"]}
+    await eventually(lambda: len(hosts(core)) == 2, what="2 hosts")
+    running(core, nodes[1])
+    await eventually(lambda: read(custom, "resnet")["status"].get("readyReplicas") == 1)
+    custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, "default", PLURAL, "resnet", {"spec": {"replicas": 1}}
+    )
+
+    def kept() -> list[int]:
+        """The replicas still named on the hosts once replica 0 is gone or draining."""
+        entries = [e for h in hosts(core).values() for e in hosted(h)]
+        leaving = [e["replica"] for e in entries if e.get("draining")]
+        if leaving or len(entries) == 1:
+            return [e["replica"] for e in entries if not e.get("draining")]
+        return []
+
+    assert await eventually(kept, what="one replica leaving") == [1]
+    assert [p["replica"] for p in read(custom, "resnet")["status"]["placements"]] == [1]
+    assert read(custom, "resnet")["status"].get("readyReplicas") == 1
