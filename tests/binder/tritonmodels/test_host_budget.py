@@ -87,7 +87,7 @@ async def test_a_host_eviction_keeps_the_models_min_available(
     refused with 429 until the first host is back and serves its replica again."""
     for node in ("n1", "n2"):
         add_node(kube_api, node, [16 * GI])
-    policy = kubernetes.client.PolicyV1Api(kube_api)
+    policy: Any = kubernetes.client.PolicyV1Api(kube_api)
     await make_binder()
     custom.create_namespaced_custom_object(
         GROUP, VERSION, "default", PLURAL, budgeted("resnet", 2, 1)
@@ -128,7 +128,7 @@ async def test_no_budget_without_a_minimum_and_none_left_behind(
     kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:
     add_node(kube_api, "n1", [16 * GI])
-    policy = kubernetes.client.PolicyV1Api(kube_api)
+    policy: Any = kubernetes.client.PolicyV1Api(kube_api)
     await make_binder()
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("bert", 1))
     custom.create_namespaced_custom_object(
