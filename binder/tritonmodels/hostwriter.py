@@ -13,7 +13,8 @@ loaded, awake first, draining); deleted when its last replica leaves. A host mad
 template (another
 --host-image) is replaced one per namespace at a time; a host the API server
 refuses (a quota on pods, a LimitRange, a policy) is tried again every second, and its models'
-Ready condition and a `FailedCreate` Event say why.
+Ready condition and a `FailedCreate` Event say why. The namespace's PodDisruptionBudget on its
+hosts follows its models' `minAvailable` (`binder.tritonmodels.hostbudget`).
 
 What it reads of the models (their drains, parkings, loaded and serving state, files) it is
 given by the model writer; it decides no placement.
