@@ -5,13 +5,12 @@ gets, and the API writes that keep it so.
 per node and storage Secret (none is one) with a replica of the namespace's placed (or a model of
 it parked there at zero replicas, `binder.autoscaler.parking`), named `tritonshare-host-<hash of
 the node and the Secret>` and mounting that Secret alone, so a model that needs a new Secret gets
-a host of its own and its neighbours' hosts are never replaced for it; created on its
-node (`spec.nodeName`) as a model pod that serves many models (`binder.tritonmodels.hostpod`), owned
+a host of its own and its neighbours' hosts are never replaced for it; created on its node
+(`spec.nodeName`) as a model pod that serves many models (`binder.tritonmodels.hostpod`), owned
 by every TritonModel with a replica there, naming its replicas in `<prefix>hosted-models` and
 labelled `<prefix>serves-<model>` as the model writer says (`binder.tritonmodels.controller`:
 loaded, awake first, draining); deleted when its last replica leaves. A host made from another
-template (another
---host-image) is replaced one per namespace at a time; a host the API server
+template (another --host-image) is replaced one per namespace at a time; a host the API server
 refuses (a quota on pods, a LimitRange, a policy) is tried again every second, and its models'
 Ready condition and a `FailedCreate` Event say why. The namespace's PodDisruptionBudget on its
 hosts follows its models' `minAvailable` (`binder.tritonmodels.hostbudget`).
