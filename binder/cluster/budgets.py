@@ -1,6 +1,8 @@
 """PodDisruptionBudgets as the binder reads them: the budget a preemption or a move may not break.
 
-Pure: converted once from the API's objects by the cache, read by the preemption.
+A TritonModel's `spec.minAvailable` is one too, over its replicas (`Budget.model_uid`), kept by
+the model host writer (`binder.tritonmodels.hostwriter`). Pure: converted once from the API's
+objects by the cache, read by the preemption.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from binder.cluster.objects import PodInfo
 from binder.cluster.podterms import LabelSelector, selector_from_api
 
 
@@ -23,6 +26,19 @@ class Budget:
     """status.disruptionsAllowed."""
     disrupted: frozenset[str] = frozenset()
     """status.disruptedPods: pods already counted against it."""
+    model_uid: str = ""
+    """For a TritonModel's minAvailable: the model whose replicas it counts (its selector
+    unused); `allowed` is its served replicas less its minimum."""
+
+    def counts(self, pod: PodInfo) -> bool:
+        """Whether a disruption of `pod` (a pod, or a TritonModel replica) counts against it."""
+        if self.namespace != pod.namespace or pod.name in self.disrupted:
+            return False
+        if self.model_uid:
+            return pod.host is not None and pod.uid.rpartition("/")[0] == self.model_uid
+        if pod.host is not None:
+            return False  # a replica: no PodDisruptionBudget selects it (the binder drains it)
+        return not self.selector.empty and self.selector.matches(pod.labels)
 
 
 def budget_from_api(obj: Mapping[str, Any]) -> Budget:

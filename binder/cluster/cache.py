@@ -112,6 +112,14 @@ class Ledger:
     """Pods with our scheduler name that are not bound yet, by uid."""
     budgets: dict[str, Budget] = field(default_factory=dict)
     """PodDisruptionBudgets by namespace/name."""
+    model_budgets: dict[str, Budget] = field(default_factory=dict)
+    """TritonModel uid -> its spec.minAvailable as a budget over its replicas (kept by the
+    model host writer), which a preemption spares as a PodDisruptionBudget."""
+
+    def all_budgets(self) -> list[Budget]:
+        """The PodDisruptionBudgets and the TritonModels' budgets."""
+        return [*self.budgets.values(), *self.model_budgets.values()]
+
     unproven: dict[str, Unproven] = field(default_factory=dict)
     """Bound, non-terminated pods carrying tritonshare resources or annotations whose proof
     does not verify: never charged. At most one entry per such pod in the cluster."""

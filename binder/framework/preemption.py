@@ -112,12 +112,8 @@ def _breaks_budget(pods: Sequence[PodInfo], budgets: Sequence[Budget]) -> set[st
     allowed = {(b.namespace, b.name): b.allowed for b in budgets}
     breaking = set()
     for pod in pods:
-        if pod.host is not None:
-            continue  # a TritonModel replica: no budget counts it (the binder drains it)
         for budget in budgets:
-            if budget.namespace != pod.namespace or pod.name in budget.disrupted:
-                continue
-            if budget.selector.empty or not budget.selector.matches(pod.labels):
+            if not budget.counts(pod):
                 continue
             key = (budget.namespace, budget.name)
             allowed[key] -= 1

@@ -30,8 +30,10 @@ from concurrent.futures import Executor
 from typing import Any
 
 from binder.api.kube import JsonObject, Kube
+from binder.cluster.budgets import Budget
 from binder.cluster.cache import Ledger
 from binder.cluster.objects import ModelInfo, PodInfo, event_object, owner_reference
+from binder.cluster.podterms import NOTHING
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.tritonmodels.hostbudget import BUDGET_NAME, budget, min_available
 from binder.tritonmodels.hostpod import host_image, host_spec, mounted_secrets, template_hash
@@ -278,6 +280,13 @@ class HostWriter:
             for host in self._there(namespace).values()
             if not (host.get("metadata") or {}).get("deletionTimestamp") and _ready(host)
         )
+        kept = self._ledger.model_budgets
+        for uid in [u for u, b in kept.items() if b.namespace == namespace and u not in minimums]:
+            del kept[uid]
+        for uid, least in minimums.items():
+            name = self._ledger.models[uid].name if uid in self._ledger.models else uid
+            allowed = sum(served[uid].values()) - least
+            kept[uid] = Budget(namespace, f"tritonmodel/{name}", NOTHING, allowed, model_uid=uid)
         minimum = min_available(ready, [(served[uid], minimums[uid]) for uid in minimums])
         key = f"{namespace}/{BUDGET_NAME}"
         if minimum is None:
