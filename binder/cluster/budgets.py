@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from binder.cluster.objects import PodInfo
 from binder.cluster.podterms import LabelSelector, selector_from_api
 
 
@@ -29,16 +28,6 @@ class Budget:
     model_uid: str = ""
     """For a TritonModel's minAvailable: the model whose replicas it counts (its selector
     unused); `allowed` is its served replicas less its minimum."""
-
-    def counts(self, pod: PodInfo) -> bool:
-        """Whether a disruption of `pod` (a pod, or a TritonModel replica) counts against it."""
-        if self.namespace != pod.namespace or pod.name in self.disrupted:
-            return False
-        if self.model_uid:
-            return pod.host is not None and pod.uid.rpartition("/")[0] == self.model_uid
-        if pod.host is not None:
-            return False  # a replica: no PodDisruptionBudget selects it (the binder drains it)
-        return not self.selector.empty and self.selector.matches(pod.labels)
 
 
 def budget_from_api(obj: Mapping[str, Any]) -> Budget:
