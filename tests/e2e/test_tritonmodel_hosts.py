@@ -80,6 +80,11 @@ SECRETS = {"team-a": "creds", "team-b": ""}
 
 
 def _host(core: Any, namespace: str) -> Any:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{KEYS.prefix}model-host=true")
+    return pods.items[0] if pods.items else None
+
+
+def _team_host(core: Any, namespace: str) -> Any:
     """The team's host of `add-one` (None when there is none)."""
     name = host_name(NODE.name, SECRETS[namespace])
     pods = core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")
@@ -138,7 +143,7 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
 
     for namespace in TEAMS:
         wait_until(f"{namespace}'s replica ready", partial(_ready_replicas, custom, namespace), 150)
-    hosts = {namespace: _host(core, namespace) for namespace in TEAMS}
+    hosts = {namespace: _team_host(core, namespace) for namespace in TEAMS}
     names = set()
     for namespace, host in hosts.items():
         assert host.metadata.name == host_name(NODE.name, SECRETS[namespace])
@@ -189,7 +194,7 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     custom.patch_namespaced_custom_object_scale(
         GROUP, VERSION, "team-a", PLURAL, MODEL, {"spec": {"replicas": 0}}
     )
-    wait_until("team-a's host removed", lambda: _host(core, "team-a") is None, 90)
+    wait_until("team-a's host removed", lambda: _team_host(core, "team-a") is None, 90)
     wait_until("team-a's replica unloaded", lambda: len(names & _loaded(cluster)) == 1, 60)
     # team-b's replica is untouched.
     address = hosts["team-b"].status.pod_ip
