@@ -393,7 +393,7 @@ class Agent:
         was = known.model_loaded[0] or None if known is not None else None
         model, replica, _ = name.rpartition("/")
         if replica:
-            host = host_name(self.settings.node_name)
+            host = known.host if known is not None else host_name(self.settings.node_name)
             kind = loaded_condition(self.settings.keys, model, int(replica))
             condition = Condition(kind, "False", reason, message)
             await self.kube.set_pod_condition(namespace, host, condition, was=was)

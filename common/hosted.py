@@ -1,10 +1,14 @@
 """The model-host contract: how a host pod names the TritonModel replicas it serves.
 
-The binder creates one host pod per (namespace, node) with a replica placed there
-(`binder.tritonmodels.controller`) and is the only writer of what this module names on it:
+The binder creates one host pod per namespace, node and storage Secret (none is one) with a
+replica placed there (`binder.tritonmodels.controller`), so a model that needs a Secret no host
+mounts gets a host of its own instead of a new one for its neighbours. It is the only writer of
+what this module names on it:
 
 - label `<prefix>model-host: "true"`;
 - annotation `<prefix>host-template`: the hash of the pod template it was made from;
+- annotation `<prefix>host-secret`: the storage Secret its loader mounts (absent: none), which
+  every replica it names fetches with and its name is made from (`host_name`);
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
   host's node (several replicas of one model may share it, each with its own GPU and proof), each
   with the TritonModel's name and, where its spec.modelName differs, `modelId`: the id its
@@ -43,7 +47,8 @@ from common.contract import (
 from common.storage import read_s3_options
 
 HOST_PREFIX = "tritonshare-host-"
-"""Name of a namespace's model host on a node: this prefix and a hash of the node's name."""
+"""Name of a namespace's model host on a node: this prefix and a hash of the node's name (and of
+its storage Secret's)."""
 HOST_CONTAINERS = ("loader", "proxy")
 """The containers of a host pod: the loader follows the host's replicas, the proxy serves them."""
 
@@ -80,9 +85,28 @@ def host_storage_problem(uri: str, secret: str = "") -> str:
     return ""
 
 
-def host_name(node: str) -> str:
-    """The model host's pod name on `node` (the same in every namespace: one per namespace)."""
-    return HOST_PREFIX + hashlib.sha256(node.encode()).hexdigest()[:16]
+def host_name(node: str, secret: str = "") -> str:
+    """The pod name of the model host on `node` whose replicas fetch with the storage Secret
+    `secret` ("": the host of the replicas with none), the same in every namespace."""
+    key = f"{node}\0{secret}" if secret else node
+    return HOST_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def host_group(namespace: str, secret: str = "") -> str:
+    """The key of a namespace's hosts of one storage Secret ("": none) among all hosts: the
+    namespace, or `<namespace>/<Secret>` (neither name has a slash)."""
+    return f"{namespace}/{secret}" if secret else namespace
+
+
+def group_namespace(group: str) -> str:
+    """The namespace of a `host_group`."""
+    return group.partition("/")[0]
+
+
+def host_secret_annotation(keys: Keys) -> str:
+    """Host pod annotation: the storage Secret the host mounts (absent on the host of the
+    replicas without one)."""
+    return f"{keys.prefix}host-secret"
 
 
 def host_label(keys: Keys) -> str:

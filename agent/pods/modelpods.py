@@ -26,6 +26,7 @@ from common.hosted import (
     decode_hosted,
     host_label,
     host_name,
+    host_secret_annotation,
     hosted_models_annotation,
     loaded_condition,
     loaded_prefix,
@@ -162,10 +163,11 @@ def hosted_from_dict(
     status = obj.get("status") or {}
     annotation = hosted_models_annotation(keys)
     value = (metadata.get("annotations") or {}).get(annotation, "")
-    if host.name != host_name(host.node_name):
+    secret = str((metadata.get("annotations") or {}).get(host_secret_annotation(keys)) or "")
+    if host.name != host_name(host.node_name, secret):
         return [], (
             f"pod {host.key} carries the label {host_label(keys)}=true but is not its node's "
-            f"model host ({host_name(host.node_name)}); only the binder creates hosts"
+            f"model host ({host_name(host.node_name, secret)}); only the binder creates hosts"
         )
     try:
         entries = decode_hosted(str(value))

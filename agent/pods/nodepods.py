@@ -167,7 +167,10 @@ class NodePods:
         """Whether the recorded owner of a model is still a live pod here, proven for its model
         id (read fresh: the watch may lag a pod that was just deleted or replaced)."""
         replica = "/" in owner.name
-        name = host_name(self._verifier.node_name) if replica else owner.name
+        name = owner.name
+        if replica:
+            watched = self.by_key.get(f"{owner.namespace}/{owner.name}")
+            name = watched.host if watched is not None else host_name(self._verifier.node_name)
         obj = await self._read_pod(owner.namespace, name)
         if obj is None:
             return False

@@ -637,6 +637,37 @@ class Kube:
             lambda timeout: self._request("DELETE", _pod_path(namespace, name), timeout, body),
         )
 
+    def put_budget(self, body: JsonObject) -> None:
+        """Create the PodDisruptionBudget, or set the spec of the one of its name."""
+        meta = body["metadata"]
+        namespace, name = quote(meta["namespace"], safe=""), quote(meta["name"], safe="")
+        path = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+        what = f"PodDisruptionBudget {meta['namespace']}/{meta['name']}"
+        try:
+            self._write(
+                f"creating {what}", lambda timeout: self._request("POST", path, timeout, body)
+            )
+        except ConflictError:
+            patch = {"spec": body["spec"]}
+            self._write(
+                f"updating {what}",
+                lambda timeout: self._request(
+                    "PATCH", f"{path}/{name}", timeout, patch, _MERGE_PATCH
+                ),
+            )
+
+    def delete_budget(self, namespace: str, name: str) -> None:
+        """Delete the PodDisruptionBudget (gone already: nothing to do)."""
+        path = (
+            f"/apis/policy/v1/namespaces/{quote(namespace, safe='')}/poddisruptionbudgets/"
+            f"{quote(name, safe='')}"
+        )
+        with contextlib.suppress(NotFoundError):
+            self._write(
+                f"deleting PodDisruptionBudget {namespace}/{name}",
+                lambda timeout: self._request("DELETE", path, timeout),
+            )
+
     def record_event(
         self,
         namespace: str,

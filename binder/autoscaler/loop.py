@@ -53,6 +53,7 @@ from binder.autoscaler.targets import (
 from binder.cluster.cache import Informer, Ledger
 from common.conditions import Condition, find, set_condition
 from common.contract import PROXY_AUTOSCALING_PATH, Keys
+from common.hosted import group_namespace
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class Autoscaling:
         found = [
             target
             for model in list(self._ledger.models.values())
-            if (target := model_target(model, hosts.get(model.namespace) or {}, self._keys))
+            if (target := model_target(model, hosts.get(model.host_group) or {}, self._keys))
             is not None
         ]
         return [*found, *self.index.deployment_targets(self._ledger.state.is_accounted)]
@@ -220,7 +221,7 @@ class Autoscaling:
         self._forget({target.uid for target, _ in scaled}, {t.uid for t in targets})
         hosts = self._ledger.hosts
         room = [
-            (model.uid, model.namespace, list(host_sources(model, hosts.get(model.namespace, {}))))
+            (model.uid, model.namespace, list(host_sources(model, hosts.get(model.host_group, {}))))
             for model in list(self._ledger.models.values())
             if self._on_load is not None and needs_room(model)
         ]
@@ -251,9 +252,9 @@ class Autoscaling:
         for model in list(self._ledger.models.values()):
             for node in {node for node, _, _ in model.placed.values()}:
                 served[model.namespace, node] += 1
-        for namespace, nodes in self._ledger.hosts.items():
+        for group, nodes in self._ledger.hosts.items():
             for node, host in nodes.items():
-                served[namespace, node] += len(parked_on(host, self._keys))
+                served[group_namespace(group), node] += len(parked_on(host, self._keys))
         reads: dict[str, tuple[str, int]] = {}
         for target, _ in scaled:
             for source, address, _ in target.sources[

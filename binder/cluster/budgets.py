@@ -1,6 +1,8 @@
 """PodDisruptionBudgets as the binder reads them: the budget a preemption or a move may not break.
 
-Pure: converted once from the API's objects by the cache, read by the preemption.
+A TritonModel's `spec.minAvailable` is one too, over its replicas (`Budget.model_uid`), kept by
+the model host writer (`binder.tritonmodels.hostwriter`). Pure: converted once from the API's
+objects by the cache, read by the preemption.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ class Budget:
     """status.disruptionsAllowed."""
     disrupted: frozenset[str] = frozenset()
     """status.disruptedPods: pods already counted against it."""
+    model_uid: str = ""
+    """For a TritonModel's minAvailable: the model whose replicas it counts (its selector
+    unused); `allowed` is its served replicas less its minimum."""
 
 
 def budget_from_api(obj: Mapping[str, Any]) -> Budget:

@@ -44,7 +44,13 @@ from binder.cluster.priorities import PriorityClassInfo, priority_class_from_api
 from binder.cluster.proofs import Unproven, proven, same_proof
 from binder.errors import ApiError, GoneError, NotFoundError, UnavailableError
 from common.contract import AGENT_LEASE_PREFIX, MIN_GPU_MEM, Keys
-from common.hosted import host_label, host_name, hosted_models_annotation
+from common.hosted import (
+    host_group,
+    host_label,
+    host_name,
+    host_secret_annotation,
+    hosted_models_annotation,
+)
 from common.proofs import KeyRing
 
 log = logging.getLogger(__name__)
@@ -106,13 +112,23 @@ class Ledger:
     """Pods with our scheduler name that are not bound yet, by uid."""
     budgets: dict[str, Budget] = field(default_factory=dict)
     """PodDisruptionBudgets by namespace/name."""
+    model_budgets: dict[str, Budget] = field(default_factory=dict)
+    """TritonModel uid -> its spec.minAvailable as a budget over its replicas (kept by the
+    model host writer), which a preemption spares as a PodDisruptionBudget."""
+
+    def all_budgets(self) -> list[Budget]:
+        """The PodDisruptionBudgets and the TritonModels' budgets."""
+        return [*self.budgets.values(), *self.model_budgets.values()]
+
     unproven: dict[str, Unproven] = field(default_factory=dict)
     """Bound, non-terminated pods carrying tritonshare resources or annotations whose proof
     does not verify: never charged. At most one entry per such pod in the cluster."""
     models: dict[str, ModelInfo] = field(default_factory=dict)
     """TritonModels by uid; their placed replicas are charged in `state` (uid "<model>/<n>")."""
     hosts: dict[str, dict[str, JsonObject]] = field(default_factory=dict)
-    """The model host pods there are, by namespace and node, as the API shows them."""
+    """The model host pods there are, by group (`common.hosted.host_group`: the namespace, or
+    `<namespace>/<Secret>` for the hosts of the replicas fetched with a storage Secret) and
+    node, as the API shows them."""
     spans: dict[str, int] = field(default_factory=dict)
     """Model uid -> one past the highest ordinal of it ever charged, so its replicas are found
     without scanning every charge (nor spec.replicas ordinals)."""
@@ -222,7 +238,7 @@ class ClusterCache:
         pod = pod_from_api(obj, self.keys, self.tenant_code, self.min_gpu_mem, self.allowance)
         if not pod.uid:
             return
-        if self._is_host(pod):
+        if self._is_host(pod, obj):
             self._apply_host(event, pod, obj)
             return
         if event == "DELETED":
@@ -250,30 +266,37 @@ class ClusterCache:
         relevant = old is None or _placement_inputs(old) != _placement_inputs(pod)
         self._listener.pending_changed(pod, relevant)
 
-    def _is_host(self, pod: PodInfo) -> bool:
+    def _is_host(self, pod: PodInfo, obj: JsonObject) -> bool:
         """A model host the binder made: its label, on a node, under the name the binder gives
-        the host there. Its pod slot and requests are charged as its namespace's host while the
-        namespace has a replica on the node (`binder.cluster.podindex`), so it is not also counted
-        as a pod then. A tenant can write the label and name on a pod of its own: where its
-        namespace has no replica on the node the pod counts as any pod (`_apply_host`); where it has
-        one, the name is the binder's host's (created with the first replica there), so the slot is
-        charged once either way (a pod made first under that name would stand in for the host
-        and serve none of the namespace's replicas: a loss to that namespace alone).
+        the host of its storage Secret (its annotation; none is one) there. Its pod slot and
+        requests are charged as its host group's host while the group has a replica on the node
+        (`binder.cluster.podindex`), so it is not also counted as a pod then. A tenant can write
+        the label, annotation and name on a pod of its own: where its group has no replica on
+        the node the pod counts as any pod (`_apply_host`); where it has one, the name is the
+        binder's host's (created with the first replica there), so the slot is charged once
+        either way (a pod made first under that name would stand in for the host and serve none
+        of the group's replicas: a loss to that namespace alone).
         """
         return (
             pod.labels.get(self._host_label) == "true"
             and bool(pod.node_name)
-            and pod.name == host_name(pod.node_name)
+            and pod.name == host_name(pod.node_name, self._host_secret(obj))
         )
 
+    def _host_secret(self, obj: JsonObject) -> str:
+        """The storage Secret a host says it mounts ("": none)."""
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        return str(annotations.get(host_secret_annotation(self.keys)) or "")
+
     def _apply_host(self, event: str, pod: PodInfo, obj: JsonObject) -> None:
-        key = (pod.namespace, pod.node_name)
-        hosts = self.ledger.hosts.setdefault(pod.namespace, {})
+        group = host_group(pod.namespace, self._host_secret(obj))
+        key = (group, pod.node_name)
+        hosts = self.ledger.hosts.setdefault(group, {})
         if event == "DELETED":
             if (hosts.get(pod.node_name) or {}).get("metadata", {}).get("uid") == pod.uid:
                 del hosts[pod.node_name]
                 if not hosts:
-                    del self.ledger.hosts[pod.namespace]
+                    del self.ledger.hosts[group]
                 self._on_host_gone(pod.namespace)
                 self._on_host(pod.namespace, pod.node_name)
             self.state.untrack_pod(pod.uid)

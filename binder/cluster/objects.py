@@ -36,6 +36,7 @@ from common.contract import (
     validate_residency,
 )
 from common.hosted import (
+    host_group,
     host_storage_problem,
     replica_name,
     replica_uid,
@@ -239,9 +240,12 @@ class PodInfo:
     over-committed memory); False for `always`, the default."""
     host: Mapping[str, int] | None = field(default=None, hash=False, compare=True)
     """For a TritonModel replica (`as_replica`): the requests of the model host that serves it,
-    charged with one pod slot on a node only while its namespace has no replica there yet
+    charged with one pod slot on a node only while its host group has no replica there yet
     (`binder.cluster.podindex`); `resources` is then the replica's own share. None for a pod, which
     takes its own slot and its requests."""
+    host_group: str = ""
+    """For a TritonModel replica: the hosts that serve it, one per node (its namespace's of its
+    storage Secret, `common.hosted.host_group`); "" stands for the namespace's."""
     model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
     """The (namespace, model id, revision) placement spreads over nodes; made once here, as
     placement reads it for every decision."""
@@ -291,6 +295,7 @@ class PodInfo:
             preemption_policy=self.preemption_policy,
             on_demand=self.on_demand,
             host=self.host,
+            host_group=self.host_group,
         )
 
     @property
@@ -318,7 +323,7 @@ def as_replica(pod: PodInfo) -> PodInfo:
     residency, node rules, labels for pod (anti-)affinity and topology spread, priority), but
     holding no pod of its own: it asks its node for its share of its namespace's model host
     (`MODEL_HOST_PER_MODEL`), and the host's own requests and pod slot (`MODEL_HOST_BASE`) are
-    charged once per (namespace, node). A replica has no host ports."""
+    charged once per (host group, node). A replica has no host ports."""
     return replace(pod, resources=dict(MODEL_HOST_PER_MODEL), host=MODEL_HOST_BASE, host_ports=())
 
 
@@ -664,6 +669,8 @@ class ModelInfo:
     """Why a model host cannot fetch its files ("" when it can): its replicas are not placed."""
     concurrency: int = 0
     """spec.maxConcurrency (0: none given)."""
+    min_available: int = 0
+    """spec.minAvailable: the ready replicas an eviction of its hosts must leave (0: none)."""
     idle_seconds: int = 0
     """spec.idleSeconds (0: none given)."""
     priority_class: str = ""
@@ -679,6 +686,12 @@ class ModelInfo:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def host_group(self) -> str:
+        """The key of the hosts that serve its replicas, one per node: its namespace's hosts
+        of its storage Secret (`common.hosted.host_group`)."""
+        return host_group(self.namespace, self.storage_secret)
 
     def replica(self, ordinal: int, node: str = "", gpu: str = "", proof: str = "") -> PodInfo:
         """Replica `ordinal`: uid "<model uid>/<ordinal>" and name "<model>/<ordinal>", which no
@@ -744,6 +757,8 @@ def model_from_api(
         "spec": pod_spec,
     }
     template = as_replica(pod_from_api(pod, keys, tenant_code, min_gpu_mem, allowance))
+    secret = str(spec.get("storageSecret") or "")
+    template = replace(template, host_group=host_group(template.namespace, secret))
     if template.problem and not is_valid_model_id(model_id):
         template = replace(template, problem=f"spec.modelName: {model_id_problem(model_id)}")
     placed: dict[int, tuple[str, str, str]] = {}
@@ -755,7 +770,7 @@ def model_from_api(
     nominated = {o: _where(entry) for o, entry in _by_ordinal(status.get("nominations"))}
     replicas = spec.get("replicas", 1)
     generation = meta.get("generation", 0)
-    uri, secret = str(spec.get("storageUri") or ""), str(spec.get("storageSecret") or "")
+    uri = str(spec.get("storageUri") or "")
     options: tuple[tuple[str, str], ...] = ()
     storage_problem = host_storage_problem(uri, secret)
     if not storage_problem:
@@ -781,6 +796,7 @@ def model_from_api(
         storage_options=options,
         storage_problem=storage_problem,
         concurrency=_whole(spec.get("maxConcurrency")),
+        min_available=_whole(spec.get("minAvailable")),
         idle_seconds=_whole(spec.get("idleSeconds")),
         priority_class=str(spec.get("priorityClassName") or ""),
         autoscaling=spec["autoscaling"] if isinstance(spec.get("autoscaling"), Mapping) else None,

@@ -5,9 +5,10 @@ at other pods read them.
   NodePorts): a node's room is its allocatable minus what every pod on it asks for, pods of
   other schedulers included.
 - TritonModel replicas (`PodInfo.host` set) count like pods everywhere below, each on its own,
-  but take no pod slot: per (namespace, node) their model host does, one slot and the host's
-  requests, charged with the namespace's first replica on the node and freed with its last;
-  each replica adds only its own share of requests.
+  but take no pod slot: per host group (the namespace's hosts of one storage Secret,
+  `PodInfo.host_group`) and node their model host does, one slot and the host's requests,
+  charged with the group's first replica on the node and freed with its last; each replica adds
+  only its own share of requests.
 - Per namespace: its pods grouped by label set, each group with how many of its pods run on each
   node (InterPodAffinity, PodTopologySpread). Pods of one template share a label set, so a
   selector is matched against a namespace's few groups, not its many pods.
@@ -61,6 +62,8 @@ class _Entry:
     affinity: PodAffinity
     deleting: bool
     host: Mapping[str, int] | None
+    group: str
+    """A replica's host group (`PodInfo.host_group`, else its namespace)."""
 
 
 class PodIndex:
@@ -72,9 +75,9 @@ class PodIndex:
         self._groups: dict[str, dict[LabelsKey, LabelGroup]] = {}
         self._affinity: dict[tuple[str, PodAffinity], AffinityGroup] = {}
         self._hosts: dict[str, Counter[str]] = {}
-        """Per namespace, its replicas on each node: a node listed has the namespace's host."""
+        """Per host group, its replicas on each node: a node listed has the group's host."""
         self._host_charged: dict[tuple[str, str], Mapping[str, int]] = {}
-        """Per (namespace, node) with a host, the host requests charged to the node (freed
+        """Per (host group, node) with a host, the host requests charged to the node (freed
         as charged, whatever a later replica says)."""
         self.changed_nodes: set[str] = set()
         """Nodes whose requests or pod count changed since the owner last read this (it
@@ -97,6 +100,7 @@ class PodIndex:
             pod.affinity,
             pod.deleting,
             pod.host,
+            pod.host_group or pod.namespace,
         )
         if self._pods.get(pod.uid) == entry:
             return
@@ -109,10 +113,10 @@ class PodIndex:
         if entry.host is None:
             self._counts[node] += 1
         else:
-            replicas = self._hosts.setdefault(entry.namespace, Counter())
+            replicas = self._hosts.setdefault(entry.group, Counter())
             if not replicas[node]:
                 self._counts[node] += 1
-                self._host_charged[(entry.namespace, node)] = entry.host
+                self._host_charged[(entry.group, node)] = entry.host
                 if entry.host:
                     self._requested.setdefault(node, Counter()).update(entry.host)
             replicas[node] += 1
@@ -145,13 +149,13 @@ class PodIndex:
         if entry.host is None:
             _decrement(self._counts, node)
         else:
-            replicas = self._hosts[entry.namespace]
+            replicas = self._hosts[entry.group]
             _decrement(replicas, node)
             if not replicas[node]:
                 _decrement(self._counts, node)
-                self._release(node, self._host_charged.pop((entry.namespace, node)))
+                self._release(node, self._host_charged.pop((entry.group, node)))
                 if not replicas:
-                    del self._hosts[entry.namespace]
+                    del self._hosts[entry.group]
         self._release(node, entry.requests)
         if entry.ports:
             ports = self._ports[node]
@@ -220,17 +224,18 @@ class PodIndex:
 
     # ---- model hosts ---------------------------------------------------------------------------
 
-    def has_host(self, namespace: str, node: str) -> bool:
-        """Whether the namespace has a model host on the node (a replica placed there)."""
-        replicas = self._hosts.get(namespace)
+    def has_host(self, group: str, node: str) -> bool:
+        """Whether the host group (a namespace's hosts of one storage Secret; the namespace for
+        those of none) has a model host on the node (a replica placed there)."""
+        replicas = self._hosts.get(group)
         return replicas is not None and node in replicas
 
-    def host_nodes(self, namespace: str) -> Iterator[str]:
-        """The nodes where the namespace has a model host."""
-        return iter(self._hosts.get(namespace, ()))
+    def host_nodes(self, group: str) -> Iterator[str]:
+        """The nodes where the host group has a model host."""
+        return iter(self._hosts.get(group, ()))
 
     def host_count(self) -> int:
-        """Model hosts in the cluster: (namespace, node) pairs with a replica."""
+        """Model hosts in the cluster: (host group, node) pairs with a replica."""
         return len(self._host_charged)
 
     def nodes_with_ports(self) -> list[str]:

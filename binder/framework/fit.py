@@ -47,12 +47,12 @@ def insufficient(resource: str) -> str:
 
 def needs(state: ClusterState, pod: PodInfo, node: str) -> tuple[int, Mapping[str, int]]:
     """The pod slots and requests the pod takes on the node: a pod one slot and its requests; a
-    replica its own share, plus a slot and its host's requests where its namespace has no host
+    replica its own share, plus a slot and its host's requests where its host group has no host
     on the node yet."""
     host = pod.host
     if host is None:
         return 1, pod.resources
-    if state.pods.has_host(pod.namespace, node):
+    if state.pods.has_host(pod.host_group or pod.namespace, node):
         return 0, pod.resources
     total = dict(host)
     for resource, amount in pod.resources.items():
@@ -144,9 +144,9 @@ def fit_mask(state: ClusterState, pod: PodInfo) -> BoolArray:
 
 
 def _hosted(state: ClusterState, pod: PodInfo) -> BoolArray:
-    """Per node (index order), whether the pod's namespace has a model host there."""
+    """Per node (index order), whether the replica's host group has a model host there."""
     mask = np.zeros(len(state.names), np.bool_)
-    for name in state.pods.host_nodes(pod.namespace):
+    for name in state.pods.host_nodes(pod.host_group or pod.namespace):
         i = state.index.get(name)
         if i is not None:
             mask[i] = True

@@ -112,18 +112,26 @@ def _breaks_budget(pods: Sequence[PodInfo], budgets: Sequence[Budget]) -> set[st
     allowed = {(b.namespace, b.name): b.allowed for b in budgets}
     breaking = set()
     for pod in pods:
-        if pod.host is not None:
-            continue  # a TritonModel replica: no budget counts it (the binder drains it)
         for budget in budgets:
-            if budget.namespace != pod.namespace or pod.name in budget.disrupted:
-                continue
-            if budget.selector.empty or not budget.selector.matches(pod.labels):
+            if not _counts(budget, pod):
                 continue
             key = (budget.namespace, budget.name)
             allowed[key] -= 1
             if allowed[key] < 0:
                 breaking.add(pod.uid)
     return breaking
+
+
+def _counts(budget: Budget, pod: PodInfo) -> bool:
+    """Whether a disruption of `pod` (a pod, or a TritonModel replica) counts against
+    `budget` (a PodDisruptionBudget, or a TritonModel's minAvailable over its replicas)."""
+    if budget.namespace != pod.namespace or pod.name in budget.disrupted:
+        return False
+    if budget.model_uid:
+        return pod.host is not None and pod.uid.rpartition("/")[0] == budget.model_uid
+    if pod.host is not None:
+        return False  # a replica: no PodDisruptionBudget selects it (the binder drains it)
+    return not budget.selector.empty and budget.selector.matches(pod.labels)
 
 
 def _victims_on(

@@ -268,7 +268,7 @@ class ReplicaPreemption:
             replica,
             resolvable_nodes(state, replica, now),
             now=now,
-            budgets=list(self._ledger.budgets.values()),
+            budgets=self._ledger.all_budgets(),
         )
         if isinstance(outcome, NoPreemption):
             if outcome.waiting and held is not None and held.node in state.nodes:

@@ -127,7 +127,7 @@ class PodController:
         self._consolidate_moves = consolidate_moves
         self._preemption = preemption
         self._preempt_replica = preempt_replica
-        self._budgets = ledger.budgets
+        self._budgets = ledger.all_budgets
         self._nominations: dict[str, tuple[str, str]] = {}
         """Pods whose preemption this replica started: (node, GPU uuid) of the room held."""
         self._cooldowns = Cooldowns()
@@ -365,7 +365,7 @@ class PodController:
             pod,
             resolvable_nodes(state, pod, now),
             now=now,
-            budgets=list(self._budgets.values()),
+            budgets=self._budgets(),
         )
         if isinstance(outcome, NoPreemption):
             if outcome.waiting and held is not None and held[0] in state.nodes:

@@ -116,6 +116,7 @@ from common.hosted import (
     SLEEPING_REASON,
     HostedError,
     decode_hosted,
+    group_namespace,
     host_name,
     hosted_models_annotation,
     loaded_condition,
@@ -258,7 +259,7 @@ class TritonModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
-        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
+        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str, str, int]]] = {}
         self._awake_seen: set[tuple[str, str]] = set()
         """(model uid, node) where the model was last seen awake (`_awake_first`)."""
         self._room = Room()
@@ -339,7 +340,8 @@ class TritonModelController:
         instead of taking them again), and drain on, from now, to their end."""
         state = self._ledger.state
         now = self._clock()
-        for namespace, hosts in self._ledger.hosts.items():
+        for group, hosts in self._ledger.hosts.items():
+            namespace = group_namespace(group)
             for node, host in hosts.items():
                 annotation = hosted_models_annotation(self._keys)
                 value = ((host.get("metadata") or {}).get("annotations") or {}).get(annotation)
@@ -641,20 +643,22 @@ class TritonModelController:
             self._services.add(uid)
         return bool(refusal)
 
-    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str]]:
+    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str, str, int]]:
         """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
-        files)."""
+        files, storage Secret: which of the node's hosts, minAvailable: their budget)."""
         hosted = set()
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)
             if charged is not None:
                 ordinal = int(rid.rpartition("/")[2])
                 draining = rid in self._draining
-                hosted.add(
-                    (ordinal, charged.node_name, draining, self._rollout.uri(model, ordinal))
-                )
+                uri = self._rollout.uri(model, ordinal)
+                secret, minimum = model.storage_secret, model.min_available
+                hosted.add((ordinal, charged.node_name, draining, uri, secret, minimum))
         if model.uid in self._parked:
-            hosted.add((-1, self._parked[model.uid], False, ""))  # -1: parked there
+            # -1: parked there
+            parked = self._parked[model.uid]
+            hosted.add((-1, parked, False, "", model.storage_secret, model.min_available))
         return frozenset(hosted)
 
     def _park(self, model: ModelInfo) -> None:
@@ -673,7 +677,7 @@ class TritonModelController:
             current=self._parked.get(model.uid),
             replica_nodes=nodes,
             served=served,
-            hosts=self._ledger.hosts.get(model.namespace, {}),
+            hosts=self._ledger.hosts.get(model.host_group, {}),
             keys=self._keys,
         )
         if node is None:
@@ -722,9 +726,12 @@ class TritonModelController:
         old = self._rollout.old(model, placed)
         allowed = model.replicas + (1 if old and model.replicas else 0)
         if len(placed) > allowed:
-            # Scaled down: the replicas on previous files leave first, then the highest.
+            # Scaled down: as a ReplicaSet, those not served leave first (the served ones keep
+            # the model answering, and its minAvailable); then those on previous files, then
+            # the highest.
             newer = sorted((o for o in placed if o not in old), reverse=True)
-            for ordinal in (old + newer)[: len(placed) - allowed]:
+            order = sorted(old + newer, key=lambda o: self._served(model, placed[o]).ready)
+            for ordinal in order[: len(placed) - allowed]:
                 leaving = placed.pop(ordinal)
                 self._leave(model, leaving)
                 if leaving.uid in self._draining:
@@ -963,8 +970,8 @@ class TritonModelController:
         condition of the replica True, or False only because the on-demand replica is asleep:
         the host's proxy wakes it on the next request), and why not."""
         node = replica.node_name
-        host = self._ledger.hosts.get(model.namespace, {}).get(node)
-        refused = self._hosts.refused.get((model.namespace, node))
+        host = self._ledger.hosts.get(model.host_group, {}).get(node)
+        refused = self._hosts.refused.get((model.namespace, (node, model.storage_secret)))
         if host is None and refused:
             return Loaded(False, refused, HOST_REFUSED)
         if host is None:
@@ -985,7 +992,7 @@ class TritonModelController:
         """Whether a replica of `model` (replica `ordinal`, when given) is loaded and not asleep
         on the namespace's host on `node`, and that host is Ready (in the Service's
         endpoints)."""
-        host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
+        host = self._ledger.hosts.get(model.host_group, {}).get(node) or {}
         status = {
             c.get("type"): c.get("status")
             for c in (host.get("status") or {}).get("conditions") or []
@@ -1029,7 +1036,7 @@ class TritonModelController:
         loaded = self._loaded(model, replica)
         if not loaded.ready:
             return loaded
-        host = self._ledger.hosts.get(model.namespace, {}).get(replica.node_name) or {}
+        host = self._ledger.hosts.get(model.host_group, {}).get(replica.node_name) or {}
         for condition in (host.get("status") or {}).get("conditions") or []:
             if isinstance(condition, dict) and condition.get("type") == "Ready":
                 if condition.get("status") == "True":
@@ -1113,7 +1120,7 @@ class TritonModelController:
                 "node": replica.node_name,
                 "gpu": replica.gpu_uuid,
                 "proof": replica.placement,
-                "host": host_name(replica.node_name),
+                "host": host_name(replica.node_name, model.storage_secret),
                 "ready": ready,
                 "storageUri": self._rollout.uri(model, ordinal),
             }

@@ -2,16 +2,18 @@
 gets, and the API writes that keep it so.
 
 `reconcile(namespace, nodes)` makes the hosts on `nodes` what the binder's ledger says: one pod
-per node with a replica of the namespace's placed (or a model of it parked there at zero
-replicas, `binder.autoscaler.parking`), named `tritonshare-host-<hash of the node>`, created on its
-node (`spec.nodeName`) as a model pod that serves many models (`binder.tritonmodels.hostpod`), owned
+per node and storage Secret (none is one) with a replica of the namespace's placed (or a model of
+it parked there at zero replicas, `binder.autoscaler.parking`), named `tritonshare-host-<hash of
+the node and the Secret>` and mounting that Secret alone, so a model that needs a new Secret gets
+a host of its own and its neighbours' hosts are never replaced for it; created on its node
+(`spec.nodeName`) as a model pod that serves many models (`binder.tritonmodels.hostpod`), owned
 by every TritonModel with a replica there, naming its replicas in `<prefix>hosted-models` and
 labelled `<prefix>serves-<model>` as the model writer says (`binder.tritonmodels.controller`:
 loaded, awake first, draining); deleted when its last replica leaves. A host made from another
-template (another
---host-image, a Secret it lacks) is replaced one per namespace at a time; a host the API server
+template (another --host-image) is replaced one per namespace at a time; a host the API server
 refuses (a quota on pods, a LimitRange, a policy) is tried again every second, and its models'
-Ready condition and a `FailedCreate` Event say why.
+Ready condition and a `FailedCreate` Event say why. The namespace's PodDisruptionBudget on its
+hosts follows its models' `minAvailable` (`binder.tritonmodels.hostbudget`).
 
 What it reads of the models (their drains, parkings, loaded and serving state, files) it is
 given by the model writer; it decides no placement.
@@ -28,19 +30,26 @@ from concurrent.futures import Executor
 from typing import Any
 
 from binder.api.kube import JsonObject, Kube
+from binder.cluster.budgets import Budget
 from binder.cluster.cache import Ledger
 from binder.cluster.objects import ModelInfo, PodInfo, event_object, owner_reference
+from binder.cluster.podterms import NOTHING
 from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.tritonmodels.hostbudget import BUDGET_NAME, budget, min_available
 from binder.tritonmodels.hostpod import host_image, host_spec, mounted_secrets, template_hash
 from binder.tritonmodels.rolling import Loaded
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
+    HostedError,
     HostedReplica,
     Parked,
+    decode_hosted,
     encode_hosted,
     encode_parked,
+    group_namespace,
     host_label,
     host_name,
+    host_secret_annotation,
     host_template_annotation,
     hosted_models_annotation,
     parked_models_annotation,
@@ -52,6 +61,8 @@ log = logging.getLogger(__name__)
 
 Replicas = list[tuple[ModelInfo, int, PodInfo]]
 """The replicas of a namespace charged on one node: (model, ordinal, replica)."""
+Where = tuple[str, str]
+"""A host of a namespace: its node and its storage Secret ("": none)."""
 
 
 class HostWriter:
@@ -103,8 +114,8 @@ class HostWriter:
         self.waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating, or whose
         host the API server refuses: tried again every second."""
-        self.refused: dict[tuple[str, str], str] = {}
-        """(namespace, node) -> why the API server refuses the host there now (the Ready
+        self.refused: dict[tuple[str, Where], str] = {}
+        """(namespace, (node, Secret)) -> why the API server refuses that host now (the Ready
         condition of the models placed there says it)."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
@@ -114,36 +125,48 @@ class HostWriter:
         """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
         self._replacing: dict[str, str] = {}
         """Namespace -> the uid of the host it replaced last."""
+        self._budgets: dict[str, int] = {}
+        """Namespace -> the minAvailable of the budget on its hosts this binder wrote last."""
 
     def forget(self, model_uid: str) -> None:
         """A deleted model: its hosts' refusal is no longer reported to it."""
         self._host_refusals.pop(model_uid, None)
 
-    def _parked_on(self, namespace: str, node: str) -> list[ModelInfo]:
-        """The namespace's models parked on its host on `node`."""
+    def _parked_on(self, namespace: str, where: Where) -> list[ModelInfo]:
+        """The namespace's models parked on its host `where`."""
         models = self._ledger.models
         return sorted(
             (
                 models[uid]
                 for uid in self._ledger.by_namespace.get(namespace, ())
-                if self._parked.get(uid) == node and uid in models
+                if uid in models and (self._parked.get(uid), models[uid].storage_secret) == where
             ),
             key=lambda m: m.name,
         )
 
-    def _hosted(self, namespace: str) -> dict[str, Replicas]:
-        """Node -> the replicas of the namespace charged there (model, ordinal, replica),
-        draining ones too."""
+    def _hosted(self, namespace: str) -> dict[Where, Replicas]:
+        """(node, Secret) -> the replicas of the namespace charged on that node whose model
+        fetches with that storage Secret (model, ordinal, replica), draining ones too."""
         state = self._ledger.state
-        nodes: dict[str, Replicas] = {}
+        hosts: dict[Where, Replicas] = {}
         for uid in self._ledger.by_namespace.get(namespace, ()):
             model = self._ledger.models[uid]
             for rid in self._ledger.replica_uids(uid):
                 replica = state.charged_pod(rid)
                 if replica is not None:
                     ordinal = int(rid.rpartition("/")[2])
-                    nodes.setdefault(replica.node_name, []).append((model, ordinal, replica))
-        return nodes
+                    where = (replica.node_name, model.storage_secret)
+                    hosts.setdefault(where, []).append((model, ordinal, replica))
+        return hosts
+
+    def _there(self, namespace: str) -> dict[Where, JsonObject]:
+        """(node, Secret) -> the namespace's hosts as the cache shows them."""
+        found: dict[Where, JsonObject] = {}
+        for group, hosts in list(self._ledger.hosts.items()):
+            if group_namespace(group) == namespace:
+                secret = group.partition("/")[2]
+                found.update(((node, secret), host) for node, host in hosts.items())
+        return found
 
     async def reconcile(self, namespace: str, nodes: set[str] | None) -> None:
         """Create, update or delete the namespace's hosts on `nodes` (None: every node) to
@@ -151,14 +174,23 @@ class HostWriter:
         wanted = self._hosted(namespace)
         for uid in self._ledger.by_namespace.get(namespace, ()):
             if uid in self._parked:
-                wanted.setdefault(self._parked[uid], [])
+                secret = self._ledger.models[uid].storage_secret
+                wanted.setdefault((self._parked[uid], secret), [])
         label = host_label(self._keys)
-        there_now = self._ledger.hosts.get(namespace, {})
-        for node, replicas in sorted(wanted.items()):
+        there_now = self._there(namespace)
+        listed = self._listed(there_now)
+        for where, replicas in sorted(wanted.items()):
+            node = where[0]
             if nodes is not None and node not in nodes:
                 continue
-            body = self._host(namespace, node, replicas)
-            there = there_now.get(node)
+            moving = [r for r in replicas if listed.get(r[2].uid, where) != where]
+            if moving:
+                # Its model's storageSecret changed: the old host lets it go first, as the
+                # agent acts for a replica named by one host at a time.
+                self.waiting.add(namespace)
+                replicas = [r for r in replicas if r not in moving]
+            body = self._host(namespace, where, replicas)
+            there = there_now.get(where)
             if there is not None and (there.get("metadata") or {}).get("deletionTimestamp"):
                 # The last one is going away: a new host once it is gone.
                 self.waiting.add(namespace)
@@ -171,12 +203,12 @@ class HostWriter:
                 except ApiError as e:
                     if e.status not in (403, 422):
                         raise
-                    await self._host_refused(namespace, node, replicas, e)
+                    await self._host_refused(namespace, where, replicas, e)
                 else:
-                    self._host_accepted(namespace, node, replicas)
+                    self._host_accepted(namespace, where, replicas)
                 continue
             outdated = self._outdated(there, body)
-            if outdated and self._may_replace(namespace, node, wanted, there_now):
+            if outdated and self._may_replace(namespace, where, wanted, there_now):
                 await self._replace(namespace, node, there, outdated)
                 continue
             if outdated:
@@ -211,9 +243,11 @@ class HostWriter:
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
         for key in [k for k in self.refused if k[0] == namespace and k[1] not in wanted]:
             del self.refused[key]  # no replica of the namespace there any more
-        for node, there in list(there_now.items()):
+        await self._keep_budget(namespace, wanted)
+        for where, there in list(there_now.items()):
             meta = there.get("metadata") or {}
-            if node in wanted or meta.get("deletionTimestamp") or (nodes and node not in nodes):
+            gone = meta.get("deletionTimestamp") or (nodes and where[0] not in nodes)
+            if where in wanted or gone:
                 continue
             if (meta.get("labels") or {}).get(label) != "true":
                 continue
@@ -221,6 +255,62 @@ class HostWriter:
                 await self._call(
                     self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
                 )
+
+    async def _keep_budget(self, namespace: str, wanted: Mapping[Where, Replicas]) -> None:
+        """Write the namespace's budget on its hosts (`binder.tritonmodels.hostbudget`) when it
+        changes: from its Ready hosts and its models' ready replicas on each, now."""
+        served: dict[str, dict[str, int]] = {}
+        minimums: dict[str, int] = {}
+        for where, replicas in wanted.items():
+            for model, _, replica in replicas:
+                if not model.min_available:
+                    continue
+                minimums[model.uid] = model.min_available
+                counts = served.setdefault(model.uid, {})
+                if replica.uid not in self._draining and self._served(model, replica).ready:
+                    host = host_name(*where)
+                    counts[host] = counts.get(host, 0) + 1
+        for uid in self._ledger.by_namespace.get(namespace, ()):
+            other = self._ledger.models.get(uid)
+            if other is not None and other.min_available and uid not in minimums:
+                minimums[uid] = other.min_available  # no replica charged: none ready
+                served[uid] = {}
+        ready = sum(
+            1
+            for host in self._there(namespace).values()
+            if not (host.get("metadata") or {}).get("deletionTimestamp") and _ready(host)
+        )
+        kept = self._ledger.model_budgets
+        for uid in [u for u, b in kept.items() if b.namespace == namespace and u not in minimums]:
+            del kept[uid]
+        for uid, least in minimums.items():
+            name = self._ledger.models[uid].name if uid in self._ledger.models else uid
+            allowed = sum(served[uid].values()) - least
+            kept[uid] = Budget(namespace, f"tritonmodel/{name}", NOTHING, allowed, model_uid=uid)
+        minimum = min_available(ready, [(served[uid], minimums[uid]) for uid in minimums])
+        key = f"{namespace}/{BUDGET_NAME}"
+        if minimum is None:
+            if self._budgets.pop(namespace, None) is not None or key in self._ledger.budgets:
+                await self._call(self._kube.delete_budget, namespace, BUDGET_NAME)
+            return
+        if self._budgets.get(namespace) != minimum:
+            body = budget(namespace, host_label(self._keys), minimum)
+            await self._call(self._kube.put_budget, body)
+            self._budgets[namespace] = minimum
+
+    def _listed(self, there_now: Mapping[Where, JsonObject]) -> dict[str, Where]:
+        """Replica uid -> the host that lists it now (one being deleted too, until it is
+        gone: the agent acts for its replicas while its proxy drains)."""
+        listed: dict[str, Where] = {}
+        key = hosted_models_annotation(self._keys)
+        for where, host in there_now.items():
+            meta = host.get("metadata") or {}
+            try:
+                entries = decode_hosted(str((meta.get("annotations") or {}).get(key) or ""))
+            except HostedError:
+                continue  # not the binder's writing: rewritten below
+            listed.update((entry.replica_uid, where) for entry in entries)
+        return listed
 
     def _outdated(self, there: JsonObject, body: JsonObject) -> str:
         """Why the host `there` no longer matches the host the binder would create now, `body`
@@ -242,11 +332,11 @@ class HostWriter:
     def _may_replace(
         self,
         namespace: str,
-        node: str,
-        wanted: dict[str, Replicas],
-        there_now: dict[str, JsonObject],
+        where: Where,
+        wanted: dict[Where, Replicas],
+        there_now: dict[Where, JsonObject],
     ) -> bool:
-        """Whether the namespace's host on `node` may be replaced now: one host of a namespace
+        """Whether the namespace's host `where` may be replaced now: one host of a namespace
         at a time, so its models stay served by their replicas on other nodes. The next waits
         until no host of the namespace is being deleted and every other one serves its
         replicas, or --host-drain-seconds after the last replacement at most."""
@@ -258,7 +348,7 @@ class HostWriter:
         if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
             return True
         for other, replicas in wanted.items():
-            if other == node:
+            if other == where:
                 continue
             if other not in there_now:
                 return False
@@ -288,7 +378,7 @@ class HostWriter:
     async def _host_refused(
         self,
         namespace: str,
-        node: str,
+        where: Where,
         replicas: Replicas,
         error: ApiError,
     ) -> None:
@@ -297,10 +387,11 @@ class HostWriter:
         once per message, and its Ready condition False with them; the namespace's hosts are
         tried again every RETRY_SECONDS."""
         self.waiting.add(namespace)
-        message = f"the binder cannot create model host {host_name(node)} on node {node}: "
-        message += error.message
-        if self.refused.get((namespace, node)) != message:
-            self.refused[(namespace, node)] = message
+        node, secret = where
+        message = f"the binder cannot create model host {host_name(node, secret)} on node "
+        message += f"{node}: {error.message}"
+        if self.refused.get((namespace, where)) != message:
+            self.refused[(namespace, where)] = message
             for model, _, _ in replicas:
                 self._changed(model.uid)  # its Ready condition says so
         for model in {model.uid: model for model, _, _ in replicas}.values():
@@ -315,28 +406,26 @@ class HostWriter:
                 reporting_instance=self._identity,
             )
 
-    def _host_accepted(self, namespace: str, node: str, replicas: Replicas) -> None:
+    def _host_accepted(self, namespace: str, where: Where, replicas: Replicas) -> None:
         """The host refused before is created: its models' conditions no longer say so."""
-        if self.refused.pop((namespace, node), None) is not None:
+        if self.refused.pop((namespace, where), None) is not None:
             for model, _, _ in replicas:
                 self._host_refusals.pop(model.uid, None)
                 self._changed(model.uid)
 
-    def _host(self, namespace: str, node: str, replicas: Replicas) -> JsonObject:
-        """The host pod of `namespace` on `node` serving `replicas`: labelled to serve each
-        model whose replica there is loaded (the agent's condition on the host) and not
-        draining."""
+    def _host(self, namespace: str, where: Where, replicas: Replicas) -> JsonObject:
+        """The host pod of `namespace` on node `where[0]` serving `replicas`, whose models fetch
+        with the storage Secret `where[1]` (mounted): labelled to serve each model whose replica
+        there is loaded (the agent's condition on the host) and not draining."""
+        node, secret = where
         labels = {host_label(self._keys): "true"}
         owners: dict[str, JsonObject] = {}
         hosted = []
-        secrets = set()
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
             if not draining and self._loaded(model, replica).ready:
                 labels[serves_label(self._keys, model.name)] = self._serves_value(model, node)
             owners.setdefault(model.uid, owner_reference(model, controller=False))
-            if model.storage_secret and not draining:
-                secrets.add(model.storage_secret)
             hosted.append(
                 HostedReplica(
                     model=model.name,
@@ -358,7 +447,9 @@ class HostWriter:
             hosted_models_annotation(self._keys): encode_hosted(hosted),
             host_template_annotation(self._keys): self._template(node),
         }
-        parked = self._parked_on(namespace, node)
+        if secret:
+            annotations[host_secret_annotation(self._keys)] = secret
+        parked = self._parked_on(namespace, where)
         for model in parked:
             # The Service reaches the parked model's host, whose proxy holds its requests.
             labels[serves_label(self._keys, model.name)] = "true"
@@ -371,7 +462,7 @@ class HostWriter:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": host_name(node),
+                "name": host_name(node, secret),
                 "namespace": namespace,
                 "labels": labels,
                 "annotations": annotations,
@@ -384,7 +475,7 @@ class HostWriter:
                 self._access,
                 self._keys,
                 len(replicas),
-                secrets,
+                [secret] if secret else [],
             ),
         }
 
@@ -400,3 +491,11 @@ class HostWriter:
     async def _call(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+
+def _ready(host: JsonObject) -> bool:
+    """Whether the host pod is Ready (in its Services' endpoints)."""
+    return any(
+        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (host.get("status") or {}).get("conditions") or []
+    )

@@ -135,7 +135,7 @@ class Rollout:
         the previous files drains if a surge replica stands in for it, else a surge replica is
         placed on the new files (on another node: a host holds one replica of a model). With
         no room for a surge, one on the previous files drains, and is placed again as a
-        missing replica once gone."""
+        missing replica once gone, unless that leaves fewer ready than spec.minAvailable."""
         unfetchable = model.storage_problem
         if old and unfetchable:
             message = f"{unfetchable}; the replicas stay on their files"
@@ -173,6 +173,15 @@ class Rollout:
                 f"no room for a surge replica on the new files ({outcome}), nor for replica "
                 f"{old[0]} on them once gone ({no_room}): the replicas stay on their files; "
                 f"add room, or raise the quota"
+            )
+            return Roll("False", NO_ROOM, message, len(placed) - len(old), retry=True)
+        ready = sum(self._loaded(model, replica).ready for replica in placed.values())
+        if self._loaded(model, placed[old[0]]).ready and ready - 1 < model.min_available:
+            message = (
+                f"no room for a surge replica on the new files ({outcome}), and replica "
+                f"{old[0]} draining would leave {ready - 1} ready, fewer than spec.minAvailable "
+                f"{model.min_available}: the replicas stay on their files; add room, or lower "
+                f"spec.minAvailable"
             )
             return Roll("False", NO_ROOM, message, len(placed) - len(old), retry=True)
         leaving = placed.pop(old.pop(0))

@@ -72,19 +72,24 @@ def make_host(
     phase: str | None = "Running",
     label: bool = True,
     pod_ip: str = "",
+    secret: str = "",
 ) -> dict[str, Any]:
     """The host pod of `namespace` on `node` (as the binder creates it: spec.nodeName, the
-    tritonshare scheduler), with `phase` and `pod_ip` set as the kubelet would."""
+    tritonshare scheduler; of the storage Secret `secret`, when given), with `phase` and
+    `pod_ip` set as the kubelet would."""
     core = core_v1(api)
     labels = {f"{KEYS_PREFIX}model-host": "true"} if label else {}
+    annotations = {HOSTED: encode_hosted(replicas)}
+    if secret:
+        annotations[f"{KEYS_PREFIX}host-secret"] = secret
     body = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": name or host_name(node),
+            "name": name or host_name(node, secret),
             "namespace": namespace,
             "labels": labels,
-            "annotations": {HOSTED: encode_hosted(replicas)},
+            "annotations": annotations,
         },
         "spec": {
             "nodeName": node,

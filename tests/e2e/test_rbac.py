@@ -32,6 +32,8 @@ _UNNAMED_VERBS = frozenset({"create", "list", "watch", "deletecollection"})
 _MODELS = "tests/binder/tritonmodels/test_tritonmodels.py (TritonModels: placed, hosts, Services)"
 _AUTOSCALING = "tests/binder/autoscaler/test_autoscaling.py (the built-in autoscaler scales)"
 
+_BUDGETS = "tests/binder/tritonmodels/test_host_budget.py (a TritonModel's minAvailable)"
+
 # Grants only a failure the demo does not stage, or a TritonModel, uses, each with the test whose
 # real process makes that call through the simulated API server.
 FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
@@ -48,6 +50,9 @@ FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
         ("", "resourcequotas", "list"): _MODELS,
         ("tritonshare.io", "tritonmodels/scale", "patch"): _AUTOSCALING,
         ("apps", "deployments/scale", "patch"): _AUTOSCALING,
+        ("policy", "poddisruptionbudgets", "create"): _BUDGETS,
+        ("policy", "poddisruptionbudgets", "patch"): _BUDGETS,
+        ("policy", "poddisruptionbudgets", "delete"): _BUDGETS,
     },
 }
 

@@ -75,8 +75,19 @@ def _ready_replicas(custom: Any, namespace: str) -> int:
     return int((obj.get("status") or {}).get("readyReplicas") or 0)
 
 
+SECRETS = {"team-a": "creds", "team-b": ""}
+"""The storage Secret of each team's `add-one`: its host is that Secret's."""
+
+
 def _host(core: Any, namespace: str) -> Any:
     pods = core.list_namespaced_pod(namespace, label_selector=f"{KEYS.prefix}model-host=true")
+    return pods.items[0] if pods.items else None
+
+
+def _team_host(core: Any, namespace: str) -> Any:
+    """The team's host of `add-one` (None when there is none)."""
+    name = host_name(NODE.name, SECRETS[namespace])
+    pods = core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")
     return pods.items[0] if pods.items else None
 
 
@@ -117,7 +128,7 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     core.create_namespaced_secret(
         "team-a", {"metadata": {"name": "creds"}, "stringData": credential}
     )
-    # Listed first on team-b's host, so that the host mounts team-b's "creds" (there is none).
+    # On team-b's host of Secret "creds", which mounts team-b's "creds" (there is none).
     stolen = _model(private, secret="creds", name="stolen")
     custom.create_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, stolen)
     custom.create_namespaced_custom_object(
@@ -132,10 +143,10 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
 
     for namespace in TEAMS:
         wait_until(f"{namespace}'s replica ready", partial(_ready_replicas, custom, namespace), 150)
-    hosts = {namespace: _host(core, namespace) for namespace in TEAMS}
+    hosts = {namespace: _team_host(core, namespace) for namespace in TEAMS}
     names = set()
     for namespace, host in hosts.items():
-        assert host.metadata.name == host_name(NODE.name)
+        assert host.metadata.name == host_name(NODE.name, SECRETS[namespace])
         assert host.spec.node_name == NODE.name
         assert host.metadata.labels[serves_label(KEYS, MODEL)] == "true"
         listed = decode_hosted(host.metadata.annotations[hosted_models_annotation(KEYS)])
@@ -143,7 +154,7 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
         names.add(private_triton_name(namespace, MODEL, replica.replica_uid))
     assert len(names) == 2 and names <= _loaded(cluster), (names, _loaded(cluster))
     # team-b's host reads "creds" in team-b alone: no credential, so nothing is sent.
-    [log] = cluster.workdir.rglob(f"team-b_{host_name(NODE.name)}_*/logs/loader.log")
+    [log] = cluster.workdir.rglob(f"team-b_{host_name(NODE.name, 'creds')}_*/logs/loader.log")
     wait_until(
         "team-b's loader refusing the stolen model",
         lambda: "Secret creds is not in this model host: it does not exist" in log.read_text(),
@@ -183,7 +194,7 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     custom.patch_namespaced_custom_object_scale(
         GROUP, VERSION, "team-a", PLURAL, MODEL, {"spec": {"replicas": 0}}
     )
-    wait_until("team-a's host removed", lambda: _host(core, "team-a") is None, 90)
+    wait_until("team-a's host removed", lambda: _team_host(core, "team-a") is None, 90)
     wait_until("team-a's replica unloaded", lambda: len(names & _loaded(cluster)) == 1, 60)
     # team-b's replica is untouched.
     address = hosts["team-b"].status.pod_ip

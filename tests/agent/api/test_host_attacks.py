@@ -154,6 +154,24 @@ async def test_an_edited_entry_fails(
         await auth.authorize_model(host, "resnet")
 
 
+async def test_a_host_of_a_storage_secret_is_named_after_it(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kube: KubeClient
+) -> None:
+    """A namespace has a host per storage Secret on a node: one named after its node and the
+    Secret its annotation names acts for its replicas; under another Secret's name, or the
+    node's alone, it is no host of the node."""
+    make_host(kube_api, "team-a", [replica("team-a", "bert", GPU)], secret="creds")
+    auth = authorizer(kube)
+    host = await caller(auth, apiserver, "team-a", host_name(NODE, "creds"))
+    proven = await auth.authorize_model(host, "bert")
+    assert proven.pod.host == host_name(NODE, "creds")
+    for name in (host_name(NODE, "other"), host_name(NODE)):
+        make_host(kube_api, "team-a", [replica("team-a", "gpt", GPU)], secret="creds", name=name)
+        impostor = await caller(auth, apiserver, "team-a", name)
+        with pytest.raises(PermissionDeniedError, match="is not its node's model host"):
+            await auth.authorize_model(impostor, "gpt")
+
+
 async def test_a_tenant_pod_that_calls_itself_a_host_acts_for_no_replica(
     apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kube: KubeClient
 ) -> None:

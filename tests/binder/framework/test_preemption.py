@@ -11,7 +11,7 @@ from typing import Any
 from binder.cluster.budgets import Budget
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import as_replica, pod_from_api
-from binder.cluster.podterms import selector_from_api
+from binder.cluster.podterms import NOTHING, selector_from_api
 from binder.framework.placement import resolvable_nodes
 from binder.framework.preemption import (
     REASON_NO_VICTIMS,
@@ -196,3 +196,22 @@ def test_a_replica_is_a_victim_as_a_pod_is_and_no_budget_counts_it() -> None:
     # Equal priorities: the node whose victim breaks no budget wins, and the replica breaks none.
     assert isinstance(outcome, Preemption) and (outcome.node, outcome.violations) == ("n1", 0)
     assert names(outcome) == ["m/0"]
+
+
+def test_a_replica_whose_model_would_fall_below_its_min_available_is_spared_first() -> None:
+    """A TritonModel's minAvailable is a budget over its replicas: a preemption prefers the
+    node whose replica victim leaves its model at its minimum, as it prefers a pod's budget."""
+    state = cluster(node_obj("n1", [16 * GI]), node_obj("n2", [16 * GI]))
+    for name, node in (("kept", "n1"), ("spare", "n2")):
+        obj = pod_obj(name, mem="16Gi", node=node, gpu=f"GPU-{node}-0", spec_extra={"priority": 1})
+        obj["status"] = {"phase": "Running"}
+        replica = as_replica(pod_from_api(obj, KEYS))
+        state.set_pod(replace(replica, uid=f"{replica.uid}/0", name=f"{name}/0"))
+    kept = Budget("models", "tritonmodel/kept", NOTHING, allowed=0, model_uid="uid-models-kept")
+    spare = Budget("models", "tritonmodel/spare", NOTHING, allowed=1, model_uid="uid-models-spare")
+    outcome = decide(state, urgent(), [kept, spare])
+    assert isinstance(outcome, Preemption) and (outcome.node, outcome.violations) == ("n2", 0)
+    assert names(outcome) == ["spare/0"]
+    # With no other choice, the minimum is broken: priority decides, as with a pod's budget.
+    outcome = decide(state, urgent(), [kept, replace(spare, allowed=0)])
+    assert isinstance(outcome, Preemption) and outcome.violations == 1

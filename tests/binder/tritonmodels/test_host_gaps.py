@@ -1,12 +1,14 @@
 """What a platform team meets first with model hosts, at the binder, against the simulated API
 server through the official client: a TritonModel's storage Secret reaches its hosts' loader
-alone, named in its own namespace only; a host that lacks what the binder would build now (a
-Secret it does not mount) is replaced, one host of a namespace at a time."""
+alone, named in its own namespace only, and a model whose Secret no host mounts gets hosts of its
+own (its neighbours' are never replaced for it); a host made from another template is replaced,
+one host of a namespace at a time."""
 
 from __future__ import annotations
 
 import functools
 import json
+import threading
 from typing import Any
 
 import kubernetes.client
@@ -34,12 +36,14 @@ from tests.binder.tritonmodels.test_tritonmodels import (
     placed,
     read,
 )
+from tests.fixtures_sim import new_watch
 
 apiserver = test_tritonmodels.apiserver
 custom = test_tritonmodels.custom
 SECRET_DIR = "/var/secrets/storage"
 KEYS = Keys()
 TEMPLATE = "tritonshare.io/host-template"
+HOSTED = "tritonshare.io/hosted-models"
 
 
 def private(name: str, replicas: int, secret: str = "creds") -> dict[str, Any]:  # noqa: S107
@@ -142,39 +146,105 @@ def test_a_credential_goes_over_https_only() -> None:
     assert host_storage_problem("gs://models/resnet", "creds") == ""
 
 
-async def test_a_host_lacking_a_new_models_secret_is_replaced_one_at_a_time(
+def all_hosts(core: Any) -> dict[str, Any]:
+    """Every host pod in `default`, by name."""
+    pods = core.list_namespaced_pod("default", label_selector="tritonshare.io/model-host=true")
+    return {p.metadata.name: p for p in pods.items}
+
+
+async def test_a_model_with_a_new_storage_secret_gets_hosts_of_its_own(
     kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:
-    """The roll: the host of one node is deleted (its proxy drains as it terminates) and
-    created anew with the Secret once gone; the other node's waits until the new host serves
-    its replicas, so a model with a replica on each node stays served."""
+    """A model whose Secret no host of its namespace mounts gets a host on each of its nodes,
+    which mounts that Secret alone and names its replicas alone; the namespace's hosts are
+    never replaced, nor rewritten, for it. Another model of the same Secret joins that host."""
     for node in ("n1", "n2"):
         add_node(kube_api, node, [16 * GI])
     await make_binder()
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
     await eventually(lambda: placed(custom, "resnet", 2), what="resnet placed")
-    before = await eventually(lambda: len(hosts(core)) == 2 and hosts(core), what="2 hosts")
-    for node in before:
+    before = await eventually(lambda: len(all_hosts(core)) == 2 and all_hosts(core), what="2")
+    for node in ("n1", "n2"):
         loaded(core, node, "resnet")
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("bert", 2))
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("gpt", 1))
     await eventually(lambda: placed(custom, "bert", 2), what="bert placed")
+    await eventually(lambda: placed(custom, "gpt", 1), what="gpt placed")
+    after = await eventually(lambda: len(all_hosts(core)) == 4 and all_hosts(core), what="4")
+    for name, host in before.items():
+        assert after[name].metadata.uid == host.metadata.uid, "never replaced"
+        assert after[name].metadata.annotations[HOSTED] == host.metadata.annotations[HOSTED]
+        assert not terminating(core)
+    for node in ("n1", "n2"):
+        own = after[host_name(node, "creds")]
+        assert own.spec.node_name == node
+        assert own.metadata.annotations["tritonshare.io/host-secret"] == "creds"
+        [volume] = [v for v in own.spec.volumes if v.name == "storage-secrets"]
+        assert [s.secret.name for s in volume.projected.sources] == ["creds"]
+        assert {e["model"] for e in hosted(own)} <= {"bert", "gpt"}
+        assert "bert" in {e["model"] for e in hosted(own)}
+    assert sorted(e["model"] for h in after.values() for e in hosted(h)) == [
+        "bert",
+        "bert",
+        "gpt",
+        "resnet",
+        "resnet",
+    ]
+    placements = read(custom, "bert")["status"]["placements"]
+    assert {p["host"] for p in placements} == {host_name(n, "creds") for n in ("n1", "n2")}
 
-    [first] = await eventually(functools.partial(terminating, core), what="one host replaced")
-    [other] = set(before) - {first}
-    assert hosts(core)[other].metadata.uid == before[other].metadata.uid, "one at a time"
-    kubelet_removes_deleted(core)
-    again = await eventually(
-        lambda: first in hosts(core) and hosts(core)[first], what="the new host"
-    )
-    assert again.metadata.uid != before[first].metadata.uid
-    [volume] = [v for v in again.spec.volumes if v.name == "storage-secrets"]
-    assert [s.secret.name for s in volume.projected.sources] == ["creds"]
-    assert sorted(e["model"] for e in hosted(again)) == ["bert", "resnet"]
-    # The other host keeps serving until the new one serves its replicas.
-    assert not terminating(core)
-    loaded(core, first, "resnet", "bert")
-    await eventually(functools.partial(terminating, core), what="then the other host")
-    assert terminating(core) == [other]
+
+async def test_a_replica_whose_secret_changes_moves_host_once_the_old_one_lets_it_go(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A model whose storageSecret is changed moves to the host of its new Secret; the agent acts
+    for a replica named by one host at a time, so no write ever has two hosts naming it: the old
+    host lets it go (here: is deleted, and gone) before the new one names it."""
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("bert", 1))
+    await eventually(lambda: placed(custom, "bert", 1), what="bert placed")
+    await eventually(lambda: host_name("n1", "creds") in all_hosts(core), what="its host")
+    listing: dict[str, list[str]] = {}
+    overlaps: list[dict[str, list[str]]] = []
+    stop = threading.Event()
+
+    def follow() -> None:
+        # Each event in the API server's order: who names bert's replica after it.
+        version = ""
+        while not stop.is_set():
+            options = {"resource_version": version} if version else {}
+            for event in new_watch().stream(
+                core.list_namespaced_pod, "default", timeout_seconds=1, **options
+            ):
+                pod = event["object"]
+                version = pod.metadata.resource_version
+                gone = event["type"] == "DELETED"
+                listing[pod.metadata.name] = [] if gone else [e["model"] for e in hosted(pod)]
+                if sum("bert" in n for n in listing.values()) > 1:
+                    overlaps.append(dict(listing))
+
+    watcher = threading.Thread(target=follow)
+    watcher.start()
+    try:
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, "bert", {"spec": {"storageSecret": "other"}}
+        )
+        await eventually(functools.partial(terminating, core), what="the old host deleted")
+        new = await eventually(lambda: all_hosts(core).get(host_name("n1", "other")))
+        assert hosted(new) == [], "nothing while the old host drains"
+        kubelet_removes_deleted(core)
+
+        def moved() -> list[str]:
+            host = all_hosts(core).get(host_name("n1", "other"))
+            return [e["model"] for e in hosted(host)] if host is not None else []
+
+        assert await eventually(moved, what="bert on its new host") == ["bert"]
+        assert host_name("n1", "creds") not in all_hosts(core)
+    finally:
+        stop.set()
+        watcher.join(10)
+    assert overlaps == [], "two hosts named the replica at once"
 
 
 async def test_a_host_the_api_server_refuses_is_in_each_models_ready_condition(

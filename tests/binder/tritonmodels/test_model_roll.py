@@ -262,6 +262,36 @@ async def test_files_no_host_can_fetch_roll_nothing(
     assert [e["storageUri"] for e in status(custom)["placements"]] == [obj["spec"]["storageUri"]]
 
 
+async def test_with_no_room_for_a_surge_a_roll_keeps_the_models_min_available(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A roll without a surge would drain the one ready replica of a model whose minAvailable is
+    1: nothing leaves, and the Progressing condition says why."""
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    await all_loaded(custom, core, 1, "10Gi")  # no room for a second beside it
+    custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        "default",
+        PLURAL,
+        "resnet",
+        {"spec": {"storageUri": NEW_URI, "minAvailable": 1}},
+    )
+    await eventually(lambda: progressing(custom).get("status") == "False", what="refused")
+    condition = progressing(custom)
+    assert condition["reason"] == "NoRoomToRoll"
+    assert "fewer than spec.minAvailable 1" in condition["message"]
+    host = hosts(core)["n1"]
+    assert not hosted(host)[0].get("draining") and host.metadata.labels.get(SERVES) == "true"
+    assert not events(core, "RollingWithoutSurge")
+    # The minimum lowered: the roll goes on without a surge.
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, "resnet", {"spec": {"minAvailable": 0}}
+    )
+    await eventually(lambda: events(core, "RollingWithoutSurge"), what="the roll goes on")
+
+
 async def test_with_room_neither_for_a_surge_nor_a_replacement_nothing_leaves_until_room_appears(
     kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:

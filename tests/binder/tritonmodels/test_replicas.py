@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import PodInfo, as_replica, pod_from_api
+from binder.cluster.objects import PodInfo, as_replica, model_from_api, pod_from_api
 from binder.framework.placement import Placement, Unschedulable, place
+from common.hosted import host_group
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 from tests.binder.framework.test_placement import NOW, cluster
 from tests.binder.objects import GI, KEYS, node_obj, pod_obj
+from tests.binder.tritonmodels.test_tritonmodels import model
 from webhook.mutation import complete
 from webhook.settings import Settings
 
@@ -66,6 +68,27 @@ def test_a_namespace_s_replicas_share_one_host_charged_once_per_node() -> None:
     assert state.pods.requested("n1")[CPU] == 2 * HOST_CPU + 4 * SHARE_CPU
     assert state.pods.host_count() == 2
     assert state.pods.has_host("b", "n1") and not state.pods.has_host("c", "n1")
+
+
+def test_the_replicas_of_a_storage_secret_are_charged_a_host_of_their_own() -> None:
+    """A namespace's models of one storage Secret have a host of their own on a node (it alone
+    mounts the Secret): its slot and requests are charged too, so more Secrets gain a namespace
+    nothing it is not charged for."""
+    state = cluster(node("n1"))
+    assert on(state, replica("r0")) == "n1"
+    obj = model("bert", 2)
+    obj["metadata"].update(namespace="a", uid="uid-bert")
+    obj["spec"]["storageSecret"] = "creds"
+    bert = model_from_api(obj, KEYS, "tritonshare")
+    assert bert.host_group == host_group("a", "creds")
+    assert on(state, bert.replica(0)) == "n1"
+    assert on(state, bert.replica(1)) == "n1"
+    assert state.pods.pod_count("n1") == 2, "a host per Secret"
+    assert state.pods.requested("n1")[CPU] == 2 * HOST_CPU + 3 * SHARE_CPU
+    assert state.pods.has_host(host_group("a", "creds"), "n1") and state.pods.has_host("a", "n1")
+    for ordinal in (0, 1):
+        gone(state, bert.replica(ordinal).uid)
+    assert state.pods.pod_count("n1") == 1 and not state.pods.has_host("a/creds", "n1")
 
 
 def test_the_host_takes_the_last_pod_slot_and_the_namespace_s_next_replicas_need_none() -> None:
