@@ -40,6 +40,21 @@ def test_the_gpus_read_through_nvml_are_those_nvml_serves() -> None:
     assert feature_labels(gpus)["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
 
 
+def test_a_machine_without_a_usable_nvml_labels_no_gpus() -> None:
+    """No driver here: the node is labelled as having none, and its own agent says why."""
+
+    class NoDriver:
+        class NVMLError(Exception):
+            pass
+
+        def nvmlInit(self) -> None:  # noqa: N802 (NVML's name)
+            raise self.NVMLError("NVML Shared Library Not Found")
+
+    gpus = nvml_gpus("gpu-node-0", NoDriver())
+    assert gpus == NodeGpus(0, "", 0)
+    assert feature_labels(gpus) == {}
+
+
 def test_an_unreadable_mock_spec_names_the_node() -> None:
     with pytest.raises(GpuStackError, match="node n1's GPUs: mock NVML spec '3xZ9'"):
         mock_gpus("3xZ9", "n1")
