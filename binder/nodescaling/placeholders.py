@@ -20,8 +20,9 @@ ask for one node at a time:
 - a group that no longer waits has its placeholders deleted, as has a placeholder that ended.
 
 A model waits when the binder reported kube-scheduler's FitError for it ("0/N nodes are
-available: ...", after "replica N: " for a TritonModel): a pod's `PodScheduled=False` `Unschedulable`, a TritonModel's `Placed=False`
-`Unschedulable`. A spec problem, a quota or a missing PriorityClass is no reason to add a node.
+available: ...", after "replica N: " for a TritonModel): a pod's `PodScheduled=False`
+`Unschedulable`, a TritonModel's `Placed=False` `Unschedulable`. A spec problem, a quota or a
+missing PriorityClass is no reason to add a node.
 
 Pure: decisions from API-shaped objects and the times it is given; no I/O, no clock.
 """

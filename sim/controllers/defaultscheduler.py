@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -56,7 +56,7 @@ class Loop:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def __enter__(self) -> Loop:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -94,14 +94,13 @@ def add_gpu_node(kube_api: kubernetes.client.ApiClient, name: str) -> None:
 
 def placeholder_class(kube_api: kubernetes.client.ApiClient) -> None:
     """The PriorityClass the chart makes with binder.nodeAutoscaling."""
-    kubernetes.client.SchedulingV1Api(kube_api).create_priority_class(
-        {
-            "metadata": {"name": PRIORITY_CLASS},
-            "value": -10,
-            "preemptionPolicy": "Never",
-            "globalDefault": False,
-        }
-    )
+    body: Any = {
+        "metadata": {"name": PRIORITY_CLASS},
+        "value": -10,
+        "preemptionPolicy": "Never",
+        "globalDefault": False,
+    }
+    kubernetes.client.SchedulingV1Api(kube_api).create_priority_class(body)
 
 
 def node_names(core: Any) -> set[str]:
@@ -174,7 +173,8 @@ async def test_a_replica_no_gpu_fits_gets_a_new_node_which_goes_once_empty(
         await eventually(gpu_1_removed, what="the empty gpu-1 removed")
         assert group.removed == ["gpu-1"]
         assert node_names(core) == {"gpu-0"} and guarded(core, "gpu-0")
-        assert [e["node"] for e in placed(custom, "resnet", 1)["status"]["placements"]] == ["gpu-0"]
+        left = placed(custom, "resnet", 1)
+        assert left is not None and [e["node"] for e in left["status"]["placements"]] == ["gpu-0"]
     api.close()  # type: ignore[no-untyped-call]
 
 
