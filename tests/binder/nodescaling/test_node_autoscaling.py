@@ -128,8 +128,9 @@ async def test_a_replica_no_gpu_fits_gets_a_new_node_which_goes_once_empty(
     add_gpu_node(kube_api, "gpu-0")
     group = gpu_group(kube_api)
     api = apiserver.api_client()
+    # Scale-down waits 3 s after a scale-up (upstream: 10 min), as a new node's pods start.
     autoscaler = ClusterAutoscaler(
-        api, [group], period=0.1, scale_down_unneeded_time=1.0, scale_down_delay_after_add=0.0
+        api, [group], period=0.1, scale_down_unneeded_time=1.0, scale_down_delay_after_add=3.0
     )
     await make_binder(node_autoscaling=True, placeholder_grace_seconds=30, host_drain_seconds=0.5)
     with autoscaler:
