@@ -68,7 +68,12 @@ def scheduler(apiserver: RunningApiServer) -> Iterator[DefaultScheduler]:
     api.close()  # type: ignore[no-untyped-call]
 
 
-def gpu_group(kube_api: kubernetes.client.ApiClient, *, min_size: int = 0) -> NodeGroup:
+def gpu_group(
+    kube_api: kubernetes.client.ApiClient,
+    *,
+    min_size: int = 0,
+    allocatable: dict[str, str] = ALLOCATABLE,
+) -> NodeGroup:
     """A node group of one 16 GiB GPU per node; a new node's agent starts at once (it publishes
     the GPU and renews its Lease)."""
     core, coordination = core_v1(kube_api), coordination_v1(kube_api)
@@ -82,14 +87,16 @@ def gpu_group(kube_api: kubernetes.client.ApiClient, *, min_size: int = 0) -> No
         coordination.create_namespaced_lease(SYSTEM, lease_obj(node, time.time(), 3600))
 
     template = node_obj(
-        "template", None, labels=GPU_LABELS, taints=[TAINT], allocatable=ALLOCATABLE
+        "template", None, labels=GPU_LABELS, taints=[TAINT], allocatable=allocatable
     )
     return NodeGroup("gpu", template, min_size=min_size, max_size=3, on_added=agent_starts)
 
 
-def add_gpu_node(kube_api: kubernetes.client.ApiClient, name: str) -> None:
+def add_gpu_node(
+    kube_api: kubernetes.client.ApiClient, name: str, allocatable: dict[str, str] = ALLOCATABLE
+) -> None:
     labels = {**GPU_LABELS, GROUP_LABEL: "gpu"}
-    add_node(kube_api, name, [16 * GI], labels=labels, taints=[TAINT], allocatable=ALLOCATABLE)
+    add_node(kube_api, name, [16 * GI], labels=labels, taints=[TAINT], allocatable=allocatable)
 
 
 def placeholder_class(kube_api: kubernetes.client.ApiClient) -> None:
@@ -217,3 +224,45 @@ async def test_a_node_serving_a_model_pod_is_kept_and_an_empty_one_removed(
     api.close()  # type: ignore[no-untyped-call]
     assert node_names(core) == {"gpu-0"}
     assert node_of(core, "model") == "gpu-0"
+
+
+async def test_a_model_pod_no_gpu_fits_gets_a_new_node(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    """Nodes that do not advertise tritonshare.io/gpu-mem: the pending model pod itself fits no
+    node group's template in Cluster Autoscaler's simulation, so only its placeholder adds one."""
+    placeholder_class(kube_api)
+    bare = {k: v for k, v in ALLOCATABLE.items() if not k.startswith("tritonshare.io/")}
+    add_gpu_node(kube_api, "gpu-0", bare)
+    group = gpu_group(kube_api, allocatable=bare)
+    api = apiserver.api_client()
+    autoscaler = ClusterAutoscaler(api, [group], period=0.1, scale_down_delay_after_add=600.0)
+    await make_binder(node_autoscaling=True)
+    with autoscaler:
+        for name in ("first", "second"):
+            add_pod(core, name, mem="12Gi", spec_extra={"tolerations": [TAINT]})
+        await eventually(
+            lambda: node_of(core, "first") or node_of(core, "second"), what="one bound"
+        )
+        waiting = "second" if node_of(core, "first") else "first"
+        [placeholder] = await eventually(lambda: placeholders(core), what="a placeholder")
+        assert placeholder.metadata.annotations["tritonshare.io/placeholder-for"] == (
+            f"pod default/{waiting}"
+        )
+        assert {(t.key, t.value, t.effect) for t in placeholder.spec.tolerations} >= {
+            (TAINT["key"], TAINT["value"], TAINT["effect"])
+        }, "the pod's tolerations"
+        await eventually(lambda: node_of(core, waiting) == "gpu-1", what="the pod on the new node")
+        await eventually(lambda: not placeholders(core), what="the placeholder deleted")
+        assert group.added == ["gpu-1"]
+        events = core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={waiting}"
+        )
+        assert not [e for e in events.items if e.reason == "TriggeredScaleUp"], (
+            "the pod alone triggers no scale-up"
+        )
+    api.close()  # type: ignore[no-untyped-call]
