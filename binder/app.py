@@ -202,6 +202,7 @@ class Binder:
                     settings.placeholder_image,
                     settings.placeholder_node_selector,
                     settings.placeholder_grace_seconds,
+                    settings.identity,
                 ),
                 serves=self._serves,
                 leading=leading.is_set,

@@ -19,11 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from binder.api.kube import ApiError, JsonObject
 from binder.nodescaling.guard import patches
 from binder.nodescaling.placeholders import (
+    MAX_NAMED_WAITERS,
     Placeholder,
     Plan,
     Selection,
@@ -32,16 +33,17 @@ from binder.nodescaling.placeholders import (
     next_name,
     placeholder_of,
     plan,
-    waiting_for_annotation,
     waiting_model,
     waiting_pod,
 )
 from common.contract import Keys
+from common.events import EventText
 from common.hosted import host_label
 
 log = logging.getLogger(__name__)
 
 PERIOD_SECONDS = 2.0
+EVENT_REASON = "WaitingForNode"
 _ENDED = frozenset({"Succeeded", "Failed"})
 
 
@@ -51,6 +53,15 @@ class NodeScalingKube(Protocol):
     def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
 
     def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None: ...
+
+    def record_object_event(
+        self,
+        involved: Mapping[str, str],
+        *,
+        reporting_instance: str,
+        component: str = "tritonshare",
+        **said: Unpack[EventText],
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -64,11 +75,21 @@ class Config:
     image: str
     node_selector: Sequence[tuple[str, str | None]]
     grace_seconds: float
+    identity: str
+    """This replica, as its Events' reportingInstance."""
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     metadata = obj.get("metadata") or {}
     return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+
+
+@dataclass(frozen=True)
+class Creation:
+    """A placeholder to make and the waiting models it stands for."""
+
+    body: JsonObject
+    waiting: Sequence[Waiting]
 
 
 class NodeScaling:
@@ -176,20 +197,24 @@ class NodeScaling:
         now = self._monotonic()
         return now - self._serving_since.setdefault(node, now)
 
-    def plan(self) -> tuple[Plan, list[JsonObject], dict[str, dict[str, str | None]]]:
-        """This pass's writes: the plan, the placeholder pods it makes, the node patches."""
+    def plan(self) -> tuple[Plan, list[Creation], dict[str, dict[str, str | None]]]:
+        """This pass's writes: the plan, the placeholder pods it makes (with the models each
+        stands for), the node patches."""
         waiting = self.waiting()
         decided = plan(
             waiting, self.placeholders.values(), self._served_for, self.config.grace_seconds
         )
-        bodies = []
+        creations = []
         taken = set(self.placeholders)
         for selection in decided.create:
             name = next_name(selection.group, taken)
             taken.add(name)
-            bodies.append(self._manifest(selection, name, waiting))
+            mine = sorted(
+                (w for w in waiting if w.selection.group == selection.group), key=lambda w: w.what
+            )
+            creations.append(Creation(self._manifest(selection, name, mine), mine))
         guards = patches(self._annotations, self.serving_nodes(), self.config.keys)
-        return decided, bodies, guards
+        return decided, creations, guards
 
     def _manifest(self, selection: Selection, name: str, waiting: list[Waiting]) -> JsonObject:
         config = self.config
@@ -201,7 +226,7 @@ class NodeScaling:
             image=config.image,
             node_selector=config.node_selector,
             existing_nodes=self._annotations,
-            waiting_for=sorted(w.what for w in waiting if w.selection.group == selection.group),
+            waiting_for=[w.what for w in waiting],
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -209,10 +234,10 @@ class NodeScaling:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             if self._leading():
-                decided, bodies, guards = self.plan()
-                if bodies or decided.delete or guards:
+                decided, creations, guards = self.plan()
+                if creations or decided.delete or guards:
                     await loop.run_in_executor(
-                        self._executor, self.write, decided.delete, bodies, guards
+                        self._executor, self.write, decided.delete, creations, guards
                     )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._period)
@@ -220,7 +245,7 @@ class NodeScaling:
     def write(
         self,
         delete: Sequence[Placeholder],
-        create: Sequence[JsonObject],
+        create: Sequence[Creation],
         guards: Mapping[str, Mapping[str, str | None]],
     ) -> None:
         """The pass's API writes (blocking: run in the API executor)."""
@@ -239,21 +264,35 @@ class NodeScaling:
                 partial(self._kube.delete_pod, namespace, placeholder.name, placeholder.uid),
                 quiet=404,
             )
-        for body in create:
+        for creation in create:
             if not self._leading():
                 return
-            name = body["metadata"]["name"]
+            name = creation.body["metadata"]["name"]
             log.info(
                 "No node fits %s: placeholder pod %s/%s asks the node autoscaler for a node.",
-                body["metadata"]["annotations"][waiting_for_annotation(self.config.keys)],
+                ", ".join(w.what for w in creation.waiting),
                 namespace,
                 name,
             )
             self._try(
                 f"create placeholder {namespace}/{name}",
-                partial(self._kube.create_pod, namespace, body),
+                partial(self._kube.create_pod, namespace, creation.body),
                 quiet=409,
             )
+            for waiting in creation.waiting[:MAX_NAMED_WAITERS]:
+                self._try(
+                    f"record a {EVENT_REASON} Event for {waiting.what}",
+                    partial(
+                        self._kube.record_object_event,
+                        waiting.involved,
+                        reporting_instance=self.config.identity,
+                        reason=EVENT_REASON,
+                        message=f"No node fits it: placeholder pod {namespace}/{name} asks the "
+                        "node autoscaler for a node.",
+                        event_type="Normal",
+                    ),
+                    quiet=404,
+                )
         for node, wanted in sorted(guards.items()):
             if not self._leading():
                 return

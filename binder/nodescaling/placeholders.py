@@ -95,6 +95,19 @@ class Waiting:
 
     what: str
     selection: Selection
+    involved: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """The object as an Event's involvedObject (apiVersion, kind, namespace, name, uid)."""
+
+
+def _involved(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, str]:
+    metadata = obj.get("metadata") or {}
+    return {
+        "apiVersion": str(obj.get("apiVersion") or api_version),
+        "kind": kind,
+        "namespace": str(metadata.get("namespace", "")),
+        "name": str(metadata.get("name", "")),
+        "uid": str(metadata.get("uid", "")),
+    }
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,11 @@ def waiting_pod(pod: Mapping[str, Any], scheduler_name: str) -> Waiting | None:
         or not _fit_error(find(status.get("conditions"), "PodScheduled"))
     ):
         return None
-    return Waiting(f"pod {metadata.get('namespace')}/{metadata.get('name')}", selection_of(spec))
+    return Waiting(
+        f"pod {metadata.get('namespace')}/{metadata.get('name')}",
+        selection_of(spec),
+        _involved(pod, "v1", "Pod"),
+    )
 
 
 def waiting_model(model: Mapping[str, Any]) -> Waiting | None:
@@ -169,7 +186,9 @@ def waiting_model(model: Mapping[str, Any]) -> Waiting | None:
         return None
     spec = model.get("spec") or {}
     return Waiting(
-        f"tritonmodel {metadata.get('namespace')}/{metadata.get('name')}", selection_of(spec)
+        f"tritonmodel {metadata.get('namespace')}/{metadata.get('name')}",
+        selection_of(spec),
+        _involved(model, "tritonshare.io/v1alpha1", "TritonModel"),
     )
 
 

@@ -119,6 +119,11 @@ def guarded(core: Any, node: str) -> bool:
     return all(annotations.get(key) == "true" for key in GUARDS)
 
 
+def waiting_events(core: Any, name: str) -> list[Any]:
+    events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}")
+    return [e for e in events.items if e.reason == "WaitingForNode"]
+
+
 def placeholders(core: Any) -> list[Any]:
     return list(core.list_namespaced_pod(SYSTEM, label_selector=PLACEHOLDERS).items)
 
@@ -158,6 +163,12 @@ async def test_a_replica_no_gpu_fits_gets_a_new_node_which_goes_once_empty(
         assert waiting.spec.priority_class_name == PRIORITY_CLASS
         assert waiting.metadata.annotations["tritonshare.io/placeholder-for"] == (
             "tritonmodel default/resnet"
+        )
+        told = await eventually(lambda: waiting_events(core, "resnet"), what="the model told")
+        assert told[0].involved_object.kind == "TritonModel"
+        assert told[0].message == (
+            f"No node fits it: placeholder pod {SYSTEM}/{waiting.metadata.name} asks the node "
+            "autoscaler for a node."
         )
         obj = await eventually(lambda: placed(custom, "resnet", 2), what="both replicas placed")
         assert group.added == ["gpu-1"]
@@ -256,6 +267,7 @@ async def test_a_model_pod_no_gpu_fits_gets_a_new_node(
         assert {(t.key, t.value, t.effect) for t in placeholder.spec.tolerations} >= {
             (TAINT["key"], TAINT["value"], TAINT["effect"])
         }, "the pod's tolerations"
+        assert await eventually(lambda: waiting_events(core, waiting), what="the pod told")
         await eventually(lambda: node_of(core, waiting) == "gpu-1", what="the pod on the new node")
         await eventually(lambda: not placeholders(core), what="the placeholder deleted")
         assert group.added == ["gpu-1"]
