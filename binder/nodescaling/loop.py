@@ -225,7 +225,6 @@ class NodeScaling:
             keys=config.keys,
             image=config.image,
             node_selector=config.node_selector,
-            existing_nodes=self._annotations,
             waiting_for=[w.what for w in waiting],
         )
 

@@ -7,10 +7,13 @@ spare in their simulation, so neither makes them act. A placeholder does: a pod 
 scheduler in the system namespace, of the PriorityClass `tritonshare-placeholder` (below every
 workload, preempting none), carrying the waiting model's node selection (nodeSelector, required
 node affinity, tolerations; the GPU-node tolerations and `--placeholder-node-selector` added) and
-a required `kubernetes.io/hostname NotIn` of every node the cluster has when it is made: it fits
-only a node that does not exist yet, which is exactly what the autoscaler's template of a node
-group is. Placeholders are grouped by node selection, so models waiting for the same kind of node
-ask for one node at a time:
+a required pod anti-affinity, per node (`kubernetes.io/hostname`), to model pods (label
+`tritonshare.io/role: model`), model hosts and other placeholders, in every namespace: it fits
+only a node that serves no model and asks for no other node, which is what the autoscaler's
+template of a node group is (its DaemonSet pods, the node pod among them, are none of those). Not
+a `kubernetes.io/hostname NotIn` of the existing nodes: Karpenter ignores a pod whose node
+affinity names that label. Placeholders are grouped by node selection, so models waiting for the
+same kind of node ask for one node at a time:
 
 - a group with waiting models and no placeholder gets one;
 - while one of its placeholders is pending, the group waits for the autoscaler;
@@ -38,6 +41,7 @@ from typing import Any
 
 from common.conditions import find
 from common.contract import Keys
+from common.hosted import host_label
 from common.modelpod import gpu_tolerations
 
 JsonObject = dict[str, Any]
@@ -48,6 +52,8 @@ value -10, Cluster Autoscaler's default --expendable-pods-priority-cutoff, below
 ignore them; preemptionPolicy Never)."""
 NAME_PREFIX = "tritonshare-placeholder-"
 HOSTNAME = "kubernetes.io/hostname"
+ROLE_LABEL = "tritonshare.io/role"
+"""The label of model pods (`model`), which the webhook and the node pod's NetworkPolicy read."""
 MAX_PER_GROUP = 8
 """Placeholders of one group at most: nodes asked for the same waiting models at once."""
 MAX_PLACEHOLDERS = 32
@@ -263,24 +269,39 @@ def manifest(
     keys: Keys,
     image: str,
     node_selector: Sequence[tuple[str, str | None]],
-    existing_nodes: Iterable[str],
     waiting_for: Sequence[str],
 ) -> JsonObject:
-    """The placeholder pod for `selection`: it fits only a node that is not among
-    `existing_nodes` and that the waiting models' node rules and `node_selector` accept."""
+    """The placeholder pod for `selection`: it fits only a node that runs no model pod, model
+    host or other placeholder, and that the waiting models' node rules and `node_selector`
+    accept."""
     extra = [
         {"key": key, "operator": "In", "values": [value]}
         if value is not None
         else {"key": key, "operator": "Exists"}
         for key, value in node_selector
     ]
-    extra.append({"key": HOSTNAME, "operator": "NotIn", "values": sorted(set(existing_nodes))})
     # Required terms are OR'ed and a term's expressions AND'ed: each term of the model's gets the
     # placeholder's own expressions.
     terms = [
         {**term, "matchExpressions": [*(term.get("matchExpressions") or []), *extra]}
         for term in selection.terms or ({},)
     ]
+    node_affinity = (
+        {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        if any(t.get("matchExpressions") or t.get("matchFields") for t in terms)
+        else {}
+    )
+    apart = [
+        {"matchLabels": {ROLE_LABEL: "model"}},
+        {"matchLabels": {host_label(keys): "true"}},
+        {"matchExpressions": [{"key": placeholder_label(keys), "operator": "Exists"}]},
+    ]
+    anti_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": selector, "namespaceSelector": {}, "topologyKey": HOSTNAME}
+            for selector in apart
+        ]
+    }
     tolerations = list(selection.tolerations)
     tolerations += [t for t in gpu_tolerations(keys) if t not in tolerations]
     named = list(waiting_for[:MAX_NAMED_WAITERS])
@@ -301,11 +322,7 @@ def manifest(
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "nodeSelector": dict(selection.node_selector),
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
-                }
-            },
+            "affinity": {"nodeAffinity": node_affinity, "podAntiAffinity": anti_affinity},
             "tolerations": tolerations,
             "securityContext": {
                 "runAsNonRoot": True,

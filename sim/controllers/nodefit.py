@@ -1,8 +1,10 @@
 """kube-scheduler's node filters as the simulated default scheduler and Cluster Autoscaler apply
 them: NodeUnschedulable, NodeName, TaintToleration, NodeAffinity (nodeSelector and required
-node affinity: matchExpressions and matchFields) and NodeResourcesFit (requests against
+node affinity: matchExpressions and matchFields), NodeResourcesFit (requests against
 allocatable minus the requests of the pods already there: cpu, memory, pods and any extended
-resource). Not simulated: pod (anti-)affinity, topology spread, host ports, volumes.
+resource) and InterPodAffinity's required anti-affinity of the incoming pod by
+`kubernetes.io/hostname` (`namespaces`, or `namespaceSelector: {}` for all). Not simulated: other
+pod (anti-)affinity, topology spread, host ports, volumes.
 
 Pure: API-shaped objects in, the first failed filter's kube-scheduler phrase (or None) out.
 """
@@ -115,6 +117,32 @@ def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]
     return False
 
 
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(
+        _expression(e, labels.get(e.get("key"))) for e in selector.get("matchExpressions") or []
+    )
+
+
+def _apart(pod: Mapping[str, Any], others: Iterable[Mapping[str, Any]]) -> bool:
+    """The pod's required anti-affinity terms by hostname hold beside `others` (one node's)."""
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}
+    own = (pod.get("metadata") or {}).get("namespace")
+    for term in affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or []:
+        if term.get("topologyKey") != "kubernetes.io/hostname":
+            continue
+        every = term.get("namespaceSelector") == {}
+        namespaces = set(term.get("namespaces") or ([] if every else [own]))
+        for other in others:
+            metadata = other.get("metadata") or {}
+            if (every or metadata.get("namespace") in namespaces) and _selects(
+                term.get("labelSelector") or {}, metadata.get("labels") or {}
+            ):
+                return False
+    return True
+
+
 def unfit(
     pod: Mapping[str, Any], node: Mapping[str, Any], others: Iterable[Mapping[str, Any]]
 ) -> str | None:
@@ -146,6 +174,9 @@ def unfit(
         required and not any(_term(t, node) for t in required)
     ):
         return "node(s) didn't match Pod's node affinity/selector"
+    others = list(others)
+    if not _apart(pod, others):
+        return "node(s) didn't match pod anti-affinity rules"
     allocatable = (node.get("status") or {}).get("allocatable")
     if allocatable is None:
         return None  # a node object made by hand: NodeResourcesFit does not judge it

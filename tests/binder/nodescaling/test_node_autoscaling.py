@@ -43,6 +43,7 @@ TAINT = {"key": "tritonshare.io/gpu-node", "value": "true", "effect": "NoExecute
 # fits no other node in Cluster Autoscaler's simulation, which then keeps the node anyway.
 ALLOCATABLE = {"cpu": "8", "memory": "32Gi", "pods": "110", "tritonshare.io/gpu-mem": "16Gi"}
 PLACEHOLDERS = "tritonshare.io/placeholder"
+MODEL = {"tritonshare.io/role": "model"}
 
 
 @pytest.fixture
@@ -208,7 +209,7 @@ async def test_a_node_serving_a_model_pod_is_kept_and_an_empty_one_removed(
     add_gpu_node(kube_api, "gpu-0")
     await make_binder(node_autoscaling=True)
     owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "m", "uid": "rs-uid"}
-    add_pod(core, "model", mem="2Gi", spec_extra={"tolerations": [TAINT]})
+    add_pod(core, "model", mem="2Gi", spec_extra={"tolerations": [TAINT]}, labels=MODEL)
     core.patch_namespaced_pod(
         "model", "default", {"metadata": {"ownerReferences": [{**owner, "controller": True}]}}
     )
@@ -255,7 +256,7 @@ async def test_a_model_pod_no_gpu_fits_gets_a_new_node(
     await make_binder(node_autoscaling=True)
     with autoscaler:
         for name in ("first", "second"):
-            add_pod(core, name, mem="12Gi", spec_extra={"tolerations": [TAINT]})
+            add_pod(core, name, mem="12Gi", spec_extra={"tolerations": [TAINT]}, labels=MODEL)
         await eventually(
             lambda: node_of(core, "first") or node_of(core, "second"), what="one bound"
         )

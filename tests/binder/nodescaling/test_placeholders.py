@@ -112,7 +112,11 @@ def test_a_group_that_waits_no_more_loses_its_placeholders() -> None:
     assert decided.delete == (gone,) and decided.create == ()
 
 
-def test_a_placeholder_fits_only_a_new_node_its_models_accept() -> None:
+def on_node(name: str, namespace: str = "team", **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": {}}
+
+
+def test_a_placeholder_fits_only_a_node_without_models_its_models_accept() -> None:
     selection = Selection(
         node_selector={"zone": "a"},
         terms=({"matchExpressions": [{"key": "size", "operator": "In", "values": ["big"]}]},),
@@ -124,21 +128,24 @@ def test_a_placeholder_fits_only_a_new_node_its_models_accept() -> None:
         keys=KEYS,
         image="pause",
         node_selector=(("nvidia.com/gpu.present", "true"),),
-        existing_nodes=["gpu-0", "cpu-0"],
         waiting_for=[f"pod a/m{i}" for i in range(7)],
     )
     assert placeholder_of(pod, KEYS) == Placeholder(
         pod["metadata"]["name"], "", selection.group, "", False
     )
     assert pod["metadata"]["annotations"]["tritonshare.io/placeholder-for"].endswith("m4, 2 more")
-    fitting = {**GPU_NODE, "zone": "a", "size": "big"}
-    assert (
-        unfit(pod, node("gpu-0", fitting), [])
-        == "node(s) didn't match Pod's node affinity/selector"
+    fitting = node("gpu", {**GPU_NODE, "zone": "a", "size": "big"})
+    node_pod = on_node("tritonshare-node", "tritonshare-system", **{"app.kubernetes.io/name": "x"})
+    assert unfit(pod, fitting, [node_pod, on_node("daemon")]) is None, "a new node"
+    refused = "node(s) didn't match pod anti-affinity rules"
+    assert unfit(pod, fitting, [on_node("m", **{"tritonshare.io/role": "model"})]) == refused
+    assert unfit(pod, fitting, [on_node("h", **{"tritonshare.io/model-host": "true"})]) == refused
+    assert unfit(pod, fitting, [{**pod, "spec": {"nodeName": "gpu"}}]) == refused, "one a node"
+    assert unfit(pod, node("gpu", {**GPU_NODE, "zone": "a", "size": "small"}), []) is not None
+    assert unfit(pod, node("cpu", {"zone": "a", "size": "big"}), []) is not None, "a GPU node"
+    assert "kubernetes.io/hostname" not in str(pod["spec"]["affinity"]["nodeAffinity"]), (
+        "Karpenter ignores a pod whose node affinity names the hostname"
     )
-    assert unfit(pod, node("gpu-new", fitting), []) is None
-    assert unfit(pod, node("gpu-new", {**fitting, "size": "small"}), []) is not None
-    assert unfit(pod, node("cpu-new", {"zone": "a", "size": "big"}), []) is not None, "a GPU node"
     assert next_name(selection.group, [pod["metadata"]["name"]]).endswith("-1")
 
 
