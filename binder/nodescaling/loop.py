@@ -12,7 +12,6 @@ writes in the API executor: placeholders made (a name taken already is one made 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -122,6 +121,10 @@ class NodeScaling:
         """Model pods and hosts not ended -> their node."""
         self._annotations: dict[str, dict[str, str]] = {}
         self._serving_since: dict[str, float] = {}
+        # Set when a model starts or stops waiting: its placeholder is made, or deleted, at once
+        # rather than at the next period, so a node autoscaler scanning meanwhile does not add a
+        # node for a placeholder whose model was just placed (on the node added for it).
+        self._waiting_changed = asyncio.Event()
 
     # ---- the watches (on the loop) ---------------------------------------------------------
 
@@ -134,11 +137,13 @@ class NodeScaling:
 
     def apply_pod(self, event: str, obj: JsonObject) -> None:
         key = _key(obj)
-        self._waiting_pods.pop(key, None)
+        was_waiting = self._waiting_pods.pop(key, None) is not None
         self._node_pods.pop(key, None)
         if key[0] == self.config.namespace:
             self.placeholders.pop(key[1], None)
         if event == "DELETED":
+            if was_waiting:
+                self._waiting_changed.set()
             return
         placeholder = placeholder_of(obj, self.config.keys)
         if placeholder is not None and key[0] == self.config.namespace:
@@ -147,6 +152,9 @@ class NodeScaling:
         waiting = waiting_pod(obj, self.config.scheduler_name)
         if waiting is not None:
             self._waiting_pods[key] = waiting
+        if (waiting is not None) != was_waiting:
+            self._waiting_changed.set()
+        if waiting is not None:
             return
         metadata, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         node = spec.get("nodeName")
@@ -177,9 +185,12 @@ class NodeScaling:
 
     def apply_model(self, event: str, obj: JsonObject) -> None:
         key = _key(obj)
-        self._waiting_models.pop(key, None)
-        if event != "DELETED" and (waiting := waiting_model(obj)) is not None:
+        was_waiting = self._waiting_models.pop(key, None) is not None
+        waiting = waiting_model(obj) if event != "DELETED" else None
+        if waiting is not None:
             self._waiting_models[key] = waiting
+        if (waiting is not None) != was_waiting:
+            self._waiting_changed.set()
 
     # ---- the pass ----------------------------------------------------------------------------
 
@@ -229,17 +240,26 @@ class NodeScaling:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """A pass every period while this replica leads, until `stop` is set."""
+        """A pass every period, or at once when a model starts or stops waiting, while this
+        replica leads, until `stop` is set."""
         loop = asyncio.get_running_loop()
         while not stop.is_set():
+            self._waiting_changed.clear()  # a change during the writes wakes the next pass
             if self._leading():
                 decided, creations, guards = self.plan()
                 if creations or decided.delete or guards:
                     await loop.run_in_executor(
                         self._executor, self.write, decided.delete, creations, guards
                     )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._period)
+            stopping = asyncio.ensure_future(stop.wait())
+            changed = asyncio.ensure_future(self._waiting_changed.wait())
+            try:
+                await asyncio.wait(
+                    (stopping, changed), timeout=self._period, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                stopping.cancel()
+                changed.cancel()
 
     def write(
         self,

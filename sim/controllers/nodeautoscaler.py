@@ -1,7 +1,8 @@
 """The simulated Cluster Autoscaler: node groups grown for pods that fit no node, and shrunk by
 nodes that are unneeded, by the rules its FAQ documents. Acts only through the API (the official
 client), as `tritonshare-sim-node-autoscaler`; a node group's "cloud" is a template Node object
-and two callbacks (`on_added`, `on_removed`) where a test plays what the new machine runs.
+and two callbacks (`on_added`, `on_removed`, the first `boot_seconds` after the node registers)
+where a test plays what the new machine runs.
 
 Scale-up, each pass:
 - the candidates are pods with `PodScheduled=False` reason `Unschedulable`, whatever their
@@ -73,6 +74,9 @@ class NodeGroup:
     max_size: int = 10
     daemonset_pods: Sequence[JsonObject] = ()
     """Pods the group's DaemonSets run on every node (counted in the template, as upstream)."""
+    boot_seconds: float = 0.0
+    """Seconds from a node's registration to `on_added` (its daemons, the node pod's agent
+    among them, starting), during which the default scheduler may already bind to it."""
     on_added: Callable[[str], None] = lambda node: None
     on_removed: Callable[[str], None] = lambda node: None
     added: list[str] = field(default_factory=list)
@@ -129,10 +133,15 @@ class ClusterAutoscaler(Loop):
         self._last_scale_up = -float("inf")
         self._unneeded_since: dict[str, float] = {}
         self._serial = 0
+        self._booting: list[tuple[float, NodeGroup, str]] = []
 
     # ---- one pass ------------------------------------------------------------------------
 
     def sync_once(self) -> None:
+        now = self.clock()
+        for entry in [b for b in self._booting if b[0] <= now]:
+            self._booting.remove(entry)
+            entry[1].on_added(entry[2])
         nodes = list_json(self.core.list_node)
         pods = list_json(self.core.list_pod_for_all_namespaces)
         if self.scale_up(nodes, pods):
@@ -223,7 +232,10 @@ class ClusterAutoscaler(Loop):
         self.core.create_node(self._template(group, name))
         group.added.append(name)
         log.info("Scale-up: node group %s adds node %s.", group.name, name)
-        group.on_added(name)
+        if group.boot_seconds > 0:
+            self._booting.append((self.clock() + group.boot_seconds, group, name))
+        else:
+            group.on_added(name)
 
     # ---- scale-down ------------------------------------------------------------------------
 

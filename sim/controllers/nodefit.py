@@ -2,9 +2,9 @@
 them: NodeUnschedulable, NodeName, TaintToleration, NodeAffinity (nodeSelector and required
 node affinity: matchExpressions and matchFields), NodeResourcesFit (requests against
 allocatable minus the requests of the pods already there: cpu, memory, pods and any extended
-resource) and InterPodAffinity's required anti-affinity of the incoming pod by
-`kubernetes.io/hostname` (`namespaces`, or `namespaceSelector: {}` for all). Not simulated: other
-pod (anti-)affinity, topology spread, host ports, volumes.
+resource) and InterPodAffinity's required anti-affinity by `kubernetes.io/hostname`, the incoming
+pod's and the running pods' (`namespaces`, or `namespaceSelector: {}` for all). Not simulated:
+other pod (anti-)affinity, topology spread, host ports, volumes.
 
 Pure: API-shaped objects in, the first failed filter's kube-scheduler phrase (or None) out.
 """
@@ -125,22 +125,21 @@ def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     )
 
 
-def _apart(pod: Mapping[str, Any], others: Iterable[Mapping[str, Any]]) -> bool:
-    """The pod's required anti-affinity terms by hostname hold beside `others` (one node's)."""
+def _shuns(pod: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """`pod`'s required anti-affinity by hostname keeps it off a node where `other` runs."""
     affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}
     own = (pod.get("metadata") or {}).get("namespace")
+    metadata = other.get("metadata") or {}
     for term in affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or []:
         if term.get("topologyKey") != "kubernetes.io/hostname":
             continue
         every = term.get("namespaceSelector") == {}
         namespaces = set(term.get("namespaces") or ([] if every else [own]))
-        for other in others:
-            metadata = other.get("metadata") or {}
-            if (every or metadata.get("namespace") in namespaces) and _selects(
-                term.get("labelSelector") or {}, metadata.get("labels") or {}
-            ):
-                return False
-    return True
+        if (every or metadata.get("namespace") in namespaces) and _selects(
+            term.get("labelSelector") or {}, metadata.get("labels") or {}
+        ):
+            return True
+    return False
 
 
 def unfit(
@@ -175,8 +174,10 @@ def unfit(
     ):
         return "node(s) didn't match Pod's node affinity/selector"
     others = list(others)
-    if not _apart(pod, others):
+    if any(_shuns(pod, other) for other in others):
         return "node(s) didn't match pod anti-affinity rules"
+    if any(_shuns(other, pod) for other in others):
+        return "node(s) didn't satisfy existing pods anti-affinity rules"
     allocatable = (node.get("status") or {}).get("allocatable")
     if allocatable is None:
         return None  # a node object made by hand: NodeResourcesFit does not judge it

@@ -90,7 +90,10 @@ def gpu_group(
     template = node_obj(
         "template", None, labels=GPU_LABELS, taints=[TAINT], allocatable=allocatable
     )
-    return NodeGroup("gpu", template, min_size=min_size, max_size=3, on_added=agent_starts)
+    # The node pod starts after the node registers: kube-scheduler binds a placeholder first.
+    return NodeGroup(
+        "gpu", template, min_size=min_size, max_size=3, on_added=agent_starts, boot_seconds=1.0
+    )
 
 
 def add_gpu_node(
