@@ -3,10 +3,12 @@ while this replica leads.
 
 Fed by the binder's watches (pods, nodes, TritonModels: the raw objects, on the loop), it keeps
 what its decisions need: the waiting models, the placeholders, which nodes run a model pod or a
-model host, and each node's annotations. Every PERIOD_SECONDS it plans on the loop
-(`binder.nodescaling.placeholders.plan`, `binder.nodescaling.guard.patches`, both pure) and
-writes in the API executor: placeholders made (a name taken already is one made before), deleted
-(by uid), guards set and removed. A failed write is logged and tried again next pass.
+model host, and each node's annotations. Every PERIOD_SECONDS, and at once when a model starts
+or stops waiting, it plans on the loop (`binder.nodescaling.placeholders.plan`,
+`binder.nodescaling.guard.patches`, both pure) and writes in the API executor: placeholders made
+(a name taken already is one made before) with a `WaitingForNode` Event on each model they stand
+for, placeholders deleted (by uid), guards set and removed. A failed write is logged and tried
+again next pass.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ a required pod anti-affinity, per node (`kubernetes.io/hostname`), to model pods
 only a node that serves no model and asks for no other node, which is what the autoscaler's
 template of a node group is (its DaemonSet pods, the node pod among them, are none of those). Not
 a `kubernetes.io/hostname NotIn` of the existing nodes: Karpenter ignores a pod whose node
-affinity names that label. Placeholders are grouped by node selection, so models waiting for the
-same kind of node ask for one node at a time:
+affinity names that label. The binder reads no placeholder's anti-affinity
+(binder.cluster.objects), so none keeps a model off the node added for it. Placeholders are
+grouped by node selection, so models waiting for the same kind of node ask for one node at a time:
 
 - a group with waiting models and no placeholder gets one;
 - while one of its placeholders is pending, the group waits for the autoscaler;
