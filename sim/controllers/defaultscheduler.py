@@ -2,7 +2,7 @@
 hands to it (the binder's placeholders): each pass, every pending pod of that scheduler is bound
 to the first node by name that `sim.controllers.nodefit` accepts beside the pods already there,
 or gets kube-scheduler's `PodScheduled=False` `Unschedulable` with its FitError message and a
-`FailedScheduling` Event (once per message). No scores, no preemption, no pod affinity.
+`FailedScheduling` Event (once per message). No scores, no preemption.
 Acts only through the API (the official client), as `tritonshare-sim-scheduler`.
 """
 
