@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -30,6 +31,8 @@ from binder.cluster.clusterstate import ClusterState
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.framework.queue import SchedulingQueue
 from binder.metrics import Metrics
+from binder.nodescaling.loop import Config as NodeScalingConfig
+from binder.nodescaling.loop import NodeScaling
 from binder.pods.agentdown import AgentDown, Rules
 from binder.pods.controller import PodController
 from binder.reconciler import Reconciler
@@ -189,7 +192,32 @@ class Binder:
             keys=settings.keys,
             on_load=self.models.observe_load,
         )
+        self.node_scaling = (
+            NodeScaling(
+                self.kube,
+                NodeScalingConfig(
+                    settings.keys,
+                    settings.scheduler_name,
+                    settings.system_namespace,
+                    settings.placeholder_image,
+                    settings.placeholder_node_selector,
+                    settings.placeholder_grace_seconds,
+                    settings.identity,
+                ),
+                serves=self._serves,
+                leading=leading.is_set,
+                executor=self._executor,
+            )
+            if settings.node_autoscaling
+            else None
+        )
         self._informers: list[Informer] = []
+
+    def _serves(self, node: str) -> bool:
+        """The node has published GPUs and a live agent: it can serve models."""
+        state = self.ledger.state
+        info = state.nodes.get(node)
+        return info is not None and bool(info.gpus) and state.leases.get(node, 0.0) > time.time()
 
     def role(self) -> str:
         return "leader" if self.elector.is_leader else "follower"
@@ -273,6 +301,13 @@ class Binder:
                 consequence="TritonModels with spec.autoscaling are no longer scaled",
                 vital=False,
             )
+        if self.node_scaling is not None:
+            lifecycle.spawn(
+                "The binder's node autoscaling",
+                self.node_scaling.run(stop),
+                consequence="no placeholders are made or deleted, no node guards written",
+                vital=False,
+            )
         lifecycle.on_shutdown("the leadership", partial(self._end_leadership, lifecycle))
         log.info(
             "The binder %s serves on %s:%d and schedules pods with schedulerName %s (%s).",
@@ -288,7 +323,7 @@ class Binder:
         loop = asyncio.get_running_loop()
         cache = self.cache
         kinds = [
-            (self.kube.nodes(), cache.replace_nodes, cache.apply_node),
+            (self.kube.nodes(), self._nodes_listed, self._node_changed),
             (
                 self.kube.leases(self.settings.system_namespace),
                 cache.replace_leases,
@@ -303,7 +338,7 @@ class Binder:
                 cache.apply_priority_class,
             ),
             (self.kube.pods(), self._pods_listed, self._pod_changed),
-            (self.kube.tritonmodels(), cache.replace_models, cache.apply_model),
+            (self.kube.tritonmodels(), self._models_listed, self._model_changed),
         ]
         for kind, on_list, on_event in kinds:
             informer = Informer(
@@ -327,13 +362,38 @@ class Binder:
         )
 
     def _pods_listed(self, items: list[JsonObject]) -> None:
-        """The pod watch feeds the cache and the autoscaler's model pod addresses."""
+        """The pod watch feeds the cache, the autoscaler's model pod addresses and node
+        autoscaling (as do the node and TritonModel watches)."""
         self.cache.replace_pods(items)
         self.autoscaling.index.replace_pods(items)
+        if self.node_scaling is not None:
+            self.node_scaling.replace_pods(items)
 
     def _pod_changed(self, event: str, obj: JsonObject) -> None:
         self.cache.apply_pod(event, obj)
         self.autoscaling.index.apply_pod(event, obj)
+        if self.node_scaling is not None:
+            self.node_scaling.apply_pod(event, obj)
+
+    def _nodes_listed(self, items: list[JsonObject]) -> None:
+        self.cache.replace_nodes(items)
+        if self.node_scaling is not None:
+            self.node_scaling.replace_nodes(items)
+
+    def _node_changed(self, event: str, obj: JsonObject) -> None:
+        self.cache.apply_node(event, obj)
+        if self.node_scaling is not None:
+            self.node_scaling.apply_node(event, obj)
+
+    def _models_listed(self, items: list[JsonObject]) -> None:
+        self.cache.replace_models(items)
+        if self.node_scaling is not None:
+            self.node_scaling.replace_models(items)
+
+    def _model_changed(self, event: str, obj: JsonObject) -> None:
+        self.cache.apply_model(event, obj)
+        if self.node_scaling is not None:
+            self.node_scaling.apply_model(event, obj)
 
     async def _end_leadership(self, lifecycle: Lifecycle) -> None:
         """A replica that does not release the lease (a task failed, or a crash is simulated with

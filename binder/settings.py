@@ -29,6 +29,7 @@ from common.contract import (
 )
 from common.logs import LogFormat
 from common.settings import (
+    BadValueError,
     Declaration,
     address,
     boolean,
@@ -47,6 +48,18 @@ from common.settings import (
     whole,
 )
 from common.version import VERSION
+
+
+def label_requirements(value: str) -> tuple[tuple[str, str | None], ...]:
+    """`key=value` or `key` (the label exists), comma-separated."""
+    pairs: list[tuple[str, str | None]] = []
+    for item in (part.strip() for part in value.split(",")):
+        key, equals, label_value = item.partition("=")
+        if item and not key.strip():
+            raise BadValueError(f"{item!r} names no label: write key=value or key")
+        if item:
+            pairs.append((key.strip(), label_value.strip() if equals else None))
+    return tuple(pairs)
 
 
 def default_identity() -> str:
@@ -247,6 +260,44 @@ class Settings:
     """Let a pending pod of higher spec.priority that fits nowhere have lower-priority
     tritonshare pods evicted (through the Eviction API) to make room, as kube-scheduler's
     DefaultPreemption does. Default on."""
+    node_autoscaling: bool = setting(
+        "node-autoscaling",
+        "true or false: placeholder pods for models no node fits, and scale-down guards on "
+        "nodes that serve models",
+        boolean,
+        default="false",
+    )
+    """Make a placeholder pod (default scheduler, PriorityClass tritonshare-placeholder) for
+    models that fit no node, so Cluster Autoscaler or Karpenter adds one, and keep their
+    scale-down annotations on nodes that serve models (binder.nodescaling). Needs RBAC on
+    `patch` of nodes. Default off."""
+    placeholder_image: str = setting(
+        "placeholder-image",
+        "image of the placeholder pods",
+        text,
+        default="registry.k8s.io/pause:3.10",
+    )
+    """The image of the placeholder pods (a pause container). Default registry.k8s.io/pause:3.10."""
+    placeholder_node_selector: tuple[tuple[str, str | None], ...] = setting(
+        "placeholder-node-selector",
+        "labels a new node must have for a placeholder: key=value or key, comma-separated",
+        label_requirements,
+        default="nvidia.com/gpu.present=true",
+    )
+    """Labels a node must have for a placeholder to fit, beside the waiting model's own node
+    rules: `key=value` or `key` (the label exists), comma-separated, so the node autoscaler adds
+    a GPU node. Default nvidia.com/gpu.present=true (GPU feature discovery's label); on EKS
+    with Karpenter `karpenter.k8s.aws/instance-gpu-count`, on GKE
+    `cloud.google.com/gke-accelerator`; empty: none."""
+    placeholder_grace_seconds: float = setting(
+        "placeholder-grace",
+        "seconds models may still wait once a placeholder's node serves before another node is "
+        "asked for",
+        seconds(),
+        default="120",
+    )
+    """Seconds models may still wait once each node their placeholders were bound to serves
+    models before one more placeholder asks for another node. Default 120."""
     agent_down_grace_seconds: float = setting(
         "agent-down-grace",
         "seconds a node's agent may be down before its model pods are deleted (0: never)",

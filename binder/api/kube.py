@@ -839,6 +839,15 @@ class Kube:
 
     # ---- nodes (`tritonshare uninstall-cleanup`; the binder itself never writes a Node) ---------
 
+    def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Set (None: remove) annotations of a Node, by a JSON merge patch."""
+        path = f"/api/v1/nodes/{quote(name, safe='')}"
+        body = {"metadata": {"annotations": dict(annotations)}}
+        self._write(
+            f"annotating node {name}",
+            lambda timeout: self._request("PATCH", path, timeout, body, _MERGE_PATCH),
+        )
+
     def merge_patch_node(self, name: str, body: JsonObject, subresource: str = "") -> None:
         """A JSON merge patch (RFC 7386: `null` removes a key) of a Node or its `status`."""
         path = f"/api/v1/nodes/{quote(name, safe='')}" + (f"/{subresource}" if subresource else "")

@@ -5,7 +5,9 @@ Helm and kustomize delete the objects they created. What the parts wrote while r
 on every Node the agent's annotations (`<prefix>gpus`, `<prefix>gpu-mem-total`,
 `<prefix>gpu-usage`, `<prefix>quarantined`, and an operator's `<prefix>quarantine-clear`) and,
 with `--advertise-gpu-mem`, the extended resource `<prefix>gpu-mem` in its capacity and
-allocatable; in the system namespace, when it is kept, the agents' Leases
+allocatable; with `--node-autoscaling`, the binder's scale-down guards (`<prefix>scale-down-guard`
+and the node autoscalers' annotations it lists there, never an operator's own); in the system
+namespace, when it is kept, the agents' Leases
 (`tritonshare-agent-<node>`) and the binder leader's (`tritonshare-binder`). tritonshare writes no
 node labels. Model pods, their annotations and conditions belong to their owners and are left
 alone.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 from binder.api.kube import JsonObject, Kube
 from binder.cluster.objects import lease_expiry
+from binder.nodescaling.guard import GUARDS, guard_annotation
 from common.contract import AGENT_LEASE_PREFIX, BINDER_LEADER_LEASE, Keys
 
 
@@ -67,6 +70,10 @@ def plan(nodes: Iterable[JsonObject], leases: Iterable[JsonObject], keys: Keys, 
         name = str(metadata.get("name", ""))
         present = metadata.get("annotations") or {}
         found = [key for key in ours if key in present]
+        guards = present.get(guard_annotation(keys))
+        if guards is not None:
+            found += [key for key in guards.split(",") if key in GUARDS and key in present]
+            found.append(guard_annotation(keys))
         if found:
             annotations[name] = found
         status = node.get("status") or {}

@@ -486,7 +486,11 @@ def pod_from_api(
         labels=labels,
         resources=resources,
         host_ports=host_ports(spec),
-        affinity=pod_affinity_from_spec(spec, namespace, labels),
+        # A node autoscaling placeholder's anti-affinity says which nodes a node autoscaler need
+        # not add; it keeps no model off the node added for it (binder.nodescaling).
+        affinity=NO_AFFINITY
+        if f"{keys.prefix}placeholder" in labels
+        else pod_affinity_from_spec(spec, namespace, labels),
         spread=spread_from_spec(spec, labels),
         owner=owner,
         preemption_policy=str(spec.get("preemptionPolicy") or "PreemptLowerPriority"),

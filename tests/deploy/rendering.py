@@ -31,6 +31,7 @@ KUSTOMIZATIONS = (
     "overlays/example-keda",
     "overlays/production",
     "overlays/consolidation",
+    "overlays/node-autoscaling",
 )
 
 Obj = dict[str, Any]

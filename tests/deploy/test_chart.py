@@ -568,6 +568,29 @@ def test_the_binder_may_evict_only_with_preemption_or_consolidate_moves_set() ->
         assert (settings.preemption, settings.consolidate_moves) == (preemption, moves)
 
 
+def test_the_binder_may_patch_nodes_only_with_node_autoscaling() -> None:
+    """binder.nodeAutoscaling.enabled grants patch on nodes (the scale-down guards), makes the
+    placeholders' PriorityClass and passes the flags; off (the default), none of them."""
+    for enabled in (False, True):
+        objects = render_chart({"binder": {"nodeAutoscaling": {"enabled": enabled}}})
+        role = _the(objects, "ClusterRole", "tritonshare-binder")
+        patches_nodes = any(
+            "nodes" in rule.get("resources", []) and "patch" in rule.get("verbs", [])
+            for rule in role["rules"]
+        )
+        assert patches_nodes is enabled
+        classes = {name_of(o) for o in objects if o["kind"] == "PriorityClass"}
+        assert ("PriorityClass/-/tritonshare-placeholder" in classes) is enabled
+        deployment = _the(objects, "Deployment", "tritonshare-binder")
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        settings = parse_binder_settings(container["args"], {})
+        assert settings.node_autoscaling is enabled
+        if enabled:
+            [placeholder] = [o for o in objects if name_of(o).endswith("/tritonshare-placeholder")]
+            assert (placeholder["value"], placeholder["preemptionPolicy"]) == (-10, "Never")
+            assert settings.placeholder_node_selector == (("nvidia.com/gpu.present", "true"),)
+
+
 def test_the_dashboard_is_the_one_in_deploy_monitoring() -> None:
     config_map = _the(render_chart(), "ConfigMap", "tritonshare-grafana-dashboard")
     dashboard = (DEPLOY / "monitoring" / "tritonshare-dashboard.json").read_text()

@@ -45,6 +45,7 @@ from tests.deploy.rendering import (
     pod_spec,
     render,
 )
+from tests.e2e.test_rbac import grants_for
 
 # The oldest Kubernetes the manifests support: ValidatingAdmissionPolicy v1 and the pod's node name
 # in service-account tokens (agent-admission-policy.yaml), and the preStop sleep action.
@@ -528,6 +529,26 @@ def test_the_binder_evicts_for_preemption_everywhere_and_consolidates_only_where
     assert _binder_grants_and_moves(render(kubectl, "base")) == (True, 0)
     assert _binder_grants_and_moves(render(kubectl, "overlays/production")) == (True, 0)
     assert _binder_grants_and_moves(render(kubectl, "overlays/consolidation")) == (True, 4)
+
+
+def test_only_the_node_autoscaling_overlay_lets_the_binder_patch_nodes(kubectl: str) -> None:
+    """The overlay adds the flag, the placeholders' PriorityClass and patch on nodes, bound to
+    the binder alone; the base grants no node write."""
+
+    def grants(objects: tuple[Obj, ...]) -> set[tuple[str, str, str]]:
+        return {
+            (g.api_group, g.resource, g.verb) for g in grants_for("tritonshare-binder", objects)
+        }
+
+    base = render(kubectl, "base")
+    overlay = render(kubectl, "overlays/node-autoscaling")
+    assert grants(overlay) - grants(base) == {("", "nodes", "patch")}
+    [deployment] = [
+        o for o in overlay if name_of(o) == "Deployment/tritonshare-system/tritonshare-binder"
+    ]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert parse_binder_settings(container["args"], {}).node_autoscaling
+    assert "PriorityClass/-/tritonshare-placeholder" in {name_of(o) for o in overlay}
 
 
 def test_the_example_model_follows_the_contract(kubectl: str) -> None:

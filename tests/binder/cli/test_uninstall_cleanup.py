@@ -17,6 +17,7 @@ import pytest
 
 from agent.gpus.inventory import GpuInfo, GpuSnapshot, capacity_patch, node_annotations
 from binder.cli.main import main as cli
+from binder.cli.uninstall import plan
 from common.contract import BINDER_LEADER_LEASE, DEFAULT_SYSTEM_NAMESPACE, agent_lease_name
 from tests.binder.objects import GI, KEYS, rfc3339
 from tests.binder.simcluster import add_node
@@ -122,3 +123,33 @@ def test_uninstall_cleanup_removes_what_tritonshare_wrote_and_nothing_else(
     # Twice is safe: nothing is left.
     code, out, _ = _run(kubeconfig, monkeypatch)
     assert code == 0 and out.startswith("Nothing to clean up")
+
+
+def test_uninstall_cleanup_removes_the_binders_scale_down_guards_not_an_operators() -> None:
+    guards = {
+        "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+        "karpenter.sh/do-not-disrupt": "true",
+    }
+    nodes = [
+        {
+            "metadata": {
+                "name": "ours",
+                "annotations": {**guards, KEYS.prefix + "scale-down-guard": ",".join(guards)},
+            }
+        },
+        {"metadata": {"name": "theirs", "annotations": dict(guards)}},
+        {
+            "metadata": {
+                "name": "half",
+                "annotations": {
+                    **guards,
+                    KEYS.prefix + "scale-down-guard": "karpenter.sh/do-not-disrupt",
+                },
+            }
+        },
+    ]
+    cleanup = plan(nodes, [], KEYS, time.time())
+    assert cleanup.annotations == {
+        "ours": [*guards, KEYS.prefix + "scale-down-guard"],
+        "half": ["karpenter.sh/do-not-disrupt", KEYS.prefix + "scale-down-guard"],
+    }

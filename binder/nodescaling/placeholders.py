@@ -1,0 +1,349 @@
+"""Placeholder pods: a model the binder cannot place, as a pod a node autoscaler acts on.
+
+Cluster Autoscaler and Karpenter add nodes for pending pods they can simulate with
+kube-scheduler's rules. A TritonModel replica is no pod, and a pending model pod (schedulerName
+tritonshare, no `nvidia.com/gpu` request: the node pod holds every GPU) fits any node with CPU to
+spare in their simulation, so neither makes them act. A placeholder does: a pod of the default
+scheduler in the system namespace, of the PriorityClass `tritonshare-placeholder` (below every
+workload, preempting none), carrying the waiting model's node selection (nodeSelector, required
+node affinity, tolerations; the GPU-node tolerations and `--placeholder-node-selector` added) and
+a required pod anti-affinity, per node (`kubernetes.io/hostname`), to model pods (label
+`tritonshare.io/role: model`), model hosts and other placeholders, in every namespace: it fits
+only a node that serves no model and asks for no other node, which is what the autoscaler's
+template of a node group is (its DaemonSet pods, the node pod among them, are none of those). Not
+a `kubernetes.io/hostname NotIn` of the existing nodes: Karpenter ignores a pod whose node
+affinity names that label. The binder reads no placeholder's anti-affinity
+(binder.cluster.objects), so none keeps a model off the node added for it. Placeholders are
+grouped by node selection, so models waiting for the same kind of node ask for one node at a time:
+
+- a group with waiting models and no placeholder gets one;
+- while one of its placeholders is pending, the group waits for the autoscaler;
+- once every placeholder of the group is bound and each of their nodes has served models (a live
+  agent, its GPUs published) for `grace` seconds while models still wait, the group gets one more
+  (up to MAX_PER_GROUP): the new node was not enough;
+- a group that no longer waits has its placeholders deleted, as has a placeholder that ended.
+
+A model waits when the binder reported kube-scheduler's FitError for it ("0/N nodes are
+available: ...", after "replica N: " for a TritonModel): a pod's `PodScheduled=False`
+`Unschedulable`, a TritonModel's `Placed=False` `Unschedulable`. A spec problem, a quota or a
+missing PriorityClass is no reason to add a node.
+
+Pure: decisions from API-shaped objects and the times it is given; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.conditions import find
+from common.contract import Keys
+from common.hosted import host_label
+from common.modelpod import gpu_tolerations
+
+JsonObject = dict[str, Any]
+
+PRIORITY_CLASS = "tritonshare-placeholder"
+"""The PriorityClass of placeholders (the chart and deploy/overlays/node-autoscaling make it:
+value -10, Cluster Autoscaler's default --expendable-pods-priority-cutoff, below which it would
+ignore them; preemptionPolicy Never)."""
+NAME_PREFIX = "tritonshare-placeholder-"
+HOSTNAME = "kubernetes.io/hostname"
+ROLE_LABEL = "tritonshare.io/role"
+"""The label of model pods (`model`), which the webhook and the node pod's NetworkPolicy read."""
+MAX_PER_GROUP = 8
+"""Placeholders of one group at most: nodes asked for the same waiting models at once."""
+MAX_PLACEHOLDERS = 32
+"""Placeholders at most, all groups together."""
+MAX_NAMED_WAITERS = 5
+"""Waiting models named in a placeholder's annotation (the rest are counted)."""
+_ENDED = frozenset({"Succeeded", "Failed"})
+# kube-scheduler's FitError, as a pod's message or after a TritonModel's "replica N: ".
+_FIT_ERROR = re.compile(r"(?:^|: )0/\d+ nodes are available")
+
+
+def placeholder_label(keys: Keys) -> str:
+    """The label on every placeholder; its value is the placeholder's group."""
+    return f"{keys.prefix}placeholder"
+
+
+def waiting_for_annotation(keys: Keys) -> str:
+    """The annotation that names the models a placeholder asks a node for."""
+    return f"{keys.prefix}placeholder-for"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Where a model may go, as kube-scheduler's node rules read it: the group of a placeholder."""
+
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    terms: tuple[JsonObject, ...] = ()
+    """Required node affinity terms (OR'ed); empty: any node."""
+    tolerations: tuple[JsonObject, ...] = ()
+
+    @property
+    def group(self) -> str:
+        """A short stable digest of the selection (a label value and part of a pod name)."""
+        text = json.dumps(
+            [dict(self.node_selector), list(self.terms), list(self.tolerations)],
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A model the binder reported as fitting no node: `what` names it for people."""
+
+    what: str
+    selection: Selection
+    involved: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """The object as an Event's involvedObject (apiVersion, kind, namespace, name, uid)."""
+
+
+def _involved(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, str]:
+    metadata = obj.get("metadata") or {}
+    return {
+        "apiVersion": str(obj.get("apiVersion") or api_version),
+        "kind": kind,
+        "namespace": str(metadata.get("namespace", "")),
+        "name": str(metadata.get("name", "")),
+        "uid": str(metadata.get("uid", "")),
+    }
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """A placeholder pod as the watch last showed it."""
+
+    name: str
+    uid: str
+    group: str
+    node: str
+    """Where the default scheduler bound it; empty while pending."""
+    ended: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one pass writes: placeholders to make (their groups), placeholders to delete."""
+
+    create: tuple[Selection, ...] = ()
+    delete: tuple[Placeholder, ...] = ()
+
+
+def selection_of(spec: Mapping[str, Any]) -> Selection:
+    """The node selection of a pod spec or a TritonModel spec (the same fields)."""
+    selector = spec.get("nodeSelector") or {}
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = affinity.get("nodeSelectorTerms") or []
+    return Selection(
+        node_selector={str(k): str(v) for k, v in selector.items()}
+        if isinstance(selector, Mapping)
+        else {},
+        terms=tuple(t for t in terms if isinstance(t, dict)),
+        tolerations=tuple(t for t in spec.get("tolerations") or [] if isinstance(t, dict)),
+    )
+
+
+def _fit_error(condition: Mapping[str, Any] | None) -> bool:
+    """A condition that says kube-scheduler's FitError: no node fits, adding one may help."""
+    return (
+        condition is not None
+        and condition.get("status") == "False"
+        and condition.get("reason") == "Unschedulable"
+        and _FIT_ERROR.search(str(condition.get("message") or "")) is not None
+    )
+
+
+def waiting_pod(pod: Mapping[str, Any], scheduler_name: str) -> Waiting | None:
+    """A pending model pod the binder reported unschedulable, else None."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    status = pod.get("status") or {}
+    if (
+        spec.get("schedulerName") != scheduler_name
+        or spec.get("nodeName")
+        or metadata.get("deletionTimestamp")
+        or status.get("phase", "Pending") != "Pending"
+        or status.get("nominatedNodeName")  # a preemption makes its room
+        or not _fit_error(find(status.get("conditions"), "PodScheduled"))
+    ):
+        return None
+    return Waiting(
+        f"pod {metadata.get('namespace')}/{metadata.get('name')}",
+        selection_of(spec),
+        _involved(pod, "v1", "Pod"),
+    )
+
+
+def waiting_model(model: Mapping[str, Any]) -> Waiting | None:
+    """A TritonModel with a replica the binder reported unschedulable, else None."""
+    metadata = model.get("metadata") or {}
+    if metadata.get("deletionTimestamp"):
+        return None
+    status = model.get("status") or {}
+    if not _fit_error(find(status.get("conditions"), "Placed")):
+        return None
+    spec = model.get("spec") or {}
+    return Waiting(
+        f"tritonmodel {metadata.get('namespace')}/{metadata.get('name')}",
+        selection_of(spec),
+        _involved(model, "tritonshare.io/v1alpha1", "TritonModel"),
+    )
+
+
+def placeholder_of(pod: Mapping[str, Any], keys: Keys) -> Placeholder | None:
+    """The placeholder a pod is (by its label), else None."""
+    metadata = pod.get("metadata") or {}
+    group = (metadata.get("labels") or {}).get(placeholder_label(keys))
+    if not group or not str(metadata.get("name", "")).startswith(NAME_PREFIX):
+        return None
+    return Placeholder(
+        name=metadata["name"],
+        uid=str(metadata.get("uid", "")),
+        group=str(group),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        ended=bool(metadata.get("deletionTimestamp"))
+        or (pod.get("status") or {}).get("phase") in _ENDED,
+    )
+
+
+def plan(
+    waiting: Iterable[Waiting],
+    placeholders: Iterable[Placeholder],
+    served_for: Callable[[str], float | None],
+    grace: float,
+) -> Plan:
+    """This pass's placeholder writes. `served_for(node)`: seconds the node has served models
+    (None: not yet)."""
+    groups: dict[str, Selection] = {}
+    for entry in waiting:
+        groups.setdefault(entry.selection.group, entry.selection)
+    delete: list[Placeholder] = []
+    by_group: dict[str, list[Placeholder]] = {}
+    for placeholder in placeholders:
+        if placeholder.ended:
+            continue  # going already (or to be deleted by whoever ended it)
+        if placeholder.group not in groups:
+            delete.append(placeholder)
+        else:
+            by_group.setdefault(placeholder.group, []).append(placeholder)
+    total = sum(len(v) for v in by_group.values())
+    create: list[Selection] = []
+    for group, selection in sorted(groups.items()):
+        mine = by_group.get(group, [])
+        if total >= MAX_PLACEHOLDERS:
+            break
+        if any(not p.node for p in mine) or len(mine) >= MAX_PER_GROUP:
+            continue
+        if all(_served(served_for(p.node), grace) for p in mine):
+            create.append(selection)
+            total += 1
+    return Plan(tuple(create), tuple(sorted(delete, key=lambda p: p.name)))
+
+
+def _served(seconds: float | None, grace: float) -> bool:
+    return seconds is not None and seconds >= grace
+
+
+def next_name(group: str, taken: Iterable[str]) -> str:
+    """The first free name of the group's placeholders."""
+    names = set(taken)
+    index = 0
+    while f"{NAME_PREFIX}{group}-{index}" in names:
+        index += 1
+    return f"{NAME_PREFIX}{group}-{index}"
+
+
+def manifest(
+    selection: Selection,
+    *,
+    name: str,
+    namespace: str,
+    keys: Keys,
+    image: str,
+    node_selector: Sequence[tuple[str, str | None]],
+    waiting_for: Sequence[str],
+) -> JsonObject:
+    """The placeholder pod for `selection`: it fits only a node that runs no model pod, model
+    host or other placeholder, and that the waiting models' node rules and `node_selector`
+    accept."""
+    extra = [
+        {"key": key, "operator": "In", "values": [value]}
+        if value is not None
+        else {"key": key, "operator": "Exists"}
+        for key, value in node_selector
+    ]
+    # Required terms are OR'ed and a term's expressions AND'ed: each term of the model's gets the
+    # placeholder's own expressions.
+    terms = [
+        {**term, "matchExpressions": [*(term.get("matchExpressions") or []), *extra]}
+        for term in selection.terms or ({},)
+    ]
+    node_affinity = (
+        {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        if any(t.get("matchExpressions") or t.get("matchFields") for t in terms)
+        else {}
+    )
+    apart = [
+        {"matchLabels": {ROLE_LABEL: "model"}},
+        {"matchLabels": {host_label(keys): "true"}},
+        {"matchExpressions": [{"key": placeholder_label(keys), "operator": "Exists"}]},
+    ]
+    anti_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": selector, "namespaceSelector": {}, "topologyKey": HOSTNAME}
+            for selector in apart
+        ]
+    }
+    tolerations = list(selection.tolerations)
+    tolerations += [t for t in gpu_tolerations(keys) if t not in tolerations]
+    named = list(waiting_for[:MAX_NAMED_WAITERS])
+    if len(waiting_for) > MAX_NAMED_WAITERS:
+        named.append(f"{len(waiting_for) - MAX_NAMED_WAITERS} more")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {placeholder_label(keys): selection.group},
+            "annotations": {waiting_for_annotation(keys): ", ".join(named)},
+        },
+        "spec": {
+            "priorityClassName": PRIORITY_CLASS,
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "nodeSelector": dict(selection.node_selector),
+            "affinity": {"nodeAffinity": node_affinity, "podAntiAffinity": anti_affinity},
+            "tolerations": tolerations,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65535,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "placeholder",
+                    "image": image,
+                    "resources": {
+                        "requests": {"cpu": "1m", "memory": "8Mi"},
+                        "limits": {"memory": "8Mi"},
+                    },
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }

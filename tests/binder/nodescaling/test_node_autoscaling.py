@@ -1,0 +1,284 @@
+"""Node autoscaling end to end, through the official client against the simulated API server: the
+binder (`--node-autoscaling`), the simulated kube-scheduler and the simulated Cluster Autoscaler
+(sim.controllers.nodeautoscaler, its FAQ's rules). A TritonModel replica that fits no GPU makes
+the binder's placeholder pod, for which the autoscaler adds a GPU node; the replica is placed
+there and the placeholder goes. A node serving models is guarded from scale-down; an empty GPU
+node is removed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from binder.nodescaling.guard import GUARDS
+from binder.nodescaling.placeholders import PRIORITY_CLASS
+from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
+from sim.controllers.defaultscheduler import DefaultScheduler, list_json
+from sim.controllers.nodeautoscaler import (
+    GROUP_LABEL,
+    SCALE_DOWN_DISABLED,
+    ClusterAutoscaler,
+    NodeGroup,
+)
+from tests.binder.objects import GI, gpus_annotation, lease_obj, node_obj
+from tests.binder.simcluster import SYSTEM, MakeBinder, add_node, add_pod, eventually, node_of
+from tests.binder.tritonmodels.test_tritonmodels import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    kubelet_removes_deleted,
+    model,
+    placed,
+)
+from tests.deploy.rendering import CHART
+from tests.fixtures_sim import coordination_v1, core_v1
+
+GPU_LABELS = {"nvidia.com/gpu.present": "true"}
+TAINT = {"key": "tritonshare.io/gpu-node", "value": "true", "effect": "NoExecute"}
+# As the agent's --advertise-gpu-mem publishes it: without, a model pod's tritonshare.io/gpu-mem
+# fits no other node in Cluster Autoscaler's simulation, which then keeps the node anyway.
+ALLOCATABLE = {"cpu": "8", "memory": "32Gi", "pods": "110", "tritonshare.io/gpu-mem": "16Gi"}
+PLACEHOLDERS = "tritonshare.io/placeholder"
+MODEL = {"tritonshare.io/role": "model"}
+
+
+@pytest.fixture
+def apiserver() -> Iterator[RunningApiServer]:
+    """The simulated API server serving the chart's CRDs (overrides tests.fixtures_sim's)."""
+    server = start_in_thread(settings=ApiServerSettings(crds=(CHART / "crds",)))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def custom(kube_api: kubernetes.client.ApiClient) -> Any:
+    return kubernetes.client.CustomObjectsApi(kube_api)
+
+
+@pytest.fixture
+def scheduler(apiserver: RunningApiServer) -> Iterator[DefaultScheduler]:
+    api = apiserver.api_client()
+    with DefaultScheduler(api, period=0.1) as running:
+        yield running
+    api.close()  # type: ignore[no-untyped-call]
+
+
+def gpu_group(
+    kube_api: kubernetes.client.ApiClient,
+    *,
+    min_size: int = 0,
+    allocatable: dict[str, str] = ALLOCATABLE,
+) -> NodeGroup:
+    """A node group of one 16 GiB GPU per node; a new node's agent starts at once (it publishes
+    the GPU and renews its Lease)."""
+    core, coordination = core_v1(kube_api), coordination_v1(kube_api)
+
+    def agent_starts(node: str) -> None:
+        annotations = {
+            "tritonshare.io/gpus": gpus_annotation([16 * GI], node),
+            "tritonshare.io/gpu-mem-total": str(16 * GI),
+        }
+        core.patch_node(node, {"metadata": {"annotations": annotations}})
+        coordination.create_namespaced_lease(SYSTEM, lease_obj(node, time.time(), 3600))
+
+    template = node_obj(
+        "template", None, labels=GPU_LABELS, taints=[TAINT], allocatable=allocatable
+    )
+    # The node pod starts after the node registers: kube-scheduler binds a placeholder first.
+    return NodeGroup(
+        "gpu", template, min_size=min_size, max_size=3, on_added=agent_starts, boot_seconds=1.0
+    )
+
+
+def add_gpu_node(
+    kube_api: kubernetes.client.ApiClient, name: str, allocatable: dict[str, str] = ALLOCATABLE
+) -> None:
+    labels = {**GPU_LABELS, GROUP_LABEL: "gpu"}
+    add_node(kube_api, name, [16 * GI], labels=labels, taints=[TAINT], allocatable=allocatable)
+
+
+def placeholder_class(kube_api: kubernetes.client.ApiClient) -> None:
+    """The PriorityClass the chart makes with binder.nodeAutoscaling."""
+    body: Any = {
+        "metadata": {"name": PRIORITY_CLASS},
+        "value": -10,
+        "preemptionPolicy": "Never",
+        "globalDefault": False,
+    }
+    kubernetes.client.SchedulingV1Api(kube_api).create_priority_class(body)
+
+
+def node_names(core: Any) -> set[str]:
+    return {n.metadata.name for n in core.list_node().items}
+
+
+def guarded(core: Any, node: str) -> bool:
+    annotations = core.read_node(node).metadata.annotations or {}
+    return all(annotations.get(key) == "true" for key in GUARDS)
+
+
+def waiting_events(core: Any, name: str) -> list[Any]:
+    events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}")
+    return [e for e in events.items if e.reason == "WaitingForNode"]
+
+
+def placeholders(core: Any) -> list[Any]:
+    return list(core.list_namespaced_pod(SYSTEM, label_selector=PLACEHOLDERS).items)
+
+
+async def test_a_replica_no_gpu_fits_gets_a_new_node_which_goes_once_empty(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    custom: Any,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    placeholder_class(kube_api)
+    add_gpu_node(kube_api, "gpu-0")
+    group = gpu_group(kube_api)
+    api = apiserver.api_client()
+    # Scale-down waits 3 s after a scale-up (upstream: 10 min), as a new node's pods start.
+    autoscaler = ClusterAutoscaler(
+        api, [group], period=0.1, scale_down_unneeded_time=1.0, scale_down_delay_after_add=3.0
+    )
+    await make_binder(node_autoscaling=True, placeholder_grace_seconds=30, host_drain_seconds=0.5)
+    with autoscaler:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, model("resnet", 1, "12Gi")
+        )
+        await eventually(lambda: placed(custom, "resnet", 1), what="the first replica placed")
+        await eventually(lambda: guarded(core, "gpu-0"), what="gpu-0 guarded: it serves")
+        assert not placeholders(core), "a model that is placed needs no node"
+
+        # A second 12 GiB replica fits no GPU: a placeholder asks for a node, one is added, the
+        # replica is placed on it and the placeholder goes.
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, "resnet", {"spec": {"replicas": 2}}
+        )
+        [waiting] = await eventually(lambda: placeholders(core), what="a placeholder")
+        assert waiting.spec.scheduler_name == "default-scheduler"
+        assert waiting.spec.priority_class_name == PRIORITY_CLASS
+        assert waiting.metadata.annotations["tritonshare.io/placeholder-for"] == (
+            "tritonmodel default/resnet"
+        )
+        told = await eventually(lambda: waiting_events(core, "resnet"), what="the model told")
+        assert told[0].involved_object.kind == "TritonModel"
+        assert told[0].message == (
+            f"No node fits it: placeholder pod {SYSTEM}/{waiting.metadata.name} asks the node "
+            "autoscaler for a node."
+        )
+        obj = await eventually(lambda: placed(custom, "resnet", 2), what="both replicas placed")
+        assert group.added == ["gpu-1"]
+        assert {e["node"] for e in obj["status"]["placements"]} == {"gpu-0", "gpu-1"}
+        await eventually(lambda: not placeholders(core), what="the placeholder deleted")
+        await eventually(lambda: guarded(core, "gpu-1"), what="gpu-1 guarded: it serves")
+        passes = autoscaler.syncs
+        await eventually(lambda: autoscaler.syncs > passes + 5, what="more autoscaler passes")
+        assert group.added == ["gpu-1"], "one node was enough"
+        assert node_names(core) == {"gpu-0", "gpu-1"}, "nodes that serve are not scaled down"
+
+        # Back to one replica: gpu-1 serves nothing, loses its guard and is removed; gpu-0 stays.
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, "resnet", {"spec": {"replicas": 1}}
+        )
+
+        def gpu_1_removed() -> bool:
+            kubelet_removes_deleted(core)
+            return "gpu-1" not in node_names(core)
+
+        await eventually(gpu_1_removed, what="the empty gpu-1 removed")
+        assert group.removed == ["gpu-1"]
+        assert node_names(core) == {"gpu-0"} and guarded(core, "gpu-0")
+        left = placed(custom, "resnet", 1)
+        assert left is not None and [e["node"] for e in left["status"]["placements"]] == ["gpu-0"]
+    api.close()  # type: ignore[no-untyped-call]
+
+
+async def test_a_node_serving_a_model_pod_is_kept_and_an_empty_one_removed(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    core: Any,
+) -> None:
+    """A model pod of a ReplicaSet is one Cluster Autoscaler would move (it knows nothing of GPU
+    memory): only the guard keeps its node."""
+    add_gpu_node(kube_api, "gpu-0")
+    await make_binder(node_autoscaling=True)
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "m", "uid": "rs-uid"}
+    add_pod(core, "model", mem="2Gi", spec_extra={"tolerations": [TAINT]}, labels=MODEL)
+    core.patch_namespaced_pod(
+        "model", "default", {"metadata": {"ownerReferences": [{**owner, "controller": True}]}}
+    )
+    await eventually(lambda: node_of(core, "model") == "gpu-0", what="the model pod bound")
+    await eventually(lambda: guarded(core, "gpu-0"), what="gpu-0 guarded")
+    add_gpu_node(kube_api, "gpu-1")
+    api = apiserver.api_client()
+    group = gpu_group(kube_api)
+    autoscaler = ClusterAutoscaler(
+        api, [group], period=0.1, scale_down_unneeded_time=0.5, scale_down_delay_after_add=0.0
+    )
+    # Without the guard, Cluster Autoscaler's rules would remove gpu-0 first (by name): its
+    # model pod fits gpu-1 as far as they can tell.
+    nodes = list_json(autoscaler.core.list_node)
+    pods = list_json(autoscaler.core.list_pod_for_all_namespaces)
+    [gpu_0] = [n for n in nodes if n["metadata"]["name"] == "gpu-0"]
+    assert autoscaler.removable(gpu_0, nodes, pods) == f"node annotated {SCALE_DOWN_DISABLED}=true"
+    gpu_0["metadata"]["annotations"].pop(SCALE_DOWN_DISABLED)
+    assert autoscaler.removable(gpu_0, nodes, pods) is None
+    with autoscaler:
+        await eventually(lambda: group.removed == ["gpu-1"], what="the empty gpu-1 removed")
+        passes = autoscaler.syncs
+        await eventually(lambda: autoscaler.syncs > passes + 10, what="more autoscaler passes")
+    api.close()  # type: ignore[no-untyped-call]
+    assert node_names(core) == {"gpu-0"}
+    assert node_of(core, "model") == "gpu-0"
+
+
+async def test_a_model_pod_no_gpu_fits_gets_a_new_node(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    """Nodes that do not advertise tritonshare.io/gpu-mem: the pending model pod itself fits no
+    node group's template in Cluster Autoscaler's simulation, so only its placeholder adds one."""
+    placeholder_class(kube_api)
+    bare = {k: v for k, v in ALLOCATABLE.items() if not k.startswith("tritonshare.io/")}
+    add_gpu_node(kube_api, "gpu-0", bare)
+    group = gpu_group(kube_api, allocatable=bare)
+    api = apiserver.api_client()
+    autoscaler = ClusterAutoscaler(api, [group], period=0.1, scale_down_delay_after_add=600.0)
+    await make_binder(node_autoscaling=True)
+    with autoscaler:
+        for name in ("first", "second"):
+            add_pod(core, name, mem="12Gi", spec_extra={"tolerations": [TAINT]}, labels=MODEL)
+        await eventually(
+            lambda: node_of(core, "first") or node_of(core, "second"), what="one bound"
+        )
+        waiting = "second" if node_of(core, "first") else "first"
+        [placeholder] = await eventually(lambda: placeholders(core), what="a placeholder")
+        assert placeholder.metadata.annotations["tritonshare.io/placeholder-for"] == (
+            f"pod default/{waiting}"
+        )
+        assert {(t.key, t.value, t.effect) for t in placeholder.spec.tolerations} >= {
+            (TAINT["key"], TAINT["value"], TAINT["effect"])
+        }, "the pod's tolerations"
+        assert await eventually(lambda: waiting_events(core, waiting), what="the pod told")
+        await eventually(lambda: node_of(core, waiting) == "gpu-1", what="the pod on the new node")
+        await eventually(lambda: not placeholders(core), what="the placeholder deleted")
+        assert group.added == ["gpu-1"]
+        events = core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={waiting}"
+        )
+        assert not [e for e in events.items if e.reason == "TriggeredScaleUp"], (
+            "the pod alone triggers no scale-up"
+        )
+    api.close()  # type: ignore[no-untyped-call]
