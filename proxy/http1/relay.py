@@ -206,6 +206,8 @@ class ClientConnection(Connection):
             if isinstance(decision, Answer):
                 self._metrics = relay.metrics
                 self._buffer = buffer[body:]
+                if decision.close:
+                    self._keep_alive = False
                 self._answer_locally(decision.status, decision.content_type, decision.body)
                 answered += 1
                 continue
@@ -226,6 +228,8 @@ class ClientConnection(Connection):
                 if isinstance(gone, Answer):
                     self._metrics = relay.metrics
                     self._buffer = buffer[body:]
+                    if gone.close:
+                        self._keep_alive = False
                     self._answer_locally(gone.status, gone.content_type, gone.body)
                     answered += 1
                     continue

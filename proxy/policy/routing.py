@@ -65,6 +65,10 @@ class Answer:
     status: int
     content_type: str
     body: bytes
+    close: bool = False
+    """Close the connection after it: a host's answer for a model it does not serve (the
+    client's keep-alive connection outlived the model's replica here: its next connection goes
+    through the model's Service, to a host that serves it)."""
 
 
 def error_body(message: str) -> bytes:
@@ -207,7 +211,10 @@ class HttpRouter:
             if kind == "trace/setting":
                 return _refused("trace", "per-model trace settings")
             if name not in self.names:
-                return _other_model(method, name, kind, served_words(self.model_id, self.names))
+                answer = _other_model(method, name, kind, served_words(self.model_id, self.names))
+                if self.model_id:
+                    return answer
+                return Answer(answer.route, answer.status, answer.content_type, answer.body, True)
             if self.renames:  # the path begins with MODELS and the model id, matched above
                 raw_path = MODELS + self.triton_name + raw_path[self._cut :]
             elif self.private is not None:

@@ -97,6 +97,41 @@ def test_a_leaving_model_s_rest_clients_are_told_to_reconnect(
         staying.close()
 
 
+def test_a_model_gone_from_the_host_closes_the_connection_it_came_on(
+    host: RunningProxy, table: Path
+) -> None:
+    """A keep-alive connection that outlived its model's time on the host (no request came while
+    it was `leaving`): the host's 404 for it says `Connection: close` and ends the connection, so
+    the client's next request goes through the model's Service instead of finding 404 again."""
+    connection = http.client.HTTPConnection(host.http_url, timeout=10)
+    try:
+        assert _infer(connection, "add_one").getheader("Connection") is None
+        entries = [{"model": "identity"}]
+        temporary = table.with_suffix(".new")
+        temporary.write_text(json.dumps(entries))
+        temporary.replace(table)
+        deadline = time.monotonic() + 10
+        while True:  # until the proxy has reread its table
+            connection.request(
+                "POST",
+                "/v2/models/add_one/infer",
+                json.dumps({"inputs": [BODIES["add_one"]]}).encode(),
+                {"Content-Type": "application/json"},
+            )
+            answer = connection.getresponse()
+            body = answer.read()
+            if answer.status == 404:
+                break
+            assert answer.status == 200, (answer.status, body)
+            assert time.monotonic() < deadline, "the host went on serving add_one"
+            time.sleep(0.05)
+        assert b"this host serves 'identity'" in body
+        assert answer.getheader("Connection") == "close"
+        assert connection.sock is None
+    finally:
+        connection.close()
+
+
 def test_a_leaving_model_s_grpc_clients_are_sent_goaway(host: RunningProxy, table: Path) -> None:
     channel = grpc.insecure_channel(host.grpc_url)
     states: list[grpc.ChannelConnectivity] = []
