@@ -9,6 +9,7 @@ cluster or reads the kubeconfig: that happens when the binder starts.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,16 +50,31 @@ from common.settings import (
 )
 from common.version import VERSION
 
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _label_key(key: str) -> bool:
+    """Kubernetes' rule for a label key: an optional DNS subdomain prefix and `/`, then a name."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (len(prefix) > 253 or not _LABEL_PREFIX.fullmatch(prefix)):
+        return False
+    return _LABEL_NAME.fullmatch(name) is not None
+
 
 def label_requirements(value: str) -> tuple[tuple[str, str | None], ...]:
-    """`key=value` or `key` (the label exists), comma-separated."""
+    """`key=value` or `key` (the label exists), comma-separated; keys and values as Kubernetes
+    writes labels."""
     pairs: list[tuple[str, str | None]] = []
     for item in (part.strip() for part in value.split(",")):
-        key, equals, label_value = item.partition("=")
-        if item and not key.strip():
-            raise BadValueError(f"{item!r} names no label: write key=value or key")
-        if item:
-            pairs.append((key.strip(), label_value.strip() if equals else None))
+        if not item:
+            continue
+        key, equals, label_value = (word.strip() for word in item.partition("="))
+        if not _label_key(key):
+            raise BadValueError(f"{item!r} names no label key: write key=value or key")
+        if equals and label_value and not _LABEL_NAME.fullmatch(label_value):
+            raise BadValueError(f"{item!r} has no label value Kubernetes accepts")
+        pairs.append((key, label_value if equals else None))
     return tuple(pairs)
 
 
