@@ -227,10 +227,16 @@ async def test_the_agent_reads_its_gpus_and_foreign_processes_through_the_relay(
         with relay(socket_path, mock):
             await starting
             await eventually(lambda: not agent.not_ready(), what="the agent to be ready")
-            node_object = kubernetes.client.CoreV1Api(kube_api).read_node(NODE)
-            assert node_object.metadata is not None
-            published = (node_object.metadata.annotations or {})[Keys().gpus]
-            assert all(g.uuid in published for g in mock.gpus), published
+
+            def published() -> str:
+                node_object = kubernetes.client.CoreV1Api(kube_api).read_node(NODE)
+                assert node_object.metadata is not None
+                return str((node_object.metadata.annotations or {}).get(Keys().gpus, ""))
+
+            # Ready once the GPUs are read; the Node is written just after.
+            await eventually(lambda: bool(published()), what="the GPUs published on the Node")
+            gpus = published()
+            assert all(g.uuid in gpus for g in mock.gpus), gpus
 
             mock.add_process(0, triton.process.pid, 500 << 20)
             mock.add_process(1, os.getpid(), 1 << 30)
