@@ -158,7 +158,9 @@ def test_a_masqueraded_connection_without_a_key_is_refused(gateway: RunningGatew
 )
 def test_forged_keys_are_refused(gateway: RunningGateway, first: bytes) -> None:
     assert refused(gateway.http_url, NODE, first)
-    assert refused(gateway.http_url, POD_A, first)
+    if first.startswith(MAGIC[:1]):
+        # A NUL first byte commits to a key even from a caller's own address.
+        assert refused(gateway.http_url, POD_A, first)
 
 
 def test_a_deleted_pods_key_is_worthless(gateway: RunningGateway, table: Path) -> None:
@@ -189,9 +191,10 @@ def test_a_silent_connection_holds_up_no_one(served_triton: TritonServer, table:
             started = time.monotonic()
             assert fetch(gateway, NODE, KEY_A, "GET", "/v2/models/add_one/ready")[0] == 200
             assert time.monotonic() - started < 0.5
-            # The connections that never present a key are closed at the deadline.
+            # The connections that never present a key are reset at the deadline.
             for sock in silent:
-                assert sock.recv(1024) == b""
+                with pytest.raises(ConnectionResetError):
+                    sock.recv(1024)
         finally:
             for sock in silent:
                 sock.close()
