@@ -204,7 +204,8 @@ class Gateway:
     ) -> None:
         if len(self._waiting) >= MAX_WAITING:
             oldest = next(iter(self._waiting))
-            self._waiting.pop(oldest).cancel()
+            del self._waiting[oldest]
+            oldest.cancel()
         task = asyncio.get_running_loop().create_task(
             self._read_key(protocol, address, sock, reader)
         )
@@ -243,8 +244,11 @@ class Gateway:
     async def _admit(self, protocol: str, address: str, sock: socket.socket, first: bytes) -> None:
         """Serve the connection as its pod's, or refuse it."""
         rows = identify(self.book, self.settings.caller_identity == "key", address, first)
-        if isinstance(rows, str) or self.state.draining:
-            self._refuse(protocol, address, sock, why="" if self.state.draining else rows)
+        if isinstance(rows, str):
+            self._refuse(protocol, address, sock, why=rows)
+            return
+        if self.state.draining:
+            self._refuse(protocol, address, sock)
             return
         tenant = self.tenants.get(rows, self.settings.relay_settings)
         caller = tenant.caller
