@@ -19,11 +19,15 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from common.callerkeys import MAGIC, digest, preamble
 from common.callers import Caller
 from sim.triton import TritonServer
+from tests.proxy.conftest import proxy_settings, running_proxy
 from tests.proxy.gateway.conftest import (
     RunningGateway,
     caller,
@@ -214,3 +218,32 @@ def test_by_default_a_keyless_caller_is_known_by_its_address(gateway: RunningGat
     # A proxy of the version before keys, on a CNI that keeps source addresses.
     assert fetch(gateway, POD_A, None, "GET", "/v2/models/add_one/ready")[0] == 200
     assert fetch(gateway, POD_A, None, "GET", "/v2/models/identity/ready")[0] == 400
+
+
+def test_the_full_path_through_a_masquerading_cni(
+    gateway: RunningGateway, served_triton: TritonServer
+) -> None:
+    """tritonclient, the pod's proxy (its connections arriving from the node's address), the
+    gateway, Triton: the REST pool, the gRPC channel and the readiness check present the key."""
+    settings = proxy_settings(
+        served_triton,
+        triton_http_url=gateway.http_url,
+        triton_grpc_url=gateway.grpc_url,
+        source_address=NODE,
+        grpc_mode="relay",
+    )
+    data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+    with running_proxy(settings) as proxy:
+        proxy.proxy.state.caller_key = preamble(KEY_A)
+        ready = f"http://127.0.0.1:{proxy.proxy.metrics_server.port}/readyz"
+        with urllib.request.urlopen(ready, timeout=10) as response:
+            assert response.status == 200
+        with httpclient.InferenceServerClient(proxy.http_url) as rest:
+            tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+            tensor.set_data_from_numpy(data)
+            assert rest.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[2, 3, 4]]
+        with grpcclient.InferenceServerClient(proxy.grpc_url) as grpc:
+            tensor = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+            tensor.set_data_from_numpy(data)
+            assert grpc.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[2, 3, 4]]
+    assert 'pod="team/add_one-pod"' in scrape(gateway)
