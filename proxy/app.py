@@ -98,12 +98,9 @@ class Proxy:
                 settings.agent_timeout_seconds,
             )
         self.caller_key: CallerKeyKeeper | None = None
-        """With the agent and the gRPC relay: the pod's key for the node gateway."""
-        if (
-            settings.agent_address
-            and settings.token_file is not None
-            and settings.grpc_mode == "relay"
-        ):
+        """With the agent: the pod's key for the node gateway (grpc.aio's connections, in
+        --grpc-mode grpcio, present none)."""
+        if settings.agent_address and settings.token_file is not None:
             self.caller_key = CallerKeyKeeper(
                 AgentClient(
                     settings.agent_address, settings.token_file, settings.agent_timeout_seconds

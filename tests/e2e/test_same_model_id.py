@@ -120,3 +120,7 @@ def test_two_namespaces_run_their_own_model_of_one_name_on_one_node(
             assert result.get_response().model_name == MODEL
             assert grpc.get_model_config(MODEL).config.name == MODEL
         assert _stream_answer(address) == (MODEL, expected), namespace
+        if cluster.masquerade:
+            # Its connections came from the node's address: the gateway knew it by its key.
+            log = cluster.kubelets[NODE.name].container_log(namespace, "model", "proxy")
+            assert "knows this pod by its caller key" in log, namespace
