@@ -80,6 +80,7 @@ from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -260,7 +261,10 @@ def running_gateway(
     command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
     command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
     command += ["--table-max-age", "100000", "--log-level", "WARNING"]
-    process = subprocess.Popen(command, cwd=root)  # `-m proxy.gateway` from under `root`
+    # With a key, the gateway refuses a connection without it, so the path measured is the key's
+    # (a gateway of a tree before keys knows no such variable and goes by the address).
+    env = {**os.environ, "TRITONSHARE_CALLER_IDENTITY": "key"} if key else None
+    process = subprocess.Popen(command, cwd=root, env=env)  # `-m proxy.gateway` under `root`
     try:
         _wait_http(f"http://127.0.0.1:{metrics_port}/readyz", timeout)
         yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("gateway", process.pid),))
@@ -269,13 +273,17 @@ def running_gateway(
 
 
 class _KeyGivingAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
-    """The one agent call a model pod's proxy makes at start: its caller key."""
+    """The agent calls of a model pod's proxy without --model-dir: its caller key at start, the
+    unload at its end."""
 
     def __init__(self, key: bytes) -> None:
         self.key = key
 
     def CallerKey(self, request: object, context: object) -> agent_pb2.CallerKeyResponse:  # noqa: N802
         return agent_pb2.CallerKeyResponse(key=self.key, pod="bench/add-one")
+
+    def UnloadModel(self, request: Any, context: object) -> agent_pb2.ModelStatus:  # noqa: N802
+        return agent_pb2.ModelStatus(model_id=request.model_id, state=agent_pb2.MODEL_STATE_ABSENT)
 
 
 @contextmanager
