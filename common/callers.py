@@ -1,7 +1,8 @@
 """The node gateway's caller table: which pod address may reach which model on this node.
 
 The agent writes it (it watches the node's pods, verifies each proof of placement and knows which
-pod owns each model id); the gateway reads it and lets a connection from `address` reach only
+pod owns each model id); the gateway reads it and lets a connection that presents the row's
+caller key (`key`, its digest: `common.callerkeys`), or that comes from `address`, reach only
 `model_id`. Both run in the node pod and share the file through a volume only they mount, so
 nothing a tenant writes reaches it. The file is JSON, replaced whole by a rename (a reader sees the
 old table or the new one), and rewritten at least every few seconds even when nothing changed, so
