@@ -25,7 +25,8 @@ from proxy.sockets import local_address
 class _KeyedConnector(aiohttp.TCPConnector):
     """aiohttp's connector, each new connection beginning with the pod's caller key (the node
     gateway reads it before the request); aiohttp has no public hook between connect and the
-    first request, so this wraps its (pinned) `_wrap_create_connection`."""
+    first request, so this wraps aiohttp 3's `_wrap_create_connection` (the full path's tests
+    would see it change)."""
 
     def __init__(self, state: ProxyState, local_addr: tuple[str, int] | None) -> None:
         super().__init__(local_addr=local_addr)

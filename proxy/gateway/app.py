@@ -239,6 +239,10 @@ class Gateway:
                 raise
             return
         loop.remove_reader(fd)
+        # No longer waiting: neither the bound nor shutdown may cancel it halfway into a relay.
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting.pop(task, None)
         await self._admit(protocol, address, sock, first)
 
     async def _admit(self, protocol: str, address: str, sock: socket.socket, first: bytes) -> None:

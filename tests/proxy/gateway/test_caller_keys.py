@@ -247,3 +247,32 @@ def test_the_full_path_through_a_masquerading_cni(
             tensor.set_data_from_numpy(data)
             assert grpc.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[2, 3, 4]]
     assert 'pod="team/add_one-pod"' in scrape(gateway)
+
+
+def test_a_flood_of_silent_connections_closes_the_longest_waiting(
+    served_triton: TritonServer, table: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("proxy.gateway.app.MAX_WAITING", 4)
+    publish(table, *ROWS)
+    settings = gateway_settings(served_triton, table, caller_key_timeout_seconds=60)
+    with running_gateway(settings) as gateway:
+        host, port = gateway.http_url.split(":")
+        silent = []
+        try:
+            for _ in range(6):
+                silent.append(
+                    socket.create_connection(
+                        (host, int(port)), timeout=10, source_address=(NODE, 0)
+                    )
+                )
+                poll(
+                    lambda: len(gateway.gateway._waiting) == min(len(silent), 4),
+                    "the gateway waiting for its key",
+                )
+            # The two that waited longest were closed long before their deadline.
+            for sock in silent[:2]:
+                assert sock.recv(1024) == b""
+            assert fetch(gateway, NODE, KEY_A, "GET", "/v2/models/add_one/ready")[0] == 200
+        finally:
+            for sock in silent:
+                sock.close()
