@@ -45,6 +45,7 @@ from agent.models.nodemodels import ModelLimits, Models
 from agent.models.probationhold import ProbationHold, drained
 from agent.models.reconcile import Reconciler
 from agent.models.tritonram import HostMemory, HostMemoryRules
+from agent.pods.callerkeys import CallerKeys, secret_beside
 from agent.pods.callertable import CallerPublisher
 from agent.pods.loadfailures import LoadFailures
 from agent.pods.nodepods import NodePods
@@ -306,7 +307,9 @@ class Agent:
             load_failure=self.load_failures.of,
         )
         self.callers: CallerPublisher | None = None
+        self.caller_keys: CallerKeys | None = None
         if settings.gateway_table is not None:
+            self.caller_keys = CallerKeys(secret_beside(settings.gateway_table))
             self.callers = CallerPublisher(
                 settings.gateway_table,
                 settings.node_name,
@@ -316,6 +319,7 @@ class Agent:
                 probation=self.request_crashes.on_probation if self.request_crashes else None,
                 held=self.hold.holds,
                 trial=self.hold.trial,
+                key_of=self.caller_keys.digest,
             )
             # The one wiring after construction: the table is computed by the reconciler from
             # the owners and the pods, and is rewritten when either changes.
@@ -360,6 +364,7 @@ class Agent:
             on_loaded=self.conditions.loaded,
             load_failures=self.load_failures,
             on_failures_reported=self.conditions.failures_reported,
+            caller_keys=self.caller_keys,
         )
         self.gate = Gate(
             self.authorizer,

@@ -63,6 +63,7 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -75,9 +76,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -88,7 +91,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import command_line  # noqa: E402
 from benchmarks import results as results_page  # noqa: E402
+from common.callerkeys import digest  # noqa: E402
 from common.callers import Caller, CallerTable, write_table  # noqa: E402
+from protos import agent_pb2, agent_pb2_grpc  # noqa: E402
 from proxy import native  # noqa: E402
 from sim.triton import TritonServer, free_port  # noqa: E402
 
@@ -234,10 +239,12 @@ def running_gateway(
     timeout: float = 30.0,
     private_name: str = "",
     model_id: str = MODEL,
+    key: bytes = b"",
 ) -> Iterator[Hop]:
     """The node gateway (`python -m proxy.gateway`) as in a node pod, with a caller table that
-    lets POD_ADDRESS reach `model_id` (in Triton `private_name`, if given) and that stays fresh
-    for the whole run; its command prefixed by `wrapper`, ready within `timeout` seconds."""
+    lets POD_ADDRESS reach `model_id` (in Triton `private_name`, if given), by caller `key` too
+    when given, and that stays fresh for the whole run; its command prefixed by `wrapper`, ready
+    within `timeout` seconds."""
     table = work / "callers.json"
     pod = Caller(
         POD_ADDRESS,
@@ -245,6 +252,7 @@ def running_gateway(
         f"bench/{model_id.replace('_', '-')}",
         "bench-uid",
         triton_name=private_name,
+        key=digest(key) if key else "",
     )
     write_table(table, CallerTable("bench-node", time.time(), (pod,)))
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
@@ -253,12 +261,42 @@ def running_gateway(
     command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
     command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
     command += ["--table-max-age", "100000", "--log-level", "WARNING"]
-    process = subprocess.Popen(command, cwd=root)  # `-m proxy.gateway` from under `root`
+    # With a key, the gateway refuses a connection without it, so the path measured is the key's
+    # (a gateway of a tree before keys knows no such variable and goes by the address).
+    env = {**os.environ, "TRITONSHARE_CALLER_IDENTITY": "key"} if key else None
+    process = subprocess.Popen(command, cwd=root, env=env)  # `-m proxy.gateway` under `root`
     try:
         _wait_http(f"http://127.0.0.1:{metrics_port}/readyz", timeout)
         yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("gateway", process.pid),))
     finally:
         _stop(process, 30)
+
+
+class _KeyGivingAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
+    """The agent calls of a model pod's proxy without --model-dir: its caller key at start, the
+    unload at its end."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def CallerKey(self, request: object, context: object) -> agent_pb2.CallerKeyResponse:  # noqa: N802
+        return agent_pb2.CallerKeyResponse(key=self.key, pod="bench/add-one")
+
+    def UnloadModel(self, request: Any, context: object) -> agent_pb2.ModelStatus:  # noqa: N802
+        return agent_pb2.ModelStatus(model_id=request.model_id, state=agent_pb2.MODEL_STATE_ABSENT)
+
+
+@contextmanager
+def key_giving_agent(key: bytes) -> Iterator[str]:
+    """A stand-in agent that gives every caller `key`; yields its address."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    agent_pb2_grpc.add_AgentServicer_to_server(_KeyGivingAgent(key), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
 
 
 @contextmanager
@@ -274,16 +312,30 @@ def running_full_path(
 ) -> Iterator[Hop]:
     """A model pod's full path: the gateway (its command prefixed by `wrapper`) in front of
     `upstream`, and a proxy (flags `extra`) sending to it from POD_ADDRESS, both from `root`, for
-    `model_id`; the gateway maps it to `private_name` in Triton when one is given. The hop's CPU
-    figures are the gateway's, then the proxy's."""
+    `model_id`; the gateway maps it to `private_name` in Triton when one is given. The proxy gets
+    its caller key from a stand-in agent and presents it on each connection (a proxy of a tree
+    before keys presents none and is known by its address). The hop's CPU figures are the
+    gateway's, then the proxy's."""
+    key = secrets.token_bytes(32)
+    token = work / "token"
+    token.write_text("bench-token\n")
     with contextlib.ExitStack() as stack:
+        agent = stack.enter_context(key_giving_agent(key))
         gateway = stack.enter_context(
-            running_gateway(upstream, work, root, wrapper, timeout, private_name, model_id)
+            running_gateway(upstream, work, root, wrapper, timeout, private_name, model_id, key)
         )
         proxy = stack.enter_context(
             running_proxy(
                 (gateway.rest, gateway.grpc),
-                [*extra, "--source-address", POD_ADDRESS],
+                [
+                    *extra,
+                    "--source-address",
+                    POD_ADDRESS,
+                    "--agent-address",
+                    agent,
+                    "--token-file",
+                    str(token),
+                ],
                 root,
                 timeout=timeout,
                 model_id=model_id,

@@ -126,6 +126,13 @@ class AgentRpc:
         )
         return reply
 
+    async def caller_key(self, time_limit: float) -> bytes:
+        """The calling pod's key for the node gateway (`common.callerkeys`)."""
+        reply: agent_pb2.CallerKeyResponse = await self._call(
+            self._stub.CallerKey, agent_pb2.CallerKeyRequest(), time_limit
+        )
+        return bytes(reply.key)
+
     async def install_model(
         self, requests: AsyncIterator[agent_pb2.InstallModelRequest], time_limit: float
     ) -> agent_pb2.InstallModelResponse:

@@ -1,7 +1,8 @@
 """The node gateway's caller table: which pod address may reach which model on this node.
 
 The agent writes it (it watches the node's pods, verifies each proof of placement and knows which
-pod owns each model id); the gateway reads it and lets a connection from `address` reach only
+pod owns each model id); the gateway reads it and lets a connection that presents the row's
+caller key (`key`, its digest: `common.callerkeys`), or that comes from `address`, reach only
 `model_id`. Both run in the node pod and share the file through a volume only they mount, so
 nothing a tenant writes reaches it. The file is JSON, replaced whole by a rename (a reader sees the
 old table or the new one), and rewritten at least every few seconds even when nothing changed, so
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from common.atomicfile import read_file, replace_file
 from common.contract import ContractError, validate_model_id
 
 FORMAT = "tritonshare.io/callers/v1"
+_KEY_RE = re.compile(r"[0-9a-f]{64}")
 
 Spare = tuple[str, str]
 """Another replica of a host's row's model: its name in Triton and its uid."""
@@ -74,6 +77,9 @@ class Caller:
     """A model host's other replicas of the model, loaded and not draining, as (name in Triton,
     uid), when this row's own (the preferred) is loaded and not draining too: the gateway sends
     each request to the one of them all with the fewest held. Empty: this row's replica alone."""
+    key: str = ""
+    """The SHA-256 (hex) of the pod's caller key (`common.callerkeys.digest`), the same on each
+    of a pod's rows; empty: the pod is known by its address alone (tables of agents before keys)."""
 
     def alike(self, other: Caller) -> bool:
         """Whether `other` is this row but for its probation and hold (what the agent's crash
@@ -142,6 +148,7 @@ def encode(table: CallerTable) -> bytes:
                     if c.spread
                     else {}
                 ),
+                **({"key": c.key} if c.key else {}),
             }
             for c in sorted(table.callers, key=lambda c: (c.address, c.model_id))
         ],
@@ -197,6 +204,10 @@ def _caller(entry: Any) -> Caller:
     trial = entry.get("trial", False)
     if not isinstance(trial, bool):
         raise CallerTableError(f"caller trial {trial!r} is not true or false")
+    # Absent in tables of agents before caller keys: known by address alone.
+    key = entry.get("key", "")
+    if not isinstance(key, str) or (key and not _KEY_RE.fullmatch(key)):
+        raise CallerTableError(f"caller key {key!r} is not a SHA-256 digest in hex")
     model_id = validate_model_id(str(entry["modelId"]))
     return Caller(
         address,
@@ -210,6 +221,7 @@ def _caller(entry: Any) -> Caller:
         held,
         trial,
         _spread(entry.get("spread", []), triton_name or model_id),
+        key,
     )
 
 
@@ -245,6 +257,10 @@ def _check_rows(callers: tuple[Caller, ...]) -> None:
             raise CallerTableError(
                 f"address {c.address} is given to two pods ({first.pod} and {c.pod}); an "
                 "address names one pod: the agent leaves out an address several pods claim"
+            )
+        if first.key != c.key:
+            raise CallerTableError(
+                f"address {c.address} has rows with different keys; a pod has one key"
             )
         if (c.address, c.model_id) in models:
             raise CallerTableError(

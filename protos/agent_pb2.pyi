@@ -234,3 +234,15 @@ class ListHostedResponse(_message.Message):
     refused: _containers.RepeatedScalarFieldContainer[str]
     parked: _containers.RepeatedCompositeFieldContainer[HostedReplica]
     def __init__(self, replicas: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ..., refused: _Optional[_Iterable[str]] = ..., parked: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ...) -> None: ...
+
+class CallerKeyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CallerKeyResponse(_message.Message):
+    __slots__ = ("key", "pod")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    pod: str
+    def __init__(self, key: _Optional[bytes] = ..., pod: _Optional[str] = ...) -> None: ...

@@ -74,6 +74,11 @@ class AgentStub:
                 request_serializer=protos_dot_agent__pb2.ListHostedRequest.SerializeToString,
                 response_deserializer=protos_dot_agent__pb2.ListHostedResponse.FromString,
                 _registered_method=True)
+        self.CallerKey = channel.unary_unary(
+                '/tritonshare.agent.v1.Agent/CallerKey',
+                request_serializer=protos_dot_agent__pb2.CallerKeyRequest.SerializeToString,
+                response_deserializer=protos_dot_agent__pb2.CallerKeyResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -144,6 +149,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallerKey(self, request, context):
+        """The calling pod's caller key for the node gateway (common/callerkeys.py): the proxy sends it
+        first on each connection to the gateway. Any pod's token gets its own pod's key (a key names
+        only a pod the node's caller table lists); FAILED_PRECONDITION when the node runs no gateway.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +200,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ListHosted,
                     request_deserializer=protos_dot_agent__pb2.ListHostedRequest.FromString,
                     response_serializer=protos_dot_agent__pb2.ListHostedResponse.SerializeToString,
+            ),
+            'CallerKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallerKey,
+                    request_deserializer=protos_dot_agent__pb2.CallerKeyRequest.FromString,
+                    response_serializer=protos_dot_agent__pb2.CallerKeyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -404,6 +423,33 @@ class Agent:
             '/tritonshare.agent.v1.Agent/ListHosted',
             protos_dot_agent__pb2.ListHostedRequest.SerializeToString,
             protos_dot_agent__pb2.ListHostedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallerKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tritonshare.agent.v1.Agent/CallerKey',
+            protos_dot_agent__pb2.CallerKeyRequest.SerializeToString,
+            protos_dot_agent__pb2.CallerKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,18 @@ class AgentClient:
         came back is noticed within a few checks (reconnecting within 2 s)."""
         return agent_channel(self._address, _RECONNECT_MAX_SECONDS)
 
+    async def caller_key(self) -> bytes:
+        """The pod's key for the node gateway; AgentUnavailableError when it cannot be had."""
+        async with self.channel() as channel:
+            try:
+                return await self.rpc(channel).caller_key(self._timeout)
+            except TokenFileError as e:
+                raise AgentUnavailableError(str(e)) from e
+            except AgentCallError as e:
+                raise AgentUnavailableError(
+                    f"the agent at {self._address} did not give it ({e})"
+                ) from e
+
     async def unload(self, model_id: str) -> bool:
         """Ask for the unload and wait for the answer; True when the agent confirmed it."""
         async with self.channel() as channel:

@@ -28,6 +28,7 @@ from common.contract import PROXY_AUTOSCALING_PATH, RESIDENCY_ON_DEMAND
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
 from proxy.agentclient import AgentCalls, AgentClient
+from proxy.callerkey import CallerKeyKeeper
 from proxy.grpc.grpcio import GrpcProxy
 from proxy.grpc.server import GrpcRelay
 from proxy.http1.listener import RestRelay
@@ -79,7 +80,7 @@ class Proxy:
                 on_remove=self.removed,
                 on_retune=self.retuned,
             )
-        self.own_model = OwnModel(settings)
+        self.own_model = OwnModel(settings, self.state)
         self.rest = RestRelay(settings, self.limiter, self.metrics, self.state, self.table)
         self.grpc: GrpcProxy | GrpcRelay
         if settings.grpc_mode == "relay":
@@ -95,6 +96,16 @@ class Proxy:
                     settings.agent_address, settings.token_file, settings.agent_timeout_seconds
                 ),
                 settings.agent_timeout_seconds,
+            )
+        self.caller_key: CallerKeyKeeper | None = None
+        """With the agent: the pod's key for the node gateway (grpc.aio's connections, in
+        --grpc-mode grpcio, present none)."""
+        if settings.agent_address and settings.token_file is not None:
+            self.caller_key = CallerKeyKeeper(
+                AgentClient(
+                    settings.agent_address, settings.token_file, settings.agent_timeout_seconds
+                ),
+                self.state,
             )
         self.parking = Parking(MOST_WAITING)
         """The models parked on this host at zero replicas, and their waiting requests."""
@@ -295,6 +306,15 @@ class Proxy:
                     lifecycle.stop_event,
                 ),
                 consequence="models added to or removed from the host are no longer followed",
+                vital=False,
+            )
+        if self.caller_key is not None:
+            # Before the first connection to the gateway, which it names the pod on.
+            await self.caller_key.ask()
+            lifecycle.spawn(
+                "the caller key's refresh",
+                self.caller_key.keep(lifecycle.stop_event),
+                consequence="a caller key the node changes is no longer followed",
                 vital=False,
             )
         await self.own_model.start()

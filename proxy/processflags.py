@@ -1,5 +1,5 @@
-"""What the proxy's transports share about the process, set by the shutdown sequence and by
-the model's residency.
+"""What the proxy's transports share about the process, set by the shutdown sequence, by the
+model's residency and by the caller key's keeper.
 
 Kept apart so the REST relay, the gRPC proxy and the readiness check read one flag without
 importing each other.
@@ -17,3 +17,7 @@ class ProxyState:
         self.model_asleep = False
         """Set only by proxy.residency: the readiness answers then say ready without asking
         Triton, which no longer has the model loaded."""
+        self.caller_key = b""
+        """The preamble this pod's connections to the node gateway begin with (its caller key,
+        `common.callerkeys`), set by proxy.callerkey; empty: none (the gateway knows the pod by
+        its address; the gateway's own relays to Triton never send one)."""

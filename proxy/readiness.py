@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection
+from typing import Any
 
 import aiohttp
 
@@ -21,21 +22,39 @@ from proxy.settings import Settings
 from proxy.sockets import local_address
 
 
+class _KeyedConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, each new connection beginning with the pod's caller key (the node
+    gateway reads it before the request); aiohttp has no public hook between connect and the
+    first request, so this wraps aiohttp 3's `_wrap_create_connection` (the full path's tests
+    would see it change)."""
+
+    def __init__(self, state: ProxyState, local_addr: tuple[str, int] | None) -> None:
+        super().__init__(local_addr=local_addr)
+        self._state = state
+
+    async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        transport, protocol = await super()._wrap_create_connection(*args, **kwargs)
+        if self._state.caller_key:
+            transport.write(self._state.caller_key)
+        return transport, protocol
+
+
 class OwnModel:
     """Asks Triton whether the pod's model is ready, over one client session held for the
     process (opened at start, closed at stop)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, state: ProxyState) -> None:
         self._models = f"http://{settings.triton_http_url}/v2/models/"
         self._model_id = settings.model_id
         self._source = settings.source_address
+        self._state = state
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=5),
-            # Through the node gateway, which knows the pod by this address.
-            connector=aiohttp.TCPConnector(local_addr=local_address(self._source)),
+            # Through the node gateway, which knows the pod by its key or this address.
+            connector=_KeyedConnector(self._state, local_address(self._source)),
         )
 
     async def stop(self) -> None:

@@ -282,6 +282,7 @@ class SimCluster:
         webhook: bool = False,
         cpu_shares: bool = False,
         node_ports: bool = False,
+        masquerade: bool = False,
         gpu_mem_reserve: int = 0,
         process_allowance: int = 0,
         process_context: int = 0,
@@ -326,6 +327,10 @@ class SimCluster:
         writes them reach them at `$(HOST_IP)`. Off by default: fixed ports let one such cluster
         run on a machine at a time. Every node's Triton runs ONNX models
         (`sim.triton.TritonServer.onnx_standin`)."""
+        self.masquerade = masquerade
+        """The pods' connections to their node's agent and gateway leave from the node's address,
+        as a CNI that masquerades node-local traffic makes them (the portmap plugin's SNAT): the
+        gateway knows each pod by its caller key alone (`sim.node.podnetwork`)."""
         self.gpu_mem_reserve = gpu_mem_reserve
         self.process_allowance = process_allowance
         """The binders' --gpu-mem-reserve and --gpu-mem-process-allowance: 0 by default, as the
@@ -824,6 +829,7 @@ class SimCluster:
                 base_env=env,
                 # The proxy's --source-address: the pod's connections leave from its own IP.
                 source_address_variables=(SOURCE_ADDRESS_VARIABLE,),
+                masquerade=self.masquerade,
                 cpu=self.cpu,
                 addresses=self.pod_addresses,
             )

@@ -175,13 +175,19 @@ def _prometheus(cluster: SimCluster, workdir: Path) -> Iterator[str | None]:
         autoscalers_api.close()  # type: ignore[no-untyped-call]
 
 
-def run(workdir: Path) -> int:
+def run(workdir: Path, masquerade: bool = False) -> int:
     """The daemon: start everything, write the ready file, serve until SIGTERM, stop."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     cluster = SimCluster(
-        workdir, NODES, tenant_code_namespaces=(), webhook=True, node_ports=True, say=_say
+        workdir,
+        NODES,
+        tenant_code_namespaces=(),
+        webhook=True,
+        node_ports=True,
+        masquerade=masquerade,
+        say=_say,
     )
     services: ServiceProxy | None = None
     try:
@@ -217,7 +223,7 @@ def run(workdir: Path) -> int:
     return 0
 
 
-def start(workdir: Path, timeout: float = START_SECONDS) -> int:
+def start(workdir: Path, masquerade: bool = False, timeout: float = START_SECONDS) -> int:
     """Start the daemon and wait until it is ready; print how to reach it."""
     pid_file = workdir / PID_FILE
     if pid_file.exists() and _alive(int(pid_file.read_text())):
@@ -243,7 +249,15 @@ def start(workdir: Path, timeout: float = START_SECONDS) -> int:
     _say(f"Starting the simulated cluster in {workdir} (about a minute; log: {log_path}).")
     with log_path.open("wb") as log:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "sim.up", "run", "--dir", str(workdir)],
+            [
+                sys.executable,
+                "-m",
+                "sim.up",
+                "run",
+                "--dir",
+                str(workdir),
+                *(["--masquerade"] if masquerade else []),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -326,14 +340,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Path(os.environ.get("SIM_DIR") or DEFAULT_DIR),
         help="the cluster's files: kubeconfig, logs, pid (default: .sim, or $SIM_DIR)",
     )
+    parser.add_argument(
+        "--masquerade",
+        action="store_true",
+        help="the pods' connections to their node's agent and gateway leave from the node's "
+        "address, as under a CNI that masquerades node-local traffic (portmap's SNAT)",
+    )
     args = parser.parse_args(argv)
     workdir = args.dir.resolve()
     try:
         if args.command == "start":
-            return start(workdir)
+            return start(workdir, args.masquerade)
         if args.command == "stop":
             return stop(workdir)
-        return run(workdir)
+        return run(workdir, args.masquerade)
     except SimUpError as e:
         sys.stderr.write(f"sim-up: {e}\n")
         return 1

@@ -29,6 +29,7 @@ from agent.errors import (
     AgentError,
     ConflictError,
     InvalidRequestError,
+    PermissionDeniedError,
     grpc_code,
 )
 from agent.gpus.inventory import GpuSnapshot
@@ -36,6 +37,7 @@ from agent.installs.repository import build_manifest
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models.nodemodels import Chunk, Models, ModelStatus
+from agent.pods.callerkeys import CallerKeys
 from agent.pods.loadfailures import LoadFailures
 from agent.pods.proofs import Proven
 from common.logs import subject
@@ -76,8 +78,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         on_loaded: Callable[[], None] | None = None,
         load_failures: LoadFailures | None = None,
         on_failures_reported: Callable[[], None] | None = None,
+        caller_keys: CallerKeys | None = None,
     ) -> None:
         self.models = models
+        self.caller_keys = caller_keys
+        """Each pod's key for the node gateway; None: the node runs no gateway."""
         self.authorizer = authorizer
         self.events = events
         self.metrics = metrics
@@ -320,6 +325,25 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 for p in parked
             ],
         )
+
+    async def CallerKey(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        caller = None
+        try:
+            caller = await self._caller(context)
+            if not caller.pod_uid:
+                raise PermissionDeniedError(
+                    f"{caller.username} is not a pod: only a pod's projected token has a caller key"
+                )
+            if self.caller_keys is None:
+                raise ConflictError(
+                    "this node's agent keeps no caller table (--gateway-table): its pods reach "
+                    "no gateway"
+                )
+            key = self.caller_keys.key(caller.pod_uid)
+        except AgentError as e:
+            return self._fail(context, "CallerKey", e, caller)
+        self._ok("CallerKey")
+        return agent_pb2.CallerKeyResponse(key=key, pod=caller.pod_key)
 
     async def ListGpus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         try:

@@ -36,9 +36,12 @@ from common.callers import Caller, CallerTable, write_table
 log = logging.getLogger(__name__)
 
 
-def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
+def callers_of(
+    owners: Mapping[str, Proven], key_of: Callable[[str], str] | None = None
+) -> tuple[list[Caller], list[str]]:
     """The callers among the proven owners (by their models' names in Triton), and why the
-    others are left out (for the log)."""
+    others are left out (for the log); with `key_of`, each row carries its pod's key digest
+    (`key_of(pod uid)`, a host's own uid for each of its rows)."""
     candidates: dict[str, list[tuple[str, Caller]]] = {}
     hosted: dict[tuple[str, str, str], list[tuple[PodInfo, Caller]]] = {}
     """A host's replicas per model, one row in the end (`_row`)."""
@@ -51,6 +54,8 @@ def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
             continue
         private = "" if name == pod.model_id else name
         caller = Caller(pod.pod_ip, pod.model_id, pod.object_key, pod.uid, pod.concurrency, private)
+        if key_of is not None:
+            caller = replace(caller, key=key_of(pod.object_uid))
         if pod.host:
             hosted.setdefault((pod.pod_ip, pod.object_uid, pod.model_id), []).append((pod, caller))
             continue
@@ -112,8 +117,11 @@ class CallerPublisher:
         held: Callable[[str], bool] | None = None,
         trial: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.time,
+        key_of: Callable[[str], str] | None = None,
     ) -> None:
-        """`quarantine(pod)` says why a pod's requests are refused (`agent.status.requestcrash`);
+        """`key_of(pod uid)` is the digest of a pod's caller key (`agent.pods.callerkeys`); without
+        it the rows carry none and the gateway knows the pods by address alone.
+        `quarantine(pod)` says why a pod's requests are refused (`agent.status.requestcrash`);
         the entry of such a pod carries it, and the gateway refuses its requests with it.
         `probation(pod)` says whether the gateway serializes its requests with other
         probationers' (`agent.quarantine.suspects`); `held(pod)` whether it holds the pod's new
@@ -128,6 +136,7 @@ class CallerPublisher:
         self._owners = owners
         self.refresh_seconds = refresh_seconds
         self._clock = clock
+        self._key_of = key_of
         self._last: tuple[Caller, ...] | None = None
         self._reported: frozenset[str] = frozenset()
         self._pending = False
@@ -155,7 +164,7 @@ class CallerPublisher:
         owners = self._owners()
         if owners is None:
             return  # the pods are not listed yet: the table on disk stays as it is
-        callers, left_out = callers_of(owners)
+        callers, left_out = callers_of(owners, self._key_of)
         if self._quarantine is not None:
             callers = [replace(c, quarantined=self._quarantine(c.pod)) for c in callers]
         if self._probation is not None:

@@ -1,12 +1,14 @@
 """The node gateway: the one way from model pods to the node's Triton, which listens on loopback.
 
 Triton binds the node pod's loopback, so nothing outside the node pod reaches it; the gateway, in
-the node pod too, listens for the model pods' proxies. It knows which pod is calling by the
-connection's source address: the agent's caller table (`gateway.callers`) maps each proven model pod
-of this node that owns its model to that model, and each model host to its replicas' models. At
-accept, a connection from an address that is no caller is closed before a byte is read; one from a
-caller is handed to that pod's relays (`gateway.tenants`), which are the proxy's own, bound to the
-pod's model. When a pod leaves the table its connections are dropped at once.
+the node pod too, listens for the model pods' proxies. The agent's caller table (`gateway.callers`)
+maps each proven model pod of this node that owns its model to that model, and each model host to
+its replicas' models. A connection names its pod by the caller key it sends first, or by its
+source address where it sends none (`gateway.identity`); its first bytes are read once, apart from
+the accept loop when they are not there yet, bounded in time and number. A connection that names
+no caller is closed before a byte of its protocol is read; one from a caller is handed to that
+pod's relays (`gateway.tenants`), which are the proxy's own, bound to the pod's model. When a pod
+leaves the table its connections are dropped at once.
 
 Start: read the caller table, listen on the metrics, REST and gRPC ports, follow the table, and
 write the activity table (`gateway.activity`) the agent's evictions read. Stop (SIGTERM): stop
@@ -29,6 +31,7 @@ from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
 from proxy.gateway.activity import ActivityWriter
 from proxy.gateway.callers import CallerBook
+from proxy.gateway.identity import MAX_WAITING, ClosedError, KeyReader, identify
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
@@ -45,6 +48,12 @@ log = logging.getLogger(__name__)
 _REFUSAL_LOG_SECONDS = 60.0
 """A refused address is logged once per this period, so a scan cannot flood the log."""
 _REMEMBERED_REFUSALS = 4096
+_KEY_REFUSALS = {
+    "address_mismatch": "it presented the caller key of another pod than the one at its address",
+    "bad_key": "its first bytes are no caller key of this version",
+    "no_key": "it presented no caller key (--caller-identity key)",
+    "no_key_in_time": "it sent nothing within --caller-key-timeout",
+}
 
 
 def _call_later(delay: float, callback: Callable[[], None]) -> object:
@@ -110,6 +119,8 @@ class Gateway:
         self._health: HttpServer | None = None
         self._refusals: dict[str, float] = {}
         self._accepting: list[asyncio.Task[None]] = []
+        self._waiting: dict[asyncio.Task[None], None] = {}
+        """Connections waiting for their first bytes, oldest first."""
 
     def not_ready(self) -> list[str]:
         # Serving a stale table is not ready either, so `kubectl get pods` shows the node pod's
@@ -172,26 +183,93 @@ class Gateway:
                 await asyncio.sleep(0.1)
                 continue
             address = caller_address(peer)
-            rows = self.book.lookup(address)
-            if rows is None or self.state.draining:
+            if self.state.draining:
                 self._refuse(protocol, address, sock)
                 continue
-            tenant = self.tenants.get(rows, self.settings.relay_settings)
-            caller = tenant.caller
-            if tenant.connections >= self.settings.max_connections_per_pod:
-                self._refuse(protocol, address, sock, why="too_many_connections")
-                continue
-            if tenant.share.held:
-                # A new connection reads once before it can be paused (uvloop starts reading
-                # after connection_made), so a pod the byte budget stopped opens none: each
-                # would bring another read past its share.
-                self._refuse(protocol, address, sock, why="over_budget")
-                continue
+            sock.setblocking(False)
+            reader = KeyReader(sock)
             try:
-                await tenant.adopt(protocol, sock)
-            except OSError as e:
-                log.warning("Serving a connection of pod %s failed at once: %s", caller.pod, e)
+                first = reader.step()
+            except ClosedError:
                 sock.close()
+                continue
+            if first is None:
+                # Its first bytes are not here yet: wait for them apart, accepting meanwhile.
+                self._wait_for_key(protocol, address, sock, reader)
+                continue
+            await self._admit(protocol, address, sock, first)
+
+    def _wait_for_key(
+        self, protocol: str, address: str, sock: socket.socket, reader: KeyReader
+    ) -> None:
+        if len(self._waiting) >= MAX_WAITING:
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.cancel()
+        task = asyncio.get_running_loop().create_task(
+            self._read_key(protocol, address, sock, reader)
+        )
+        self._waiting[task] = None
+        task.add_done_callback(self._waiting_done)
+
+    def _waiting_done(self, task: asyncio.Task[None]) -> None:
+        self._waiting.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Admitting a connection has failed: %s", task.exception())
+
+    async def _read_key(
+        self, protocol: str, address: str, sock: socket.socket, reader: KeyReader
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        fd = sock.fileno()
+        readable = asyncio.Event()
+        loop.add_reader(fd, readable.set)
+        try:
+            async with asyncio.timeout(self.settings.caller_key_timeout_seconds):
+                while (first := reader.step()) is None:
+                    readable.clear()
+                    await readable.wait()
+        except (TimeoutError, ClosedError, asyncio.CancelledError) as e:
+            loop.remove_reader(fd)
+            if isinstance(e, TimeoutError):
+                self._refuse(protocol, address, sock, why="no_key_in_time")
+            else:
+                sock.close()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return
+        loop.remove_reader(fd)
+        # No longer waiting: neither the bound nor shutdown may cancel it halfway into a relay.
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting.pop(task, None)
+        await self._admit(protocol, address, sock, first)
+
+    async def _admit(self, protocol: str, address: str, sock: socket.socket, first: bytes) -> None:
+        """Serve the connection as its pod's, or refuse it."""
+        rows = identify(self.book, self.settings.caller_identity == "key", address, first)
+        if isinstance(rows, str):
+            self._refuse(protocol, address, sock, why=rows)
+            return
+        if self.state.draining:
+            self._refuse(protocol, address, sock)
+            return
+        tenant = self.tenants.get(rows, self.settings.relay_settings)
+        caller = tenant.caller
+        if tenant.connections >= self.settings.max_connections_per_pod:
+            self._refuse(protocol, address, sock, why="too_many_connections")
+            return
+        if tenant.share.held:
+            # A new connection reads once before it can be paused (uvloop starts reading
+            # after connection_made), so a pod the byte budget stopped opens none: each
+            # would bring another read past its share.
+            self._refuse(protocol, address, sock, why="over_budget")
+            return
+        try:
+            await tenant.adopt(protocol, sock)
+        except OSError as e:
+            log.warning("Serving a connection of pod %s failed at once: %s", caller.pod, e)
+            sock.close()
 
     def _refuse(self, protocol: str, address: str, sock: socket.socket, *, why: str = "") -> None:
         # SO_LINGER 0: the peer sees a reset at once rather than an orderly close it might
@@ -199,7 +277,9 @@ class Gateway:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
-        reason = why or ("no_table" if self.book.problem else "not_a_caller")
+        reason = why or "not_a_caller"
+        if reason == "not_a_caller" and self.book.problem:
+            reason = "no_table"
         self.metrics.refused(protocol, reason)
         now = time.monotonic()
         last = self._refusals.get(address)
@@ -213,6 +293,8 @@ class Gateway:
                 f"the pod already holds {self.settings.max_connections_per_pod} connections "
                 "(--max-connections-per-pod)"
             )
+        elif reason in _KEY_REFUSALS:
+            said = _KEY_REFUSALS[reason]
         elif reason == "over_budget":
             said = (
                 "the pod holds more than its share of the node's byte budget "
@@ -248,9 +330,10 @@ class Gateway:
                     await self._walk_now.wait()
 
     async def _close_sockets(self) -> None:
-        for task in self._accepting:
+        waiting = list(self._waiting)
+        for task in (*self._accepting, *waiting):
             task.cancel()
-        for task in self._accepting:
+        for task in (*self._accepting, *waiting):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for sock in self._sockets.values():

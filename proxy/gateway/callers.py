@@ -73,6 +73,8 @@ class CallerBook:
         self._stale_table: CallerTable | None = None
         """The stale table `_serving` was last narrowed by."""
         """Who may call now; empty whenever `problem` is set."""
+        self._keys: dict[str, str] = {}
+        """The address of each served pod by its caller key's digest."""
         self.problem = "the caller table has not been read yet"
         """Why no pod may call now (empty while the table is fresh or within its grace)."""
         self.stale = ""
@@ -82,6 +84,12 @@ class CallerBook:
         """The rows of the caller at `address` by model id, or None: not a proven model pod or
         host of this node, or no fresh table (nor a stale one within its grace)."""
         return self._serving.get(address)
+
+    def by_key(self, key_digest: str) -> tuple[str, Rows] | None:
+        """The address and rows of the caller whose key has `key_digest`, or None (as
+        `lookup`)."""
+        address = self._keys.get(key_digest)
+        return None if address is None else (address, self._serving[address])
 
     @property
     def callers(self) -> dict[str, Rows]:
@@ -180,6 +188,11 @@ class CallerBook:
         if serving is self._serving:
             return
         before, self._serving = self._serving, serving
+        self._keys = {
+            key: address
+            for address, rows in serving.items()
+            if (key := next(iter(rows.values())).key)
+        }
         revoked = set()
         for address, rows in before.items():
             now = serving.get(address)

@@ -24,6 +24,7 @@ from common.settings import (
     log_format_flag,
     log_level_flag,
     number,
+    one_of,
     path,
     quantity,
     seconds,
@@ -122,6 +123,25 @@ class GatewaySettings:
     Triton's pods at once. The price is revocation: a pod deleted meanwhile keeps its access (and
     a pod given its address reaches its model only) until this ends. 300 s is Kubernetes' own
     grace for pods of an unreachable node, and the agent-down alert fires within it. 0: none."""
+    caller_identity: str = setting(
+        "caller-identity",
+        "how a connection names its pod: 'key-or-address' (a caller key, else the source "
+        "address) or 'key' (a caller key only)",
+        one_of("key-or-address", "key"),
+        default="key-or-address",
+    )
+    """A connection that presents a caller key (`common.callerkeys`) is its key's pod from any
+    address but another caller's; one that presents none is known by its source address
+    (`key-or-address`: proxies of the version before keys, on a CNI that keeps pods' addresses) or
+    refused (`key`)."""
+    caller_key_timeout_seconds: float = setting(
+        "caller-key-timeout",
+        "seconds a new connection has to present its caller key",
+        seconds(positive=True),
+        default="5",
+    )
+    """A connection whose first bytes have not come within this is closed; a proxy sends its key
+    with the connection's first packet, so only a stalled peer waits."""
     # The relay's limits, with the proxy's flags, variables and defaults.
     max_body_bytes: int = max_body()
     max_inflated_bytes: int = max_inflated()

@@ -50,6 +50,7 @@ from proxy.http2.streamstates import (
 )
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields, spliced
+from proxy.processflags import ProxyState
 from proxy.reconnect import connect_retrying
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
@@ -70,6 +71,7 @@ class ChannelOwner(Scheduler, Protocol):
 
     settings: Settings
     limiter: Limiter
+    state: ProxyState
 
     def forget(self, channel: TritonChannel) -> None:
         """`channel` takes no new streams."""
@@ -158,6 +160,9 @@ class TritonChannel(Channel, asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
+        if self.relay.state.caller_key:
+            # The node gateway reads the pod's caller key before the HTTP/2 preface.
+            self.transport.write(self.relay.state.caller_key)
         self.relay.triton_reachable()
         self.out.flush()
 

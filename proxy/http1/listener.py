@@ -76,7 +76,7 @@ class RestRelay:
         self.max_inflated = settings.max_inflated_bytes
         self.upstream_address = settings.triton_http_url
         host, _, port = settings.triton_http_url.rpartition(":")
-        self.pool = UpstreamPool(host, int(port), settings.source_address)
+        self.pool = UpstreamPool(host, int(port), settings.source_address, state)
         self.connections: set[Connection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
         metrics.listener("http", self.idle)

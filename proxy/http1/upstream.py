@@ -23,6 +23,7 @@ from proxy.http1.framing import (
     parse_response_head,
 )
 from proxy.policy.refusals import ProxyError, UpstreamError
+from proxy.processflags import ProxyState
 from proxy.sockets import local_address, nodelay
 
 _RESPONSE_HEADS: Final = 256
@@ -226,8 +227,12 @@ class Upstream(asyncio.Protocol):
 class UpstreamPool:
     """Idle keep-alive connections to Triton, reused most-recent first."""
 
-    def __init__(self, host: str, port: int, source_address: str = "") -> None:
+    def __init__(
+        self, host: str, port: int, source_address: str = "", state: ProxyState | None = None
+    ) -> None:
         self._host = host
+        self._state = state
+        """Where the pod's caller key is, sent first on each new connection; None: no key."""
         self._port = port
         self._local = local_address(source_address)
         self._idle: list[Upstream] = []
@@ -260,6 +265,8 @@ class UpstreamPool:
             lambda: Upstream(self), self._host, self._port, local_addr=self._local
         )
         self._all.add(protocol)
+        if self._state is not None and self._state.caller_key:
+            protocol.write(self._state.caller_key)
         return protocol
 
     def put(self, upstream: Upstream) -> None:

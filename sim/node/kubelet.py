@@ -133,7 +133,8 @@ class Kubelet(_PodWatcher):
     programs read; the kubelet does not. With `cpu`, each pod's processes run in a CPU cgroup
     weighted by the pod's CPU requests, as a real kubelet runs them (`sim.node.cpushares`).
     Kubelets of several nodes share one `addresses`, so that their pods' IPs differ, as the
-    cluster's network hands them out."""
+    cluster's network hands them out. With `masquerade`, the variables name the node's address:
+    the pods' connections leave from it, as under a CNI that masquerades node-local traffic."""
 
     def __init__(
         self,
@@ -150,6 +151,7 @@ class Kubelet(_PodWatcher):
         abandon_grace: float = 10.0,
         cpu: CpuGroups | None = None,
         addresses: PodAddresses | None = None,
+        masquerade: bool = False,
     ) -> None:
         api_client.user_agent = USER_AGENT
         super().__init__(api_client, f"spec.nodeName={node_name}", f"kubelet-{node_name}")
@@ -167,6 +169,7 @@ class Kubelet(_PodWatcher):
             backoff_max=backoff_max,
             abandon_grace=abandon_grace,
             cpu=cpu,
+            masquerade=masquerade,
             events=EventRecorder(self.core, node_name),
         )
         self._workers: dict[str, PodWorker] = {}

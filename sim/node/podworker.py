@@ -70,6 +70,9 @@ class NodeRuntime:
     """Seconds, the cap of the restart back-off."""
     abandon_grace: float
     """Seconds between SIGTERM and SIGKILL when the simulation itself stops."""
+    masquerade: bool = False
+    """Pods' connections leave from the node's address, as under a CNI that masquerades
+    node-local traffic (`sim.node.podnetwork`)."""
     cpu: CpuGroups | None = None
     """Where each pod's processes get the CPU weight of its requests (`sim.node.cpushares`);
     None: every process shares the machine as one."""
@@ -282,7 +285,12 @@ class PodWorker(threading.Thread):
             termination_log=self.dir / "termination" / container.name,
             base_env=self.node.base_env,
             python=self.node.python,
-            network=pod_network(self.pod_ip, self.node.host_ip, self.node.source_address_variables),
+            network=pod_network(
+                self.pod_ip,
+                self.node.host_ip,
+                self.node.source_address_variables,
+                masquerade=self.node.masquerade,
+            ),
             scratch=self.dir / "scratch" / container.name,
         )
         container.start(launch, self.dir / "logs" / f"{container.name}.log", self.dir)

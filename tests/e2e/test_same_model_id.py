@@ -2,7 +2,8 @@
 `resnet50` in team-b, both written in the short form, are placed on the one node with a real
 Triton, each loaded under its own pod's private name, and each pod's clients get that pod's
 model's answers (REST, gRPC and a gRPC stream) naming only `resnet50`, never the private name.
-Before private names the second was kept Pending ("node(s) already had model resnet50")."""
+Before private names the second was kept Pending ("node(s) already had model resnet50"). Both
+hold on a network that keeps pods' addresses and on one that masquerades them as the node's."""
 
 from __future__ import annotations
 
@@ -33,11 +34,19 @@ TEAMS = {"team-a": [[2.0, 3.0, 4.0]], "team-b": [[101.0, 102.0, 103.0]]}
 DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluster]:
-    # The test's models are Python (tenant code): both teams are let run it.
+@pytest.fixture(params=[False, True], ids=["pod-addresses", "masquerading"])
+def cluster(
+    tmp_path: Path, triton_install: TritonInstall, request: pytest.FixtureRequest
+) -> Iterator[SimCluster]:
+    # The test's models are Python (tenant code): both teams are let run it. Masquerading, the
+    # pods' connections reach the gateway from the node's address, named by their caller keys.
     with SimCluster(
-        tmp_path / "cluster", [NODE], binders=1, webhook=True, tenant_code_namespaces=tuple(TEAMS)
+        tmp_path / "cluster",
+        [NODE],
+        binders=1,
+        webhook=True,
+        tenant_code_namespaces=tuple(TEAMS),
+        masquerade=request.param,
     ) as running:
         assert running.missing == [], running.missing
         for namespace in TEAMS:
@@ -111,3 +120,7 @@ def test_two_namespaces_run_their_own_model_of_one_name_on_one_node(
             assert result.get_response().model_name == MODEL
             assert grpc.get_model_config(MODEL).config.name == MODEL
         assert _stream_answer(address) == (MODEL, expected), namespace
+        if cluster.masquerade:
+            # Its connections came from the node's address: the gateway knew it by its key.
+            log = cluster.kubelets[NODE.name].container_log(namespace, "model", "proxy")
+            assert "knows this pod by its caller key" in log, namespace

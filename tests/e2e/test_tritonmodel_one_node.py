@@ -42,10 +42,18 @@ NAMESPACE = "team-a"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluster]:
-    # The test's model is Python (tenant code): the team is let run it.
+def cluster(
+    tmp_path: Path, triton_install: TritonInstall, request: pytest.FixtureRequest
+) -> Iterator[SimCluster]:
+    # The test's model is Python (tenant code): the team is let run it. A test may ask for a
+    # masquerading network (its pods' connections to the node arrive from the node's address).
     with SimCluster(
-        tmp_path / "cluster", (NODE,), binders=1, webhook=True, tenant_code_namespaces=(NAMESPACE,)
+        tmp_path / "cluster",
+        (NODE,),
+        binders=1,
+        webhook=True,
+        tenant_code_namespaces=(NAMESPACE,),
+        masquerade=getattr(request, "param", False),
     ) as running:
         assert running.missing == [], running.missing
         running.core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
@@ -84,6 +92,9 @@ def _successes(triton: TritonServer, name: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.triton
+@pytest.mark.parametrize(
+    "cluster", [False, True], ids=["pod-addresses", "masquerading"], indirect=True
+)
 def test_two_replicas_on_one_node_both_serve_the_services_requests(cluster: SimCluster) -> None:
     assert cluster.model_store is not None and cluster.kube is not None
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
@@ -113,6 +124,10 @@ def test_two_replicas_on_one_node_both_serve_the_services_requests(cluster: SimC
         # Through the one host, one request at a time: each replica answers its share.
         wait_until("requests at both replicas", both_served, 60)
     assert sum(served.values()) >= 10, served
+    if cluster.masquerade:
+        # The host's connections came from the node's address: the gateway knew it by its key.
+        [log] = cluster.workdir.rglob(f"{NAMESPACE}_*/logs/proxy.log")
+        assert "knows this pod by its caller key" in log.read_text()
 
 
 @pytest.mark.slow

@@ -186,7 +186,7 @@ async def test_readyz_says_why_the_model_is_not_served() -> None:
         ["--model-id=add_one", "--triton-http-url=127.0.0.1:1", "--triton-grpc-url=127.0.0.1:1"],
         {},
     )
-    own_model = OwnModel(settings)
+    own_model = OwnModel(settings, ProxyState())
     why = [""]
     readiness = Readiness("add_one", ProxyState(), own_model, {"add_one"}, lambda: why[0])
     await own_model.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -392,3 +393,32 @@ def test_a_hold_survives_the_round_trip_and_changes_no_connection(tmp_path: Path
         book.check()
         clock.now += 1
     assert (revoked, changed) == ([], [held, trial, on])
+
+
+def test_a_key_digest_survives_the_round_trip_and_names_its_address(tmp_path: Path) -> None:
+    keyed = replace(A, key="ab" * 32)
+    assert decode(encode(CallerTable("node-1", 1.0, (keyed, B)))).callers == (keyed, B)
+    path = tmp_path / "callers.json"
+    write_table(path, CallerTable("node-1", time.time(), (keyed, B)))
+    book = CallerBook(path, max_age=60)
+    book.check()
+    assert book.by_key("ab" * 32) == (A.address, {"add_one": keyed})
+    assert book.by_key("cd" * 32) is None  # a row without a key is found by its address only
+
+
+@pytest.mark.parametrize("key", ["AB" * 32, "ab" * 31, 7, "zz" * 32])
+def test_a_key_that_is_no_sha256_in_hex_is_refused(key: object) -> None:
+    document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1,
+                "callers": [{"address": "10.0.0.1", "modelId": "m", "pod": "p", "uid": "u",
+                             "key": key}]}  # fmt: skip
+    with pytest.raises(CallerTableError, match="SHA-256"):
+        decode(json.dumps(document).encode())
+
+
+def test_a_hosts_rows_with_different_keys_are_refused() -> None:
+    rows = (
+        Caller("10.1.0.9", "m1", "team/host", "uid-m1/0", key="ab" * 32),
+        Caller("10.1.0.9", "m2", "team/host", "uid-m2/0", key="cd" * 32),
+    )
+    with pytest.raises(CallerTableError, match="different keys"):
+        decode(encode(CallerTable("node-1", 1.0, rows)))

@@ -157,6 +157,12 @@ def test_the_any_address_becomes_the_pods_own_and_connections_leave_from_it(
     assert pod_network("127.1.0.7", "127.0.0.1", ("SOURCE",)) == PodNetwork(
         "127.1.0.7", ("SOURCE",)
     )
+    # Under a masquerading CNI its connections leave from the node's address; it still listens
+    # on its own.
+    masqueraded = pod_network("127.1.0.7", "127.0.0.2", ("SOURCE",), masquerade=True)
+    assert masqueraded is not None
+    assert masqueraded.environment({}) == {"SOURCE": "127.0.0.2"}
+    assert masqueraded.rewrite("--listen-http=0.0.0.0:9000") == "--listen-http=127.1.0.7:9000"
 
 
 @pytest.mark.parametrize(
