@@ -441,6 +441,34 @@ class Settings:
     those processes' memory (NVML's per-process figures), so up to this many share a GPU at
     once; other loads keep the GPU to themselves. Triton's `--model-load-thread-count` should be
     at least this (the chart sets both from `agent.parallelLoads`)."""
+    stop_drain_seconds: float = setting(
+        "stop-drain-seconds",
+        "on SIGTERM, the longest wait for this node's model hosts to leave their Services",
+        seconds(),
+        default="10",
+    )
+    """On SIGTERM (the node pod deleted or replaced), before stopping, the agent marks every
+    model host replica on the node not served (reason NodePodStopping), tells the hosts'
+    loaders the node stops (they list every model leaving: their proxies close their clients'
+    connections after each answer) and waits this long at most for the binder to take the hosts
+    out of their Services; then --stop-unroute-seconds more. 0: no drain. SIGINT never drains.
+    Triton and the gateway must outlive it (the chart's preStop pauses)."""
+    pod_name: str = setting(
+        "pod-name",
+        "the node pod's own name (the downward API's metadata.name), in --system-namespace",
+        text,
+        default="",
+    )
+    """On SIGTERM the agent drains the node's hosts only if this pod is being deleted: the
+    kubelet's restart of the agent's container alone leaves them served. Empty: every SIGTERM
+    drains."""
+    stop_unroute_seconds: float = setting(
+        "stop-unroute-seconds",
+        "on SIGTERM, seconds this node's hosts stay served after leaving their Services",
+        seconds(),
+        default="3",
+    )
+    """Requests routed before the Services' endpoints caught up are answered meanwhile."""
     load_backoff_max_seconds: float = setting(
         "load-backoff-max-seconds",
         "the longest wait before a failed load is tried again",

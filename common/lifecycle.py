@@ -221,10 +221,15 @@ class Part(Protocol):
         """Listen, spawn the long-lived tasks and register their cleanups."""
 
 
-async def serve(part: Part, *, cleanup_timeout: float = 30.0) -> int:
-    """Run `part` as the process: SIGTERM and SIGINT stop it; the process's exit code (0 after a
-    clean stop, 1 after a vital task failed). An error while starting is raised, after the
-    cleanups registered so far have run."""
+async def serve(
+    part: Part,
+    *,
+    cleanup_timeout: float = 30.0,
+    on_signal: Callable[[signal.Signals], None] | None = None,
+) -> int:
+    """Run `part` as the process: SIGTERM and SIGINT stop it (after `on_signal`, if given); the
+    process's exit code (0 after a clean stop, 1 after a vital task failed). An error while
+    starting is raised, after the cleanups registered so far have run."""
     lifecycle = Lifecycle(cleanup_timeout=cleanup_timeout)
-    lifecycle.install_signal_handlers()
+    lifecycle.install_signal_handlers(on_signal)
     return await lifecycle.run(part.start)

@@ -167,6 +167,8 @@ class HostedList:
     parked: tuple[tuple[str, int], ...] = ()
     """The models parked on the host at zero replicas, each with its maxConcurrency: listed,
     their requests held."""
+    node_stopping: bool = False
+    """The node pod stops: every model here is listed leaving (still loaded and answered)."""
 
 
 class AgentClient:
@@ -241,6 +243,7 @@ class AgentClient:
             replicas=tuple(Hosted.from_proto(r) for r in reply.replicas),
             refused=tuple(reply.refused),
             parked=tuple((r.model_id, r.max_concurrency) for r in reply.parked),
+            node_stopping=reply.node_stopping,
         )
 
     async def install(

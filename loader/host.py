@@ -25,6 +25,11 @@ model may share the host, each with its own files, GPU and private name in Trito
   replica of it is ready here (or, one served elsewhere, `unroute_seconds` after it left the
   annotation), so that the proxy holds its requests meanwhile; its files stay under ROOT when
   its replica leaves, so that its wake fetches nothing.
+- every model, while the agent says the node pod stops (`node_stopping`: it is deleted or
+  replaced; the binder takes the host out of its Services meanwhile): listed with
+  `"leaving": true`, still loaded and served, so that the proxy closes its clients'
+  connections and they reconnect through their Services to other nodes; listed as before
+  once an agent says otherwise (a new node pod's: a model its Triton lacks is loaded again).
 - draining, gone, or given another storage URI: still listed for `unroute_seconds`, with
   `"leaving": true` once no replica of its model here stays (the binder has taken the host out
   of its Service; requests routed before the endpoints caught up are answered, and the proxy
@@ -236,6 +241,9 @@ class Host:
         self._stop_fetching = threading.Event()
         self._said: set[str] = set()
         self._agent_problem = ""
+        self._node_stopping = False
+        """The agent said the node pod stops: every model is listed leaving until an agent
+        says otherwise (kept while none answers)."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll and act until `stop` is set; then cancel what is under way and return."""
@@ -279,6 +287,16 @@ class Host:
                 f"refused:{refused}",
                 "The agent does not serve this host's replica %s: it is not loaded here.",
                 refused,
+            )
+        if listing.node_stopping != self._node_stopping:
+            self._node_stopping = listing.node_stopping
+            log.info(
+                "The node pod %s: %s.",
+                "stops" if listing.node_stopping else "runs again",
+                "listing every model leaving, still served, so that clients reconnect to other "
+                "nodes"
+                if listing.node_stopping
+                else "the models are listed as they are served",
             )
         if listing.parked != self._parked or self._unparked:
             self._parked = self._still_parked(listing)
@@ -613,7 +631,7 @@ class Host:
         for _, t in sorted(self._tracked.items(), key=_order):
             if t.published:
                 merged.setdefault(t.model, t.entry)
-                if not t.leaving:
+                if not t.leaving and not self._node_stopping:
                     staying.add(t.model)
         held = dict(self._parked)
         for t in self._tracked.values():
@@ -621,10 +639,10 @@ class Host:
                 limit = t.entry.get("maxConcurrency")
                 held[t.model] = limit if isinstance(limit, int) else 0
         for model, entry in merged.items():
-            if model not in staying and model not in held:
-                # Every replica of it here drains, and none is parked or loading here: its
-                # Service no longer routes here, and the proxy sends its clients there
-                # (`leaving`: their connections close).
+            if model not in staying and (model not in held or self._node_stopping):
+                # Every replica of it here drains, and none is parked or loading here, or the
+                # node pod stops: its Service no longer routes here, and the proxy sends its
+                # clients there (`leaving`: their connections close).
                 merged[model] = entry | {"leaving": True}
         listed = list(merged.values())
         listed += [

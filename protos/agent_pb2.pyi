@@ -226,14 +226,16 @@ class HostedReplica(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ..., storage_uri: _Optional[str] = ..., residency: _Optional[str] = ..., draining: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., idle_seconds: _Optional[int] = ..., status: _Optional[_Union[ModelStatus, _Mapping]] = ..., storage_secret: _Optional[str] = ..., storage_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListHostedResponse(_message.Message):
-    __slots__ = ("replicas", "refused", "parked")
+    __slots__ = ("replicas", "refused", "parked", "node_stopping")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     PARKED_FIELD_NUMBER: _ClassVar[int]
+    NODE_STOPPING_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[HostedReplica]
     refused: _containers.RepeatedScalarFieldContainer[str]
     parked: _containers.RepeatedCompositeFieldContainer[HostedReplica]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ..., refused: _Optional[_Iterable[str]] = ..., parked: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ...) -> None: ...
+    node_stopping: bool
+    def __init__(self, replicas: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ..., refused: _Optional[_Iterable[str]] = ..., parked: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ..., node_stopping: _Optional[bool] = ...) -> None: ...
 
 class CallerKeyRequest(_message.Message):
     __slots__ = ()

@@ -5,8 +5,9 @@ The agent answers a pod's projected token with that pod's key; the proxy puts it
 its connections to the gateway begin with, in `ProxyState.caller_key`, where the REST pool, the
 gRPC channel and the readiness check read it at each new connection (never per request). It asks
 once before the proxy serves and again every `REFRESH_SECONDS`, so a key the node changed (a
-replaced node pod makes a new secret) is followed within that; while the agent cannot answer the
-last key stays, and with none the gateway knows the pod by its address. What it must not do:
+replaced node pod makes a new secret) is followed within that, or within `RETRY_MAX_SECONDS` of
+the new agent answering when the old one stopped answering first; while the agent cannot answer
+the last key stays, and with none the gateway knows the pod by its address. What it must not do:
 open connections to the gateway.
 """
 
@@ -25,8 +26,11 @@ log = logging.getLogger(__name__)
 
 REFRESH_SECONDS: Final = 30.0
 """Seconds between asks while the agent answers."""
-RETRY_SECONDS: Final = 2.0
-"""Seconds before asking again after an ask failed, doubling up to `REFRESH_SECONDS`."""
+RETRY_SECONDS: Final = 1.0
+"""Seconds before asking again after an ask failed, doubling up to `RETRY_MAX_SECONDS`."""
+RETRY_MAX_SECONDS: Final = 4.0
+"""An agent that does not answer is most often a replaced node pod's, whose new agent answers
+with a new key within seconds of starting: asked again this often at most while it fails."""
 
 
 class CallerKeyKeeper:
@@ -70,4 +74,4 @@ class CallerKeyKeeper:
                 await asyncio.wait_for(stop.wait(), wait)
             if stop.is_set():
                 return
-            wait = REFRESH_SECONDS if await self.ask() else min(wait * 2, REFRESH_SECONDS)
+            wait = REFRESH_SECONDS if await self.ask() else min(wait * 2, RETRY_MAX_SECONDS)

@@ -103,6 +103,9 @@ KEYS = Keys()
 USER_AGENT = "tritonshare-sim-cluster"
 BINDER_LEASE_SECONDS = 6
 AGENT_GPUS_SECONDS = 60.0
+AGENT_STOP_GRACE = 40.0
+"""How long a replaced node pod's agent may take to stop: its hosts' drain (--stop-drain-seconds
+and --stop-unroute-seconds, 13 s by default) and its cleanups."""
 """How long a node's agent may take to publish its GPUs before the cluster gives up."""
 ADMISSION_POLICY_FILES = tuple(
     Path(__file__).resolve().parents[1] / "deploy" / "base" / name
@@ -890,7 +893,9 @@ class SimCluster:
         real = self._real(node, "replace")
         assert self.ports is not None
         agent, gateway = self.agents[real.name], self.gateways.pop(real.name)
-        self.exit_codes[agent.process.name] = agent.process.stop()
+        # The agent first: it takes the node's hosts out of their Services while the gateway
+        # and Triton still answer, as the chart's preStop pauses keep them.
+        self.exit_codes[agent.process.name] = agent.process.stop(grace=AGENT_STOP_GRACE)
         self.exit_codes[gateway.process.name] = gateway.process.stop()
         triton = self.tritons.pop(real.name)
         triton.stop()
@@ -911,7 +916,10 @@ class SimCluster:
         assert self.ports is not None
         if container == "agent":
             agent = self.agents[real.name]
-            self.exit_codes[agent.process.name] = agent.process.stop()
+            # SIGINT: a real agent reads its own Pod, not being deleted, and does not drain the
+            # node's hosts; the simulated node pod has no Pod to read.
+            stopped = agent.process.stop(sig=signal.SIGINT)
+            self.exit_codes[agent.process.name] = stopped
             self._start_agent(real, f"{self.node_addresses[real.name]}:{self.ports.agent}")
             self._wait_agents([real.name])
         elif container == "gateway":
@@ -961,7 +969,8 @@ class SimCluster:
         for binder in self.binders:
             self.exit_codes[binder.process.name] = binder.process.stop()
         for agent in self.agents.values():
-            self.exit_codes[agent.process.name] = agent.process.stop()
+            # Switched off: no drain of the node's hosts (the agent drains on SIGTERM only).
+            self.exit_codes[agent.process.name] = agent.process.stop(sig=signal.SIGINT)
         for gateway in self.gateways.values():
             self.exit_codes[gateway.process.name] = gateway.process.stop()
         if self.webhook is not None:

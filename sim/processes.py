@@ -58,13 +58,13 @@ class ManagedProcess:
             return "(no log)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def stop(self, grace: float = 20.0) -> int | None:
-        """SIGTERM, wait up to `grace` seconds, then SIGKILL; the exit code (None if never run)."""
+    def stop(self, grace: float = 20.0, sig: signal.Signals = signal.SIGTERM) -> int | None:
+        """`sig`, wait up to `grace` seconds, then SIGKILL; the exit code (None if never run)."""
         if self.process is None:
             return None
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
+                os.killpg(self.process.pid, sig)
             try:
                 self.process.wait(grace)
             except subprocess.TimeoutExpired:

@@ -98,6 +98,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self.on_failures_reported = on_failures_reported
         """Called when a host's loader reports other failures than before (agent.status.conditions
         says so at once)."""
+        self.node_stopping = False
+        """Set when the node pod stops: ListHosted tells the hosts' loaders so."""
 
     def _fail(
         self,
@@ -324,6 +326,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 agent_pb2.HostedReplica(model_id=p.model_id, max_concurrency=p.max_concurrency)
                 for p in parked
             ],
+            node_stopping=self.node_stopping,
         )
 
     async def CallerKey(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802

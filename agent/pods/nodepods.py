@@ -21,7 +21,7 @@ from agent.pods.modelpods import PodInfo, is_host, pod_from_dict, pods_from_dict
 from agent.pods.ownership import OwnerRecord
 from agent.pods.proofs import PlacementVerifier, Proven
 from common.contract import Keys
-from common.hosted import host_name
+from common.hosted import host_name, serves_label
 
 REFUSED_PER_HOST = 8
 """Refused replicas of one model host that the agent says why on the host (ListHosted lists
@@ -113,6 +113,21 @@ class NodePods:
         if not self.synced:
             return None
         return self._host_objects.get(f"{namespace}/{name}")
+
+    def routed_hosts(self) -> list[str]:
+        """This node's live model hosts still in the Service of a model they serve a replica of
+        (labelled `<prefix>serves-<model>: "true"`), by namespace/name."""
+        routed = []
+        for key, obj in self._host_objects.items():
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            models = {
+                pod.model_id
+                for pod_key in self._stands_for.get(key, ())
+                if (pod := self.by_key.get(pod_key)) is not None and self._ours(pod)
+            }
+            if any(labels.get(serves_label(self._keys, model)) == "true" for model in models):
+                routed.append(key)
+        return sorted(routed)
 
     def _ours(self, pod: PodInfo) -> bool:
         return pod.scheduler_name == self._scheduler_name and not pod.terminated

@@ -32,6 +32,7 @@ cannot load it (`agent.pods.loadfailures`), the loader's reason (FetchFailed, Mo
 its message and an Event: the loader names the cause as a model pod's loader does, Triton's refusal
 included, so the agent's own ModelFailed waits for its word; the pass runs at once when a
 host's report changes. Once a draining replica is not served it reads ModelDrained (no Event).
+While the node pod stops (`stopping`), every host replica reads NodePodStopping (no Event).
 A replica whose proof fails reads False with the prover's reason (NotPlacedByBinder,
 PlacementChanged); the condition of a replica that left the host is taken off.
 The write is a strategic-merge patch of pods/status (one condition, merged by type), which the
@@ -69,7 +70,10 @@ GIVEN_UP_REASON = "ModelLoadGivenUp"
 NOT_PLACED_REASON = "NotPlacedByBinder"
 DRAINED_REASON = "ModelDrained"
 """The reason of a draining replica once its model is no longer served: it may leave its host."""
-QUIET_REASONS = frozenset({SLEEPING_REASON, PENDING_REASON, DRAINED_REASON})
+NODE_STOPPING_REASON = "NodePodStopping"
+"""The reason of every model host replica on a node whose node pod stops (its agent got SIGTERM):
+the binder takes the hosts out of their Services while Triton still answers."""
+QUIET_REASONS = frozenset({SLEEPING_REASON, PENDING_REASON, DRAINED_REASON, NODE_STOPPING_REASON})
 """Reasons of a False condition that are no fault: no Event."""
 REINSTALL_WRITE_SECONDS = 10.0
 REMEMBERED = 10_000
@@ -214,6 +218,9 @@ class ModelConditions:
         self._reinstalls: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self.stopping = ""
+        """Set when the node pod stops: every host replica's condition says this (False,
+        NODE_STOPPING_REASON) whatever the node has of it."""
 
     def reinstalling(self, proven: Proven) -> None:
         """A Running pod (its loader long done) installs its model again: the node had lost it.
@@ -290,6 +297,11 @@ class ModelConditions:
             )
         for proven, status in zip(judged, statuses, strict=True):
             pod = proven.pod
+            if self.stopping and pod.host:
+                leaving = Verdict("False", NODE_STOPPING_REASON, self.stopping)
+                if (leaving.status, leaving.reason) != pod.model_loaded:
+                    await self._write(proven, leaving)
+                continue
             why = self._refused(pod.object_key) if self._refused is not None else ""
             if why:
                 quarantined = Verdict("False", REQUESTS_CRASHED_REASON, why)

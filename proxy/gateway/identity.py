@@ -7,7 +7,9 @@ for the relay), or tells at the first byte that none comes (no key starts otherw
 then decides: a key names its pod wherever the connection comes from (a masquerading CNI makes
 every pod's source the node's address, or a bridge's), unless it comes from another caller's
 address, where the address is evidence of a stolen key and the connection is refused. A
-connection with no key is known by its address, or refused under `--caller-identity key`.
+connection with no key, or with a key the table does not hold (a replaced node pod's new secret
+makes every proxy's key stale until it asks again), is known by its address, or refused under
+`--caller-identity key`.
 Nothing here is done per request. What it must not do: relay bytes or decide who is a caller
 (the agent's table does).
 """
@@ -75,7 +77,12 @@ def identify(book: CallerBook, keys_only: bool, source: str, first: bytes) -> Ro
         return "bad_key"
     found = book.by_key(digest(key))
     if found is None:
-        return "not_a_caller"
+        # A key the table does not hold: made under a secret the node no longer has (its node
+        # pod was replaced, and the proxy has not asked for its new key yet) or forged. Under
+        # key-or-address it counts for nothing: the connection is known by its address, as one
+        # without a key would be.
+        rows = None if keys_only else book.lookup(source)
+        return "not_a_caller" if rows is None else rows
     address, rows = found
     if address != source and book.lookup(source) is not None:
         return "address_mismatch"

@@ -71,6 +71,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     """The largest ListHosted request, in bytes."""
     parked: dict[str, int] = field(default_factory=dict)
     """The models parked on the host: model id -> maxConcurrency."""
+    node_stopping: bool = False
 
     def host(
         self,
@@ -130,7 +131,10 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             agent_pb2.HostedReplica(model_id=m, max_concurrency=c) for m, c in self.parked.items()
         ]
         return agent_pb2.ListHostedResponse(
-            replicas=listed, refused=["other/0: no proof"], parked=parked
+            replicas=listed,
+            refused=["other/0: no proof"],
+            parked=parked,
+            node_stopping=self.node_stopping,
         )
 
     async def GetModel(  # noqa: N802
@@ -745,6 +749,32 @@ async def test_new_files_replace_the_old_after_a_drain(
         assert servicer.count("UnloadModel", "add_one") == 1
         assert (tmp_path / "models" / ".sources" / "add_one.0").read_text() == v2
     assert servicer.models["add_one"][1] == first, "the same files: the same digest"
+
+
+async def test_while_the_node_pod_stops_every_model_is_listed_leaving_and_stays_loaded(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"), max_concurrency=3)
+    servicer.host("identity", models.url("identity"))
+    async with following(address, tmp_path, drain_seconds=0.0, unroute_seconds=0.0):
+        await until(lambda: ready(tmp_path) == ["add_one", "identity"], "both listed")
+        assert not any(e.get("leaving") for e in listed(tmp_path))
+        servicer.node_stopping = True
+        await until(lambda: all(e.get("leaving") for e in listed(tmp_path)), "both leaving")
+        assert listed(tmp_path) == [
+            {"model": "add_one", "maxConcurrency": 3, "leaving": True},
+            {"model": "identity", "leaving": True},
+        ]
+        seen = servicer.listings
+        await until(lambda: servicer.listings >= seen + 5, "more polls")
+        assert ready(tmp_path) == ["add_one", "identity"], "still served while it stops"
+        assert not servicer.count("UnloadModel", "add_one"), "nothing is unloaded"
+        # A new node pod's agent: listed as before (loaded again where its Triton lacks it).
+        servicer.node_stopping = False
+        await until(lambda: not any(e.get("leaving") for e in listed(tmp_path)), "listed again")
+        assert ready(tmp_path) == ["add_one", "identity"]
+    assert servicer.count("LoadModel", "add_one") == 1
 
 
 async def test_a_model_the_node_lost_is_loaded_again_and_stays_listed(

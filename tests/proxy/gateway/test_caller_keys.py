@@ -162,9 +162,30 @@ def test_a_masqueraded_connection_without_a_key_is_refused(gateway: RunningGatew
 )
 def test_forged_keys_are_refused(gateway: RunningGateway, first: bytes) -> None:
     assert refused(gateway.http_url, NODE, first)
-    if first.startswith(MAGIC[:1]):
-        # A NUL first byte commits to a key even from a caller's own address.
+    if first.startswith(MAGIC[:1]) and first[: len(MAGIC)] != MAGIC:
+        # A NUL first byte commits to a key even from a caller's own address: one not even of
+        # the key's form is refused (a well-formed one the table lacks counts for nothing).
         assert refused(gateway.http_url, POD_A, first)
+
+
+def test_a_stale_key_counts_for_nothing(served_triton: TritonServer, table: Path) -> None:
+    # A replaced node pod makes a new secret: until its proxy asks again, a pod's key is one the
+    # table does not hold. From its own address it is known by that, as without a key; under
+    # --caller-identity key it is refused; from the node's (masqueraded) address it is refused.
+    stale = preamble(secrets.token_bytes(32))
+    publish(table, *ROWS)
+    with running_gateway(gateway_settings(served_triton, table)) as gateway:
+        assert fetch(gateway, POD_A, None, "GET", "/v2/models/add_one/ready")[0] == 200
+        connection = KeyedConnection(gateway.http_url, POD_A, None)
+        connection.connect()
+        connection.sock.sendall(stale)
+        connection.request("GET", "/v2/models/identity/ready")
+        assert connection.getresponse().status == 400, "A's rows: not B's model"
+        connection.close()
+        assert refused(gateway.http_url, NODE, stale)
+    settings = gateway_settings(served_triton, table, caller_identity="key")
+    with running_gateway(settings) as gateway:
+        assert refused(gateway.http_url, POD_A, stale)
 
 
 def test_a_deleted_pods_key_is_worthless(gateway: RunningGateway, table: Path) -> None:

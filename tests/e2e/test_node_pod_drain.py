@@ -1,0 +1,126 @@
+"""A node pod replaced as a DaemonSet update replaces it, one node at a time, under a TritonModel
+with two replicas on two nodes: clients that keep their connections through the model's Service
+(REST keep-alive and a gRPC channel, as the churn benchmark's do) get every request answered.
+
+The replaced node pod's agent (SIGTERM) first takes the node's hosts out of their Services while
+its Triton and gateway still answer: each replica there reads NodePodStopping, the binder removes
+its host's `serves-` label, and the host's loader lists the model leaving, so its proxy closes
+each client's connection after its next answer and the client reconnects to the other node.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes.client
+import pytest
+
+from benchmarks.churn import Client, Request
+from common.contract import Keys
+from common.hosted import host_name, loaded_prefix
+from sim.cluster import NodeSpec, SimCluster
+from sim.demo.scenario import MODELS_DIR
+from sim.processes import wait_until
+from sim.service import ServiceProxy
+from sim.triton import TritonInstall
+
+NODES = (NodeSpec("gpu-a", "1xT4", real=True), NodeSpec("gpu-b", "1xT4", real=True))
+NAMESPACE = "team-a"
+MODEL = "add-one"
+GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+KEYS = Keys()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluster]:
+    with SimCluster(
+        tmp_path / "cluster", NODES, binders=1, webhook=True, tenant_code_namespaces=(NAMESPACE,)
+    ) as running:
+        assert running.missing == [], running.missing
+        running.core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
+        yield running
+
+
+def _ready(custom: Any) -> int:
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, MODEL)
+    return int((obj.get("status") or {}).get("readyReplicas") or 0)
+
+
+def _loaded_reasons(core: Any, node: str) -> set[str]:
+    """The reasons of the host's loaded conditions on `node` (its model's replicas)."""
+    host = core.read_namespaced_pod(host_name(node), NAMESPACE)
+    prefix = loaded_prefix(KEYS)
+    return {str(c.reason) for c in host.status.conditions or [] if str(c.type).startswith(prefix)}
+
+
+def _more_than(requests: list[Request], count: int) -> bool:
+    return len(requests) > count
+
+
+def _listening(address: str) -> bool:
+    try:
+        socket.create_connection((address, 9000), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_replica_model(
+    cluster: SimCluster,
+) -> None:
+    assert cluster.model_store is not None and cluster.kube is not None
+    core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+    uri = cluster.model_store.publish(MODEL, MODELS_DIR / "add_one", release="drained")
+    spec = {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 2, "minAvailable": 1}
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel"}
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, {**body, "metadata": {"name": MODEL}, "spec": spec}
+    )
+    wait_until("both replicas ready", lambda: _ready(custom) == 2, 150)
+    address = core.read_namespaced_service(MODEL, NAMESPACE).spec.cluster_ip
+    services = ServiceProxy(cluster.kube, period=0.2)
+    services.start()
+    wait_until("the Service listening", lambda: _listening(address), 30)
+    requests: list[Request] = []
+    clients = [Client(MODEL, protocol, address, requests) for protocol in ("rest", "grpc")]
+    stopping: list[set[str]] = []
+    try:
+        for client in clients:
+            client.start()
+        for client in clients:
+            wait_until(f"a first {client.protocol} answer", client.answered.is_set, 60)
+        for node in NODES:
+            seen = threading.Event()
+
+            def watch_stopping(node: str = node.name, seen: threading.Event = seen) -> None:
+                # The replaced node's replica says why it is not served while it drains.
+                while not seen.is_set():
+                    reasons = _loaded_reasons(core, node)
+                    if "NodePodStopping" in reasons:
+                        stopping.append(reasons)
+                        return
+                    seen.wait(0.05)
+
+            watcher = threading.Thread(target=watch_stopping, daemon=True)
+            watcher.start()
+            cluster.replace_node_pod(node.name)
+            seen.set()
+            watcher.join(5)
+            wait_until(f"both replicas ready after {node.name}", lambda: _ready(custom) == 2, 150)
+            wait_until("answers after it", partial(_more_than, requests, len(requests) + 20), 30)
+    finally:
+        for client in clients:
+            client.stop()
+        services.stop()
+    failed = [r for r in requests if not r.ok]
+    assert failed == [], f"{len(failed)} of {len(requests)} failed, the first: {failed[:3]}"
+    assert sum(r.ok for r in requests) > 100
+    assert len(stopping) == len(NODES), "each replaced node's replica read NodePodStopping"
