@@ -308,3 +308,25 @@ async def test_each_write_says_the_status_it_replaces_so_its_transition_time_can
     await watcher.sync([proven("a", loaded=("False", "ModelMissing"))], triton_live=True)
     assert writer.written == [("a", "False", "ModelFailed")] * 2
     assert writer.was == [None, "False"]
+
+
+async def test_while_the_node_pod_stops_every_host_replica_reads_node_pod_stopping() -> None:
+    """The replicas of model hosts read False NodePodStopping whatever Triton has of them (the
+    binder takes their hosts out of their Services), with no Event; a model pod is judged as
+    before (its readiness is its own proxy's)."""
+    writer, events = Writer(), Events()
+    ready = ModelStatus("model_m", ModelState.READY)
+    states = {"m/0": ready, "pod": ready}
+    replica = replace(
+        proven("m/0", loaded=("True", "ModelReady")).pod,
+        host="tritonshare-host-1",
+        host_uid="host-uid",
+    )
+    pod = proven("pod", loaded=("True", "ModelReady"))
+    watcher = conditions(states, writer, events)
+    await watcher.sync([Proven(replica, 1024), pod], triton_live=True)
+    assert writer.written == [], "both already say so"
+    watcher.stopping = "the node pod is stopping"
+    await watcher.sync([Proven(replica, 1024), pod], triton_live=True)
+    assert writer.written == [("tritonshare-host-1", "False", "NodePodStopping")]
+    assert events.warned == []
