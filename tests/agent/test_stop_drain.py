@@ -21,6 +21,11 @@ NAMESPACE = "tritonshare-system"
 POD = "tritonshare-node-x7k2p"
 
 
+def _drains(agent: Agent, sig: signal.Signals) -> bool:
+    agent.signalled(sig)
+    return agent._drain_on_stop
+
+
 async def test_a_sigterm_drains_only_when_the_node_pod_is_deleted(
     kubeconfig: Path,
     triton: TritonServer,
@@ -31,10 +36,8 @@ async def test_a_sigterm_drains_only_when_the_node_pod_is_deleted(
     core = cast(Any, kubernetes.client.CoreV1Api(kube_api))
     settings = agent_settings(kubeconfig, triton, model_repository, pod_name=POD)
     agent = Agent(settings, nvml=MockNvml(parse_spec("1xT4", seed=NODE)).as_module())
-    agent.signalled(signal.SIGINT)
-    assert not agent._drain_on_stop, "SIGINT stops at once"
-    agent.signalled(signal.SIGTERM)
-    assert agent._drain_on_stop
+    assert not _drains(agent, signal.SIGINT), "SIGINT stops at once"
+    assert _drains(agent, signal.SIGTERM)
     try:
         assert await agent._pod_deleted(), "a node pod already gone"
         core.create_namespaced_pod(
