@@ -28,6 +28,7 @@ from agent.gpus.reserve import DEFAULT_RESERVE
 from agent.settings import parse_settings as parse_agent_settings
 from binder.settings import parse_settings as parse_binder_settings
 from loader.settings import parse_settings as parse_loader_settings
+from proxy.gateway.settings import parse_settings as parse_gateway_settings
 from proxy.settings import parse_settings as parse_proxy_settings
 from sim.apiserver import RunningApiServer
 from tests.conftest import require_executable
@@ -295,6 +296,32 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     rule = _the(objects, "PrometheusRule", "tritonshare")
     exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert f'job="{CUSTOM_NAMESPACE}/tritonshare-node"' in exprs
+
+
+def test_the_node_pods_stop_and_caller_identity_follow_the_values() -> None:
+    values = {
+        "agent": {"stopDrain": {"seconds": 20, "unrouteSeconds": 5}},
+        "gateway": {"callerIdentity": "key"},
+    }
+    for ds in (o for o in render_chart(values) if o["kind"] == "DaemonSet"):
+        by_name = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+        args = [
+            a.replace("$(POD_NAME)", "node-x").replace("$(NODE_NAME)", "n")
+            for a in by_name["agent"]["args"]
+        ]
+        agent = parse_agent_settings(args, {})
+        assert (agent.stop_drain_seconds, agent.stop_unroute_seconds) == (20, 5)
+        assert agent.pod_name == "node-x"
+        env = {e["name"]: e.get("valueFrom") for e in by_name["agent"]["env"]}
+        assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        gateway = parse_gateway_settings(by_name["gateway"]["args"], {})
+        assert gateway.caller_identity == "key"
+        # Triton and the gateway answer on through the agent's drain, and 2 s more.
+        for name in ("triton", "gateway"):
+            pause = by_name[name]["lifecycle"]["preStop"]["sleep"]["seconds"]
+            assert pause == 27, name_of(ds)
+        grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > pause, "Triton's own stop comes after the pause"
 
 
 def test_tenant_code_namespaces_get_nodes_of_their_own() -> None:
