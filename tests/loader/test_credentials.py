@@ -23,7 +23,7 @@ from loader.fetch import fetch
 from sim.modelstore import ModelStore
 from sim.tls import self_signed
 from tests.conftest import MODELS_DIR
-from tests.loader.test_host import StandInAgent, agent, following, names, until
+from tests.loader.test_host import StandInAgent, agent, following, ready, until
 
 __all__ = ["agent"]  # the stand-in agent fixture, used below
 
@@ -183,5 +183,6 @@ async def test_a_host_fetches_a_replica_with_its_storage_secret(
     servicer.host("add_one", f"{base}/private/add_one.tar.gz")
     servicer.replicas["add_one"].storage_secret = "creds"
     async with following(address, tmp_path, secret_dir=creds(tmp_path)):
-        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        # Listed ready: fetched and loaded (a replica is listed held as soon as its load starts).
+        await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed ready")
     assert seen == [("/private/add_one.tar.gz", TOKEN)]
