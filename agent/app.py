@@ -83,8 +83,8 @@ RELAY_RETRY_SECONDS = 0.5
 # How often a stopping agent looks whether its node's hosts have left their Services.
 STOP_DRAIN_POLL_SECONDS = 0.2
 STOPPING_MESSAGE = (
-    "the node pod is stopping (deleted or replaced): the model's replicas on other nodes serve "
-    "its requests until this node serves it again"
+    "the node pod is stopping (deleted or replaced): the model's replicas on other nodes, if any, "
+    "serve its requests until this node serves it again"
 )
 RELAY_REMEDY = (
     "with --gpu-source=triton, Triton's container must be given every GPU of the node (its "

@@ -226,6 +226,12 @@ SLEEPING_REASON = "ModelSleeping"
 its pod or host stays routed, as its proxy wakes it on the next request."""
 
 
+NODE_STOPPING_REASON = "NodePodStopping"
+"""The reason of a loaded condition False for every replica of a host whose node pod stops (its
+agent got SIGTERM, the pod deleted): its host leaves the model's Service unless it holds the
+model's last replica served, while Triton still answers."""
+
+
 LOAD_FAILED_REASON = "ModelLoadFailed"
 """A host's loader failed to load a replica for a cause it does not name below."""
 HOST_MEMORY_REASON = "InsufficientHostMemory"

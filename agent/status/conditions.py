@@ -58,7 +58,7 @@ from agent.pods.modelpods import PENDING_REASON, PodInfo
 from agent.pods.proofs import Proven
 from agent.quarantine.suspects import REASON as REQUESTS_CRASHED_REASON
 from common.conditions import Condition
-from common.hosted import LOAD_FAILURE_REASONS, SLEEPING_REASON
+from common.hosted import LOAD_FAILURE_REASONS, NODE_STOPPING_REASON, SLEEPING_REASON
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -70,9 +70,6 @@ GIVEN_UP_REASON = "ModelLoadGivenUp"
 NOT_PLACED_REASON = "NotPlacedByBinder"
 DRAINED_REASON = "ModelDrained"
 """The reason of a draining replica once its model is no longer served: it may leave its host."""
-NODE_STOPPING_REASON = "NodePodStopping"
-"""The reason of every model host replica on a node whose node pod stops (its agent got SIGTERM):
-the binder takes the hosts out of their Services while Triton still answers."""
 QUIET_REASONS = frozenset({SLEEPING_REASON, PENDING_REASON, DRAINED_REASON, NODE_STOPPING_REASON})
 """Reasons of a False condition that are no fault: no Event."""
 REINSTALL_WRITE_SECONDS = 10.0

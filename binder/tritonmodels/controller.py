@@ -27,10 +27,11 @@ there, or a
   model of it parked at zero replicas, `binder.autoscaler.parking`), each labelled
   `<prefix>serves-<model>` for a replica whose loaded condition (the agent's, on the host:
   `host_changed`) is True, or False only as asleep (ModelSleeping: the host's proxy wakes it on the
-  next request), and that is not draining; awake first: a sleeping replica's label is `asleep`
-  (outside the Service) while another replica of its model is awake and has room
-  (`binder.autoscaler.room`, judged on the autoscaler's readings: `observe_load`), so a request
-  wakes one only when no awake one has room;
+  next request) or as its node pod stops while no other replica of its model serves
+  (NodePodStopping: Triton still answers; `_routable`), and that is not draining; awake first:
+  a sleeping replica's label is `asleep` (outside the Service) while another replica of its
+  model is awake and has room (`binder.autoscaler.room`, judged on the autoscaler's readings:
+  `observe_load`), so a request wakes one only when no awake one has room;
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
   is loaded.
@@ -112,6 +113,7 @@ from common.conditions import Condition, condition_for, find
 from common.contract import Keys
 from common.hosted import (
     LOAD_FAILURE_REASONS,
+    NODE_STOPPING_REASON,
     SERVES_ASLEEP,
     SLEEPING_REASON,
     HostedError,
@@ -313,7 +315,7 @@ class TritonModelController:
             clock=clock,
             draining=self._draining,
             parked=self._parked,
-            loaded=self._loaded,
+            loaded=self._routable,
             served=self._served,
             serves_value=self._serves_value,
             uri=self._rollout.uri,
@@ -987,6 +989,24 @@ class TritonModelController:
                 message = str(condition.get("message") or "")
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
+
+    def _routable(self, model: ModelInfo, replica: PodInfo) -> Loaded:
+        """Whether the replica's host is labelled to serve it: loaded (`_loaded`), or loaded
+        on a node whose node pod stops while no other replica of its model is served (its
+        host answers until the node pod goes: nothing else would)."""
+        loaded = self._loaded(model, replica)
+        if loaded.ready or loaded.reason != NODE_STOPPING_REASON:
+            return loaded
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if (
+                charged is not None
+                and charged.node_name != replica.node_name
+                and rid not in self._draining
+                and self._awake(model, charged.node_name)
+            ):
+                return loaded
+        return Loaded(True, "")
 
     def _awake(self, model: ModelInfo, node: str, ordinal: int | None = None) -> bool:
         """Whether a replica of `model` (replica `ordinal`, when given) is loaded and not asleep

@@ -5,11 +5,13 @@ with two replicas on two nodes: clients that keep their connections through the 
 The replaced node pod's agent (SIGTERM) first takes the node's hosts out of their Services while
 its Triton and gateway still answer: each replica there reads NodePodStopping, the binder removes
 its host's `serves-` label, and the host's loader lists the model leaving, so its proxy closes
-each client's connection after its next answer and the client reconnects to the other node.
+each client's connection after its next answer and the client reconnects to the other node. A
+neighbour with one replica keeps its host in its Service meanwhile: nothing else would answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ import pytest
 
 from benchmarks.churn import Client, Request
 from common.contract import Keys
-from common.hosted import host_name, loaded_prefix
+from common.hosted import host_name, loaded_prefix, serves_label
 from sim.cluster import NodeSpec, SimCluster
 from sim.demo.scenario import MODELS_DIR
 from sim.processes import wait_until
@@ -32,6 +34,7 @@ from sim.triton import TritonInstall
 NODES = (NodeSpec("gpu-a", "1xT4", real=True), NodeSpec("gpu-b", "1xT4", real=True))
 NAMESPACE = "team-a"
 MODEL = "add-one"
+SOLO = "solo"
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
 KEYS = Keys()
 
@@ -46,16 +49,30 @@ def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluste
         yield running
 
 
-def _ready(custom: Any) -> int:
-    obj = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, MODEL)
+def _ready(custom: Any, model: str = MODEL) -> int:
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, model)
     return int((obj.get("status") or {}).get("readyReplicas") or 0)
 
 
-def _loaded_reasons(core: Any, node: str) -> set[str]:
-    """The reasons of the host's loaded conditions on `node` (its model's replicas)."""
+def _host_view(core: Any, node: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The host on `node`: each model's loaded condition reason, and each model's serves label."""
     host = core.read_namespaced_pod(host_name(node), NAMESPACE)
     prefix = loaded_prefix(KEYS)
-    return {str(c.reason) for c in host.status.conditions or [] if str(c.type).startswith(prefix)}
+    reasons = {
+        str(c.type)[len(prefix) :].rpartition("_")[0]: str(c.reason)
+        for c in host.status.conditions or []
+        if str(c.type).startswith(prefix)
+    }
+    labels = {m: (host.metadata.labels or {}).get(serves_label(KEYS, m), "") for m in reasons}
+    return reasons, labels
+
+
+def _create(custom: Any, uri: str, name: str, replicas: int) -> None:
+    spec = {"storageUri": uri, "gpuMemory": "1Gi", "replicas": replicas}
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel"}
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, {**body, "metadata": {"name": name}, "spec": spec}
+    )
 
 
 def _more_than(requests: list[Request], count: int) -> bool:
@@ -79,19 +96,24 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_replica_mod
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
     uri = cluster.model_store.publish(MODEL, MODELS_DIR / "add_one", release="drained")
-    spec = {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 2, "minAvailable": 1}
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel"}
-    custom.create_namespaced_custom_object(
-        GROUP, VERSION, NAMESPACE, PLURAL, {**body, "metadata": {"name": MODEL}, "spec": spec}
-    )
+    _create(custom, uri, MODEL, 2)
+    # A neighbour with one replica: its host answers for it until the node pod goes.
+    _create(custom, cluster.model_store.publish(SOLO, MODELS_DIR / "identity"), SOLO, 1)
     wait_until("both replicas ready", lambda: _ready(custom) == 2, 150)
+    wait_until(
+        "the neighbour ready",
+        lambda: _ready(custom, SOLO) == 1,
+        150,
+        lambda: str(custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, SOLO)),
+    )
     address = core.read_namespaced_service(MODEL, NAMESPACE).spec.cluster_ip
     services = ServiceProxy(cluster.kube, period=0.2)
     services.start()
     wait_until("the Service listening", lambda: _listening(address), 30)
     requests: list[Request] = []
     clients = [Client(MODEL, protocol, address, requests) for protocol in ("rest", "grpc")]
-    stopping: list[set[str]] = []
+    # While a node's replicas read NodePodStopping: (its serves labels of MODEL and SOLO).
+    stopping: list[tuple[str, str]] = []
     try:
         for client in clients:
             client.start()
@@ -100,16 +122,14 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_replica_mod
         for node in NODES:
             seen = threading.Event()
 
-            def watch_stopping(node: str = node.name, seen: threading.Event = seen) -> None:
-                # The replaced node's replica says why it is not served while it drains.
-                while not seen.is_set():
-                    reasons = _loaded_reasons(core, node)
-                    if "NodePodStopping" in reasons:
-                        stopping.append(reasons)
-                        return
-                    seen.wait(0.05)
+            def watch(node: str = node.name, seen: threading.Event = seen) -> None:
+                while not seen.wait(0.05):
+                    with contextlib.suppress(kubernetes.client.ApiException):
+                        reasons, labels = _host_view(core, node)
+                        if reasons.get(MODEL) == "NodePodStopping":
+                            stopping.append((labels[MODEL], labels.get(SOLO, "-")))
 
-            watcher = threading.Thread(target=watch_stopping, daemon=True)
+            watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
             cluster.replace_node_pod(node.name)
             seen.set()
@@ -123,4 +143,8 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_replica_mod
     failed = [r for r in requests if not r.ok]
     assert failed == [], f"{len(failed)} of {len(requests)} failed, the first: {failed[:3]}"
     assert sum(r.ok for r in requests) > 100
-    assert len(stopping) == len(NODES), "each replaced node's replica read NodePodStopping"
+    # Each replaced node's replica read NodePodStopping, and its host left MODEL's Service; the
+    # neighbour's only replica kept its host in SOLO's (where it was).
+    assert any(model == "" for model, _ in stopping), stopping
+    assert ("", "true") in stopping, f"the neighbour's node: {stopping}"
+    assert all(solo in ("true", "-") for _, solo in stopping), stopping
