@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -31,6 +32,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import h2.config
 import h2.connection
@@ -143,27 +145,50 @@ def test_the_gateway_process_runs_the_proxy_these_tests_import() -> None:
     assert Path(child.stdout.strip()) == Path(relay.__file__), "the child runs another build"
 
 
+START_ATTEMPTS = 3
+"""Free ports are free a moment before the child binds them; another process of a busy machine
+may take one meanwhile: the child is started again on other ports."""
+
+
 @contextlib.contextmanager
 def serving(module: str, flags: list[str]) -> Iterator[GatewayProcess]:
     """`python -m <module>` (the gateway or the proxy) from this tree, listening on free ports,
-    with the inflate cap CAP given by its variable."""
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [*python(), "-m", module, *flags]
-    command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
-    command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
-    command += ["--log-level", "WARNING"]
+    with the inflate cap CAP given by its variable; its log is written out when it stops."""
     env = {**os.environ, "TRITONSHARE_MAX_INFLATED": str(CAP)}
-    process = subprocess.Popen(command, cwd=ROOT, env=env)
-    try:
-        _ready(process, metrics_port, module)
-        yield GatewayProcess(process, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
-    finally:
-        process.terminate()
+    with tempfile.TemporaryFile() as log:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+            command = [*python(), "-m", module, *flags]
+            command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
+            command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
+            command += ["--log-level", "WARNING"]
+            start = log.seek(0, os.SEEK_END)
+            process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=log)
+            try:
+                _ready(process, metrics_port, module)
+            except AssertionError:
+                log.seek(start)
+                taken = b"Address already in use" in log.read()
+                if process.poll() is None or not taken or attempt == START_ATTEMPTS:
+                    _stop(process, log)
+                    raise
+                continue
+            break
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+            yield GatewayProcess(process, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
+        finally:
+            _stop(process, log)
+
+
+def _stop(process: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+    log.seek(0)
+    sys.stderr.write(log.read().decode(errors="replace"))
 
 
 def gateway_process(
