@@ -25,7 +25,8 @@ async def run(settings: Settings) -> int:
     # Built on the running loop, as every part is: nothing of it outlives this run.
     agent = Agent(settings)
     drain = settings.stop_drain_seconds + settings.stop_unroute_seconds
-    return await serve(agent, cleanup_timeout=max(30.0, drain + 5), on_signal=agent.signalled)
+    signalled = agent.stopping.signalled
+    return await serve(agent, cleanup_timeout=max(30.0, drain + 5), on_signal=signalled)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

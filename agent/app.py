@@ -16,8 +16,6 @@ import contextlib
 import json
 import logging
 import shutil
-import signal
-import time
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -60,6 +58,7 @@ from agent.settings import Settings
 from agent.status.conditions import ModelConditions
 from agent.status.node import NodePublisher, NodeSettings
 from agent.status.requestcrash import RequestCrashes
+from agent.status.stopping import NodeStop
 from agent.triton import TritonClient
 from common.activity import ActivityTableError
 from common.activity import read_table as read_activity
@@ -80,12 +79,6 @@ LOOPS_GRACE_SECONDS = 15.0
 # Triton's container starts the NVML relay beside Triton; the agent waits this long for it.
 RELAY_START_SECONDS = 60.0
 RELAY_RETRY_SECONDS = 0.5
-# How often a stopping agent looks whether its node's hosts have left their Services.
-STOP_DRAIN_POLL_SECONDS = 0.2
-STOPPING_MESSAGE = (
-    "the node pod is stopping (deleted or replaced): the model's replicas on other nodes, if any, "
-    "serve its requests until this node serves it again"
-)
 RELAY_REMEDY = (
     "with --gpu-source=triton, Triton's container must be given every GPU of the node (its "
     "nvidia.com/gpu request) and run the NVML relay, whose socket the agent reaches at "
@@ -386,7 +379,17 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
-        self._drain_on_stop = False
+        self.stopping = NodeStop(
+            self.pods,
+            self.conditions,
+            self.kube.get_pod,
+            self._node_stopping,
+            self._triton_live,
+            namespace=settings.system_namespace,
+            pod_name=settings.pod_name,
+            drain_seconds=settings.stop_drain_seconds,
+            unroute_seconds=settings.stop_unroute_seconds,
+        )
 
     def _held_drained(self, since: float) -> bool:
         """Whether the gateway holds the probationers the caller table holds, with none of
@@ -550,7 +553,7 @@ class Agent:
         lifecycle.on_shutdown("the HTTP server", self._http.stop)
         lifecycle.on_shutdown("the gRPC server", self._stop_grpc)
         # First of all at a stop, while the gRPC server still answers the hosts' loaders.
-        lifecycle.on_shutdown("the model hosts' drain", self._drain_hosts)
+        lifecycle.on_shutdown("the model hosts' drain", self.stopping.drain)
         self._grpc = grpc.aio.server(
             interceptors=[self.gate],
             options=[
@@ -621,72 +624,8 @@ class Agent:
     def _triton_live(self) -> bool:
         return self.reconciler.triton_live
 
-    def signalled(self, sig: signal.Signals) -> None:
-        """SIGTERM, the kubelet's when the node pod is deleted or replaced, drains this node's
-        model hosts before the stop (`_drain_hosts`); SIGINT stops at once."""
-        self._drain_on_stop = sig == signal.SIGTERM
-
-    async def _pod_deleted(self) -> bool:
-        """Whether the node pod is being deleted (True when it cannot tell: a drain costs the
-        node's hosts a few seconds out of their Services, a missed one their clients'
-        requests)."""
-        namespace, name = self.settings.system_namespace, self.settings.pod_name
-        if not name:
-            return True
-        try:
-            pod = await self.kube.get_pod(namespace, name)
-        except AgentError as e:
-            log.warning("Cannot read the node pod %s/%s (%s): draining anyway.", namespace, name, e)
-            return True
-        if pod is not None and not (pod.get("metadata") or {}).get("deletionTimestamp"):
-            log.info(
-                "The node pod %s/%s stays (the agent's container alone restarts): its model "
-                "hosts stay in their Services.",
-                namespace,
-                name,
-            )
-            return False
-        return True
-
-    async def _drain_hosts(self) -> None:
-        """Take this node's model hosts out of their Services before the node pod goes, while
-        Triton and the gateway still answer (the chart's preStop pauses keep them up): every
-        host replica's loaded condition reads False (NodePodStopping), which the binder's
-        `serves-` labels follow; the hosts' loaders, told by ListHosted, list every model
-        leaving, so their proxies close each client's connection after its next answer and the
-        client reconnects through its Service to another node. Waits at most
-        --stop-drain-seconds for the labels to go, then --stop-unroute-seconds for the
-        endpoints to catch up."""
-        settings = self.settings
-        if not self._drain_on_stop or settings.stop_drain_seconds <= 0 or not self.pods.synced:
-            return
-        routed = self.pods.routed_hosts()
-        if not routed or not await self._pod_deleted():
-            return
-        log.info(
-            "Stopping: taking model hosts %s out of their Services first (at most %g s, then "
-            "%g s more).",
-            ", ".join(routed),
-            settings.stop_drain_seconds,
-            settings.stop_unroute_seconds,
-        )
-        self.conditions.stopping = STOPPING_MESSAGE
-        self.service.node_stopping = True
-        deadline = time.monotonic() + settings.stop_drain_seconds
-        while routed and time.monotonic() < deadline:
-            listed = self._proven_pods()
-            if listed is not None:
-                await self.conditions.sync(listed, self._triton_live())
-            await asyncio.sleep(STOP_DRAIN_POLL_SECONDS)
-            routed = self.pods.routed_hosts()
-        if routed:
-            log.warning(
-                "Model hosts %s are still in their Services after %g s (is the binder "
-                "running?): stopping anyway.",
-                ", ".join(routed),
-                settings.stop_drain_seconds,
-            )
-        await asyncio.sleep(settings.stop_unroute_seconds)
+    def _node_stopping(self) -> None:
+        self.service.node_stopping = True  # ListHosted tells the hosts' loaders
 
     def _proven_pods(self) -> list[Proven] | None:
         """This node's live pods with a proven placement; None before the first pod list."""

@@ -22,8 +22,8 @@ POD = "tritonshare-node-x7k2p"
 
 
 def _drains(agent: Agent, sig: signal.Signals) -> bool:
-    agent.signalled(sig)
-    return agent._drain_on_stop
+    agent.stopping.signalled(sig)
+    return agent.stopping.drains
 
 
 async def test_a_sigterm_drains_only_when_the_node_pod_is_deleted(
@@ -39,7 +39,7 @@ async def test_a_sigterm_drains_only_when_the_node_pod_is_deleted(
     assert not _drains(agent, signal.SIGINT), "SIGINT stops at once"
     assert _drains(agent, signal.SIGTERM)
     try:
-        assert await agent._pod_deleted(), "a node pod already gone"
+        assert await agent.stopping.pod_deleted(), "a node pod already gone"
         core.create_namespaced_pod(
             NAMESPACE,
             {
@@ -47,15 +47,15 @@ async def test_a_sigterm_drains_only_when_the_node_pod_is_deleted(
                 "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "x"}]},
             },
         )
-        assert not await agent._pod_deleted(), "its container alone restarts"
+        assert not await agent.stopping.pod_deleted(), "its container alone restarts"
         core.delete_namespaced_pod(POD, NAMESPACE)
-        assert await agent._pod_deleted(), "the pod is deleted: drain"
+        assert await agent.stopping.pod_deleted(), "the pod is deleted: drain"
         # Without its name the agent cannot tell: every SIGTERM drains.
         unnamed = Agent(
             agent_settings(kubeconfig, triton, model_repository),
             nvml=MockNvml(parse_spec("1xT4", seed=NODE)).as_module(),
         )
-        assert await unnamed._pod_deleted()
+        assert await unnamed.stopping.pod_deleted()
         await unnamed.kube.close()
     finally:
         await agent.kube.close()
