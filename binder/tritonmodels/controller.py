@@ -997,16 +997,21 @@ class TritonModelController:
         loaded = self._loaded(model, replica)
         if loaded.ready or loaded.reason != NODE_STOPPING_REASON:
             return loaded
+        return loaded if self._awake_elsewhere(model, replica.node_name) else Loaded(True, "")
+
+    def _awake_elsewhere(self, model: ModelInfo, node: str) -> bool:
+        """Whether a replica of `model` on another node than `node`, not draining, is awake
+        there (`_awake`)."""
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)
             if (
                 charged is not None
-                and charged.node_name != replica.node_name
+                and charged.node_name != node
                 and rid not in self._draining
                 and self._awake(model, charged.node_name)
             ):
-                return loaded
-        return Loaded(True, "")
+                return True
+        return False
 
     def _awake(self, model: ModelInfo, node: str, ordinal: int | None = None) -> bool:
         """Whether a replica of `model` (replica `ordinal`, when given) is loaded and not asleep
@@ -1038,16 +1043,7 @@ class TritonModelController:
         room); else "asleep", outside the Service."""
         if self._awake(model, node) or self._room.admits(model.uid):
             return "true"
-        for rid in self._ledger.replica_uids(model.uid):
-            charged = self._ledger.state.charged_pod(rid)
-            if (
-                charged is not None
-                and charged.node_name != node
-                and rid not in self._draining
-                and self._awake(model, charged.node_name)
-            ):
-                return SERVES_ASLEEP
-        return "true"
+        return SERVES_ASLEEP if self._awake_elsewhere(model, node) else "true"
 
     def _served(self, model: ModelInfo, replica: PodInfo) -> Loaded:
         """Whether the replica is served through its Service by the namespace's host on its

@@ -14,39 +14,31 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any, cast
 
 import kubernetes.client
 import pytest
 
 from benchmarks.churn import Client, Request
-from common.contract import Keys
 from common.hosted import host_name, loaded_prefix, serves_label
-from sim.cluster import NodeSpec, SimCluster
+from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR
 from sim.processes import wait_until
 from sim.service import ServiceProxy
-from sim.triton import TritonInstall
+from tests.e2e.test_host_eviction import (
+    GROUP,
+    KEYS,
+    MODEL,
+    NAMESPACE,
+    NODES,
+    PLURAL,
+    VERSION,
+    cluster,
+)
 
-NODES = (NodeSpec("gpu-a", "1xT4", real=True), NodeSpec("gpu-b", "1xT4", real=True))
-NAMESPACE = "team-a"
-MODEL = "add-one"
+__all__ = ["cluster"]  # two real nodes and the namespace, as the eviction test's
 SOLO = "solo"
-GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
-KEYS = Keys()
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluster]:
-    with SimCluster(
-        tmp_path / "cluster", NODES, binders=1, webhook=True, tenant_code_namespaces=(NAMESPACE,)
-    ) as running:
-        assert running.missing == [], running.missing
-        running.core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
-        yield running
 
 
 def _ready(custom: Any, model: str = MODEL) -> int:
