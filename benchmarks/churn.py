@@ -35,10 +35,10 @@ is noted beside it, with the TritonModel's conditions where one is waited for, a
 
 Printed: the seed and the schedule, then per kind of change the failed requests of the models it
 did not touch, of those it touched, of the two-replica models whatever the change, the requests
-sent and the worst latency during it; the first failures of each kind; every process exit (node
-pod processes, binders, and pods' containers as their status reports them) with its cause; and
-one last line `churn: ...`. It exits 1 when a model a change did not touch, a two-replica model,
-or the model scaled to zero and back failed a request.
+sent and the worst latency during it; the failures of each kind counted by model, protocol and
+answer; every process exit (node pod processes, binders, and pods' containers as their status
+reports them) with its cause; and one last line `churn: ...`. It exits 1 when a model a change
+did not touch, a two-replica model, or the model scaled to zero and back failed a request.
 
 Run: .venv/bin/python -m benchmarks.churn [--minutes 10] [--seed 1] [--changes scale,zero,...]
 """
@@ -52,6 +52,7 @@ import json
 import logging
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -744,6 +745,21 @@ def tally(requests: list[Request], done: list[Change]) -> dict[str, Row]:
     return rows
 
 
+CAUSES_SHOWN = 8
+"""The most distinct failures listed per kind of change."""
+
+
+def causes(failed: list[Request]) -> list[tuple[tuple[str, str, str], tuple[int, float]]]:
+    """Failed requests counted by model, protocol and answer (addresses and numbers in the
+    answer made alike), most frequent first, with the slowest of each."""
+    counted: dict[tuple[str, str, str], tuple[int, float]] = {}
+    for r in failed:
+        key = (r.model, r.protocol, re.sub(r"[0-9]+(\.[0-9]+)*", "N", r.detail)[:160])
+        count, slowest = counted.get(key, (0, 0.0))
+        counted[key] = (count + 1, max(slowest, r.end - r.start))
+    return sorted(counted.items(), key=lambda item: -item[1][0])
+
+
 def report(
     rows: dict[str, Row], done: list[Change], exits: list[Exit], seed: int, minutes: float
 ) -> int:
@@ -759,9 +775,11 @@ def report(
         )
     for kind, row in rows.items():
         if row.untouched or row.touched:
-            print(f"first failures during {kind}:")
-            for r in (row.untouched + row.touched)[:4]:
-                print(f"  {r.model} {r.protocol} after {r.end - r.start:.2f} s: {r.detail}")
+            print(f"failures during {kind}, by model, protocol and answer:")
+            for (model, protocol, detail), (count, slowest) in causes(row.untouched + row.touched)[
+                :CAUSES_SHOWN
+            ]:
+                print(f"  {count:>4} x {model} {protocol} (slowest {slowest:.2f} s): {detail}")
     print(f"process exits ({len(exits)}):")
     for e in exits:
         lines = f"; last lines: {e.last_lines}" if e.last_lines else ""

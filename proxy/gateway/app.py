@@ -33,8 +33,9 @@ from proxy.gateway.activity import ActivityWriter
 from proxy.gateway.callers import CallerBook
 from proxy.gateway.identity import MAX_WAITING, ClosedError, KeyReader, identify
 from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.restore import Restore
 from proxy.gateway.settings import GatewaySettings
-from proxy.gateway.tenants import Tenants
+from proxy.gateway.tenants import Tenants, members
 from proxy.gateway.witness import BESIDE_SECONDS, CrashWitness
 from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
 from proxy.policy.inflight import InFlightShares
@@ -105,11 +106,17 @@ class Gateway:
             on_rows=self.tenants.rows_changed,
         )
         self.activity = ActivityWriter(settings.activity_path, self.tenants)
+        self.restore = Restore(
+            settings.triton_http_url,
+            lambda: members(self.tenants),
+            settings.restore_hold_seconds,
+        )
         self.witness = CrashWitness(
             settings.crash_witness_file or path_beside(settings.caller_table),
             settings.triton_http_url,
             lambda: self.tenants,
             lane=self.tenants.probation,
+            restore=self.restore,
         )
         self.metrics = GatewayMetrics(
             self.book, lambda: self.tenants, self.budget, in_flight, self.tenants.probation.held
@@ -158,6 +165,7 @@ class Gateway:
             self.book.run(lifecycle.stop_event, settings.table_poll_seconds),
         )
         lifecycle.spawn("the crash witness", self.witness.run(lifecycle.stop_event))
+        lifecycle.on_shutdown("the held requests of a restore", self.restore.stop)
         if self.budget is not None:
             lifecycle.spawn("the byte budget's walk", self._account(self.budget))
         lifecycle.spawn("the activity table", self.activity.run(lifecycle.stop_event))

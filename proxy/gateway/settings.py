@@ -151,6 +151,16 @@ class GatewaySettings:
     connect_retry_seconds: float = connect_retry()
     """Seconds a request waits while Triton refuses connections (it restarts), sent once it
     listens again; past it: 502 / UNAVAILABLE."""
+    restore_hold_seconds: float = setting(
+        "restore-hold-seconds",
+        "seconds a new request waits, after Triton exited, for its model to be loaded again "
+        "(0: never held)",
+        seconds(),
+        default="20",
+    )
+    """From Triton's exit until its model is READY again in the restarted Triton, a new request
+    waits, this long at most, then goes on; the same bound after Triton is back lets every
+    model's requests go (`gateway.restore`). 0: requests meet Triton as it restarts."""
     max_connections_per_pod: int = setting(
         "max-connections-per-pod",
         "connections one pod may hold open",

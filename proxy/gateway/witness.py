@@ -33,6 +33,7 @@ from typing import TypeVar
 from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, read_witnesses
 from common.crashwitness import write_witnesses as write_file
 from common.sentinel import Sentinel
+from proxy.gateway.restore import Restore
 from proxy.gateway.tenants import FAILED, Member, Tenant, members
 from proxy.metrics import INFERENCE_ROUTES
 from proxy.policy.probation import ProbationLane
@@ -102,6 +103,7 @@ class CrashWitness:
         *,
         last_seconds: float = LAST_SECONDS,
         lane: ProbationLane | None = None,
+        restore: Restore | None = None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -114,6 +116,8 @@ class CrashWitness:
         self._wall = wall
         self._clock = clock
         self._failed_before: dict[Member | Tenant, int] = {}
+        self._restore = restore
+        """Told the moment Triton's sockets close and whenever Triton is there."""
         self.sentinel = Sentinel(
             triton_http, self._snapshot, self._record, on_up=self._triton_there
         )
@@ -126,11 +130,15 @@ class CrashWitness:
     def _triton_there(self) -> None:
         # Failures from now on are Triton's next death's (or a dropped connection's).
         self._failed_before = {m: failures(m) for m in members(self._tenants())}
+        if self._restore is not None:
+            self._restore.up()
 
     def _snapshot(self) -> Witness:
         suspects = suspects_of(
             members(self._tenants()), self._failed_before, self._clock(), last=self.last_seconds
         )
+        if self._restore is not None:  # after the snapshot: it reads who is at Triton
+            self._restore.lost()
         return Witness(self._wall(), suspects)
 
     def _record(self, witnessed: Witness) -> None:

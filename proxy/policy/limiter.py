@@ -108,6 +108,11 @@ class Limiter:
         self._trial: HeldError | None = None
         """Set while the pod is held for a suspect's trial (`hold`): a new request is refused
         with it instead of held."""
+        self.restoring: asyncio.Event | None = None
+        """Set while Triton comes back from an exit and the model is not READY in it again (the
+        node gateway's `gateway.restore`): a new request waits for the event first, at most
+        `restore_seconds`, so that it finds its model loaded again rather than missing."""
+        self.restore_seconds = 0.0
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
@@ -147,7 +152,7 @@ class Limiter:
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody waits; never waits itself, and never takes one
         while the pod is held (`acquire` waits for the hold first)."""
-        return self._hold is None and self._try_take()
+        return self._hold is None and self.restoring is None and self._try_take()
 
     def _try_take(self) -> bool:
         if self.refusal is not None:
@@ -177,8 +182,8 @@ class Limiter:
 
     @property
     def holding(self) -> bool:
-        """Whether the pod's new requests are held (`hold`)."""
-        return self._hold is not None
+        """Whether the pod's new requests are held (`hold`, `restoring`)."""
+        return self._hold is not None or self.restoring is not None
 
     def hold(self, on: bool, *, trial: bool = False) -> None:
         """Hold the pod's new requests (`on`) or let them go: a probationer's while a load
@@ -218,10 +223,27 @@ class Limiter:
             if self.on_held is not None:
                 self.on_held(outcome, now - started)
 
+    async def _restored(self, restoring: asyncio.Event) -> None:
+        """Wait until the model is READY in Triton again, at most `restore_seconds` (then the
+        request goes on all the same), counted as concurrency meanwhile."""
+        self._starts += self._clock()
+        self.held += 1
+        try:
+            async with asyncio.timeout(self.restore_seconds):
+                await restoring.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._left(self._clock())
+
     async def acquire(self) -> None:
-        """Take a slot, waiting in the queue if needed; raise when refused. A request for an
-        asleep model first waits for its wake, and a held pod's for the hold's end (at most
-        `hold_seconds`), held (counted as concurrency) meanwhile."""
+        """Take a slot, waiting in the queue if needed; raise when refused. A request for a
+        model Triton has not loaded again since an exit first waits for it (at most
+        `restore_seconds`), a request for an asleep model for its wake, and a held pod's for
+        the hold's end (at most `hold_seconds`), held (counted as concurrency) meanwhile."""
+        restoring = self.restoring
+        if restoring is not None and self.refusal is None:
+            await self._restored(restoring)
         if self._hold is not None and self.refusal is None:
             if self._trial is not None:
                 if self.on_held is not None:

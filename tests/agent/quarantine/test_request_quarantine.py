@@ -98,6 +98,39 @@ def exchange(url: str, source: str, request_line: str, body: bytes = b"") -> tup
     return int(answer[9:12]), answer.partition(b"\r\n\r\n")[2]
 
 
+async def attacker_and_neighbour(
+    running: Any,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    killer_source: Path,
+    neighbour: tuple[str, Path],
+) -> dict[str, str]:
+    """The attacker's model pod (`killer`, namespace team-a, at ATTACKER) and a neighbour's
+    (namespace team-b, at NEIGHBOUR), each Running with its model installed and loaded by the
+    agent; each model's name in Triton by model id."""
+    gpu = running.mock.gpus[0].uuid
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    neighbour_id, neighbour_source = neighbour
+    for namespace, model_id, address, source in (
+        ("team-a", "killer", ATTACKER, killer_source),
+        ("team-b", neighbour_id, NEIGHBOUR, neighbour_source),
+    ):
+        core.create_namespace({"metadata": {"name": namespace}})
+        pod = f"{model_id}-pod"
+        make_pod(kube_api, pod, model_id, gpu_uuid=gpu, phase="Running", namespace=namespace)
+        set_address(kube_api, pod, namespace, address)
+        token = apiserver.mint_token(namespace, pod)
+        await install_dir(running.stub, token, source, model_id)
+        loaded = await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id=model_id), metadata=bearer(token)
+        )
+        assert loaded.state == agent_pb2.MODEL_STATE_READY, loaded.reason
+    return {
+        "killer": name_in_triton(kube_api, "killer-pod", "killer", "team-a"),
+        neighbour_id: name_in_triton(kube_api, f"{neighbour_id}-pod", neighbour_id, "team-b"),
+    }
+
+
 def set_address(api: kubernetes.client.ApiClient, name: str, namespace: str, ip: str) -> None:
     core: Any = kubernetes.client.CoreV1Api(api)
     core.patch_namespaced_pod_status(
@@ -304,30 +337,13 @@ async def test_a_busy_neighbour_at_every_crash_is_never_quarantined_with_the_att
         gateway_table=table,
         gateway_table_refresh_seconds=0.5,
     )
-    gpu = running.mock.gpus[0].uuid
     killer_source = copy_model("add_one", tmp_path / "src", as_name="killer")
     (killer_source / "1" / "model.py").write_text(KILLER)
     busy_source = copy_model("add_one", tmp_path / "src", as_name="busy")
     (busy_source / "1" / "model.py").write_text(SLOW)
-    core: Any = kubernetes.client.CoreV1Api(kube_api)
-    for namespace, model_id, address, source in (
-        ("team-a", "killer", ATTACKER, killer_source),
-        ("team-b", "busy", NEIGHBOUR, busy_source),
-    ):
-        core.create_namespace({"metadata": {"name": namespace}})
-        pod = f"{model_id}-pod"
-        make_pod(kube_api, pod, model_id, gpu_uuid=gpu, phase="Running", namespace=namespace)
-        set_address(kube_api, pod, namespace, address)
-        token = apiserver.mint_token(namespace, pod)
-        await install_dir(running.stub, token, source, model_id)
-        loaded = await running.stub.LoadModel(
-            agent_pb2.LoadModelRequest(model_id=model_id), metadata=bearer(token)
-        )
-        assert loaded.state == agent_pb2.MODEL_STATE_READY, loaded.reason
-    names = {
-        "killer": name_in_triton(kube_api, "killer-pod", "killer", "team-a"),
-        "busy": name_in_triton(kube_api, "busy-pod", "busy", "team-b"),
-    }
+    names = await attacker_and_neighbour(
+        running, apiserver, kube_api, killer_source, ("busy", busy_source)
+    )
 
     async def ready(model: str) -> bool:
         try:
