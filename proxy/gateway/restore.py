@@ -102,6 +102,7 @@ class Restore:
         self._release(list(self._held))
 
     async def _checks(self) -> None:
+        since = self._since
         deadline = self._clock() + self.hold_seconds
         timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_SECONDS)
         rounds = 0
@@ -123,7 +124,7 @@ class Restore:
                         await asyncio.sleep(POLL_SECONDS)
         finally:
             self._task = None
-        took = self._clock() - self._since
+        took = self._clock() - since
         if self._held:
             log.warning(
                 "Triton has been back %.0f s and has not loaded %s again: their requests go on.",
