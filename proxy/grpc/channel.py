@@ -152,11 +152,23 @@ class TritonChannel(Channel, asyncio.Protocol):
         try:
             # Refused: the gateway (or Triton) restarts; the streams on this channel have not
             # left (their frames wait in its outbox), so they wait too.
-            await connect_retrying(connection, self.relay.settings.connect_retry_seconds)
+            await connect_retrying(
+                connection, self.relay.settings.connect_retry_seconds, restoring=self._restoring
+            )
         except (OSError, TimeoutError) as e:
             reason = e if isinstance(e, OSError) else f"no answer within {CONNECT_TIMEOUT:g} s"
             self.relay.triton_unreachable(f"{host}:{port}", reason)
             self._fail()
+
+    def _restoring(self) -> tuple[asyncio.Event, float] | None:
+        """The restore a refused connection waits for (the node gateway's, `gateway.restore`):
+        that of the first model among the channel's streams whose model is restoring."""
+        for stream in self.streams.values():
+            served = stream.served
+            limiter = self.relay.limiter if served is None else served.limiter
+            if limiter.restoring is not None:
+                return limiter.restoring, limiter.restore_seconds
+        return None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)

@@ -356,7 +356,9 @@ class ClientConnection(Connection):
         try:
             # Refused: the gateway (or Triton) restarts; the request has not left, so it waits.
             upstream = await connect_retrying(
-                self._relay.pool.connect, self._relay.settings.connect_retry_seconds
+                self._relay.pool.connect,
+                self._relay.settings.connect_retry_seconds,
+                restoring=self._restoring,
             )
         except OSError as e:
             self._release_slot()
@@ -374,6 +376,12 @@ class ClientConnection(Connection):
         self._send(upstream, self._buffer, 0)
         if health is not None:
             self._give_health_body(upstream, health)
+
+    def _restoring(self) -> tuple[asyncio.Event, float] | None:
+        """The restore of the request's model a refused connection waits for (the node
+        gateway's, `gateway.restore`), if one is under way."""
+        restoring = self._limiter.restoring
+        return None if restoring is None else (restoring, self._limiter.restore_seconds)
 
     def _resume(self) -> None:
         self._task = None

@@ -1,0 +1,59 @@
+"""The retry schedule of a connection refused while the upstream restarts (`proxy.reconnect`):
+on its own, with a connect that is refused as often as a test says. Through a real Triton:
+tests/proxy/test_upstream_restart.py; the node gateway's restore:
+tests/agent/quarantine/test_restore_hold.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from proxy.reconnect import connect_retrying
+
+
+class Refusing:
+    """A connect refused until `listening` is set, counting its tries."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.listening = asyncio.Event()
+
+    async def __call__(self) -> str:
+        self.tries += 1
+        if not self.listening.is_set():
+            raise ConnectionRefusedError(111, "Connection refused")
+        return "connected"
+
+
+async def test_a_refusal_past_the_bound_fails_without_a_restore() -> None:
+    refusing = Refusing()
+    started = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        await connect_retrying(refusing, 0.3, restoring=lambda: None)
+    assert 0.1 < time.monotonic() - started < 2 and refusing.tries >= 3
+
+
+async def test_a_refusal_during_a_restore_waits_for_it_then_connects() -> None:
+    """Past --connect-retry (0.2 s here) while the model restores for 1 s: it waits for the
+    restore's end, with no try meanwhile, then connects."""
+    refusing = Refusing()
+    restored = asyncio.Event()
+    task = asyncio.create_task(connect_retrying(refusing, 0.2, restoring=lambda: (restored, 30.0)))
+    await asyncio.sleep(1.0)
+    assert not task.done() and refusing.tries == 1, "no try while the model restores"
+    refusing.listening.set()
+    restored.set()
+    assert await asyncio.wait_for(task, 5) == "connected"
+    assert refusing.tries == 2
+
+
+async def test_a_restore_is_waited_for_once_and_at_most_its_bound() -> None:
+    refusing = Refusing()
+    never = asyncio.Event()
+    started = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        await connect_retrying(refusing, 0.2, restoring=lambda: (never, 0.5))
+    took = time.monotonic() - started
+    assert 0.6 < took < 3, "the restore's bound, then --connect-retry again, then it fails"
