@@ -291,6 +291,7 @@ class Agent:
                 self.events,
                 self.metrics,
                 self._requests_quarantined,
+                on_exit=self.models.held_loads.exited,
             )
             # An exit the witnessed requests explain is not counted against a load.
             self.crashes.witnessed = self.request_crashes.requests_at

@@ -63,9 +63,13 @@ class RequestCrashes:
         *,
         slack_seconds: float = SLACK_SECONDS,
         witness_wait_seconds: float = WITNESS_WAIT_SECONDS,
+        on_exit: Callable[[], None] | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
+        self._on_exit = on_exit
+        """Told of each exit the moment it is known (a poll of Triton's liveness may miss one
+        Triton restarted from within its period)."""
         self._wall = wall
         self.sentinel = Sentinel(
             triton_http, wall, self._gone, self._back, on_up=self._up, on_dropped=self._dropped
@@ -103,6 +107,8 @@ class RequestCrashes:
     def _gone(self, lost_at: float) -> None:
         log.warning("Triton exited: the node gateway's witnesses are counted once it is back.")
         self._away = (lost_at, self._wall())
+        if self._on_exit is not None:
+            self._on_exit()
 
     def _back(self) -> None:
         if self._away is not None:
