@@ -19,6 +19,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from agent.errors import ConflictError
+from common.hosted import NOT_LOADED_REASON
 from protos import agent_pb2
 
 
@@ -279,7 +280,7 @@ _TRITON_STATES = {
 CONDITIONS: dict[ModelState, tuple[str, str]] = {
     ModelState.READY: ("True", "ModelReady"),
     ModelState.ABSENT: ("False", "ModelMissing"),
-    ModelState.INSTALLED: ("False", "ModelNotLoaded"),
+    ModelState.INSTALLED: ("False", NOT_LOADED_REASON),
     ModelState.FAILED: ("False", "ModelFailed"),
 }
 """The pod's ModelLoaded condition (status, reason) for each reported state but the passing ones."""

@@ -232,6 +232,18 @@ agent got SIGTERM, the pod deleted): its host leaves the model's Service unless 
 model's last replica served, while Triton still answers."""
 
 
+TRITON_UNAVAILABLE_REASON = "TritonUnavailable"
+"""The reason of a loaded condition False while the node's Triton does not answer (it exited,
+or restarts)."""
+NOT_LOADED_REASON = "ModelNotLoaded"
+"""The reason of a loaded condition False for a model installed but not loaded (a host's replica:
+after it was READY there, as while a restarted Triton loads it again)."""
+RESTORING_REASONS = frozenset({NODE_STOPPING_REASON, TRITON_UNAVAILABLE_REASON, NOT_LOADED_REASON})
+"""A host's replica False for one of these is expected back on its node (or, stopping, still
+answers): a model's last served replica keeps its host in the Service meanwhile, where the node
+gateway holds its requests until the model is back (`proxy.gateway.restore`)."""
+
+
 LOAD_FAILED_REASON = "ModelLoadFailed"
 """A host's loader failed to load a replica for a cause it does not name below."""
 HOST_MEMORY_REASON = "InsufficientHostMemory"

@@ -58,7 +58,12 @@ from agent.pods.modelpods import PENDING_REASON, PodInfo
 from agent.pods.proofs import Proven
 from agent.quarantine.suspects import REASON as REQUESTS_CRASHED_REASON
 from common.conditions import Condition
-from common.hosted import LOAD_FAILURE_REASONS, NODE_STOPPING_REASON, SLEEPING_REASON
+from common.hosted import (
+    LOAD_FAILURE_REASONS,
+    NODE_STOPPING_REASON,
+    SLEEPING_REASON,
+    TRITON_UNAVAILABLE_REASON,
+)
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -143,7 +148,7 @@ def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Ver
     if not triton_live or status is None:
         return Verdict(
             "False",
-            "TritonUnavailable",
+            TRITON_UNAVAILABLE_REASON,
             f"model {model_id} is not served: the node's Triton is not reachable",
         )
     if status.state in PASSING:

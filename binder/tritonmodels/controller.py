@@ -113,7 +113,7 @@ from common.conditions import Condition, condition_for, find
 from common.contract import Keys
 from common.hosted import (
     LOAD_FAILURE_REASONS,
-    NODE_STOPPING_REASON,
+    RESTORING_REASONS,
     SERVES_ASLEEP,
     SLEEPING_REASON,
     HostedError,
@@ -992,10 +992,11 @@ class TritonModelController:
 
     def _routable(self, model: ModelInfo, replica: PodInfo) -> Loaded:
         """Whether the replica's host is labelled to serve it: loaded (`_loaded`), or loaded
-        on a node whose node pod stops while no other replica of its model is served (its
-        host answers until the node pod goes: nothing else would)."""
+        on a node whose node pod stops, or whose Triton restarts, while no other replica of its
+        model is served (`RESTORING_REASONS`: its host answers until the node pod goes, or once
+        the model is back: nothing else would)."""
         loaded = self._loaded(model, replica)
-        if loaded.ready or loaded.reason != NODE_STOPPING_REASON:
+        if loaded.ready or loaded.reason not in RESTORING_REASONS:
             return loaded
         return loaded if self._awake_elsewhere(model, replica.node_name) else Loaded(True, "")
 

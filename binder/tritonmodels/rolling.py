@@ -21,7 +21,7 @@ from binder.cluster.objects import ModelInfo, PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
 from binder.framework.placement import Placement, Policy, place
 from binder.framework.quota import QuotaCheck
-from common.hosted import replica_uid
+from common.hosted import NOT_LOADED_REASON, replica_uid
 
 UNSUPPORTED_STORAGE = "UnsupportedStorage"
 """The Placed condition's reason for a model whose files no model host can fetch (and the
@@ -39,7 +39,7 @@ NO_ROOM = "NoRoomToRoll"
 ROLLING_WITHOUT_SURGE = "RollingWithoutSurge"
 """No room for a surge replica: one replica at a time drains and is placed again on the new
 files (also the Event's reason)."""
-LOADING_REASONS = frozenset({"ModelPending", "ModelMissing", "ModelNotLoaded", "ModelDrained"})
+LOADING_REASONS = frozenset({"ModelPending", "ModelMissing", NOT_LOADED_REASON, "ModelDrained"})
 """The agent's loaded-condition reasons of a replica on its way (not yet installed or loaded, or
 the drained one's before it on the host, not yet rewritten); any other stalls a roll."""
 

@@ -380,11 +380,13 @@ async def test_the_last_replica_scaled_back_up_during_its_drain_is_taken_back_at
     )
     assert status(custom)["readyReplicas"] == 1
 
-    # Its host had unloaded it meanwhile: it stays placed there, and is served once loaded.
+    # Its host had unloaded it meanwhile: it stays placed there, and is served once loaded;
+    # as the model's last replica it stays behind the Service meanwhile (its host's proxy holds
+    # the requests while its loader loads it again), as through a restart of Triton.
     set_loaded(core, node, "False", "ModelNotLoaded", "unloaded")
     await eventually(lambda: status(custom).get("readyReplicas") == 0, what="not ready")
     assert read(custom, "resnet")["status"]["placements"][0]["proof"] == entry["proof"]
-    assert SERVES not in hosts(core)[node].metadata.labels
+    assert SERVES in hosts(core)[node].metadata.labels
     set_loaded(core, node, "True")
     await eventually(lambda: status(custom).get("readyReplicas") == 1, what="ready again")
 
@@ -482,6 +484,33 @@ async def test_a_sleeping_replica_leaves_the_service_while_another_one_is_awake(
         lambda: labels().get(first) == "true" and labels().get(second) is None,
         what="the sleeping one serves while the awake one drains",
     )
+
+
+async def test_a_replica_whose_triton_restarts_stays_in_the_service_only_as_the_last_served(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """Triton restarting on a replica's node (TritonUnavailable, then ModelNotLoaded until the
+    agent loads the model again): with another replica awake the host leaves the Service; as the
+    last one served it stays (the node gateway holds its requests until the model is back,
+    rather than its clients finding no endpoint). A failure is no restart: out."""
+    await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    first, second = (e["node"] for e in obj["status"]["placements"])
+
+    def labels() -> dict[str, str | None]:
+        return {n: h.metadata.labels.get(SERVES) for n, h in hosts(core).items()}
+
+    down = ("False", "TritonUnavailable", "model resnet is not served: Triton is not reachable")
+    set_loaded(core, first, *down)
+    await eventually(lambda: labels() == {first: None, second: "true"}, what="the other serves")
+    set_loaded(core, second, *down)
+    await eventually(lambda: labels() == {first: "true", second: "true"}, what="both stay")
+    set_loaded(core, first, "False", "ModelNotLoaded", "model resnet's files are on the node")
+    set_loaded(core, second, "True")
+    await eventually(lambda: labels() == {first: None, second: "true"}, what="back: first out")
+    set_loaded(core, second, "False", "ModelFailed", "the backend refused the model")
+    await eventually(lambda: labels() == {first: "true", second: None}, what="failed: out")
+    assert status(custom)["readyReplicas"] == 0, "neither counts as ready meanwhile"
 
 
 async def test_replicas_of_a_model_spread_over_nodes_then_share_them(
