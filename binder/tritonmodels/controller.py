@@ -23,15 +23,10 @@ maxSurge 1 and maxUnavailable 0). Then, off the loop:
   failing to load it: its reason, FetchFailed, ModelInvalid..., is then Ready's) and the
   `Progressing` condition (the roll);
 - the namespace's model hosts (`binder.tritonmodels.hostwriter`: one pod per node with a replica
-there, or a
-  model of it parked at zero replicas, `binder.autoscaler.parking`), each labelled
-  `<prefix>serves-<model>` for a replica whose loaded condition (the agent's, on the host:
-  `host_changed`) is True, or False only as asleep (ModelSleeping: the host's proxy wakes it on the
-  next request) or as its node pod stops while no other replica of its model serves
-  (NodePodStopping: Triton still answers; `_routable`), and that is not draining; awake first:
-  a sleeping replica's label is `asleep` (outside the Service) while another replica of its
-  model is awake and has room (`binder.autoscaler.room`, judged on the autoscaler's readings:
-  `observe_load`), so a request wakes one only when no awake one has room;
+  there, or a model of it parked at zero replicas, `binder.autoscaler.parking`), each labelled
+  `<prefix>serves-<model>` for a replica not draining that `binder.tritonmodels.serving` routes
+  there (from the agent's loaded condition on the host, `host_changed`; awake first, judged on
+  the autoscaler's readings, `observe_load`);
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
   is loaded.
@@ -104,24 +99,20 @@ from binder.tritonmodels.rolling import (
     PROGRESSING,
     ROLLING_WITHOUT_SURGE,
     UNSUPPORTED_STORAGE,
-    Loaded,
     Roll,
     Rollout,
 )
+from binder.tritonmodels.serving import HOST_REFUSED, Serving, ordinal_of
 from binder.tritonmodels.status import StatusWriter, Write
 from common.conditions import Condition, condition_for, find
 from common.contract import Keys
 from common.hosted import (
     LOAD_FAILURE_REASONS,
-    RESTORING_REASONS,
-    SERVES_ASLEEP,
-    SLEEPING_REASON,
     HostedError,
     decode_hosted,
     group_namespace,
     host_name,
     hosted_models_annotation,
-    loaded_condition,
     replica_uid,
     serves_label,
 )
@@ -143,9 +134,6 @@ READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
 """The Warning Event's reason when the agent reports a replica not loaded on its host."""
-HOST_REFUSED = "FailedCreate"
-"""The Ready condition's reason, and the Warning Event's, while the API server refuses a host of
-the model's replicas (a quota on pods, CPU or memory, a LimitRange, a policy)."""
 QUIET_REASONS = frozenset({"ModelPending", "ModelDrained"})
 """The agent's reasons of a replica on its way in or out: no fault, no Event (as on the host)."""
 READY_REASONS_SHOWN = 3
@@ -293,10 +281,18 @@ class TritonModelController:
         self._preemption = ReplicaPreemption(
             ledger, policy, enabled=preemption, drain=self.preempt, ring=placement_keys
         )
+        self._serving = Serving(
+            ledger,
+            keys,
+            self._draining,
+            self._room,
+            lambda where: self._hosts.refused.get(where),
+        )
+        """Whether each replica is served, and which hosts its Service selects."""
         self._rollout = Rollout(
             ledger,
             policy,
-            loaded=self._served,
+            loaded=self._serving.served,
             place_one=self._place_one,
             leave=self._leave,
             holds=self._preemption.holds,
@@ -315,9 +311,9 @@ class TritonModelController:
             clock=clock,
             draining=self._draining,
             parked=self._parked,
-            loaded=self._routable,
-            served=self._served,
-            serves_value=self._serves_value,
+            loaded=self._serving.routable,
+            served=self._serving.served,
+            serves_value=self._serving.serves_value,
             uri=self._rollout.uri,
             changed=self.changed,
         )
@@ -419,7 +415,7 @@ class TritonModelController:
         model = self._ledger.models.get(uid)
         if model is None:
             return
-        awake = self._awake(model, node)
+        awake = self._serving.awake(model, node)
         if ((uid, node) in self._awake_seen) == awake:
             return
         if awake:
@@ -447,7 +443,7 @@ class TritonModelController:
                 if (
                     charged is not None
                     and rid not in self._draining
-                    and self._awake(model, charged.node_name, _ordinal(charged))
+                    and self._serving.awake(model, charged.node_name, ordinal_of(charged))
                 ):
                     awake.add(charged.node_name)
             room = capacity(model)
@@ -672,7 +668,7 @@ class TritonModelController:
             if charged is not None:
                 nodes.append(charged.node_name)
                 served = served or (
-                    rid not in self._draining and self._served(model, charged).ready
+                    rid not in self._draining and self._serving.served(model, charged).ready
                 )
         node = park_node(
             model,
@@ -732,7 +728,7 @@ class TritonModelController:
             # the model answering, and its minAvailable); then those on previous files, then
             # the highest.
             newer = sorted((o for o in placed if o not in old), reverse=True)
-            order = sorted(old + newer, key=lambda o: self._served(model, placed[o]).ready)
+            order = sorted(old + newer, key=lambda o: self._serving.served(model, placed[o]).ready)
             for ordinal in order[: len(placed) - allowed]:
                 leaving = placed.pop(ordinal)
                 self._leave(model, leaving)
@@ -924,7 +920,7 @@ class TritonModelController:
         """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
         draining) until its host no longer has it loaded or the drain's bound passes
         (`_end_drains`); another is freed at once."""
-        if self._loaded(model, replica).ready:
+        if self._serving.loaded(model, replica).ready:
             self._draining[replica.uid] = self._clock() + self._drain_seconds
             self._ledger.draining.add(replica.uid)
         else:
@@ -947,7 +943,7 @@ class TritonModelController:
                 self._undrain(rid)  # freed meanwhile (its node went away)
                 self._rollout.files.pop(rid, None)
                 continue
-            if not self._loaded(model, charged).ready:
+            if not self._serving.loaded(model, charged).ready:
                 self._free(rid)
                 continue
             if now < self._draining[rid]:
@@ -966,100 +962,6 @@ class TritonModelController:
         self._scaled_away.discard(rid)
         self._draining.pop(rid, None)
         self._ledger.draining.discard(rid)
-
-    def _loaded(self, model: ModelInfo, replica: PodInfo) -> Loaded:
-        """Whether the namespace's host on the replica's node serves it (the agent's loaded
-        condition of the replica True, or False only because the on-demand replica is asleep:
-        the host's proxy wakes it on the next request), and why not."""
-        node = replica.node_name
-        host = self._ledger.hosts.get(model.host_group, {}).get(node)
-        refused = self._hosts.refused.get((model.namespace, (node, model.storage_secret)))
-        if host is None and refused:
-            return Loaded(False, refused, HOST_REFUSED)
-        if host is None:
-            return Loaded(False, "its model host is not created yet")
-        if (host.get("metadata") or {}).get("deletionTimestamp"):
-            return Loaded(False, "its model host is being deleted")
-        wanted = loaded_condition(self._keys, model.name, _ordinal(replica))
-        for condition in (host.get("status") or {}).get("conditions") or []:
-            if isinstance(condition, dict) and condition.get("type") == wanted:
-                reason = str(condition.get("reason") or "NotLoaded")
-                if condition.get("status") == "True" or reason == SLEEPING_REASON:
-                    return Loaded(True, "")
-                message = str(condition.get("message") or "")
-                return Loaded(False, f"{reason}: {message}" if message else reason, reason)
-        return Loaded(False, "not loaded on its model host yet")
-
-    def _routable(self, model: ModelInfo, replica: PodInfo) -> Loaded:
-        """Whether the replica's host is labelled to serve it: loaded (`_loaded`), or loaded
-        on a node whose node pod stops, or whose Triton restarts, while no other replica of its
-        model is served (`RESTORING_REASONS`: its host answers until the node pod goes, or once
-        the model is back: nothing else would)."""
-        loaded = self._loaded(model, replica)
-        if loaded.ready or loaded.reason not in RESTORING_REASONS:
-            return loaded
-        return loaded if self._awake_elsewhere(model, replica.node_name) else Loaded(True, "")
-
-    def _awake_elsewhere(self, model: ModelInfo, node: str) -> bool:
-        """Whether a replica of `model` on another node than `node`, not draining, is awake
-        there (`_awake`)."""
-        for rid in self._ledger.replica_uids(model.uid):
-            charged = self._ledger.state.charged_pod(rid)
-            if (
-                charged is not None
-                and charged.node_name != node
-                and rid not in self._draining
-                and self._awake(model, charged.node_name)
-            ):
-                return True
-        return False
-
-    def _awake(self, model: ModelInfo, node: str, ordinal: int | None = None) -> bool:
-        """Whether a replica of `model` (replica `ordinal`, when given) is loaded and not asleep
-        on the namespace's host on `node`, and that host is Ready (in the Service's
-        endpoints)."""
-        host = self._ledger.hosts.get(model.host_group, {}).get(node) or {}
-        status = {
-            c.get("type"): c.get("status")
-            for c in (host.get("status") or {}).get("conditions") or []
-            if isinstance(c, dict)
-        }
-        if status.get("Ready") != "True":
-            return False
-        for rid in self._ledger.replica_uids(model.uid):
-            charged = self._ledger.state.charged_pod(rid)
-            if charged is not None and charged.node_name == node:
-                if ordinal is not None and _ordinal(charged) != ordinal:
-                    continue
-                wanted = loaded_condition(self._keys, model.name, _ordinal(charged))
-                if status.get(wanted) == "True":
-                    return True
-        return False
-
-    def _serves_value(self, model: ModelInfo, node: str) -> str:
-        """The `serves-<model>` label of a host where `model` is loaded: "true" (selected by
-        its Service) when awake there, or when asleep there and no other replica of it is awake
-        and not draining, or the awake ones have no room (`binder.autoscaler.room`) (awake first: a
-        sleeping replica gets requests, and wakes, only while no awake replica of its model has
-        room); else "asleep", outside the Service."""
-        if self._awake(model, node) or self._room.admits(model.uid):
-            return "true"
-        return SERVES_ASLEEP if self._awake_elsewhere(model, node) else "true"
-
-    def _served(self, model: ModelInfo, replica: PodInfo) -> Loaded:
-        """Whether the replica is served through its Service by the namespace's host on its
-        node: loaded there (`_loaded`), and the host pod Ready, so that its endpoint is (a new
-        host's readiness probe passes seconds after its first model loads)."""
-        loaded = self._loaded(model, replica)
-        if not loaded.ready:
-            return loaded
-        host = self._ledger.hosts.get(model.host_group, {}).get(replica.node_name) or {}
-        for condition in (host.get("status") or {}).get("conditions") or []:
-            if isinstance(condition, dict) and condition.get("type") == "Ready":
-                if condition.get("status") == "True":
-                    return loaded
-                break
-        return Loaded(False, "its model host is not Ready yet")
 
     async def _report_roll(self, model: ModelInfo, roll: Roll) -> None:
         """A Warning Event on the model when its roll goes on without a surge replica, or
@@ -1086,7 +988,7 @@ class TritonModelController:
         """A Warning Event on the model per replica and reason the agent gives for not serving
         it (once each, as the agent reports a model pod's)."""
         for ordinal, replica in sorted(placed.items()):
-            loaded = self._loaded(model, replica)
+            loaded = self._serving.loaded(model, replica)
             if loaded.reason in ("", HOST_REFUSED):  # the refusal has its own Event
                 self._reported.pop(replica.uid, None)
                 continue
@@ -1127,7 +1029,7 @@ class TritonModelController:
         why_not: list[str] = []
         not_ready = "ReplicasNotReady"
         for ordinal, replica in sorted(placed.items()):
-            ready, why, agent_reason = self._served(model, replica)
+            ready, why, agent_reason = self._serving.served(model, replica)
             if agent_reason == HOST_REFUSED:
                 not_ready = HOST_REFUSED
             elif agent_reason in LOAD_FAILURE_REASONS and not_ready == "ReplicasNotReady":
@@ -1221,8 +1123,3 @@ class TritonModelController:
 
 def _uncounted(_: str) -> None:
     """The model controller keeps no count of its API writes."""
-
-
-def _ordinal(replica: PodInfo) -> int:
-    """The ordinal of a replica, from its uid (`<model uid>/<ordinal>`)."""
-    return int(replica.uid.rpartition("/")[2])
