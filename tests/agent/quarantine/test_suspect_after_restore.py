@@ -20,28 +20,11 @@ from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer
 from tests.agent.conftest import StartAgent, bearer, eventually, name_in_triton
+from tests.agent.quarantine.test_crash_blame import SLOW_LOAD
 from tests.agent.quarantine.test_quarantine import deploy, killer_model, kubelet_restarts
 from tests.conftest import copy_model
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-
-SLOW_LOAD = """import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        time.sleep(2.0)  # a model that takes a while to load, as large ones do
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
-        return responses
-"""
 
 
 async def test_a_suspects_own_load_waits_until_the_nodes_models_are_back(
@@ -82,6 +65,7 @@ async def test_a_suspects_own_load_waits_until_the_nodes_models_are_back(
             await running.stub.LoadModel(ask, metadata=bearer(killer_token))
         await eventually(lambda: len(restarts) == 1, what="the first exit")
         await eventually(running.agent.triton.live, limit=60, what="Triton back")
+
         # Its pod asks again at once, as its loader does.
         async def load_again() -> object:
             return await running.stub.LoadModel(ask, metadata=bearer(killer_token))
