@@ -115,8 +115,8 @@ class Gateway:
             settings.crash_witness_file or path_beside(settings.caller_table),
             settings.triton_http_url,
             lambda: self.tenants,
+            self.restore,
             lane=self.tenants.probation,
-            restore=self.restore,
         )
         self.metrics = GatewayMetrics(
             self.book, lambda: self.tenants, self.budget, in_flight, self.tenants.probation.held

@@ -100,10 +100,10 @@ class CrashWitness:
         path: Path,
         triton_http: str,
         tenants: Callable[[], Iterable[Tenant]],
+        restore: Restore,
         *,
         last_seconds: float = LAST_SECONDS,
         lane: ProbationLane | None = None,
-        restore: Restore | None = None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -117,7 +117,8 @@ class CrashWitness:
         self._clock = clock
         self._failed_before: dict[Member | Tenant, int] = {}
         self._restore = restore
-        """Told the moment Triton's sockets close and whenever Triton is there."""
+        """Told the moment Triton's sockets close and whenever Triton is there (with
+        --restore-hold-seconds 0 it holds nothing)."""
         self.sentinel = Sentinel(
             triton_http, self._snapshot, self._record, on_up=self._triton_there
         )
@@ -130,15 +131,13 @@ class CrashWitness:
     def _triton_there(self) -> None:
         # Failures from now on are Triton's next death's (or a dropped connection's).
         self._failed_before = {m: failures(m) for m in members(self._tenants())}
-        if self._restore is not None:
-            self._restore.up()
+        self._restore.up()
 
     def _snapshot(self) -> Witness:
         suspects = suspects_of(
             members(self._tenants()), self._failed_before, self._clock(), last=self.last_seconds
         )
-        if self._restore is not None:  # after the snapshot: it reads who is at Triton
-            self._restore.lost()
+        self._restore.lost()  # after the snapshot: it reads who is at Triton
         return Witness(self._wall(), suspects)
 
     def _record(self, witnessed: Witness) -> None:

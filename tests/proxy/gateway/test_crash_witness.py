@@ -14,6 +14,7 @@ import pytest
 from common.callers import Caller
 from common.crashwitness import Suspect, Witness, read_witnesses
 from common.sentinel import Sentinel, host_and_port
+from proxy.gateway.restore import Restore
 from proxy.gateway.tenants import Tenant
 from proxy.gateway.witness import CrashWitness, suspects_of
 from proxy.policy.limiter import Limiter
@@ -124,7 +125,10 @@ async def test_a_record_adds_the_pods_whose_requests_failed_after_the_snapshot(
     tenants = [tenant("b/busy", in_flight=1, last=99.0), attacker, tenant("c/ok", last=99.9)]
     lane = ProbationLane()
     lane.closed = True
-    witness = CrashWitness(tmp_path / "w.json", "127.0.0.1:1", lambda: tenants, lane=lane)
+    holds_nothing = Restore("127.0.0.1:1", lambda: tenants, hold_seconds=0.0)
+    witness = CrashWitness(
+        tmp_path / "w.json", "127.0.0.1:1", lambda: tenants, holds_nothing, lane=lane
+    )
     snapshot = Witness(50.0, (Suspect("b/busy", "uid-b/busy", "10.0.0.6", "busy", 1),))
     cast(Pod, attacker).metrics.codes[("infer", "502")] = 1
     witness._record(snapshot)
