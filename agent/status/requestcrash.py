@@ -64,12 +64,14 @@ class RequestCrashes:
         slack_seconds: float = SLACK_SECONDS,
         witness_wait_seconds: float = WITNESS_WAIT_SECONDS,
         on_exit: Callable[[], None] | None = None,
+        on_back: Callable[[], None] | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
         self._on_exit = on_exit
-        """Told of each exit the moment it is known (a poll of Triton's liveness may miss one
-        Triton restarted from within its period)."""
+        self._on_back = on_back
+        """Told of each exit the moment it is known, and of Triton back after it (a poll of
+        Triton's liveness may miss an exit Triton restarted from within its period)."""
         self._wall = wall
         self.sentinel = Sentinel(
             triton_http, wall, self._gone, self._back, on_up=self._up, on_dropped=self._dropped
@@ -114,6 +116,8 @@ class RequestCrashes:
         if self._away is not None:
             away, self._away = self._away, None
             self._count(away, self._wall() + self.witness_wait_seconds)
+        if self._on_back is not None:
+            self._on_back()
 
     def _up(self) -> None:
         self._up_at = self._wall()

@@ -35,9 +35,14 @@ async def test_a_suspects_own_load_waits_until_the_nodes_models_are_back(
     tmp_path: Path,
 ) -> None:
     # Loads counted only while in flight: the other model, loaded long before in a real node's
-    # life, is no suspect of its own.
+    # life, is no suspect of its own. With the gateway's table set, as on every node, the agent
+    # holds its own sentinel on Triton and knows an exit at once; its liveness poll alone can
+    # miss one Triton restarted from within its period on a busy machine.
     running = await start_custom_agent(
-        crash_quarantine_after=3, lease_renew_seconds=0.5, crash_settle_seconds=0.0
+        crash_quarantine_after=3,
+        lease_renew_seconds=0.5,
+        crash_settle_seconds=0.0,
+        gateway_table=tmp_path / "gateway" / "callers.json",
     )
     gpu = running.mock.gpus[0].uuid
     slow_source = copy_model("add_one", tmp_path / "src", as_name="slow")

@@ -57,5 +57,8 @@ async def test_a_hundred_binder_writes_open_a_handful_of_connections(
     writes = binder_writes(apiserver)
     assert len(writes) == PODS
     connections = {w.peer for w in writes}
-    # At most one per write in flight at once (the bind workers), however many writes.
-    assert len(connections) <= binder.settings.bind_workers, sorted(connections)
+    # At most one per write in flight at once, however many writes: the bind workers', and on a
+    # busy machine a write of the binder's own beside all of them (a status, an Event) or one
+    # connection the server closed opened again.
+    assert len(connections) <= binder.settings.bind_workers + 2, sorted(connections)
+    assert len(connections) < PODS // 5, "a handful, not one per write"
