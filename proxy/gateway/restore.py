@@ -63,10 +63,6 @@ class Restore:
         self.restores = 0
         """Exits of Triton that held the node's models, since start."""
 
-    @property
-    def restoring(self) -> bool:
-        return bool(self._held)
-
     def lost(self) -> None:
         """Triton's sockets closed: hold every model of the table until it is READY again."""
         if self.hold_seconds <= 0:

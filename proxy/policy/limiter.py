@@ -205,36 +205,25 @@ class Limiter:
             self._hold.set()
             self._hold = None
 
-    async def _held(self, hold: asyncio.Event) -> None:
-        """Wait until the hold ends, at most `hold_seconds` (then the request goes on all the
-        same: a hold delays, it never refuses), counted as concurrency meanwhile."""
+    async def _wait_held(self, event: asyncio.Event, seconds: float) -> None:
+        """Wait for `event`, at most `seconds` (then the request goes on all the same: a hold
+        delays, it never refuses), counted as concurrency meanwhile; a probation hold's
+        (`hold`) tells `on_held` how it ended, "released" or "timed_out", and how long."""
+        told = self.on_held if event is self._hold else None  # decided now: the hold may end
         started = self._clock()
         self._starts += started
         self.held += 1
         outcome = "released"
         try:
-            async with asyncio.timeout(self.hold_seconds):
-                await hold.wait()
+            async with asyncio.timeout(seconds):
+                await event.wait()
         except TimeoutError:
             outcome = "timed_out"
         finally:
             now = self._clock()
             self._left(now)
-            if self.on_held is not None:
-                self.on_held(outcome, now - started)
-
-    async def _restored(self, restoring: asyncio.Event) -> None:
-        """Wait until the model is READY in Triton again, at most `restore_seconds` (then the
-        request goes on all the same), counted as concurrency meanwhile."""
-        self._starts += self._clock()
-        self.held += 1
-        try:
-            async with asyncio.timeout(self.restore_seconds):
-                await restoring.wait()
-        except TimeoutError:
-            pass
-        finally:
-            self._left(self._clock())
+            if told is not None:
+                told(outcome, now - started)
 
     async def acquire(self) -> None:
         """Take a slot, waiting in the queue if needed; raise when refused. A request for a
@@ -243,13 +232,13 @@ class Limiter:
         the hold's end (at most `hold_seconds`), held (counted as concurrency) meanwhile."""
         restoring = self.restoring
         if restoring is not None and self.refusal is None:
-            await self._restored(restoring)
+            await self._wait_held(restoring, self.restore_seconds)  # READY in Triton again
         if self._hold is not None and self.refusal is None:
             if self._trial is not None:
                 if self.on_held is not None:
                     self.on_held("refused", 0.0)
                 raise self._trial
-            await self._held(self._hold)
+            await self._wait_held(self._hold, self.hold_seconds)
         residency = self.residency
         if residency is not None and residency.asleep:
             self._starts += self._clock()
