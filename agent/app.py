@@ -291,8 +291,6 @@ class Agent:
                 self.events,
                 self.metrics,
                 self._requests_quarantined,
-                on_exit=self.models.held_loads.exited,
-                on_back=self.reconciler.trigger,  # what Triton held is loaded again at once
             )
             # An exit the witnessed requests explain is not counted against a load.
             self.crashes.witnessed = self.request_crashes.requests_at

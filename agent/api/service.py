@@ -209,7 +209,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         try:
             caller = await self._caller(context)
             pod = await self.authorizer.authorize_model(caller, request.model_id, _ordinal(request))
-            status = await self.models.load(request.model_id, pod, asked=True)
+            status = await self.models.load(request.model_id, pod)
         except AgentError as e:
             return self._fail(context, "LoadModel", e, caller)
         if self.on_loaded is not None:

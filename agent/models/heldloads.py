@@ -6,14 +6,8 @@ So a held namespace's load begins only when no other load is under way on the no
 begins while it runs, nor for a quiet period after it is READY (during which an exit of Triton
 still counts against it, `CrashLedger.quiet_seconds`). Other loads go first: a held load waits
 while any other is under way or waits, so another namespace's load waits for one held load and
-its quiet period at most.
-
-After an exit of Triton the agent loads again what Triton held (`agent.models.reconcile`); until
-that pass is done (`restored`), a load a pod asks for of files under suspicion (they coincided
-with an exit) waits, a bounded time, so that the restarted Triton has its other models back
-before the suspect tries again: if it crashes Triton once more, their new requests have waited
-for them once (`proxy.gateway.restore`), not twice. What it must not do: decide who is held or
-suspected (the ledger does) or touch Triton.
+its quiet period at most. What it must not do: decide who is held (the ledger does) or
+touch Triton.
 """
 
 from __future__ import annotations
@@ -38,31 +32,6 @@ class HeldLoads:
         self._others_waiting = 0
         """Loads not held that wait: a held one lets them go first."""
         self._change = asyncio.Event()
-        self.restored = asyncio.Event()
-        """Clear from an exit of Triton until the agent has loaded again what Triton held."""
-        self.restored.set()
-        self.exits = 0
-        """Exits of Triton seen (`exited`): a pass begun before the last one restores nothing."""
-
-    def exited(self) -> None:
-        """Triton exited: the node's models are not back until a pass begun since loads them."""
-        self.exits += 1
-        self.restored.clear()
-
-    def pass_done(self, exits: int) -> None:
-        """A pass of the agent's reconcile, begun when `exits` exits had been seen, has loaded
-        again what Triton held (or failed to): the models are back unless Triton exited since."""
-        if exits == self.exits:
-            self.restored.set()
-
-    async def after_restore(self, seconds: float) -> bool:
-        """Wait until the node's models are back after Triton's restart (`restored`), at most
-        `seconds`; whether they are."""
-        if self.restored.is_set():
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.restored.wait(), seconds)
-        return self.restored.is_set()
 
     def _may_begin(self, held: bool) -> bool:
         if self.alone or self._clock() < self.quiet_until:

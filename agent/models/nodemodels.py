@@ -224,9 +224,6 @@ class PodQuarantine:
 
 REFUSED_REMEMBERED = 10_000
 """Pods remembered as refused at install for quarantined files (forgotten all at once beyond)."""
-SUSPECT_WAITS_SECONDS = 30.0
-"""The most a pod's load of files under suspicion waits for the node's models to be back in a
-restarted Triton (`HeldLoads.restored`)."""
 
 
 def crash_message(record: CrashRecord) -> str:
@@ -544,34 +541,15 @@ class Models:
     def _gpu_for(self, model_id: str, gpu_uuid: str) -> tuple[str, int]:
         return gpu_for(self._gpus.snapshot, model_id, gpu_uuid, self.limits.cpu_only)
 
-    async def load(
-        self, model_id: str, owner: Proven, *, settle: bool = True, asked: bool = False
-    ) -> ModelStatus:
+    async def load(self, model_id: str, owner: Proven, *, settle: bool = True) -> ModelStatus:
         """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
         FAILED with Triton's reason. Without `settle` (a reload of what Triton held before it
         restarted), Triton's exits after READY do not count against it
-        (`agent.quarantine.records`). `asked`: its pod asks; files under suspicion then wait
-        for the node's models to be back after a restart of Triton (`HeldLoads.restored`)."""
+        (`agent.quarantine.records`)."""
         self._name_check(model_id, owner)
         name = self.triton_name(owner)
         async with self.lock(name):
             owned = await self._claim_locked(name, owner)
-            # Under suspicion: counted before, or a load or settling window of it was under way
-            # at the exit (its marker is left: counted as it loads, below).
-            if (
-                asked
-                and not self.held_loads.restored.is_set()
-                and (self.crashes.suspected(owned.digest) or name in self.crashes.markers())
-            ):
-                log.info(
-                    "Model %s of pod %s coincided with an exit of Triton: it loads once the "
-                    "node's other models are back in Triton (%.0f s at most).",
-                    model_id,
-                    owner.key,
-                    SUSPECT_WAITS_SECONDS,
-                    extra=subject(pod=owner.key, model=model_id),
-                )
-                await self.held_loads.after_restore(SUSPECT_WAITS_SECONDS)
             return await self._load_locked(name, owner, owned, settle=settle)
 
     async def _load_locked(

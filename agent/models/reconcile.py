@@ -212,8 +212,7 @@ class Reconciler:
         if not self.pods.synced:
             return
         self._deferred = self._settling = False
-        exits = self.models.held_loads.exits
-        plan = await self.plan()  # raises while Triton does not answer
+        plan = await self.plan()
         settle = self.models.crashes.quiet_seconds  # a held namespace's load settles longer
         if self._settling and settle > 0 and self._settle_pass is None:
             # Suspects wait for a settling window: the pass that lets them load comes then.
@@ -224,9 +223,6 @@ class Reconciler:
             if self._deferred:
                 # What the suspects waited for is done: the next of them may load now.
                 self._wake.set()
-        # What Triton held before an exit is loaded again (or failed): a suspect a pod asks
-        # for may try now (`HeldLoads.restored`).
-        self.models.held_loads.pass_done(exits)
         self.passes += 1
 
     async def plan(self) -> dict[str, Action]:
@@ -635,7 +631,6 @@ class Reconciler:
                 log.warning("Triton is live again: checking which models must be loaded again.")
                 self.trigger()
             elif not live and was_live is not False:
-                self.models.held_loads.exited()
                 log.warning(
                     "Triton at %s does not answer: models cannot load until it is back.",
                     self.models.triton.base,

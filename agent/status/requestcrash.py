@@ -63,15 +63,9 @@ class RequestCrashes:
         *,
         slack_seconds: float = SLACK_SECONDS,
         witness_wait_seconds: float = WITNESS_WAIT_SECONDS,
-        on_exit: Callable[[], None] | None = None,
-        on_back: Callable[[], None] | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
-        self._on_exit = on_exit
-        self._on_back = on_back
-        """Told of each exit the moment it is known, and of Triton back after it (a poll of
-        Triton's liveness may miss an exit Triton restarted from within its period)."""
         self._wall = wall
         self.sentinel = Sentinel(
             triton_http, wall, self._gone, self._back, on_up=self._up, on_dropped=self._dropped
@@ -109,15 +103,11 @@ class RequestCrashes:
     def _gone(self, lost_at: float) -> None:
         log.warning("Triton exited: the node gateway's witnesses are counted once it is back.")
         self._away = (lost_at, self._wall())
-        if self._on_exit is not None:
-            self._on_exit()
 
     def _back(self) -> None:
         if self._away is not None:
             away, self._away = self._away, None
             self._count(away, self._wall() + self.witness_wait_seconds)
-        if self._on_back is not None:
-            self._on_back()
 
     def _up(self) -> None:
         self._up_at = self._wall()

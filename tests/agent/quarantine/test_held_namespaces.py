@@ -110,21 +110,3 @@ async def test_a_held_load_goes_alone_and_keeps_the_node_quiet() -> None:
     turns.end(held=False, quiet=0.0)
     await asyncio.wait_for(second_held, 5)
     assert turns.alone
-
-
-async def test_the_nodes_models_are_back_only_after_a_pass_begun_since_the_exit() -> None:
-    """`HeldLoads.restored`, which a suspect's own load waits for: cleared at an exit, set by a
-    reconcile pass begun after it, not by one begun before; the wait is bounded."""
-    turns = HeldLoads()
-    assert await turns.after_restore(0.0), "no exit yet"
-    before = turns.exits
-    turns.exited()
-    assert not await turns.after_restore(0.05), "bounded: the models are not back"
-    turns.pass_done(before)
-    assert not turns.restored.is_set(), "a pass begun before the exit restores nothing"
-    since = turns.exits
-    waiting = asyncio.get_running_loop().create_task(turns.after_restore(30.0))
-    await asyncio.sleep(0)
-    assert not waiting.done()
-    turns.pass_done(since)
-    assert await asyncio.wait_for(waiting, 5)
