@@ -46,6 +46,10 @@ from protos import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+_REPLICAS_OWN = (PermissionDeniedError, InvalidRequestError)
+"""The failures of one hosted replica's status that are its own (another live pod owns its name,
+its id is invalid): ListHosted leaves it out and says why; any other fails the call."""
+
 
 def status_to_proto(status: ModelStatus) -> Any:
     return agent_pb2.ModelStatus(
@@ -294,6 +298,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 *(self.models.status_for(proven) for _, proven in hosted),
                 return_exceptions=True,
             )
+            for status in statuses:
+                if isinstance(status, AgentError) and not isinstance(status, _REPLICAS_OWN):
+                    # Triton does not answer (it restarts): how the replicas are is unknown,
+                    # and one left out would read to the host's loader as one that left it.
+                    raise status
         except AgentError as e:
             return self._fail(context, "ListHosted", e, caller)
         replicas = []

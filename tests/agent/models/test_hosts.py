@@ -452,3 +452,46 @@ async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
         ),
         what="two's new message",
     )
+
+
+async def test_a_hosts_replicas_stay_listed_while_triton_is_down(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """While Triton does not answer (it crashed, the kubelet restarts it) the agent cannot say
+    how a host's replicas are: ListHosted fails as unavailable (the host's loader keeps its
+    models as they are) rather than leave them out, which the loader reads as the replicas
+    having left the host: it would unlist them, its proxy answering 404 for each, and unload
+    them."""
+    running = await start_custom_agent()
+    core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
+    one = replica("team-a", "one", running.mock.gpus[0].uuid)
+    make_host(kube_api, "team-a", [one], pod_ip=ADDRESS)
+    token = apiserver.mint_token("team-a", HOST)
+    stub = running.stub
+    source = copy_model("add_one", tmp_path / "one", as_name="one")
+    await install_dir(stub, token, source, "one")
+    status = await stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="one"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+
+    triton.kill()
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "Triton" in (error.value.details() or "")
+
+    triton.restart()
+
+    async def listed_again() -> bool:
+        try:
+            listed = await stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
+        except grpc.aio.AioRpcError:
+            return False
+        return [(r.model_id, r.replica) for r in listed.replicas] == [("one", 0)]
+
+    await eventually(listed_again, what="the replica listed once Triton is back")
