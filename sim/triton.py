@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -212,6 +213,9 @@ class TritonServer:
                 start_new_session=True,
             )
         self.log_path = log_path
+        threading.Thread(
+            target=_end_with, args=(self.process.pid,), name="triton-reaper", daemon=True
+        ).start()
         try:
             self._wait_live()
         except BaseException:
@@ -289,8 +293,8 @@ class TritonServer:
 
     def restart(self) -> TritonServer:
         """Start it again on the same ports after it exited, as the kubelet restarts a crashed
-        container: what it left (backend stubs holding its sockets, shared memory, its work
-        directory) goes first, as a container's processes all go with it."""
+        container: what it left (shared memory, its work directory; its backend stubs are
+        already gone, `_end_with`) goes first."""
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -312,3 +316,17 @@ class TritonServer:
         tb: TracebackType | None,
     ) -> None:
         self.discard()
+
+
+def _end_with(pid: int) -> None:
+    """Kill what is left of the server's process group the moment its main process exits, as a
+    container runtime kills a container's other processes when its main one exits (containerd's
+    shim does, for a pod sharing its process namespace too). Without it the backend stubs would
+    outlive a crashed server for seconds (one stuck in its model's `initialize` until the
+    restart): holding the connections and listening sockets they inherited, they hide the
+    death from anyone watching Triton's port, and a request sent meanwhile hangs."""
+    with contextlib.suppress(ChildProcessError):
+        # WNOWAIT: the exit stays for Popen to collect, and the pid (the group's id) unreused.
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from sim.crashers import load_killer
 from sim.triton import TritonInstall, TritonServer
 from tests.conftest import copy_model
 
@@ -88,3 +93,38 @@ def test_discard_kills_the_server_and_its_stubs_and_removes_their_shared_memory(
     # SIGKILL went to the whole group; the stubs end a moment later (init reaps them).
     _, alive = psutil.wait_procs(group, timeout=10)
     assert not [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_crashed_server_takes_its_stubs_and_its_sockets_with_it_at_once(
+    triton_install: TritonInstall, model_repository: Path
+) -> None:
+    """As a container runtime ends a container's processes when its main one exits: a backend
+    stub would otherwise keep the sockets it inherited (a watcher's connection, the listening
+    ports) open, and nobody watching Triton's port would see it die until the restart."""
+    model = copy_model("add_one", model_repository, as_name="killer")
+    (model / "1" / "model.py").write_text(load_killer())
+    server = TritonServer(model_repository).start()
+    try:
+        # Open before the load: the killer's stub, started by the load, inherits it.
+        watcher = socket.create_connection(("127.0.0.1", server.http_port))
+        watcher.settimeout(5.0)
+        load = urllib.request.Request(
+            f"http://{server.http_url}/v2/repository/models/killer/load", method="POST"
+        )
+        with pytest.raises(OSError):  # Triton dies under the load
+            urllib.request.urlopen(load, timeout=30)
+        assert server.process is not None
+        server.process.wait(10)
+        assert watcher.recv(1) == b"", "the watcher's connection is still open"
+        deadline = time.monotonic() + 5.0
+        refused = False
+        while not refused and time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", server.http_port), timeout=0.5).close()
+                time.sleep(0.05)
+            except ConnectionRefusedError:
+                refused = True
+        assert refused, "something still listens on the dead server's port"
+        watcher.close()
+    finally:
+        server.discard()
