@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from binder.api.kube import JsonObject
+from binder.api.session import JsonObject
 from binder.cluster.cache import ClusterCache
 from binder.cluster.objects import NodeInfo, PodInfo, is_replica
 from binder.framework.placement import Placement, explain, place

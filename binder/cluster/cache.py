@@ -28,7 +28,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from binder.api.inbox import Inbox
-from binder.api.kube import JsonObject, Kind, Kube
+from binder.api.kube import Kube
+from binder.api.listwatch import Kind
+from binder.api.session import JsonObject
 from binder.cluster.budgets import Budget, budget_from_api
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import (

@@ -74,7 +74,8 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
 
-from binder.api.kube import JsonObject, Kube
+from binder.api.kube import Kube
+from binder.api.session import JsonObject
 from binder.autoscaler.parking import park_node
 from binder.autoscaler.room import Room, capacity
 from binder.cluster.cache import Ledger

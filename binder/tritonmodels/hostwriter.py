@@ -29,7 +29,8 @@ from collections.abc import Callable, Container, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
-from binder.api.kube import JsonObject, Kube
+from binder.api.kube import Kube
+from binder.api.session import JsonObject
 from binder.cluster.budgets import Budget
 from binder.cluster.cache import Ledger
 from binder.cluster.objects import ModelInfo, PodInfo, event_object, owner_reference

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from binder.api.kube import JsonObject, Kind, Kube
+from binder.api.kube import Kube
+from binder.api.listwatch import NODES, Kind
+from binder.api.session import JsonObject
 from binder.cluster.cache import ClusterCache, Informer, Ledger
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import ModelKey, PodInfo, model_from_api, pod_from_api
@@ -160,11 +162,11 @@ def test_a_watch_from_a_version_older_than_the_history_is_gone(
     kube = Kube(str(kubeconfig))
     client: Any = server.api_client()
     try:
-        _, version = kube.list_all(kube.nodes())
+        _, version = kube.list_all(NODES)
         for i in range(10):
             core_v1(client).create_node(node_obj(f"n{i}"))
         with pytest.raises(GoneError):
-            list(kube.watch(kube.nodes(), version))
+            list(kube.watch(NODES, version))
     finally:
         client.close()
         kube.close()
@@ -190,10 +192,10 @@ async def test_the_informer_relists_on_gone_and_catches_up(
             asyncio.run_coroutine_threadsafe(proceed.wait(), loop).result(timeout=30)
         return real_watch(kind, version, *rest)
 
-    kube.watch = stale_first  # type: ignore[method-assign,assignment]
+    kube.watch = stale_first  # type: ignore[assignment]
     informer = Informer(
         kube,
-        kube.nodes(),
+        NODES,
         loop,
         on_list=lambda items: lists.append([i["metadata"]["name"] for i in items]),
         on_event=lambda event, obj: seen.append(f"{event} {obj['metadata']['name']}"),
