@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from binder.cluster.cache import ClusterCache
-from binder.cluster.objects import ModelInfo
+from binder.cluster.modelviews import ModelInfo
 from binder.framework.placement import Placement, place
 from common.hosted import host_storage_problem
 from common.quantity import format_bytes

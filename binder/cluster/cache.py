@@ -33,15 +33,8 @@ from binder.api.listwatch import Kind
 from binder.api.session import JsonObject
 from binder.cluster.budgets import Budget, budget_from_api
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import (
-    ModelInfo,
-    PodInfo,
-    is_replica,
-    lease_expiry,
-    model_from_api,
-    node_from_api,
-    pod_from_api,
-)
+from binder.cluster.modelviews import ModelInfo, is_replica, model_from_api
+from binder.cluster.objects import PodInfo, lease_expiry, node_from_api, pod_from_api
 from binder.cluster.priorities import PriorityClassInfo, priority_class_from_api, resolve
 from binder.cluster.proofs import Unproven, proven, same_proof
 from binder.errors import ApiError, GoneError, NotFoundError, UnavailableError

@@ -21,7 +21,8 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, replace
 
 from binder.cluster.cache import Ledger
-from binder.cluster.objects import ModelInfo, PodInfo
+from binder.cluster.modelviews import ModelInfo
+from binder.cluster.objects import PodInfo
 from binder.cluster.proofs import sign
 from binder.framework.placement import (
     Policy,

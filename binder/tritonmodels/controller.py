@@ -79,13 +79,8 @@ from binder.api.session import JsonObject
 from binder.autoscaler.parking import park_node
 from binder.autoscaler.room import Room, capacity
 from binder.cluster.cache import Ledger
-from binder.cluster.objects import (
-    ModelInfo,
-    PodInfo,
-    event_object,
-    is_replica,
-    owner_reference,
-)
+from binder.cluster.modelviews import ModelInfo, event_object, is_replica, owner_reference
+from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
 from binder.cluster.proofs import proven, sign
 from binder.errors import ApiError, ConflictError

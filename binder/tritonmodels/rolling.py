@@ -17,7 +17,8 @@ from collections.abc import Callable, Collection
 from typing import NamedTuple
 
 from binder.cluster.cache import Ledger
-from binder.cluster.objects import ModelInfo, PodInfo
+from binder.cluster.modelviews import ModelInfo
+from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
 from binder.framework.placement import Placement, Policy, place
 from binder.framework.quota import QuotaCheck

@@ -16,7 +16,8 @@ from binder.api.listwatch import NODES, Kind
 from binder.api.session import JsonObject
 from binder.cluster.cache import ClusterCache, Informer, Ledger
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import ModelKey, PodInfo, model_from_api, pod_from_api
+from binder.cluster.modelviews import model_from_api
+from binder.cluster.objects import ModelKey, PodInfo, pod_from_api
 from binder.cluster.proofs import Unproven, sign
 from binder.errors import GoneError
 from common.hosted import host_label, host_name
