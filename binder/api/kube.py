@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 
 from binder.api.eventrecorder import EventRecorder
+from binder.api.kubeconfig import client_configuration, transport_for
 from binder.api.leases import Leases
 from binder.api.listwatch import ListWatch
 from binder.api.modelwrites import ModelWrites
 from binder.api.nodewrites import NodeWrites
 from binder.api.podwrites import PodWrites
-from binder.api.session import USER_AGENT, RetryPolicy, Session
+from binder.api.session import CONNECT_TIMEOUT_SECONDS, USER_AGENT, RetryPolicy, Session
 
 
 class Kube:
@@ -38,11 +39,10 @@ class Kube:
     ) -> None:
         """`kubeconfig`: a path (None: the in-cluster service account). Writes are retried under
         `retry` only while `retry_while()` holds (the binder gives "this replica leads")."""
+        configuration = client_configuration(kubeconfig, context, pool_size)
         self.session = session = Session(
-            kubeconfig,
-            context=context,
-            user_agent=user_agent,
-            pool_size=pool_size,
+            configuration,
+            transport_for(configuration, pool_size, user_agent, CONNECT_TIMEOUT_SECONDS),
             retry=retry,
             retry_while=retry_while,
             monotonic=monotonic,

@@ -24,7 +24,7 @@ from binder.errors import SettingsError
 log = logging.getLogger(__name__)
 
 
-def configuration(kubeconfig: str | None, context: str | None, pool_size: int) -> Any:
+def client_configuration(kubeconfig: str | None, context: str | None, pool_size: int) -> Any:
     """The client configuration from `kubeconfig` (a KUBECONFIG-style list of files, a:b, merged
     as kubectl merges them) and its `context`, or from the in-cluster service account when no
     kubeconfig is given."""
@@ -49,11 +49,20 @@ def configuration(kubeconfig: str | None, context: str | None, pool_size: int) -
     return result
 
 
-def transport(configuration: Any, keep: int, user_agent: str, connect_timeout: float) -> Transport:
+def transport_for(
+    configuration: Any, keep: int, user_agent: str, connect_timeout: float
+) -> Transport:
     """The one transport for every request, from the client configuration the kubeconfig (or the
     service account) filled in: the same server, CA, client certificate, SNI and proxy settings.
     Our own connections (binder.api.transport.Direct), unless a proxy applies to the server: then
     the urllib3 proxy manager the official client would use."""
+    try:
+        return _transport(configuration, keep, user_agent, connect_timeout)
+    except (OSError, ssl.SSLError) as e:
+        raise SettingsError(f"cannot set up TLS to the API server: {e}") from e
+
+
+def _transport(configuration: Any, keep: int, user_agent: str, connect_timeout: float) -> Transport:
     url = urlsplit(configuration.host)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise SettingsError(f"the API server's URL {configuration.host!r} is not http(s)://host")

@@ -1,7 +1,7 @@
 """One request to the API server, the core every binder call goes through.
 
 Blocking, meant for worker threads. `Session.request` sends one request (a watch: `stream`) over
-the transport binder.api.kubeconfig chose at start-up, with the credentials, and reads the
+the transport binder.api.kubeconfig chose at start-up, with its credentials, and reads the
 answer whole, so calls reuse a few keep-alive connections instead of opening one each. Failures
 become binder.errors.ApiError subclasses carrying the status; an unreachable server (refused,
 reset, timed out) and 429/5xx answers are UnavailableError.
@@ -17,16 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from binder.api import kubeconfig
-from binder.api.transport import Answer, Stream
-from binder.errors import ApiError, SettingsError, UnavailableError, api_error
+from binder.api.transport import Answer, Stream, Transport
+from binder.errors import ApiError, UnavailableError, api_error
 from common.version import VERSION
 
 log = logging.getLogger(__name__)
@@ -89,24 +87,18 @@ class Session:
 
     def __init__(
         self,
-        kubeconfig_path: str | None,
+        configuration: Any,
+        transport: Transport,
         *,
-        context: str | None = None,
-        user_agent: str = USER_AGENT,
-        pool_size: int = 32,
         retry: RetryPolicy | None = None,
         retry_while: Callable[[], bool] = lambda: True,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Writes are retried under `retry` only while `retry_while()` holds (the binder gives
-        "this replica leads")."""
-        self._configuration: Any = kubeconfig.configuration(kubeconfig_path, context, pool_size)
-        try:
-            self._transport = kubeconfig.transport(
-                self._configuration, pool_size, user_agent, CONNECT_TIMEOUT_SECONDS
-            )
-        except (OSError, ssl.SSLError) as e:
-            raise SettingsError(f"cannot set up TLS to the API server: {e}") from e
+        """`configuration`: the client configuration binder.api.kubeconfig read (the server and
+        the credentials); `transport`: the one it chose. Writes are retried under `retry` only
+        while `retry_while()` holds (the binder gives "this replica leads")."""
+        self._configuration = configuration
+        self._transport = transport
         self.retry = retry or RetryPolicy()
         self.retry_while = retry_while
         self._monotonic = monotonic
