@@ -35,8 +35,8 @@ from typing import cast
 from benchmarks import command_line, shapes
 from benchmarks import results as results_page
 from binder.api.kube import Kube
-from binder.cluster.cache import Ledger
 from binder.cluster.clusterstate import ClusterState
+from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, as_replica, model_from_api
 from binder.cluster.objects import PodInfo
 from binder.framework.placement import Placement, place

@@ -37,8 +37,10 @@ from binder.api.listwatch import (
 from binder.api.session import JsonObject, RetryPolicy
 from binder.autoscaler.loop import Autoscaling
 from binder.autoscaler.targets import Index
-from binder.cluster.cache import ClusterCache, Informer, Ledger
+from binder.cluster.cache import ClusterCache
 from binder.cluster.clusterstate import ClusterState
+from binder.cluster.informer import Informer
+from binder.cluster.ledger import Ledger
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.framework.queue import SchedulingQueue
 from binder.metrics import Metrics
@@ -345,8 +347,8 @@ class Binder:
             (QUOTAS, cache.replace_quotas, cache.apply_quota),
             (
                 PRIORITY_CLASSES,
-                cache.replace_priority_classes,
-                cache.apply_priority_class,
+                cache.models.replace_priority_classes,
+                cache.models.apply_priority_class,
             ),
             (PODS, self._pods_listed, self._pod_changed),
             (TRITONMODELS, self._models_listed, self._model_changed),
@@ -397,12 +399,12 @@ class Binder:
             self.node_scaling.apply_node(event, obj)
 
     def _models_listed(self, items: list[JsonObject]) -> None:
-        self.cache.replace_models(items)
+        self.cache.models.replace_models(items)
         if self.node_scaling is not None:
             self.node_scaling.replace_models(items)
 
     def _model_changed(self, event: str, obj: JsonObject) -> None:
-        self.cache.apply_model(event, obj)
+        self.cache.models.apply_model(event, obj)
         if self.node_scaling is not None:
             self.node_scaling.apply_model(event, obj)
 

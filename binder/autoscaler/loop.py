@@ -51,7 +51,8 @@ from binder.autoscaler.targets import (
     host_sources,
     model_target,
 )
-from binder.cluster.cache import Informer, Ledger
+from binder.cluster.informer import Informer
+from binder.cluster.ledger import Ledger
 from common.conditions import Condition, find, set_condition
 from common.contract import PROXY_AUTOSCALING_PATH, Keys
 from common.hosted import group_namespace

@@ -366,7 +366,7 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         if args.command == "quota":
             cache.replace_quotas(kube.list_all(QUOTAS)[0])
             with contextlib.suppress(NotFoundError):  # no TritonModel CRD: no replicas
-                cache.replace_models(kube.list_all(TRITONMODELS)[0])
+                cache.models.replace_models(kube.list_all(TRITONMODELS)[0])
             write_usage(usage(cache.ledger, keys, args.quota_namespace), output, out)
             return 0
         if args.command == "status":

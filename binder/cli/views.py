@@ -39,8 +39,9 @@ from binder.cli.report import (
     shown,
     write_document,
 )
-from binder.cluster.cache import ClusterCache, Ledger
+from binder.cluster.cache import ClusterCache
 from binder.cluster.clusterstate import ClusterState
+from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo, pod_from_api
 from binder.cluster.proofs import Unproven
 from binder.errors import ApiError, NotFoundError, UnavailableError
@@ -126,9 +127,9 @@ def fold(
     cache.replace_nodes(listing.nodes)
     cache.replace_namespaces(listing.namespaces)
     cache.replace_leases(listing.leases)
-    cache.replace_priority_classes(listing.priority_classes)
+    cache.models.replace_priority_classes(listing.priority_classes)
     cache.replace_pods(listing.pods)
-    cache.replace_models(listing.models)
+    cache.models.replace_models(listing.models)
     cache.state.arrays()
     return cache
 

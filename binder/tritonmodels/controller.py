@@ -78,7 +78,7 @@ from binder.api.kube import Kube
 from binder.api.session import JsonObject
 from binder.autoscaler.parking import park_node
 from binder.autoscaler.room import Room, capacity
-from binder.cluster.cache import Ledger
+from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, event_object, is_replica, owner_reference
 from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND

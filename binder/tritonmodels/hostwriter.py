@@ -32,7 +32,7 @@ from typing import Any
 from binder.api.kube import Kube
 from binder.api.session import JsonObject
 from binder.cluster.budgets import Budget
-from binder.cluster.cache import Ledger
+from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, event_object, owner_reference
 from binder.cluster.objects import PodInfo
 from binder.cluster.podterms import NOTHING

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
-from binder.cluster.cache import Ledger
+from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND

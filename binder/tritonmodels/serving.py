@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container
 
 from binder.autoscaler.room import Room
-from binder.cluster.cache import Ledger
+from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.tritonmodels.rolling import Loaded
