@@ -15,7 +15,7 @@ g2-standard-48); the A100 nodes 8xA100-80GB:96:110; 110 pods where not said; les
 pod's requests and slot. Each replica asks
 what the webhook writes (`benchmarks.shapes.model_pod_requests`) beside its GPU memory, and the
 models belong to 50 namespaces; `--as tritonmodels` makes each replica a TritonModel replica
-on its namespace's model host instead (`binder.cluster.objects.as_replica`). Every rule below
+on its namespace's model host instead (`binder.cluster.modelviews.as_replica`). Every rule below
 filters by the binder's NodeResourcesFit (`binder.framework.fit`); the first-fit-decreasing repack
 and the lower bound count GPU memory only.
 
@@ -88,7 +88,8 @@ import numpy as np
 from benchmarks import command_line, shapes
 from benchmarks import results as results_page
 from binder.cluster.clusterstate import ClusterState, IntArray
-from binder.cluster.objects import Constraints, NodeInfo, PodInfo, as_replica, constraints_from_spec
+from binder.cluster.modelviews import as_replica
+from binder.cluster.objects import Constraints, NodeInfo, PodInfo, constraints_from_spec
 from binder.framework.consolidation import Cooldowns, plan
 from binder.framework.fit import fit_mask
 from binder.framework.placement import MAX_SCORE, Placement, place

@@ -4,7 +4,7 @@
 seeded random order, each model's replicas together (as a controller creates them); each replica
 is placed by `binder.framework.placement.place` on a `ClusterState` of `--nodes` nodes of
 `--node-shape` (`benchmarks.shapes`) and charged as the binder charges what it binds (`assume`). A
-replica is `binder.cluster.objects.as_replica` of a pod with the model's labels and GPU memory
+replica is `binder.cluster.modelviews.as_replica` of a pod with the model's labels and GPU memory
 (0.5-16 GiB, log-uniform, the residency fleet's sizes): it takes no pod slot, its namespace's host
 on the node does.
 
@@ -35,9 +35,10 @@ from typing import cast
 from benchmarks import command_line, shapes
 from benchmarks import results as results_page
 from binder.api.kube import Kube
-from binder.cluster.cache import Ledger
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import ModelInfo, PodInfo, as_replica, model_from_api
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo, as_replica, model_from_api
+from binder.cluster.objects import PodInfo
 from binder.framework.placement import Placement, place
 from binder.tritonmodels.controller import TritonModelController
 from common.contract import Keys

@@ -10,7 +10,7 @@ needs, and the binder's reasons for the model that fitted no node say which reso
 first (GPU memory, pods, CPU). `--as pods`: each model is a pod with the requests the webhook
 writes; `--as tritonmodels`: each is a TritonModel replica, with no pod of its own, charged its
 share of its namespace's model host, and the host one pod slot and a proxy's requests per
-(namespace, node) (`binder.cluster.objects.as_replica`). The models belong to `--namespaces`
+(namespace, node) (`binder.cluster.modelviews.as_replica`). The models belong to `--namespaces`
 namespaces. All configurations place the same models in the same (shuffled) order. The models
 outside the top `--always-share` by request rate are `on-demand`.
 
@@ -55,7 +55,8 @@ import numpy as np
 from benchmarks import command_line, residency_live, shapes
 from benchmarks import results as results_page
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import PodInfo, as_replica
+from binder.cluster.modelviews import as_replica
+from binder.cluster.objects import PodInfo
 from binder.framework.placement import Placement, place
 
 GI = 1 << 30

@@ -16,7 +16,7 @@ node's allocatable, with its pod slot, before any model.
 A model pod asks what the webhook writes (`webhook.mutation.complete`: the proxy, the loader
 and storage-initializer init containers), counted as Kubernetes counts a pod's effective
 request; a TritonModel replica asks its share of its namespace's model host instead
-(`binder.cluster.objects.as_replica`).
+(`binder.cluster.modelviews.as_replica`).
 
 No I/O, no clock: it builds domain objects for `binder.framework.placement.place`.
 """

@@ -22,12 +22,25 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from binder.api.inbox import Inbox
-from binder.api.kube import JsonObject, Kube, RetryPolicy
+from binder.api.kube import Kube
 from binder.api.leader import LeaderElector
+from binder.api.listwatch import (
+    BUDGETS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    QUOTAS,
+    TRITONMODELS,
+    leases_in,
+)
+from binder.api.session import JsonObject, RetryPolicy
 from binder.autoscaler.loop import Autoscaling
 from binder.autoscaler.targets import Index
-from binder.cluster.cache import ClusterCache, Informer, Ledger
+from binder.cluster.cache import ClusterCache
 from binder.cluster.clusterstate import ClusterState
+from binder.cluster.informer import Informer
+from binder.cluster.ledger import Ledger
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.framework.queue import SchedulingQueue
 from binder.metrics import Metrics
@@ -323,22 +336,22 @@ class Binder:
         loop = asyncio.get_running_loop()
         cache = self.cache
         kinds = [
-            (self.kube.nodes(), self._nodes_listed, self._node_changed),
+            (NODES, self._nodes_listed, self._node_changed),
             (
-                self.kube.leases(self.settings.system_namespace),
+                leases_in(self.settings.system_namespace),
                 cache.replace_leases,
                 cache.apply_lease,
             ),
-            (self.kube.namespaces(), cache.replace_namespaces, cache.apply_namespace),
-            (self.kube.budgets(), cache.replace_budgets, cache.apply_budget),
-            (self.kube.quotas(), cache.replace_quotas, cache.apply_quota),
+            (NAMESPACES, cache.replace_namespaces, cache.apply_namespace),
+            (BUDGETS, cache.replace_budgets, cache.apply_budget),
+            (QUOTAS, cache.replace_quotas, cache.apply_quota),
             (
-                self.kube.priority_classes(),
-                cache.replace_priority_classes,
-                cache.apply_priority_class,
+                PRIORITY_CLASSES,
+                cache.models.replace_priority_classes,
+                cache.models.apply_priority_class,
             ),
-            (self.kube.pods(), self._pods_listed, self._pod_changed),
-            (self.kube.tritonmodels(), self._models_listed, self._model_changed),
+            (PODS, self._pods_listed, self._pod_changed),
+            (TRITONMODELS, self._models_listed, self._model_changed),
         ]
         for kind, on_list, on_event in kinds:
             informer = Informer(
@@ -386,12 +399,12 @@ class Binder:
             self.node_scaling.apply_node(event, obj)
 
     def _models_listed(self, items: list[JsonObject]) -> None:
-        self.cache.replace_models(items)
+        self.cache.models.replace_models(items)
         if self.node_scaling is not None:
             self.node_scaling.replace_models(items)
 
     def _model_changed(self, event: str, obj: JsonObject) -> None:
-        self.cache.apply_model(event, obj)
+        self.cache.models.apply_model(event, obj)
         if self.node_scaling is not None:
             self.node_scaling.apply_model(event, obj)
 

@@ -41,7 +41,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
-from binder.api.kube import JsonObject, Kube, micro_time
+from binder.api.kube import Kube
+from binder.api.leases import micro_time
+from binder.api.session import JsonObject
 from binder.errors import ApiError, ConflictError
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ scales it (reason `BuiltIn`, `HorizontalPodAutoscaler`, `KEDAScaledObject` or `I
 a Deployment's status is its controller's, so it gets an Event with that reason when it changes.
 Until the HPAs and Deployments have been listed the loop scales nothing. Its windows start afresh
 when this replica begins to lead; a follower decides nothing, and a write stops being retried once
-leadership is lost (`Kube._write`).
+leadership is lost (`Session.retrying`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import aiohttp
 
 from binder.api.inbox import Inbox
 from binder.api.kube import Kube
+from binder.api.listwatch import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS
 from binder.autoscaler.kpa import Decider, Decision, Scaling
 from binder.autoscaler.loadcounts import Counts, answer_bound, parse_counts
 from binder.autoscaler.parking import parked_on
@@ -50,7 +51,8 @@ from binder.autoscaler.targets import (
     host_sources,
     model_target,
 )
-from binder.cluster.cache import Informer, Ledger
+from binder.cluster.informer import Informer
+from binder.cluster.ledger import Ledger
 from common.conditions import Condition, find, set_condition
 from common.contract import PROXY_AUTOSCALING_PATH, Keys
 from common.hosted import group_namespace
@@ -147,8 +149,8 @@ class Autoscaling:
         loop = asyncio.get_running_loop()
         index = self.index
         for kind, on_list, on_event in (
-            (self._kube.horizontal_pod_autoscalers(), index.replace_hpas, index.apply_hpa),
-            (self._kube.deployments(), index.replace_deployments, index.apply_deployment),
+            (HORIZONTAL_POD_AUTOSCALERS, index.replace_hpas, index.apply_hpa),
+            (DEPLOYMENTS, index.replace_deployments, index.apply_deployment),
         ):
             informer = Informer(
                 self._kube, kind, loop, on_list=on_list, on_event=on_event, inbox=self._inbox

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from binder.cluster.objects import ModelInfo
+from binder.cluster.modelviews import ModelInfo
 from common.contract import Keys
 from common.hosted import decode_parked, parked_models_annotation
 

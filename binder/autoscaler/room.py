@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from binder.autoscaler.kpa import ScalingError, scaling_from
-from binder.cluster.objects import ModelInfo
+from binder.cluster.modelviews import ModelInfo
 
 ROOM_SECONDS = 6.0
 """How long the awake replicas must have had room before the sleeping ones leave the Service

@@ -17,7 +17,7 @@ from typing import Any
 
 from binder.autoscaler.kpa import Scaling, ScalingError, scaling_from, scaling_from_annotations
 from binder.autoscaler.parking import parked_on
-from binder.cluster.objects import ModelInfo
+from binder.cluster.modelviews import ModelInfo
 from common.contract import Keys
 
 KEDA_LABEL = "scaledobject.keda.sh/name"

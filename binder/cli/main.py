@@ -24,7 +24,9 @@ from typing import TextIO
 
 import yaml
 
-from binder.api.kube import Kube, kubeconfig_namespace
+from binder.api.kube import Kube
+from binder.api.kubeconfig import kubeconfig_namespace
+from binder.api.listwatch import NODES, QUOTAS, TRITONMODELS, leases_in
 from binder.cli import preflight, uninstall
 from binder.cli.quarantines import clear_quarantine, list_quarantines
 from binder.cli.report import (
@@ -237,8 +239,8 @@ def uninstall_cleanup(
     kube: Kube, keys: Keys, system_namespace: str, args: argparse.Namespace, prog: str, out: TextIO
 ) -> int:
     """`uninstall-cleanup`: 0 when done (or nothing was left), 1 when agents still run."""
-    nodes = kube.list_all(kube.nodes())[0]
-    leases = kube.list_all(kube.leases(system_namespace))[0]
+    nodes = kube.list_all(NODES)[0]
+    leases = kube.list_all(leases_in(system_namespace))[0]
     cleanup = uninstall.plan(nodes, leases, keys, time.time())
     if cleanup.live_agents and not args.force:
         print(
@@ -362,9 +364,9 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         cache = fold(listing, keys, scheduler_name, reserve, ring)
         now = time.time()
         if args.command == "quota":
-            cache.replace_quotas(kube.list_all(kube.quotas())[0])
+            cache.replace_quotas(kube.list_all(QUOTAS)[0])
             with contextlib.suppress(NotFoundError):  # no TritonModel CRD: no replicas
-                cache.replace_models(kube.list_all(kube.tritonmodels())[0])
+                cache.models.replace_models(kube.list_all(TRITONMODELS)[0])
             write_usage(usage(cache.ledger, keys, args.quota_namespace), output, out)
             return 0
         if args.command == "status":

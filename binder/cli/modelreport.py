@@ -1,7 +1,7 @@
 """What `tritonshare explain` says of a TritonModel: each replica as the binder sees it.
 
 A replica placed in the model's status is charged when its proof verifies (the binder's own cache
-decided that when the listing was folded, `binder.cluster.cache`), and is served or not as its
+decided that when the listing was folded, `binder.cluster.modelcache`), and is served or not as its
 status.placements entry says (`ready`, and why not: the agent's loaded condition on its host,
 such as its host's loader failing to fetch or load it); each other replica wanted is what the
 binder's model controller would place next, in order of ordinal: refused for the same model-level
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from binder.cluster.cache import ClusterCache
-from binder.cluster.objects import ModelInfo
+from binder.cluster.modelviews import ModelInfo
 from binder.framework.placement import Placement, place
 from common.hosted import host_storage_problem
 from common.quantity import format_bytes

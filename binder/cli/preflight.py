@@ -20,7 +20,9 @@ from dataclasses import replace
 from typing import TextIO
 from urllib.parse import quote
 
-from binder.api.kube import JsonObject, Kind, Kube
+from binder.api.kube import Kube
+from binder.api.listwatch import NODES, PODS, Kind
+from binder.api.session import JsonObject
 from binder.cli import checks, gpunodes
 from binder.cli.checks import FAIL, OK, WARN, Check, DryRun, Survey
 from binder.cli.gpunodes import GpuNode
@@ -52,10 +54,10 @@ def survey(kube: Kube, keys: Keys, system_namespace: str, pre: bool) -> Survey:
         keys=keys,
         system_namespace=system_namespace,
         version=kube.read("/version"),
-        nodes=kube.list_all(kube.nodes())[0],
+        nodes=kube.list_all(NODES)[0],
         namespaces=_optional(kube, "/api/v1/namespaces", "namespaces"),
         daemonsets=_optional(kube, "/apis/apps/v1/daemonsets", "daemonsets"),
-        pods=kube.list_all(kube.pods())[0],
+        pods=kube.list_all(PODS)[0],
         crds=crds,
     )
     if pre:

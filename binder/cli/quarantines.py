@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from binder.api.kube import Kube
+from binder.api.listwatch import NODES
 from binder.cli.report import (
     quarantined,
     write_document,
@@ -32,7 +33,7 @@ def list_quarantines(
 ) -> int:
     """`quarantine list [NODE]` (of `namespace` alone when given): 1 when NODE does not
     exist."""
-    nodes = kube.list_all(kube.nodes())[0]
+    nodes = kube.list_all(NODES)[0]
     if args.node:
         nodes = [n for n in nodes if n["metadata"]["name"] == args.node]
         if not nodes:
@@ -50,7 +51,7 @@ def clear_quarantine(kube: Kube, keys: Keys, args: argparse.Namespace, out: Text
     """`quarantine clear NODE MODEL`: write the node's `quarantine-clear` annotation, which its
     agent carries out and removes; 1 when the node does not exist or quarantines no such model."""
     prog = prog_name(sys.argv[0])
-    nodes = [n for n in kube.list_all(kube.nodes())[0] if n["metadata"]["name"] == args.node]
+    nodes = [n for n in kube.list_all(NODES)[0] if n["metadata"]["name"] == args.node]
     if not nodes:
         print(f"{prog}: node {args.node} does not exist", file=sys.stderr)
         return 1

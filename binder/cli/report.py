@@ -12,9 +12,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from binder.api.kube import JsonObject
+from binder.api.session import JsonObject
 from binder.cluster.cache import ClusterCache
-from binder.cluster.objects import NodeInfo, PodInfo, is_replica
+from binder.cluster.modelviews import is_replica
+from binder.cluster.objects import NodeInfo, PodInfo
 from binder.framework.placement import Placement, explain, place
 from common.contract import BINDER_LEADER_LEASE, Keys
 from common.hosted import LOAD_FAILURE_REASONS, SLEEPING_REASON, host_label, loaded_condition

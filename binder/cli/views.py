@@ -18,7 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from binder.api.kube import JsonObject, Kind, Kube
+from binder.api.kube import Kube
+from binder.api.listwatch import (
+    NAMESPACES,
+    NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    TRITONMODELS,
+    Kind,
+    leases_in,
+)
+from binder.api.session import JsonObject
 from binder.cli.modelreport import find_model, model_document, write_model
 from binder.cli.report import (
     explain_document,
@@ -29,8 +39,9 @@ from binder.cli.report import (
     shown,
     write_document,
 )
-from binder.cluster.cache import ClusterCache, Ledger
+from binder.cluster.cache import ClusterCache
 from binder.cluster.clusterstate import ClusterState
+from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo, pod_from_api
 from binder.cluster.proofs import Unproven
 from binder.errors import ApiError, NotFoundError, UnavailableError
@@ -75,16 +86,16 @@ class Listing:
 
 def list_cluster(kube: Kube, namespace: str) -> Listing:
     try:
-        namespaces = kube.list_all(kube.namespaces())[0]
+        namespaces = kube.list_all(NAMESPACES)[0]
     except ApiError:
         namespaces = []  # a user who may not list namespaces still gets the rest
     return Listing(
-        kube.list_all(kube.nodes())[0],
-        kube.list_all(kube.leases(namespace))[0],
-        kube.list_all(kube.pods())[0],
+        kube.list_all(NODES)[0],
+        kube.list_all(leases_in(namespace))[0],
+        kube.list_all(PODS)[0],
         namespaces,
-        _optional(kube, kube.tritonmodels()),
-        _optional(kube, kube.priority_classes()),
+        _optional(kube, TRITONMODELS),
+        _optional(kube, PRIORITY_CLASSES),
     )
 
 
@@ -116,9 +127,9 @@ def fold(
     cache.replace_nodes(listing.nodes)
     cache.replace_namespaces(listing.namespaces)
     cache.replace_leases(listing.leases)
-    cache.replace_priority_classes(listing.priority_classes)
+    cache.models.replace_priority_classes(listing.priority_classes)
     cache.replace_pods(listing.pods)
-    cache.replace_models(listing.models)
+    cache.models.replace_models(listing.models)
     cache.state.arrays()
     return cache
 

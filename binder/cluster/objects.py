@@ -9,7 +9,7 @@ controller turns into an event. This module does no I/O and reads no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
@@ -35,23 +35,13 @@ from common.contract import (
     parse_overcommit,
     validate_residency,
 )
-from common.hosted import (
-    host_group,
-    host_storage_problem,
-    replica_name,
-    replica_uid,
-)
-from common.modelpod import gpu_tolerations
 from common.podresources import (
-    MODEL_HOST_BASE,
-    MODEL_HOST_PER_MODEL,
     HostPort,
     host_ports,
     node_allocatable,
     pod_requests,
 )
 from common.quantity import QuantityError
-from common.storage import StorageAnnotationError, read_s3_options
 from common.tritonname import private_triton_name
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -318,15 +308,6 @@ class PodInfo:
         return self.phase in TERMINATED_PHASES
 
 
-def as_replica(pod: PodInfo) -> PodInfo:
-    """The pod as a TritonModel replica: placed by every rule a pod is (its GPU memory,
-    residency, node rules, labels for pod (anti-)affinity and topology spread, priority), but
-    holding no pod of its own: it asks its node for its share of its namespace's model host
-    (`MODEL_HOST_PER_MODEL`), and the host's own requests and pod slot (`MODEL_HOST_BASE`) are
-    charged once per (host group, node). A replica has no host ports."""
-    return replace(pod, resources=dict(MODEL_HOST_PER_MODEL), host=MODEL_HOST_BASE, host_ports=())
-
-
 def parse_time(value: object) -> float | None:
     """An RFC 3339 API timestamp as seconds since the epoch, or None when absent or unreadable."""
     if not isinstance(value, str) or not value:
@@ -337,7 +318,8 @@ def parse_time(value: object) -> float | None:
         return None
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
+def as_mapping(value: object) -> Mapping[str, Any]:
+    """An API field as a mapping: empty when absent or of another type."""
     # JSON decodes to dicts, and absent fields are None: both skip the slower abstract-class check.
     if type(value) is dict:
         return value
@@ -346,22 +328,23 @@ def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else _EMPTY
 
 
-def _sequence(value: object) -> Sequence[Any]:
+def as_sequence(value: object) -> Sequence[Any]:
+    """An API field as a sequence: empty when absent or of another type."""
     # A tuple of types: `list | tuple` builds a union object on every call.
     return value if isinstance(value, (list, tuple)) else ()
 
 
 def _requirements(raw: object) -> tuple[Requirement, ...]:
     out = []
-    for item in _sequence(raw):
-        item = _mapping(item)
-        values = tuple(str(v) for v in _sequence(item.get("values")))
+    for item in as_sequence(raw):
+        item = as_mapping(item)
+        values = tuple(str(v) for v in as_sequence(item.get("values")))
         out.append(Requirement(str(item.get("key", "")), str(item.get("operator", "")), values))
     return tuple(out)
 
 
 def _term(raw: object) -> SelectorTerm:
-    raw = _mapping(raw)
+    raw = as_mapping(raw)
     return SelectorTerm(
         _requirements(raw.get("matchExpressions")), _requirements(raw.get("matchFields"))
     )
@@ -370,16 +353,16 @@ def _term(raw: object) -> SelectorTerm:
 def constraints_from_spec(spec: Mapping[str, Any], tenant_code: bool = False) -> Constraints:
     """Read nodeSelector, node affinity and tolerations from a pod spec (API-shaped), for a pod
     whose namespace may (`tenant_code`) or may not run its own code in Triton."""
-    raw_selector = _mapping(spec.get("nodeSelector")).items()
+    raw_selector = as_mapping(spec.get("nodeSelector")).items()
     selector = tuple(sorted((str(k), str(v)) for k, v in raw_selector))
-    node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
+    node_affinity = as_mapping(as_mapping(spec.get("affinity")).get("nodeAffinity"))
     required_raw = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     required: tuple[SelectorTerm, ...] | None = None
     if isinstance(required_raw, Mapping):
-        required = tuple(_term(t) for t in _sequence(required_raw.get("nodeSelectorTerms")))
+        required = tuple(_term(t) for t in as_sequence(required_raw.get("nodeSelectorTerms")))
     preferred = []
-    for item in _sequence(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")):
-        item = _mapping(item)
+    for item in as_sequence(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")):
+        item = as_mapping(item)
         weight = item.get("weight", 0)
         preferred.append(
             PreferredTerm(weight if isinstance(weight, int) else 0, _term(item.get("preference")))
@@ -391,7 +374,7 @@ def constraints_from_spec(spec: Mapping[str, Any], tenant_code: bool = False) ->
             str(t.get("value") or ""),
             str(t.get("effect") or ""),
         )
-        for t in map(_mapping, _sequence(spec.get("tolerations")))
+        for t in map(as_mapping, as_sequence(spec.get("tolerations")))
     )
     return Constraints(selector, required, tuple(preferred), tolerations, tenant_code)
 
@@ -422,10 +405,10 @@ def pod_from_api(
     `tenant_code`: the namespaces allowed to run their own code in Triton; `min_gpu_mem`: the
     least GPU memory a model may ask (`--min-gpu-mem`); `allowance`: the per-process allowance,
     booked in `request` unless the pod declares an in-process backend."""
-    meta = _mapping(obj.get("metadata"))
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
-    annotations = _mapping(meta.get("annotations"))
+    meta = as_mapping(obj.get("metadata"))
+    spec = as_mapping(obj.get("spec"))
+    status = as_mapping(obj.get("status"))
+    annotations = as_mapping(meta.get("annotations"))
     problem = ""
     try:
         resources = pod_requests(spec)
@@ -436,7 +419,7 @@ def pod_from_api(
     # GPU memory is the binder's own, accounted per GPU (binder.cluster.clusterstate): not
     # NodeResourcesFit's.
     request = resources.pop(keys.gpu_mem, 0)
-    labels = {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()}
+    labels = {str(k): str(v) for k, v in as_mapping(meta.get("labels")).items()}
     namespace = str(meta.get("namespace", ""))
     model_id = str(annotations.get(keys.model_id) or "")
     owner = _controller(meta.get("ownerReferences"))
@@ -473,7 +456,7 @@ def pod_from_api(
         request=request,
         allowance=booked,
         model_id=model_id,
-        revision=_revision(_mapping(meta.get("labels"))),
+        revision=_revision(as_mapping(meta.get("labels"))),
         gpu_uuid=str(annotations.get(keys.gpu) or ""),
         placement=str(annotations.get(keys.placement) or ""),
         constraints=constraints_from_spec(spec, namespace in tenant_code),
@@ -506,7 +489,17 @@ def _nomination(value: object) -> tuple[str, str, str] | None:
         entry = json.loads(str(value)) if value else None
     except ValueError:
         return None
-    return _where(entry) if isinstance(entry, Mapping) else None
+    return node_gpu_proof(entry) if isinstance(entry, Mapping) else None
+
+
+def node_gpu_proof(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A placement record's (node, GPU uuid, proof): a pod's nomination annotation, an entry
+    of a TritonModel's status."""
+    return (
+        str(entry.get("node") or ""),
+        str(entry.get("gpu") or ""),
+        str(entry.get("proof") or ""),
+    )
 
 
 def _priority(value: object) -> int:
@@ -515,7 +508,7 @@ def _priority(value: object) -> int:
 
 def _controller(references: object) -> str:
     """The controlling owner reference as "Kind/uid", or ""."""
-    for ref in _sequence(references):
+    for ref in as_sequence(references):
         if isinstance(ref, Mapping) and ref.get("controller") is True:
             return f"{ref.get('kind', '')}/{ref.get('uid', '')}"
     return ""
@@ -574,7 +567,7 @@ def _usage(
         used = entry.get("used")
         valid = isinstance(used, int) and not isinstance(used, bool) and used >= 0
         with_used.append(replace(gpu, used=used) if valid else gpu)
-        for model, size in _mapping(entry.get("models")).items():
+        for model, size in as_mapping(entry.get("models")).items():
             if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
                 measured[str(model)] = size
     return tuple(with_used), measured
@@ -582,17 +575,17 @@ def _usage(
 
 def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
     """Convert an API node; a malformed GPU annotation leaves the node without GPUs, with why."""
-    meta = _mapping(obj.get("metadata"))
-    spec = _mapping(obj.get("spec"))
-    labels = {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()}
+    meta = as_mapping(obj.get("metadata"))
+    spec = as_mapping(obj.get("spec"))
+    labels = {str(k): str(v) for k, v in as_mapping(meta.get("labels")).items()}
     taints = tuple(
         Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
-        for t in map(_mapping, _sequence(spec.get("taints")))
+        for t in map(as_mapping, as_sequence(spec.get("taints")))
     )
-    annotations = _mapping(meta.get("annotations"))
+    annotations = as_mapping(meta.get("annotations"))
     gpus, problem = _gpus(annotations, keys)
     gpus, measured = _usage(annotations, keys, gpus)
-    status = _mapping(obj.get("status"))
+    status = as_mapping(obj.get("status"))
     allocatable = node_allocatable(status) if "allocatable" in status else None
     overcommit, overcommit_problem = 1.0, ""
     label = labels.get(keys.gpu_mem_overcommit)
@@ -618,235 +611,9 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
 
 def lease_expiry(obj: Mapping[str, Any]) -> float:
     """When an agent's Lease runs out (seconds since the epoch); 0 when it never was valid."""
-    spec = _mapping(obj.get("spec"))
+    spec = as_mapping(obj.get("spec"))
     renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     duration = spec.get("leaseDurationSeconds")
     if renewed is None or not isinstance(duration, int):
         return 0.0
     return renewed + duration
-
-
-# ---- TritonModels ------------------------------------------------------------------------------
-
-TRITONMODEL_KIND = "TritonModel"
-TRITONMODEL_API_VERSION = "tritonshare.io/v1alpha1"
-
-
-def is_replica(uid: str) -> bool:
-    """Whether a uid in the ledger is a TritonModel replica's ("<model uid>/<ordinal>")."""
-    return "/" in uid
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """A TritonModel as the binder places it: each replica is `replica(ordinal)`, a PodInfo
-    judged by every rule a pod is (`as_replica`)."""
-
-    uid: str
-    namespace: str
-    name: str
-    """metadata.name; the model id its clients send is `template.model_id` (spec.modelName,
-    else this name)."""
-    generation: int
-    replicas: int
-    """spec.replicas: how many replicas are wanted (a roll's surge adds one)."""
-    template: PodInfo
-    """Replica 0 unplaced; the others differ only in uid and name."""
-    placed: Mapping[int, tuple[str, str, str]] = field(default_factory=dict)
-    """status.placements as written: ordinal -> (node, GPU uuid, proof)."""
-    placed_uris: Mapping[int, str] = field(default_factory=dict)
-    """status.placements' storageUri as written: ordinal -> the files that replica was given
-    (absent for a placement written without one: it takes spec.storageUri)."""
-    nominated: Mapping[int, tuple[str, str, str]] = field(default_factory=dict)
-    """status.nominations as written: ordinal -> (node, GPU uuid, proof) of the room a
-    replica's preemption holds (`binder.framework.replicapreemption`)."""
-    status: Mapping[str, Any] = field(default_factory=dict)
-    """status as written, to write only what changes."""
-    resource_version: str = ""
-    storage_uri: str = ""
-    """spec.storageUri: where the host's loader fetches the files."""
-    storage_secret: str = ""
-    """spec.storageSecret: the Secret of the model's namespace the host's loader fetches with."""
-    storage_options: tuple[tuple[str, str], ...] = ()
-    """Its s3-* annotations, as a model pod's (`common.storage`), passed to the host's loader."""
-    storage_problem: str = ""
-    """Why a model host cannot fetch its files ("" when it can): its replicas are not placed."""
-    concurrency: int = 0
-    """spec.maxConcurrency (0: none given)."""
-    min_available: int = 0
-    """spec.minAvailable: the ready replicas an eviction of its hosts must leave (0: none)."""
-    idle_seconds: int = 0
-    """spec.idleSeconds (0: none given)."""
-    priority_class: str = ""
-    """spec.priorityClassName ("" for the cluster's default); the template's priority and
-    preemption policy are resolved from it (`binder.cluster.priorities`)."""
-    priority_problem: str = ""
-    """Why the model's priority class cannot be resolved ("" when it can): its replicas are
-    not placed."""
-    autoscaling: Mapping[str, Any] | None = None
-    """spec.autoscaling as written (None: the built-in autoscaler leaves the model alone),
-    read by `binder.autoscaler.loop`."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def host_group(self) -> str:
-        """The key of the hosts that serve its replicas, one per node: its namespace's hosts
-        of its storage Secret (`common.hosted.host_group`)."""
-        return host_group(self.namespace, self.storage_secret)
-
-    def replica(self, ordinal: int, node: str = "", gpu: str = "", proof: str = "") -> PodInfo:
-        """Replica `ordinal`: uid "<model uid>/<ordinal>" and name "<model>/<ordinal>", which no
-        pod can have (a slash), so a replica's proof never verifies for a pod nor one replica's
-        for another, or for a model recreated under the same name (another uid)."""
-        t = self.template
-        return replace(
-            t,
-            uid=replica_uid(self.uid, ordinal),
-            name=replica_name(self.name, ordinal),
-            node_name=node,
-            gpu_uuid=gpu,
-            placement=proof,
-            phase="Running" if node else "Pending",
-        )
-
-
-def model_from_api(
-    obj: Mapping[str, Any],
-    keys: Keys,
-    scheduler_name: str,
-    tenant_code: Collection[str] = (),
-    min_gpu_mem: int = MIN_GPU_MEM,
-    allowance: int = 0,
-) -> ModelInfo:
-    """Convert an API TritonModel; never raises on user input (problems land in the template's
-    `problem`). Its replicas are read as the pod a model pod of the same spec would be, so
-    every rule reads them alike."""
-    meta = _mapping(obj.get("metadata"))
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
-    name = str(meta.get("name", ""))
-    labels = {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()}
-    pod_spec: dict[str, Any] = {
-        key: spec[key]
-        for key in ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints")
-        if key in spec
-    }
-    # The replica runs in its namespace's model host, which tolerates the GPU nodes' taints as a
-    # model pod does (the webhook adds the same tolerations to model pods).
-    pod_spec["tolerations"] = [
-        *_sequence(spec.get("tolerations")),
-        *(t for t in gpu_tolerations(keys) if t not in _sequence(spec.get("tolerations"))),
-    ]
-    pod_spec["schedulerName"] = scheduler_name
-    pod_spec["containers"] = [
-        {"name": "model", "resources": {"limits": {keys.gpu_mem: spec.get("gpuMemory", "0")}}}
-    ]
-    model_id = str(spec.get("modelName") or name)
-    annotations = {keys.model_id: model_id, keys.residency: str(spec.get("residency") or "always")}
-    backend = _mapping(meta.get("annotations")).get(keys.backend)
-    if backend is not None:
-        annotations[keys.backend] = str(backend)
-    pod = {
-        "metadata": {
-            "uid": str(meta.get("uid", "")),
-            "namespace": meta.get("namespace", ""),
-            "name": name,
-            "labels": labels,
-            "annotations": annotations,
-            "creationTimestamp": meta.get("creationTimestamp"),
-        },
-        "spec": pod_spec,
-    }
-    template = as_replica(pod_from_api(pod, keys, tenant_code, min_gpu_mem, allowance))
-    secret = str(spec.get("storageSecret") or "")
-    template = replace(template, host_group=host_group(template.namespace, secret))
-    if template.problem and not is_valid_model_id(model_id):
-        template = replace(template, problem=f"spec.modelName: {model_id_problem(model_id)}")
-    placed: dict[int, tuple[str, str, str]] = {}
-    placed_uris: dict[int, str] = {}
-    for ordinal, entry in _by_ordinal(status.get("placements")):
-        placed[ordinal] = _where(entry)
-        if entry.get("storageUri"):
-            placed_uris[ordinal] = str(entry["storageUri"])
-    nominated = {o: _where(entry) for o, entry in _by_ordinal(status.get("nominations"))}
-    replicas = spec.get("replicas", 1)
-    generation = meta.get("generation", 0)
-    uri = str(spec.get("storageUri") or "")
-    options: tuple[tuple[str, str], ...] = ()
-    storage_problem = host_storage_problem(uri, secret)
-    if not storage_problem:
-        try:
-            scheme = uri.partition("://")[0].lower()
-            options = read_s3_options(_mapping(meta.get("annotations")), keys.prefix, scheme)
-        except StorageAnnotationError as e:
-            storage_problem = str(e)
-    return ModelInfo(
-        uid=template.uid,
-        namespace=template.namespace,
-        name=name,
-        generation=generation if isinstance(generation, int) else 0,
-        replicas=replicas if isinstance(replicas, int) and replicas >= 0 else 0,
-        template=template,
-        placed=placed,
-        placed_uris=placed_uris,
-        nominated=nominated,
-        status=status,
-        resource_version=str(meta.get("resourceVersion", "")),
-        storage_uri=uri,
-        storage_secret=secret,
-        storage_options=options,
-        storage_problem=storage_problem,
-        concurrency=_whole(spec.get("maxConcurrency")),
-        min_available=_whole(spec.get("minAvailable")),
-        idle_seconds=_whole(spec.get("idleSeconds")),
-        priority_class=str(spec.get("priorityClassName") or ""),
-        autoscaling=spec["autoscaling"] if isinstance(spec.get("autoscaling"), Mapping) else None,
-    )
-
-
-def _by_ordinal(entries: object) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    """The entries of a status list with a valid `replica` ordinal, with it."""
-    for entry in map(_mapping, _sequence(entries)):
-        ordinal = entry.get("replica")
-        if isinstance(ordinal, int) and not isinstance(ordinal, bool) and ordinal >= 0:
-            yield ordinal, entry
-
-
-def _where(entry: Mapping[str, Any]) -> tuple[str, str, str]:
-    """A status entry's (node, GPU uuid, proof)."""
-    return (
-        str(entry.get("node") or ""),
-        str(entry.get("gpu") or ""),
-        str(entry.get("proof") or ""),
-    )
-
-
-def _whole(value: object) -> int:
-    """A positive whole number of the spec, else 0 (the schema already refuses the others)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def owner_reference(model: ModelInfo, *, controller: bool) -> dict[str, Any]:
-    """The ownerReference to `model` of what it owns (its Service: the controller) or shares
-    (its hosts)."""
-    return {
-        "apiVersion": TRITONMODEL_API_VERSION,
-        "kind": TRITONMODEL_KIND,
-        "name": model.name,
-        "uid": model.uid,
-        "controller": controller,
-    }
-
-
-def event_object(model: ModelInfo) -> dict[str, Any]:
-    """The model as an Event's involvedObject."""
-    return {
-        "apiVersion": TRITONMODEL_API_VERSION,
-        "kind": TRITONMODEL_KIND,
-        "namespace": model.namespace,
-        "name": model.name,
-        "uid": model.uid,
-    }

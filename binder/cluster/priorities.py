@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from binder.cluster.objects import ModelInfo
+from binder.cluster.modelviews import ModelInfo
 
 PREEMPT_LOWER = "PreemptLowerPriority"
 NEVER = "Never"

@@ -20,8 +20,9 @@ import logging
 from collections.abc import Callable, Container
 from dataclasses import dataclass, replace
 
-from binder.cluster.cache import Ledger
-from binder.cluster.objects import ModelInfo, PodInfo
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo
+from binder.cluster.objects import PodInfo
 from binder.cluster.proofs import sign
 from binder.framework.placement import (
     Policy,

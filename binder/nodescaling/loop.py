@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, Unpack
 
-from binder.api.kube import ApiError, JsonObject
+from binder.api.session import JsonObject
+from binder.errors import ApiError
 from binder.nodescaling.guard import patches
 from binder.nodescaling.placeholders import (
     MAX_NAMED_WAITERS,

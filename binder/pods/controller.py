@@ -29,7 +29,7 @@ from typing import Any
 from binder.api.handover import Handover, Outcome
 from binder.api.inbox import Inbox
 from binder.api.kube import Kube
-from binder.cluster.cache import Ledger
+from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo
 from binder.cluster.proofs import Unproven, sign
 from binder.errors import ApiError, ConflictError, NotFoundError

@@ -74,17 +74,13 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
 
-from binder.api.kube import JsonObject, Kube
+from binder.api.kube import Kube
+from binder.api.session import JsonObject
 from binder.autoscaler.parking import park_node
 from binder.autoscaler.room import Room, capacity
-from binder.cluster.cache import Ledger
-from binder.cluster.objects import (
-    ModelInfo,
-    PodInfo,
-    event_object,
-    is_replica,
-    owner_reference,
-)
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo, event_object, is_replica, owner_reference
+from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
 from binder.cluster.proofs import proven, sign
 from binder.errors import ApiError, ConflictError

@@ -19,7 +19,7 @@ import hashlib
 import json
 from collections.abc import Collection
 
-from binder.api.kube import JsonObject
+from binder.api.session import JsonObject
 from common import modelpod
 from common.contract import Keys
 from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, STORAGE_SECRET_DIR, NodeAccess

@@ -29,10 +29,12 @@ from collections.abc import Callable, Container, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
-from binder.api.kube import JsonObject, Kube
+from binder.api.kube import Kube
+from binder.api.session import JsonObject
 from binder.cluster.budgets import Budget
-from binder.cluster.cache import Ledger
-from binder.cluster.objects import ModelInfo, PodInfo, event_object, owner_reference
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo, event_object, owner_reference
+from binder.cluster.objects import PodInfo
 from binder.cluster.podterms import NOTHING
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.tritonmodels.hostbudget import BUDGET_NAME, budget, min_available

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
-from binder.cluster.cache import Ledger
-from binder.cluster.objects import ModelInfo, PodInfo
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo
+from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
 from binder.framework.placement import Placement, Policy, place
 from binder.framework.quota import QuotaCheck

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Container
 
 from binder.autoscaler.room import Room
-from binder.cluster.cache import Ledger
-from binder.cluster.objects import ModelInfo, PodInfo
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo
+from binder.cluster.objects import PodInfo
 from binder.tritonmodels.rolling import Loaded
 from common.contract import Keys
 from common.hosted import RESTORING_REASONS, SERVES_ASLEEP, SLEEPING_REASON, loaded_condition

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from binder.api.kube import JsonObject, Kube
+from binder.api.kube import Kube
+from binder.api.session import JsonObject
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.framework.queue import SchedulingQueue
 

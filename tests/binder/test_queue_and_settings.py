@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import pytest
 
-from binder.cluster.cache import Ledger
 from binder.cluster.clusterstate import ClusterState
+from binder.cluster.ledger import Ledger
 from binder.errors import SettingsError
 from binder.framework.queue import SchedulingQueue
 from binder.metrics import Metrics

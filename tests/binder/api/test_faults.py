@@ -16,7 +16,8 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from binder.api.kube import Kube, RetryPolicy
+from binder.api.kube import Kube
+from binder.api.session import RetryPolicy
 from binder.errors import ConflictError, UnavailableError
 from sim.apiserver import Fault, RunningApiServer
 from tests.binder.objects import GI, KEYS
@@ -138,7 +139,7 @@ def test_a_write_gives_up_at_its_budget_or_when_it_may_no_longer_retry(
         assert 0.3 < time.monotonic() - started < 2.0
         tried = len(calls(apiserver, "m"))
         assert tried >= 3
-        kube.retry_while = lambda: False  # no longer leading: one attempt only
+        kube.session.retry_while = lambda: False  # no longer leading: one attempt only
         with pytest.raises(UnavailableError):
             kube.patch_pod_annotations("default", "m", {"example.com/gpu": "GPU-1"})
         assert len(calls(apiserver, "m")) == tried + 1
@@ -166,10 +167,10 @@ def test_a_pod_maybe_bound_is_never_annotated_anew(
     add_pod(core, "m", mem="1Gi", gpu="GPU-1")
     uid = core.read_namespaced_pod("m", "default").metadata.uid
     apiserver.faults.arm(Fault(503, times=1, user_agent=BINDER, verb="create", committed=True))
-    kube.retry_while = lambda: False  # leadership lost: no time to find out
+    kube.session.retry_while = lambda: False  # leadership lost: no time to find out
     with pytest.raises(UnavailableError):
         kube.bind("default", "m", uid, "gpu-1")
-    kube.retry_while = lambda: True
+    kube.session.retry_while = lambda: True
     # A later placement of the same pod must not move the GPU of a pod that is in fact bound.
     with pytest.raises(ConflictError):
         kube.patch_pod_annotations("default", "m", {KEYS.gpu: "GPU-2"})

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from binder.api.kube import Kube, RetryPolicy
+from binder.api.kube import Kube
+from binder.api.listwatch import PODS
+from binder.api.session import RetryPolicy
 from binder.api.transport import Connections, WireError
 from binder.errors import UnavailableError
 from tests.conftest import require_executable
@@ -236,7 +238,7 @@ def test_kube_writes_read_a_refreshed_token_within_a_second_not_on_every_write(
         str(kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{server.port}", None)),
         monotonic=lambda: now[0],
     )
-    configuration = kube._configuration
+    configuration = kube.session._configuration
     hook = configuration.refresh_api_key_hook
     calls = 0
 
@@ -278,7 +280,7 @@ def test_kube_watches_stream_events_split_across_chunks_with_the_token_and_prefi
     url = f"http://127.0.0.1:{server.port}/prefix"
     kube = Kube(str(kubeconfig(tmp_path / "kubeconfig", url, None)))
     opened: list[bool] = []
-    events = list(kube.watch(kube.pods(), "6", lambda: opened.append(True)))
+    events = list(kube.watch(PODS, "6", lambda: opened.append(True)))
     kube.close()
     assert opened == [True]
     assert [(kind, obj["metadata"]["resourceVersion"]) for kind, obj in events] == [
@@ -314,9 +316,9 @@ def test_with_a_proxy_url_lists_writes_and_watches_all_go_through_the_proxy(
         )
     )
     kube = Kube(str(path))
-    items, version = kube.list_all(kube.pods())
+    items, version = kube.list_all(PODS)
     kube.patch_pod_annotations("models", "p", {"a": "b"})
-    events = list(kube.watch(kube.pods(), version))
+    events = list(kube.watch(PODS, version))
     kube.close()
     assert (items, version) == ([{"metadata": {"name": "a"}}], "6")
     assert [kind for kind, _ in events] == ["ADDED"]

@@ -14,7 +14,7 @@ from binder.autoscaler.kpa import Decider, Scaling
 from binder.autoscaler.loop import Autoscaling
 from binder.autoscaler.parking import park_node, parked_on
 from binder.autoscaler.targets import Index, model_target
-from binder.cluster.objects import ModelInfo, model_from_api
+from binder.cluster.modelviews import ModelInfo, model_from_api
 from common.contract import Keys
 from common.hosted import Parked, decode_parked, encode_parked, parked_models_annotation
 

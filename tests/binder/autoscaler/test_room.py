@@ -9,7 +9,7 @@ from typing import Any
 
 from binder.autoscaler.room import ROOM_SECONDS, Room, capacity, needs_room
 from binder.autoscaler.targets import host_sources
-from binder.cluster.objects import ModelInfo, model_from_api
+from binder.cluster.modelviews import ModelInfo, model_from_api
 from common.contract import Keys
 
 KEYS = Keys()

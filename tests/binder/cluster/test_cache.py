@@ -11,10 +11,15 @@ from typing import Any
 
 import pytest
 
-from binder.api.kube import JsonObject, Kind, Kube
-from binder.cluster.cache import ClusterCache, Informer, Ledger
+from binder.api.kube import Kube
+from binder.api.listwatch import NODES, Kind
+from binder.api.session import JsonObject
+from binder.cluster.cache import ClusterCache
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import ModelKey, PodInfo, model_from_api, pod_from_api
+from binder.cluster.informer import Informer
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import model_from_api
+from binder.cluster.objects import ModelKey, PodInfo, pod_from_api
 from binder.cluster.proofs import Unproven, sign
 from binder.errors import GoneError
 from common.hosted import host_label, host_name
@@ -160,11 +165,11 @@ def test_a_watch_from_a_version_older_than_the_history_is_gone(
     kube = Kube(str(kubeconfig))
     client: Any = server.api_client()
     try:
-        _, version = kube.list_all(kube.nodes())
+        _, version = kube.list_all(NODES)
         for i in range(10):
             core_v1(client).create_node(node_obj(f"n{i}"))
         with pytest.raises(GoneError):
-            list(kube.watch(kube.nodes(), version))
+            list(kube.watch(NODES, version))
     finally:
         client.close()
         kube.close()
@@ -190,10 +195,10 @@ async def test_the_informer_relists_on_gone_and_catches_up(
             asyncio.run_coroutine_threadsafe(proceed.wait(), loop).result(timeout=30)
         return real_watch(kind, version, *rest)
 
-    kube.watch = stale_first  # type: ignore[method-assign,assignment]
+    kube.watch = stale_first  # type: ignore[assignment]
     informer = Informer(
         kube,
-        kube.nodes(),
+        NODES,
         loop,
         on_list=lambda items: lists.append([i["metadata"]["name"] for i in items]),
         on_event=lambda event, obj: seen.append(f"{event} {obj['metadata']['name']}"),
@@ -405,14 +410,14 @@ def test_a_replica_is_charged_only_with_the_proof_the_binder_signed_for_it() -> 
     proof = sign(TEST_RING, model.replica(0), "n1", "GPU-n1-0")
     entry = {"replica": 0, "node": "n1", "gpu": "GPU-n1-0", "proof": proof}
     # Replica 1 carries replica 0's proof; a second model carries it too.
-    cache.apply_model("ADDED", _tritonmodel("m", 2, [entry, {**entry, "replica": 1}]))
-    cache.apply_model("ADDED", _tritonmodel("other", 1, [entry]))
+    cache.models.apply_model("ADDED", _tritonmodel("m", 2, [entry, {**entry, "replica": 1}]))
+    cache.models.apply_model("ADDED", _tritonmodel("other", 1, [entry]))
     state = cache.state
     assert state.is_accounted("uid-m/0")
     assert not state.is_accounted("uid-m/1") and not state.is_accounted("uid-other/0")
     assert state.allocated("n1") == [GI]
     assert state.pods.pod_count("n1") == 1, "one host for the namespace's one replica"
-    cache.apply_model("DELETED", _tritonmodel("m", 2, [entry]))
+    cache.models.apply_model("DELETED", _tritonmodel("m", 2, [entry]))
     assert state.account_uids() == set() and state.pods.pod_count("n1") == 0
 
 
@@ -426,7 +431,7 @@ def test_a_pod_dressed_as_a_model_host_counts_as_a_pod_unless_its_namespace_has_
     model = model_from_api(_tritonmodel("m", 1, []), KEYS, "tritonshare")
     proof = sign(TEST_RING, model.replica(0), "n1", "GPU-n1-0")
     entry = {"replica": 0, "node": "n1", "gpu": "GPU-n1-0", "proof": proof}
-    cache.apply_model("ADDED", _tritonmodel("m", 1, [entry]))
+    cache.models.apply_model("ADDED", _tritonmodel("m", 1, [entry]))
     cache.apply_pod("MODIFIED", fake)
     assert cache.state.pods.pod_count("n1") == 1, "the host's slot, charged once"
     other = pod_obj(host_name("n2"), mem=None, model=None, node="n1", scheduler="x")
@@ -444,9 +449,9 @@ def _named(name: str, model_name: str, created: str) -> dict[str, Any]:
 
 def test_a_model_name_is_the_replicas_id_and_one_namespace_serves_each_id_once() -> None:
     cache, _ = make_cache()
-    cache.apply_model("ADDED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
-    cache.apply_model("ADDED", _named("alpha", "resnet_50", "2026-11-26T10:00:01Z"))
-    cache.apply_model("ADDED", _named("other", "bert", "2026-11-26T09:00:00Z"))
+    cache.models.apply_model("ADDED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
+    cache.models.apply_model("ADDED", _named("alpha", "resnet_50", "2026-11-26T10:00:01Z"))
+    cache.models.apply_model("ADDED", _named("other", "bert", "2026-11-26T09:00:00Z"))
     models = {m.name: m for m in cache.ledger.models.values()}
     assert models["zeta"].replica(0).model_id == "resnet_50"
     assert models["zeta"].replica(0).name == "zeta/0"
@@ -459,11 +464,11 @@ def test_a_model_name_is_the_replicas_id_and_one_namespace_serves_each_id_once()
         "one another spec.modelName (or delete one of the two)"
     )
     # zeta renamed (the simulated API server runs no CEL): alpha has the id to itself, then not.
-    cache.apply_model("MODIFIED", _named("zeta", "resnet_51", "2026-11-26T10:00:00Z"))
+    cache.models.apply_model("MODIFIED", _named("zeta", "resnet_51", "2026-11-26T10:00:00Z"))
     assert cache.ledger.name_clash(models["alpha"]) == ""
-    cache.apply_model("MODIFIED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
+    cache.models.apply_model("MODIFIED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
     assert 'tritonmodel "zeta"' in cache.ledger.name_clash(models["alpha"])
-    cache.apply_model("DELETED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
+    cache.models.apply_model("DELETED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
     assert cache.ledger.name_clash(models["alpha"]) == ""
     assert set(cache.ledger.by_model_id) == {("models", "resnet_50"), ("models", "bert")}
 

@@ -12,7 +12,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from binder.app import Binder
-from binder.cluster.objects import model_from_api
+from binder.cluster.modelviews import model_from_api
 from common.contract import DEFAULT_MIN_GPU_MEM, MIN_GPU_MEM
 from common.quantity import parse_quantity
 from tests.binder.objects import KEYS

@@ -10,7 +10,8 @@ from typing import Any
 
 from binder.cluster.budgets import Budget
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import as_replica, pod_from_api
+from binder.cluster.modelviews import as_replica
+from binder.cluster.objects import pod_from_api
 from binder.cluster.podterms import NOTHING, selector_from_api
 from binder.framework.placement import resolvable_nodes
 from binder.framework.preemption import (

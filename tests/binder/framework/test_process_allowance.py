@@ -14,7 +14,8 @@ import kubernetes.client
 import pytest
 
 from binder.cli.main import main as cli
-from binder.cluster.objects import model_from_api, pod_from_api
+from binder.cluster.modelviews import model_from_api
+from binder.cluster.objects import pod_from_api
 from binder.framework.placement import Placement, place
 from binder.settings import parse_settings
 from common.backends import IN_PROCESS_BACKENDS, PROCESS_ALLOWANCE, runs_in_own_process

@@ -14,7 +14,7 @@ import kubernetes.client
 import pytest
 
 from binder.app import Binder
-from binder.cluster.cache import Ledger
+from binder.cluster.ledger import Ledger
 from binder.cluster.objects import pod_from_api
 from binder.framework.quota import QuotaCheck, limits_from_api, pods_allowance_in
 from common.contract import Keys

@@ -17,9 +17,10 @@ from typing import Any
 import kubernetes.client
 
 from binder.app import Binder
-from binder.cluster.cache import Ledger
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import ModelInfo, model_from_api, node_from_api
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo, model_from_api
+from binder.cluster.objects import node_from_api
 from binder.cluster.proofs import sign
 from binder.framework.placement import Unschedulable, place
 from binder.framework.replicapreemption import ReplicaPreemption, held_uid

@@ -18,8 +18,8 @@ import pytest
 
 from benchmarks.model_hosts import add, controller, tritonmodel
 from binder.api.kube import Kube
-from binder.cluster.cache import Ledger
 from binder.cluster.clusterstate import ClusterState
+from binder.cluster.ledger import Ledger
 from binder.cluster.objects import lease_expiry, node_from_api
 from binder.errors import ApiError
 from binder.tritonmodels.controller import PLACEMENTS_PER_TURN
@@ -167,7 +167,7 @@ async def test_a_namespace_of_unplaceable_models_delays_another_by_a_turn(
 
     monkeypatch.setattr(models, "_reconcile", reconciling)
     monkeypatch.setattr(models, "changed", learning)
-    flooded.cache._on_model = learning
+    flooded.cache.models._on_model = learning
     waited = await newcomer_placed(custom)
     between = seen[seen.index("learnt") + 1 : seen.index("new")]
     assert len(between) <= 2, f"{len(between)} attacking reconciles first ({waited:.2f} s)"
@@ -208,10 +208,10 @@ def test_the_cache_walks_the_charged_replicas_not_spec_replicas() -> None:
         "metadata": {"name": "bomb", "namespace": "a", "uid": "u-bomb", "generation": 1},
         "spec": {"storageUri": "https://x/m.tar.gz", "gpuMemory": "1Gi", "replicas": 10**9},
     }
-    cache.apply_model("ADDED", obj)
+    cache.models.apply_model("ADDED", obj)
     started = time.process_time()
     assert cache.ledger.replica_uids("u-bomb") == []
-    cache.apply_model("MODIFIED", obj)
+    cache.models.apply_model("MODIFIED", obj)
     assert time.process_time() - started < 1.0
 
 

@@ -14,7 +14,8 @@ import kubernetes.client
 import pytest
 
 from binder.app import Binder
-from binder.cluster.objects import ModelInfo, PodInfo
+from binder.cluster.modelviews import ModelInfo
+from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import PriorityClassInfo, resolve
 from common.contract import Keys
 from common.hosted import host_name

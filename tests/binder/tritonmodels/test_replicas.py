@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.objects import PodInfo, as_replica, model_from_api, pod_from_api
+from binder.cluster.modelviews import as_replica, model_from_api
+from binder.cluster.objects import PodInfo, pod_from_api
 from binder.framework.placement import Placement, Unschedulable, place
 from common.hosted import host_group
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL

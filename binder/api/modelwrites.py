@@ -1,0 +1,73 @@
+"""What the TritonModel controller and the autoscaler write besides pods, over a
+binder.api.session.Session: a TritonModel's status, an object's `scale` subresource, a model's
+Service, and a model host's PodDisruptionBudget. Every write is retried as the session says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from urllib.parse import quote
+
+from binder.api.session import MERGE_PATCH, JsonObject, Session
+from binder.errors import ConflictError, NotFoundError
+
+AUTOSCALER = "tritonshare-autoscaler"
+"""The field manager of the built-in autoscaler's writes to `scale`."""
+
+
+def _models_path(namespace: str) -> str:
+    return f"/apis/tritonshare.io/v1alpha1/namespaces/{quote(namespace, safe='')}/tritonmodels"
+
+
+def _budgets_path(namespace: str) -> str:
+    return f"/apis/policy/v1/namespaces/{quote(namespace, safe='')}/poddisruptionbudgets"
+
+
+class ModelWrites:
+    """The model writes over one session."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def patch_model_status(self, namespace: str, name: str, uid: str, status: JsonObject) -> None:
+        """A merge patch of a TritonModel's `status` subresource, only while it is the object
+        with this uid (a model recreated under the name meanwhile is left alone: 409)."""
+        body = {"metadata": {"uid": uid}, "status": status}
+        path = f"{_models_path(namespace)}/{quote(name, safe='')}/status"
+        what = f"writing the status of TritonModel {namespace}/{name}"
+        self._session.write(what, "PATCH", path, body, MERGE_PATCH)
+
+    def scale(self, api: str, plural: str, namespace: str, name: str, replicas: int) -> None:
+        """Set the replicas of an object (`api`: "/apis/GROUP/VERSION") through its `scale`
+        subresource, as an HPA does, under the autoscaler's own field manager."""
+        path = (
+            f"{api}/namespaces/{quote(namespace, safe='')}/{plural}/{quote(name, safe='')}"
+            f"/scale?fieldManager={AUTOSCALER}"
+        )
+        body = {"spec": {"replicas": replicas}}
+        what = f"scaling {plural} {namespace}/{name} to {replicas}"
+        self._session.write(what, "PATCH", path, body, MERGE_PATCH)
+
+    def create_service(self, namespace: str, body: JsonObject) -> None:
+        """Create the Service (ConflictError when one of that name is there)."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/services"
+        what = f"creating Service {namespace}/{body['metadata']['name']}"
+        self._session.write(what, "POST", path, body)
+
+    def put_budget(self, body: JsonObject) -> None:
+        """Create the PodDisruptionBudget, or set the spec of the one of its name."""
+        meta = body["metadata"]
+        path = _budgets_path(meta["namespace"])
+        what = f"PodDisruptionBudget {meta['namespace']}/{meta['name']}"
+        try:
+            self._session.write(f"creating {what}", "POST", path, body)
+        except ConflictError:
+            patch = {"spec": body["spec"]}
+            name = quote(meta["name"], safe="")
+            self._session.write(f"updating {what}", "PATCH", f"{path}/{name}", patch, MERGE_PATCH)
+
+    def delete_budget(self, namespace: str, name: str) -> None:
+        """Delete the PodDisruptionBudget (gone already: nothing to do)."""
+        path = f"{_budgets_path(namespace)}/{quote(name, safe='')}"
+        with contextlib.suppress(NotFoundError):
+            self._session.write(f"deleting PodDisruptionBudget {namespace}/{name}", "DELETE", path)
