@@ -1,6 +1,6 @@
 """The agent's settings: one frozen object whose fields each declare their flag, variable, default
-and help once with common.settings (`DECLARATION` is derived from them), parsed once in
-`agent.__main__`.
+and help once with common.settings (`DECLARATION` and --help are derived from them), parsed once in
+`agent.__main__`. A field's docstring, where it has one, says only what its --help line does not.
 
 Everything else receives the object. Nothing here reads files or talks to anything.
 """
@@ -131,41 +131,37 @@ class Settings:
         also_env=("NODE_NAME",),
         required="NODE_NAME comes from the Downward API's spec.nodeName",
     )
-    """Name of the Node this agent serves (the Downward API's spec.nodeName). Required."""
     model_repository: Path = setting(
         "model-repository",
         "Triton's model repository directory",
         path,
         required="Triton's model repository directory",
     )
-    """Triton's model repository directory, shared with the Triton container. Required."""
+    """Shared with the Triton container."""
     kubeconfig: str | None = setting(
         "kubeconfig",
         "kubeconfig file; default: in-cluster config",
         default=None,
         also_env=("KUBECONFIG",),
     )
-    """Path of a kubeconfig file; None: in-cluster config. Env KUBECONFIG."""
     triton_http_url: str = setting(
         "triton-http-url", "Triton HTTP host:port", host_port, default="127.0.0.1:8000"
     )
-    """Triton's HTTP endpoint, host:port."""
     triton_grpc_url: str = setting(
         "triton-grpc-url",
         "Triton gRPC host:port, for loads and unloads",
         host_port,
         default="127.0.0.1:8001",
     )
-    """Triton's gRPC endpoint, host:port: the agent loads and unloads models over it, since a
-    load over HTTP holds every open HTTP connection to Triton, every tenant's REST inference
-    among them, for as long as the load runs (`agent.triton`)."""
+    """Not HTTP: a load over HTTP holds every open HTTP connection to Triton, every tenant's REST
+    inference among them, for as long as the load runs (`agent.triton`)."""
     triton_admin_header: tuple[str, str] | None = setting(
         "triton-admin-header",
         "Name:value header for Triton's restricted APIs",
         _admin_header,
         default=None,
     )
-    """Header "Name:value" for Triton's restricted repository API; None when unrestricted."""
+    """None: Triton's repository API is unrestricted."""
     triton_pid_file: Path | None = setting(
         "triton-pid-file",
         "file holding Triton's PID, in a PID namespace shared with the agent; unset: Triton's "
@@ -173,15 +169,14 @@ class Settings:
         path,
         default=None,
     )
-    """File holding Triton's main PID (Triton's container writes it; the node pod shares its PID
-    namespace). Needed to measure Triton's host memory and to tell its GPU processes from
-    others; None: neither is done."""
+    """Triton's container writes it. Needed to measure Triton's host memory and to tell its GPU
+    processes from others; None: neither is done."""
     gpu_source: str = gpu_source_flag()
     """`nvml`: the agent's container must see the GPUs (DRA's shared claim, or the environment
-    variable). `triton`: Triton's container, which the device plugin gave the GPUs, runs the NVML
-    relay (`agent.gpus.relay`) and the agent asks it, so its own container needs no GPU."""
+    variable). `triton`: the device plugin gave the GPUs to Triton's container, whose relay
+    (`agent.gpus.relay`) the agent asks, so its own container needs no GPU."""
     nvml_relay_socket: Path = nvml_relay_socket_flag()
-    """Where the relay in Triton's container answers; the node pod shares its directory."""
+    """The node pod shares its directory."""
     triton_memory_limit: int = setting(
         "triton-memory-limit",
         "bytes Triton's container may use (its limits.memory, from the downward API); 0: its "
@@ -189,26 +184,22 @@ class Settings:
         quantity(),
         default="0",
     )
-    """Bytes Triton's container may use, a quantity (set from the downward API's
-    `limits.memory` of the triton container). 0: the `memory.max` of Triton's cgroup where the
-    agent can read it, else loads are not admitted on host memory."""
+    """With 0 and no readable memory.max, loads are not admitted on host memory."""
     triton_memory_reserve: int = setting(
         "triton-memory-reserve",
         "bytes of Triton's memory limit kept free of models (requests in flight)",
         quantity(),
         default="1Gi",
     )
-    """Bytes of Triton's memory limit no load may take: requests in flight and Triton's own
-    growth. Default 1Gi."""
+    """Room for requests in flight and Triton's own growth."""
     triton_memory_per_load: int = setting(
         "triton-memory-per-load",
         "host bytes a load is assumed to take until the same files were measured",
         quantity(),
         default="512Mi",
     )
-    """Host memory a load of files not measured yet is assumed to take (at least their size): a
-    backend's libraries and a Python backend's stub process come with the first load. Default
-    512Mi."""
+    """At least the files' size: a backend's libraries and a Python backend's stub process come with
+    the first load."""
     min_gpu_mem: int = setting(
         "min-gpu-mem",
         "the binder's --min-gpu-mem: a model host naming more replicas than the GPUs' memory "
@@ -216,24 +207,21 @@ class Settings:
         quantity(),
         default=DEFAULT_MIN_GPU_MEM,
     )
-    """The least GPU memory the binder places a model with (set as the binder's): a model host
-    of this node names at most the GPUs' memory over it replicas. Default 64Mi."""
+    """The least GPU memory the binder places a model with."""
     triton_memory_floor: int = setting(
         "triton-memory-floor",
         "host bytes each loaded model is charged to its namespace at least",
         quantity(),
         default="64Mi",
     )
-    """The least host memory a loaded model counts in its namespace's share, whatever it was
-    measured at (a model of one byte still takes Triton's memory). Default 64Mi."""
+    """Whatever it was measured at: a model of one byte still takes Triton's memory."""
     triton_memory_namespace_percent: float = setting(
         "triton-memory-namespace-percent",
         "percent of Triton's memory limit less the reserve one namespace's models may hold",
         number(minimum=1, below=100.001),
         default="50",
     )
-    """The part of Triton's room for models (limit less reserve) one namespace may hold, so that
-    no namespace fills Triton before others load. Default 50."""
+    """So that no namespace fills Triton before others load."""
     staging_dir: Path | None = setting(
         "staging-dir",
         "staging directory (same filesystem, outside the repository); default: "
@@ -241,101 +229,93 @@ class Settings:
         path,
         default=None,
     )
-    """Where installs are staged; same filesystem, outside the repository. Default:
-    <repository>/../.tritonshare-staging."""
     listen_grpc: str = setting(
         "listen-grpc", "gRPC API host:port", host_port, default=f"0.0.0.0:{DEFAULT_AGENT_GRPC_PORT}"
     )
-    """host:port of the agent gRPC API (port 0: any free port, logged and in --ports-file)."""
+    """Port 0: any free port, logged and written to --ports-file."""
     listen_http: str = setting(
         "listen-http",
         "health and metrics host:port",
         host_port,
         default=f"0.0.0.0:{DEFAULT_AGENT_HTTP_PORT}",
     )
-    """host:port of /healthz, /readyz and /metrics."""
+    """Serves /healthz, /readyz and /metrics."""
     ports_file: Path | None = setting(
         "ports-file", "write the bound ports there as JSON once serving", path, default=None
     )
-    """If set, the agent writes {"grpc": "host:port", "http": "host:port"} there once serving."""
+    """As {"grpc": "host:port", "http": "host:port"}."""
     cpu_only: bool = setting(
         "cpu-only", "run model instances on the CPU; NVML is optional", default=False, switch=True
     )
-    """Run model instances on the CPU (KIND_CPU) and accept a node without NVML."""
+    """Model instances are KIND_CPU."""
     advertise_gpu_mem: bool = setting(
         "advertise-gpu-mem",
         "advertise <prefix>gpu-mem in the Node's status capacity",
         default=False,
         switch=True,
     )
-    """Also advertise <prefix>gpu-mem as an extended resource in the Node's status capacity."""
+    """As an extended resource."""
     key_prefix: str = setting(
         "key-prefix", "annotation and resource key prefix", _prefix, default=DEFAULT_PREFIX
     )
-    """Prefix of every annotation and resource key."""
     system_namespace: str = setting(
         "system-namespace", "namespace of the agent Lease", text, default=DEFAULT_SYSTEM_NAMESPACE
     )
-    """Namespace of the agent's Lease."""
     scheduler_name: str = setting(
         "scheduler-name", "schedulerName of the pods served", text, default=DEFAULT_SCHEDULER_NAME
     )
-    """schedulerName of the pods this agent serves."""
     audience: str = setting(
         "audience", "audience of callers' tokens", text, default=DEFAULT_AGENT_AUDIENCE
     )
-    """Audience callers' projected tokens must carry."""
+    """Their projected service-account tokens must carry it."""
     platform_accounts: tuple[str, ...] = setting(
         "platform-accounts",
         "comma-separated usernames allowed to list models and GPUs",
         names,
         default=",".join(DEFAULT_PLATFORM_ACCOUNTS),
     )
-    """Usernames (system:serviceaccount:NS:NAME) allowed to call ListModels, ListGpus, GetModel."""
+    """Each as system:serviceaccount:NS:NAME; the calls are ListModels, ListGpus and GetModel."""
     gpu_poll_seconds: float = setting(
         "gpu-poll-seconds", "seconds between NVML reads", seconds(positive=True), default="10"
     )
-    """Seconds between NVML reads."""
     lease_renew_seconds: float = setting(
         "lease-renew-seconds",
         "seconds between Lease renewals",
         seconds(positive=True),
         default="5",
     )
-    """Seconds between Lease renewals (one write each). Default 5: three renewals per Lease
-    duration, so one slow write does not let a live agent's Lease run out."""
+    """One write each; the default makes three per Lease duration, so one slow write does not let a
+    live agent's Lease run out."""
     node_resync_seconds: float = setting(
         "node-resync-seconds", "seconds between rereads of the Node", seconds(), default="600"
     )
-    """Seconds between rereads of the Node to repair annotations someone else changed."""
+    """To repair annotations someone else changed."""
     resync_seconds: float = setting(
         "resync-seconds",
         "seconds between full reconciliations of Triton",
         seconds(positive=True),
         default="60",
     )
-    """Seconds between full reconciliations of Triton with the pods (besides pod changes)."""
+    """Besides the ones pod changes bring."""
     triton_poll_seconds: float = setting(
         "triton-poll-seconds",
         "seconds between Triton liveness checks",
         seconds(positive=True),
         default="2",
     )
-    """Seconds between Triton liveness checks (a restart triggers a reconciliation)."""
+    """A restart it finds brings a reconciliation."""
     orphan_grace_seconds: float = setting(
         "orphan-grace-seconds",
         "seconds a model without a pod is kept after its last install or load",
         seconds(),
         default="30",
     )
-    """Seconds a model without a pod is kept after its last install/load before removal."""
     unload_timeout_seconds: float = setting(
         "unload-timeout-seconds",
         "seconds to wait for an unloaded model to become UNAVAILABLE",
         seconds(),
         default="120",
     )
-    """Seconds to wait for Triton to report an unloaded model UNAVAILABLE."""
     crash_quarantine_after: int = setting(
         "crash-quarantine-after",
         "Triton exits in a row under a model's loads, or with a pod's requests at it, before "
@@ -343,10 +323,9 @@ class Settings:
         whole(minimum=1),
         default="3",
     )
-    """Unexpected Triton exits in a row, each while the model's files were loading, after which
-    the files are never loaded on this node again until an operator clears them; and each with a
-    pod's requests at Triton (as the node gateway saw), after which the gateway refuses the pod's
-    requests until an operator clears it."""
+    """Only unexpected exits count, and a pod's requests as the node gateway saw them. A quarantined
+    model's files are never loaded on this node again, and a quarantined pod's requests are refused
+    by the gateway, until an operator clears them."""
     crash_namespace_quarantine_after: int = setting(
         "crash-namespace-quarantine-after",
         "Triton exits under a namespace's loads past --crash-quarantine-after, in all its files, "
@@ -354,40 +333,37 @@ class Settings:
         whole(minimum=1),
         default="2",
     )
-    """Every exit of Triton under one of a namespace's loads counts against the namespace; once
-    one of its files is quarantined on this node, or at `crash_quarantine_after` exits, its
-    models load as suspects (last, alone, with a quiet period); at `crash_quarantine_after` plus
-    this many the node loads none of its models until an operator clears `NAMESPACE/*`."""
+    """Every exit under one of a namespace's loads counts against it. Once one of its files is
+    quarantined on this node, or at --crash-quarantine-after exits, its models load as suspects
+    (last, alone, with a quiet period); at --crash-quarantine-after plus this many, none of them
+    loads until an operator clears `NAMESPACE/*`."""
     crash_quarantine_expiry_seconds: float = setting(
         "crash-quarantine-expiry-seconds",
         "seconds after which a quarantine of a model's files on the node lapses (0: never)",
         seconds(),
         default="86400",
     )
-    """Seconds after which a quarantine of a model's files lapses: it rests on this node's
-    evidence alone. The files may load again, and one more crash in a row quarantines them
-    again. 0 keeps it until an operator clears it. Quarantined pods' requests do not lapse."""
+    """It rests on this node's evidence alone: the files may load again, and one more crash in a row
+    quarantines them again. A quarantine of a pod's requests does not lapse."""
     crash_probation_seconds: float = setting(
         "crash-probation-seconds",
         "seconds a pod present with others at an exit of Triton stays on probation",
         seconds(),
         default="600",
     )
-    """Seconds a pod whose requests were at Triton with another pod's when it exited stays on
-    probation (renewed by each such exit): the exit counts against neither, and the gateway lets
-    no two probationers' requests be at Triton at once, so the next exit names one alone."""
+    """Renewed by each such exit. The exit counts against none of them, and the gateway lets no two
+    probationers' requests be at Triton at once, so the next exit names one alone."""
     crash_settle_seconds: float = setting(
         "crash-settle-seconds",
         "seconds after a load's READY during which Triton's exit still counts against it (0: off)",
         seconds(),
         default="60",
     )
-    """Seconds after Triton answers a load or a wake READY during which an exit of Triton with
-    no load in flight and no request at Triton counts against that load (a model may kill
-    Triton after loading: a timer, a thread, a leak); models under suspicion load again one at a
-    time, each after the previous one's window. A reload of what Triton held before it
-    restarted is not watched. 0 counts only loads in flight. Any exit in the window counts, a
-    restart by the operator's hand too."""
+    """A wake's READY too. Such an exit is one with no load in flight and no request at Triton (a
+    model may kill Triton after loading: a timer, a thread, a leak); models under suspicion load
+    again one at a time, each after the previous one's window. A reload of what Triton held before
+    it restarted is not watched. Any exit in the window counts, a restart by the operator's hand
+    too."""
     crash_hold_seconds: float = setting(
         "crash-hold-seconds",
         "seconds after a watched load ends during which the gateway holds probationers' "
@@ -395,64 +371,62 @@ class Settings:
         seconds(),
         default="10",
     )
-    """While a load or wake whose READY is watched (`--crash-settle-seconds`) is in flight, and
-    this long after it ends, the node gateway holds the new requests of pods on probation, each
-    10 s at most (then it goes on), so that an exit of Triton then counts against the load alone;
-    each such load first waits, 5 s at most, for the gateway to have their requests at Triton
-    answered. 0: never held."""
+    """Also while a load or wake whose READY is watched (--crash-settle-seconds) is in flight; each
+    new request is held 10 s at most (then it goes on), so that an exit of Triton then counts
+    against the load alone. Each such load first waits, 5 s at most, for the gateway to have the
+    probationers' requests at Triton answered."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds",
         "seconds any Triton load may take (the cap of the per-load bound)",
         seconds(),
         default="600",
     )
-    """Seconds any Triton load may take: the cap of the bound that grows with the model's size."""
+    """A load's bound grows with the model's size (--load-timeout-base-seconds,
+    --load-timeout-per-gib-seconds)."""
     load_timeout_base_seconds: float = setting(
         "load-timeout-base-seconds",
         "seconds a load may hold its GPU, plus --load-timeout-per-gib-seconds per GiB of files",
         seconds(positive=True),
         default="30",
     )
-    """Seconds a load may hold its GPU's slot whatever its size; past its bound it is abandoned
-    (unloaded, counted a failed load) and the slot passed on."""
+    """Past its bound a load is abandoned (unloaded, counted a failed load) and its GPU's slot
+    passed on."""
     load_timeout_per_gib_seconds: float = setting(
         "load-timeout-per-gib-seconds",
         "seconds a load may hold its GPU per GiB of the model's files",
         seconds(),
         default="60",
     )
-    """Seconds a load may hold its GPU's slot per GiB of the model's files, on top of
-    --load-timeout-base-seconds, up to --load-timeout-seconds."""
+    """On top of --load-timeout-base-seconds, up to --load-timeout-seconds."""
     max_load_attempts: int = setting(
         "max-load-attempts",
         "failed loads in a row after which a model is not tried again (0: no bound)",
         whole(minimum=0),
         default="5",
     )
-    """Loads of one model refused (or abandoned) in a row after which the agent stops trying
-    until its files are installed again or its pod is recreated; 0: it never stops."""
+    """Refused or abandoned loads count; the model is tried again once its files are installed again
+    or its pod is recreated."""
     parallel_loads: int = setting(
         "parallel-loads",
         "loads measured by their own processes (Python backend) that may run at once on one GPU",
         whole(minimum=1),
         default="4",
     )
-    """Loads and wakes of models whose backend runs them in processes of their own are billed
-    those processes' memory (NVML's per-process figures), so up to this many share a GPU at
-    once; other loads keep the GPU to themselves. Triton's `--model-load-thread-count` should be
-    at least this (the chart sets both from `agent.parallelLoads`)."""
+    """Such loads (and wakes) are billed their processes' memory (NVML's per-process figures); other
+    loads keep the GPU to themselves. Triton's `--model-load-thread-count` should be at least this
+    (the chart sets both from `agent.parallelLoads`)."""
     stop_drain_seconds: float = setting(
         "stop-drain-seconds",
         "on SIGTERM, the longest wait for this node's model hosts to leave their Services",
         seconds(),
         default="10",
     )
-    """On SIGTERM (the node pod deleted or replaced), before stopping, the agent marks every
-    model host replica on the node not served (reason NodePodStopping), tells the hosts'
-    loaders the node stops (they list every model leaving: their proxies close their clients'
-    connections after each answer) and waits this long at most for the binder to take the hosts
-    out of their Services; then --stop-unroute-seconds more. 0: no drain. SIGINT never drains.
-    Triton and the gateway must outlive it (the chart's preStop pauses)."""
+    """SIGTERM: the node pod deleted or replaced. Before stopping, the agent marks every model host
+    replica on the node not served (reason NodePodStopping) and tells the hosts' loaders the node
+    stops (they list every model leaving: their proxies close their clients' connections after each
+    answer), then waits for the binder to take the hosts out of their Services, and
+    --stop-unroute-seconds more. 0: no drain. SIGINT never drains. Triton and the gateway must
+    outlive it (the chart's preStop pauses)."""
     pod_name: str = setting(
         "pod-name",
         "the node pod's own name (the downward API's metadata.name), in --system-namespace",
@@ -475,24 +449,22 @@ class Settings:
         seconds(positive=True),
         default="300",
     )
-    """The wait before a failed load is tried again starts at --resync-seconds and doubles per
-    failure in a row, up to this many seconds."""
+    """The wait starts at --resync-seconds and doubles per failure in a row."""
     token_cache_seconds: float = setting(
         "token-cache-seconds",
         "seconds a TokenReview answer is reused for the same token",
         seconds(),
         default="30",
     )
-    """Seconds a TokenReview answer is reused for the same token (never past its expiry)."""
+    """Never past the token's expiry."""
     lease_duration_seconds: int = setting(
         "lease-duration-seconds",
         "leaseDurationSeconds of the Lease",
         whole(minimum=1),
         default="15",
     )
-    """leaseDurationSeconds written on the agent's Lease. Default 15: the binder places nothing
-    on a node whose agent has been dead that long, and fails the pods it had placed there that
-    were never served."""
+    """The binder places nothing on a node whose agent has been dead that long, and fails the pods
+    it had placed there that were never served."""
     placement_key_dir: Path | None = setting(
         "placement-key-dir",
         "directory of the placement-key Secret (files current, previous)",
@@ -501,8 +473,7 @@ class Settings:
         required="the agent acts only for pods whose placement the binder signed with the "
         "placement-key Secret, see docs/security.md",
     )
-    """Directory of the placement-key Secret (files `current`, optionally `previous`) that
-    proves the binder's placements. Required."""
+    """`previous` is optional."""
     state_dir: Path | None = setting(
         "state-dir",
         "where model ownership is kept (outside the repository); default: "
@@ -510,8 +481,6 @@ class Settings:
         path,
         default=None,
     )
-    """Where the agent keeps who owns each model id (outside the repository). Default:
-    <repository>/../.tritonshare-state."""
     gateway_table: Path | None = setting(
         "gateway-table",
         "file the node gateway reads its callers from (shared with the gateway only); unset: "
@@ -519,8 +488,6 @@ class Settings:
         path,
         default=None,
     )
-    """Where the agent writes the node gateway's caller table (a volume shared with the gateway
-    only); None: no gateway on this node."""
     crash_witness_file: Path | None = setting(
         "crash-witness-file",
         "file the node gateway records Triton's deaths in (read here); default: "
@@ -528,17 +495,16 @@ class Settings:
         path,
         default=None,
     )
-    """Where the node gateway records which pods had requests at Triton when it died
-    (`common.crashwitness`, its --crash-witness-file); read only with --gateway-table."""
+    """Which pods had requests at Triton when it died (`common.crashwitness`; the gateway's
+    --crash-witness-file); read only with --gateway-table."""
     gateway_table_refresh_seconds: float = setting(
         "gateway-table-refresh-seconds",
         "seconds between rewrites of an unchanged caller table",
         seconds(positive=True),
         default="5",
     )
-    """Seconds between rewrites of the caller table when nothing changed (past its
-    --table-max-age the gateway serves only the last fresh table's callers, for its
-    --table-stale-grace, then none)."""
+    """Past its --table-max-age the gateway serves only the last fresh table's callers, for its
+    --table-stale-grace, then none."""
     activity_table: Path | None = setting(
         "activity-table",
         "file the node gateway writes its models' activity to; default: activity.json beside "
@@ -546,24 +512,21 @@ class Settings:
         path,
         default=None,
     )
-    """Where the node gateway writes which models are serving (`common.activity`), read when
-    idle on-demand models are put to sleep to make room. Default: `activity.json` in the
-    directory of `gateway_table`; without either, no model is ever evicted."""
+    """Which models are serving (`common.activity`), read when idle on-demand models are put to
+    sleep to make room; without it or --gateway-table, no model is ever evicted."""
     activity_max_age_seconds: float = setting(
         "activity-max-age-seconds",
         "seconds after which the gateway's activity table is stale and nothing is evicted",
         seconds(positive=True),
         default="5",
     )
-    """An activity table older than this says nothing: no model is evicted (fail closed)."""
     evict_min_idle_seconds: float = setting(
         "evict-min-idle-seconds",
         "seconds an on-demand model must have been idle before it may be evicted",
         seconds(),
         default="2",
     )
-    """An on-demand model that began or ended a request (or loaded) within this many seconds is
-    never put to sleep to make room for another."""
+    """Idle: it began or ended no request, and did not load, in that time."""
     tenant_code_namespaces: tuple[str, ...] = setting(
         "tenant-code-namespaces",
         "comma-separated namespaces allowed to run their own code in Triton (python, custom "
@@ -571,8 +534,8 @@ class Settings:
         names,
         default=(),
     )
-    """Namespaces whose models may run their own code in the shared Triton (python and custom
-    backends, backend or op libraries shipped with the model). Default: none."""
+    """Their own code: python and custom backends, backend or op libraries shipped with the
+    model."""
     safe_backends: tuple[str, ...] = setting(
         "safe-backends",
         "comma-separated backends whose models cannot reach beyond themselves (see "
@@ -580,32 +543,29 @@ class Settings:
         names,
         default=",".join(DEFAULT_SAFE_BACKENDS),
     )
-    """Backends whose models cannot reach beyond themselves, allowed for every namespace (the
-    framework backends whose graphs read files, pytorch, tensorflow and openvino, are not)."""
+    """Allowed for every namespace."""
     max_model_bytes: int = setting(
         "max-model-bytes",
         "largest model one pod may install (a quantity)",
         quantity(minimum=1),
         default="64Gi",
     )
-    """Largest model one pod may install, bytes (a quantity such as 64Gi)."""
     max_model_instances: int = setting(
         "max-model-instances",
         "most instances one model's config may ask Triton for (instance_group counts summed)",
         whole(minimum=1),
         default=str(DEFAULT_MAX_INSTANCES),
     )
-    """Instances one model may ask Triton for, its instance groups' counts summed: each is a
-    session of the backend in the shared Triton, with its own threads and memory."""
+    """Each is a session of the backend in the shared Triton, with its own threads and memory."""
     max_model_versions: int = setting(
         "max-model-versions",
         "most version directories one model may have",
         whole(minimum=1),
         default=str(DEFAULT_MAX_VERSIONS),
     )
-    """Version directories one model may have, refused at install and at load. Triton loads
-    each version its `version_policy` selects with all of the config's instances and warmup
-    runs, so those bounds count once per selected version."""
+    """Refused at install and at load. Triton loads each version its `version_policy` selects with
+    all of the config's instances and warmup runs, so those bounds count once per selected
+    version."""
     max_load_data_bytes: int = setting(
         "max-load-data-bytes",
         "most bytes of data one model's config may make Triton allocate when it loads it: "
@@ -613,9 +573,8 @@ class Settings:
         quantity(minimum=1),
         default="64Mi",
     )
-    """Bytes of data one model's config may make Triton allocate when it loads it: every
-    input of every warmup sample times its batch size, and every initial sequence state (held
-    while the model is loaded); also the most of any such data file (a quantity)."""
+    """Every input of every warmup sample times its batch size, and every initial sequence state
+    (held while the model is loaded); also the most of any such data file."""
     max_model_threads: int = setting(
         "max-model-threads",
         "most threads one thread-count parameter of a model's config may ask its backend for "
@@ -623,88 +582,78 @@ class Settings:
         whole_or_cpus,
         default="auto",
     )
-    """Most threads one thread-count parameter of a model's config (onnxruntime's
-    `intra_op_thread_count` and `inter_op_thread_count`, PyTorch's and OpenVINO's the like) may
-    ask its backend for, per instance: each instance's session starts that many threads in the
-    shared Triton, so a model could otherwise start `instances x any number` of them. `auto`:
-    the node's CPUs (more threads than cores only contend). A config past it, or with a
-    thread count that is not a whole number, is refused at install and load."""
+    """The parameters: onnxruntime's `intra_op_thread_count` and `inter_op_thread_count`, PyTorch's
+    and OpenVINO's the like. Each instance's session starts that many threads in the shared Triton,
+    so a model could otherwise start `instances x any number` of them; more threads than cores only
+    contend. A config past it, or with a thread count that is not a whole number, is refused at
+    install and load."""
     gpu_mem_reserve: int = gpu_mem_reserve_flag()
-    """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
-    value as the binder's --gpu-mem-reserve."""
+    """The same value as the binder's --gpu-mem-reserve."""
     gpu_mem_enforcement: str = gpu_mem_enforcement_flag()
-    """What happens to a model measured above its request plus the tolerance: `warn` (an Event
-    and a metric) or `evict` (also unloaded, and its pod marked Failed, when the excess is beyond
-    its figure's uncertainty: no other model can have caused it; otherwise it is warned)."""
+    """Over: above its request plus --gpu-mem-tolerance. `warn` is an Event and a metric; `evict`
+    also unloads the model and marks its pod Failed, where the excess is beyond its figure's
+    uncertainty."""
     gpu_mem_tolerance: float = gpu_mem_tolerance_flag()
-    """Fraction of the request a model may use beyond it before it is over (at least 256Mi)."""
     usage_publish_seconds: float = setting(
         "usage-publish-seconds",
         "shortest time between two gpu-usage annotation writes",
         seconds(),
         default="60",
     )
-    """Shortest time between two writes of the node's gpu-usage annotation."""
     install_deadline_seconds: float = setting(
         "install-deadline-seconds",
         "seconds one install may take",
         seconds(positive=True),
         default="1800",
     )
-    """Seconds one install stream may take in total."""
     install_idle_seconds: float = setting(
         "install-idle-seconds",
         "seconds an install may send nothing",
         seconds(positive=True),
         default="120",
     )
-    """Seconds an install stream may go without sending a chunk."""
     install_first_chunk_seconds: float = setting(
         "install-first-chunk-seconds",
         "seconds an install may take from its header to its first chunk",
         seconds(positive=True),
         default="10",
     )
-    """Seconds an install stream may take from its header to its first chunk."""
     max_calls_per_pod: int = setting(
         "max-calls-per-pod",
         "calls one pod may have in progress at once",
         whole(minimum=1),
         default="8",
     )
-    """Calls one pod may have in progress at once (more are refused: RESOURCE_EXHAUSTED)."""
+    """More are refused RESOURCE_EXHAUSTED."""
     max_calls_per_namespace: int = setting(
         "max-calls-per-namespace",
         "calls the pods of one namespace may have in progress at once",
         whole(minimum=1),
         default="16",
     )
-    """Calls the pods of one namespace may have in progress at the agent at once."""
     max_calls: int = setting(
         "max-calls",
         "calls the agent serves at once (its memory bound, see docs/agent.md)",
         whole(minimum=1),
         default="32",
     )
-    """Calls the agent serves at once, authenticating ones included; more are refused UNAVAILABLE
-    before any message of theirs is read. Bounds the agent's memory, see docs/agent.md."""
+    """Authenticating ones included; more are refused UNAVAILABLE before any message of theirs is
+    read."""
     max_install_bytes_per_namespace: int = setting(
         "max-install-bytes-per-namespace",
         "bytes the installs in progress of one namespace may have written (a quantity)",
         quantity(minimum=1),
         default="64Gi",
     )
-    """Bytes, what the installs in progress of one namespace may have written to the node's disk
-    (counted as they arrive, never as declared). Default 64Gi."""
+    """Counted as they arrive, never as declared."""
     model_cache_bytes: int = setting(
         "model-cache-bytes",
         "bytes of model files the node keeps after their last pod leaves (a quantity; 0: none)",
         quantity(),
         default="16Gi",
     )
-    """Bytes, the files of models whose last pod left that the node keeps for the next replica
-    of the same namespace and revision, over all namespaces, evicted least recently used; 0
-    keeps nothing. Default 16Gi."""
+    """Kept for the next replica of the same namespace and revision, over all namespaces, evicted
+    least recently used."""
     model_cache_dir: Path | None = setting(
         "model-cache-dir",
         "where kept model files live (same filesystem, outside the repository); default: "
@@ -712,8 +661,6 @@ class Settings:
         path,
         default=None,
     )
-    """Where kept model files live; same filesystem as the repository, outside it. Default:
-    <repository>/../.tritonshare-kept."""
     max_installed_bytes_per_namespace: int = setting(
         "max-installed-bytes-per-namespace",
         "bytes one namespace's models may hold on the node's disk, installed, kept and being "
@@ -721,30 +668,24 @@ class Settings:
         quantity(),
         default="0",
     )
-    """Bytes one namespace's models may hold on the node's disk: installed, kept and being
-    installed. 0 (the default) is half the size of the repository's volume, read at start, so
-    no namespace can fill the disk other namespaces install on."""
+    """The volume's size is read at start; so no namespace can fill the disk others install on."""
     auth_failure_cache_seconds: float = setting(
         "auth-failure-cache-seconds",
         "seconds a refused token is refused without a new TokenReview",
         seconds(),
         default="5",
     )
-    """Seconds a refused token is refused again without asking TokenReview."""
     idle_connection_seconds: float = setting(
         "idle-connection-seconds",
         "seconds a gRPC connection with no call in progress is kept open",
         seconds(),
         default="120",
     )
-    """Seconds a connection to the gRPC API may stay with no call in progress before the agent
-    ends it (GOAWAY): grpc's server has no bound on connections, and each idle one holds about
-    15 KiB for ever, so a tenant's source ports could otherwise pass the agent's memory limit.
-    Clients reconnect on their next call."""
+    """Then the agent ends it (GOAWAY): grpc's server has no bound on connections, and each idle one
+    holds about 15 KiB for ever, so a tenant's source ports could otherwise pass the agent's memory
+    limit. Clients reconnect on their next call."""
     log_level: str = log_level_flag()
-    """Log level."""
     log_format: str = log_format_flag()
-    """Log format: text or json."""
 
     @property
     def keys(self) -> Keys:

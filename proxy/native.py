@@ -60,6 +60,7 @@ COMPILED = (
     "proxy/grpc/channel.py",
     "proxy/grpc/framing.py",
     "proxy/grpc/gate.py",
+    "proxy/grpc/intake.py",
     "proxy/grpc/messages.py",
     "proxy/grpc/outbox.py",
     "proxy/grpc/relay.py",

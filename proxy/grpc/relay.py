@@ -8,10 +8,11 @@ checked each message. A frame the tenant gets wrong (unreadable, out of order, o
 closes this connection only; Triton never sees it.
 
 The connection is composed, not inherited: an `outbox.Outbox` gathers its writes (what it writes
-in one event-loop turn leaves in one write), a `gate.StreamGate` checks each stream's messages,
-and `replies.Replies` writes Triton's answers back within the tenant's windows; the gate and the
-replies reach back only through `replies.ReplyHooks`, which this class implements. Per tenant
-connection it limits streams, header block size and resets (see the constants below).
+in one event-loop turn leaves in one write), an `intake.StreamIntake` reads each stream's
+messages for its `gate.StreamGate` to check, and `replies.Replies` writes Triton's answers back
+within the tenant's windows; the gate and the replies reach back only through
+`replies.ReplyHooks`, which this class implements. Per tenant connection it limits streams,
+header block size and resets (see the constants below).
 
 Why not grpc.aio: its per-call cost (about 0.5-0.9 ms and most of a core here) made the proxy keep
 a third of Triton's gRPC throughput; this relay scans frame headers and, for a client repeating
@@ -30,7 +31,8 @@ from typing import Final, Protocol
 
 from hpack import HPACKError
 
-from proxy.grpc.gate import FORWARDED, READY_PATH, UNIMPLEMENTED, GateContext, StreamGate
+from proxy.grpc.gate import FORWARDED, READY_PATH, UNIMPLEMENTED, GateContext
+from proxy.grpc.intake import StreamIntake
 from proxy.grpc.outbox import Outbox, Scheduler
 from proxy.grpc.replies import Replies, ReplyHooks
 from proxy.grpc.stream import RECEIVE_WINDOW, Channel, Stream
@@ -108,7 +110,8 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.out = Outbox(relay)
         self.streams: dict[int, Stream] = {}  # open towards the tenant, by its stream id
         self.replies = Replies(self.out, self.streams, self)
-        self.gate = StreamGate(relay, self.streams, self.out, self.replies)
+        self.intake = StreamIntake(relay, self.streams, self.out, self.replies)
+        self.gate = self.intake.gate
         # The listener's hold and flush around each read, its router and its channel to Triton
         # for a new stream, bound once: compiled (mypyc), a call or an attribute read through a
         # Protocol is a lookup by name every time.
@@ -340,13 +343,13 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         if flags & frames.END_STREAM:
             stream.tenant = NEXT[stream.tenant, RECEIVED_END]
             stream.ended = True
-        if len(body) == size and self.gate.whole_message(body, stream):
+        if len(body) == size and self.intake.whole_message(body, stream):
             # The common case, one whole message in one frame: checked and, if it passes
             # unchanged, sent on as the very bytes the tenant sent.
             self.gate.check(stream, body[5:], size, body)
             return
         stream.buf += body
-        self.gate.relay_buffered(stream)
+        self.intake.relay_buffered(stream)
 
     def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
         if kind == frames.WINDOW_UPDATE:
@@ -459,7 +462,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 stream.tenant = NEXT[stream.tenant, RECEIVED_END]
                 if active(stream.triton) or stream.channel is None:  # open, or detached
                     stream.ended = True
-                    self.gate.relay_buffered(stream)
+                    self.intake.relay_buffered(stream)
             return
         if sid <= self.last_sid:
             strict = self._closed_strictly(sid)

@@ -93,7 +93,7 @@ class Stream:
         self.route = kind
         self.encoding: bytes | None = None  # the grpc-encoding request header
         self.buf = bytearray()
-        # A message read in pieces (`gate`): its reader, its inflation when compressed, the bytes
+        # A message read in pieces (`intake`): its reader, its inflation when compressed, the bytes
         # of it still to come, and whether it waits for the next event-loop turn.
         self.scan: MessageScan | None = None
         self.inflation: Inflation | None = None
@@ -111,7 +111,7 @@ class Stream:
         the listener's own (a server-wide call, or one not read yet)."""
         self.limited = NO_SLOT
         """A unary call's slot; on a stream, one it took opening or its waiter got, not yet in
-        `slots` (`gate._take`)."""
+        `slots` (`gate.StreamGate.take`)."""
         self.waiter: asyncio.Future[None] | None = None
         # ModelStreamInfer: the slots the stream holds, one per request message in flight at
         # Triton (`policy.finals`) and never fewer than one while it is open (`gate`).

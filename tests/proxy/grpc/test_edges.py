@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from proxy.grpc.gate import HOLD_LIMIT
+from proxy.grpc.intake import HOLD_LIMIT
 from proxy.policy import wire
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy, wait_until

@@ -9,7 +9,7 @@ import zlib
 from tritonclient.grpc import service_pb2
 
 from proxy.grpc import framing
-from proxy.grpc.gate import PREFIX_HOLD
+from proxy.grpc.intake import PREFIX_HOLD
 from proxy.http2 import frames as f
 from proxy.policy.finals import ASK
 from tests.proxy.conftest import data_frames
