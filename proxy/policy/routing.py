@@ -476,7 +476,7 @@ class GrpcRouter:
         """`decide` for a message too large to hold, read in pieces by `scan` (finished): the
         same answer, except that a message `decide` would narrow is refused (what reached
         Triton of it cannot be rewritten). Its name was renamed for Triton as it went on, from
-        its first bytes (`grpc.gate`). The forward's request is empty: the bytes went on."""
+        its first bytes (`grpc.intake`). The forward's request is empty: the bytes went on."""
         if kind in _PER_MODEL or kind == "ModelStatistics":
             try:
                 skeleton = wire.encode_string(1, scan.field(1))
