@@ -387,6 +387,12 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.triton_exits = Counter(
+            "tritonshare_agent_triton_exits",
+            "Exits of Triton the agent's watch on its port saw (each one its container's restart, "
+            "or a restart within it)",
+            registry=r,
+        )
         self.request_crashes = Counter(
             "tritonshare_agent_triton_exits_witnessed",
             "Unexpected exits of Triton the node gateway saw requests at (each counted against "

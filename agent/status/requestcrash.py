@@ -102,6 +102,7 @@ class RequestCrashes:
 
     def _gone(self, lost_at: float) -> None:
         log.warning("Triton exited: the node gateway's witnesses are counted once it is back.")
+        self._metrics.triton_exits.inc()
         self._away = (lost_at, self._wall())
 
     def _back(self) -> None:

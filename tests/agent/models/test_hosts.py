@@ -465,8 +465,8 @@ async def test_a_hosts_replicas_stay_listed_while_triton_is_down(
     how a host's replicas are: ListHosted fails as unavailable (the host's loader keeps its
     models as they are) rather than leave them out, which the loader reads as the replicas
     having left the host: it would unlist them, its proxy answering 404 for each, and unload
-    them."""
-    running = await start_custom_agent()
+    them. The agent counts the exit."""
+    running = await start_custom_agent(gateway_table=tmp_path / "callers.json")
     core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
     one = replica("team-a", "one", running.mock.gpus[0].uuid)
     make_host(kube_api, "team-a", [one], pod_ip=ADDRESS)
@@ -479,11 +479,17 @@ async def test_a_hosts_replicas_stay_listed_while_triton_is_down(
     )
     assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
 
+    exits = running.agent.metrics.registry
+    assert exits.get_sample_value("tritonshare_agent_triton_exits_total") == 0
     triton.kill()
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "Triton" in (error.value.details() or "")
+    await eventually(
+        lambda: exits.get_sample_value("tritonshare_agent_triton_exits_total") == 1,
+        what="the exit counted",
+    )
 
     triton.restart()
 
