@@ -588,12 +588,15 @@ class Models:
         ):
             return self._status(name, entry, manifest, owner.residency)
         left = self.crashes.markers().get(name)
-        if (
+        died_under = (
             left is not None
             and not left.finished_at
             and (entry is None or entry.state not in (READY, LOADING))
-            and not self.crashes.explained(left)
-        ):
+        )
+        if died_under:
+            # The reconciler's pass over that exit will not find it: a load was in flight there.
+            self.crashes.took_in_flight()
+        if left is not None and died_under and not self.crashes.explained(left):
             # A load of it Triton never answered, nor holds: Triton died under it (a load that
             # never reached Triton leaves none). Counted here, not only by the next reconcile
             # pass: a pod asking again at once would otherwise crash Triton before any pass

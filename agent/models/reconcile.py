@@ -271,7 +271,10 @@ class Reconciler:
         # Several files there: the most recent load counts, the others are only suspected; each
         # loads again alone.
         # A settling load that shared the exit with other pods' requests is only suspected.
-        blamed = died_loading or died_after or died_restoring
+        # A load in flight at the exit whose pod asked for it again at once was decided already
+        # (`Models.load`): it was in flight all the same.
+        taken = models.crashes.in_flight_taken()
+        blamed = [] if taken and not died_loading else died_loading or died_after or died_restoring
         unexplained = []
         shared = []
         for marker in [*died_loading, *died_after, *died_restoring]:

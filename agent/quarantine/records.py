@@ -191,6 +191,8 @@ class CrashLedger:
         self._owed_exits: dict[str, tuple[int, int]] = {}
         """By digest: the exits its loads in flight shared with requests since it last loaded,
         and how many of them were counted against its namespace then (`explained`)."""
+        self._in_flight_taken = False
+        """A load in flight at the last exit was decided before the reconciler's pass over it."""
         self.witnessed: Callable[[Marker], list[str]] | None = None
         """The pods whose requests the node gateway saw at Triton when it died since the load
         of a marker began (`agent.status.requestcrash`); None: no gateway witnesses."""
@@ -353,6 +355,18 @@ class CrashLedger:
         probationers: who is at Triton beside it was at no exit before)."""
         shared = self._shared.get(marker.digest, 0.0)
         return not marker.trial and 0.0 < shared < marker.started_at
+
+    def took_in_flight(self) -> None:
+        """A load's pod asked for it again before the reconciler's pass over the exit it was in
+        flight at, and its marker, left over, was decided then (`Models.load`): that pass finds
+        no load in flight on disk, but there was one (`in_flight_taken`)."""
+        self._in_flight_taken = True
+
+    def in_flight_taken(self) -> bool:
+        """Whether `took_in_flight` was said since the last call (the reconciler's pass over the
+        exit asks once)."""
+        taken, self._in_flight_taken = self._in_flight_taken, False
+        return taken
 
     def loads_at(self, first_down: float, slack: float) -> list[Marker]:
         """The loads in flight or settling when Triton was found gone at `first_down` (Unix

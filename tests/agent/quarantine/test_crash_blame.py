@@ -609,9 +609,8 @@ async def test_an_exit_the_agents_watch_missed_is_counted_from_the_gateways_reco
     seen_late = sentinel._on_lost
 
     def stalled() -> float:
-        """The agent's loop, stalled from the death (seen when the kubelet's restart takes the
-        old container's processes) until the new Triton is live; the gateway, in its own
-        thread, records the death meanwhile."""
+        """The agent's loop, stalled from the death until the new Triton is live; the gateway,
+        in its own thread, records the death meanwhile."""
         sentinel._on_lost = seen_late
         deadline = time.monotonic() + 60
         while not read_witnesses(watch.witness_file) and time.monotonic() < deadline:
@@ -648,3 +647,34 @@ def live(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+async def test_a_crasher_asked_again_at_once_leaves_a_neighbour_that_just_loaded_unsuspected(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The crasher's pod asks for its load again the moment Triton is back, before the agent's
+    pass over the exit: that pass no longer finds the crasher's marker (its new load took it),
+    only the neighbour's, READY seconds before and settling. A load was in flight at the exit,
+    so the settling neighbour is no suspect: never counted, it is loaded again at once, not
+    alone after the others' settling windows (60 s each)."""
+    node = await start_node(start_custom_agent, kube_api, tmp_path)
+    await node.add(apiserver, tmp_path, "team-b", "good", NEIGHBOUR)
+    loaded = await node.load("good")
+    assert loaded.state == agent_pb2.MODEL_STATE_READY, loaded.reason
+    await node.add(apiserver, tmp_path, "team-a", "crasher", ATTACKER, LOAD_KILLER)
+    ledger = node.running.agent.crashes
+    owned = node.running.agent.owners.get(node.names["good"])
+    assert owned is not None
+    async with kubelet_restarts(triton):
+        while not node.files_quarantined("crasher"):
+            # As a loader retrying: again as soon as the agent answers (Triton back or not).
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await node.load("crasher")
+            assert not ledger.suspected(owned.digest), "the neighbour is a suspect"
+            assert ledger.count(owned.digest) == 0
+        await eventually(lambda: node.ready("good"), limit=30, what="the neighbour loaded again")
+    assert not ledger.suspected(owned.digest)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import io
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -46,24 +47,24 @@ KILLER = load_killer()
 @contextlib.asynccontextmanager
 async def kubelet_restarts(triton: TritonServer) -> AsyncIterator[list[int]]:
     """Restart Triton whenever it exits, as the kubelet restarts a crashed container; yields the
-    list of exits (one entry each, added as soon as one is seen)."""
+    list of exits (one entry each, added as soon as one is seen). A thread of its own, as the
+    kubelet is a process of its own: a test may stall the agent's event loop."""
     restarts: list[int] = []
-    stop = asyncio.Event()
+    stop = threading.Event()
 
-    async def supervise() -> None:
-        while not stop.is_set():
+    def supervise() -> None:
+        while not stop.wait(0.05):
             if triton.exited():
                 restarts.append(1)  # before the agent can count it: that needs Triton back
-                await asyncio.to_thread(triton.restart)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.05)
+                triton.restart()
 
-    task = asyncio.create_task(supervise())
+    thread = threading.Thread(target=supervise, name="kubelet-restarts", daemon=True)
+    thread.start()
     try:
         yield restarts
     finally:
         stop.set()
-        await task
+        await asyncio.to_thread(thread.join, 60)
 
 
 def killer_model(root: Path) -> Path:
