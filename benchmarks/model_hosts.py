@@ -152,6 +152,7 @@ class Turns:
             placement_keys=lambda: RING,
             serving=Serving(ledger, KEYS, draining, Room(), refused=lambda where: None),
             draining=draining,
+            parked={},
             drain_seconds=30.0,
             preemption=True,
             clock=time.monotonic,

@@ -2,15 +2,14 @@
 
 A model the cache reports changed (`changed`), or one whose host changed (`host_changed`), waits in
 the binder's one queue with the pods, in turns by namespace (`binder.reconciler` takes the turns).
-Its turn (`turn_of`): its replicas placed, kept or drained (`binder.tritonmodels.placer`); its
-status and Events told (`binder.tritonmodels.reporting`); the model parked at zero replicas or not
-(`binder.autoscaler.parking`); its namespace's model hosts made to serve it
-(`binder.tritonmodels.hostwriter`, labelled as `binder.tritonmodels.serving` says: awake first, on
-the autoscaler's readings, `observe_load`); and its Service created
-(`binder.tritonmodels.servicewriter`). A model with a replica refused backs off as kube-scheduler's
-pods do; one whose roll or drain waits, or whose turn failed, is tried again every RETRY_SECONDS.
-A new leader first holds again the rooms its predecessor's replica preemptions held
-(`recover_nominations`), then charges the drains under way (`recover_drains`).
+Its turn (`turn_of`): its replicas placed, kept or drained, and the model parked at zero replicas
+or not (`binder.tritonmodels.placer`); its status and Events told (`binder.tritonmodels.reporting`);
+its namespace's model hosts made to serve it (`binder.tritonmodels.hostwriter`, labelled as
+`binder.tritonmodels.serving` says: awake first, on the autoscaler's readings, `observe_load`); and
+its Service created (`binder.tritonmodels.servicewriter`). A model with a replica refused backs
+off as kube-scheduler's pods do; one whose roll or drain waits, or whose turn failed, is tried again
+every RETRY_SECONDS. A new leader first holds again the rooms its predecessor's replica preemptions
+held (`recover_nominations`), then charges the drains under way (`recover_drains`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from concurrent.futures import Executor
 from typing import Any
 
 from binder.api.kube import Kube
-from binder.autoscaler.parking import park_node
 from binder.autoscaler.room import Room, capacity
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, is_replica
@@ -104,8 +102,7 @@ class TritonModelController:
         self._room = Room()
         """The models whose awake replicas have no room: their sleeping ones are served too."""
         self._parked: dict[str, str] = {}
-        """Model uid -> the node of the host it is parked on at zero replicas
-        (`binder.autoscaler.parking`)."""
+        """Model uid -> where it is parked at zero replicas: the placer's (`ReplicaPlacer.park`)."""
         self._stale: set[str] = set()
         """Namespaces whose hosts are all to be checked again."""
         self._hosts_seen: set[tuple[str, str]] = set()
@@ -127,6 +124,7 @@ class TritonModelController:
             placement_keys=placement_keys,
             serving=self._serving,
             draining=self._draining,
+            parked=self._parked,
             drain_seconds=drain_seconds,
             preemption=preemption,
             clock=clock,
@@ -201,7 +199,7 @@ class TritonModelController:
     def _awake_first(self, uid: str, node: str) -> None:
         """When model `uid` woke or fell asleep (or stopped being served) on `node`, the hosts
         of its other replicas are labelled again: whether a sleeping one is in the Service
-        depends on this one being awake (`_serves_value`)."""
+        depends on this one being awake (`Serving.serves_value`)."""
         model = self._ledger.models.get(uid)
         if model is None:
             return
@@ -212,16 +210,13 @@ class TritonModelController:
             self._awake_seen.add((uid, node))
         else:
             self._awake_seen.discard((uid, node))
-        for rid in self._ledger.replica_uids(uid):
-            charged = self._ledger.state.charged_pod(rid)
-            if charged is not None:
-                self._hosts_seen.add((model.namespace, charged.node_name))
+        self._relabel(uid)
 
     def observe_load(self, now: float, readings: Mapping[str, Mapping[str, float]]) -> None:
         """One reading of the proxies (the autoscaler's, on the loop): model uid -> node -> the
         cumulative seconds its requests were held there, for the models `binder.autoscaler.room`
         reads. When a model's awake replicas run out of room, or have had room again for a while,
-        the hosts of its sleeping replicas are labelled again (`_serves_value`)."""
+        the hosts of its sleeping replicas are labelled again (`Serving.serves_value`)."""
         flipped = self._room.keep(set(readings))
         for uid, counters in readings.items():
             model = self._ledger.models.get(uid)
@@ -250,12 +245,16 @@ class TritonModelController:
                     else "out of its Service again",
                 )
         for uid in flipped:
-            for rid in self._ledger.replica_uids(uid):
-                charged = self._ledger.state.charged_pod(rid)
-                if charged is not None:
-                    self._hosts_seen.add((charged.namespace, charged.node_name))
+            self._relabel(uid)
         if flipped:
             self._queue.wake()
+
+    def _relabel(self, uid: str) -> None:
+        """The hosts of model `uid`'s replicas are labelled again (between two turns)."""
+        for rid in self._ledger.replica_uids(uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                self._hosts_seen.add((charged.namespace, charged.node_name))
 
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
@@ -353,7 +352,7 @@ class TritonModelController:
         await self._reporter.preempted(model)
         await self._evict()
         await self._reporter.roll(model, outcome.roll)
-        self._park(model)
+        self._placer.park(model)
         await self._write_hosts(model)
         await self._services.create(model)
         return bool(outcome.refusal)
@@ -439,31 +438,6 @@ class TritonModelController:
             parked = self._parked[model.uid]
             hosted.add((-1, parked, False, "", model.storage_secret, model.min_available))
         return frozenset(hosted)
-
-    def _park(self, model: ModelInfo) -> None:
-        """Park `model` at zero replicas on a host of its namespace, or unpark it once a
-        replica of it is served (`binder.autoscaler.parking`)."""
-        nodes, served = [], False
-        for rid in self._ledger.replica_uids(model.uid):
-            charged = self._ledger.state.charged_pod(rid)
-            if charged is not None:
-                nodes.append(charged.node_name)
-                served = served or (
-                    rid not in self._draining and self._serving.served(model, charged).ready
-                )
-        node = park_node(
-            model,
-            current=self._parked.get(model.uid),
-            replica_nodes=nodes,
-            served=served,
-            hosts=self._ledger.hosts.get(model.host_group, {}),
-            keys=self._keys,
-        )
-        if node is None:
-            self._parked.pop(model.uid, None)
-        elif self._parked.get(model.uid) != node:
-            log.info("TritonModel %s is at zero replicas: parked on node %s.", model.key, node)
-            self._parked[model.uid] = node
 
     async def _run(self, fn: Callable[..., list[str]], *args: Any) -> list[str]:
         loop = asyncio.get_running_loop()

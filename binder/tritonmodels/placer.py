@@ -10,7 +10,8 @@ at once and signed (`binder.cluster.proofs.sign`), at most PLACEMENTS_PER_TURN a
 at the first refusal, the rest only counted (`Missing`). A replica that fits nowhere may preempt
 lower-priority pods and replicas (`binder.framework.replicapreemption`); one preempted drains as
 one scaled away does. A new spec.storageUri rolls a step per turn (`binder.tritonmodels.rolling`).
-Changes the ledger's charges and drains only; the controller writes what it decides.
+A model at zero replicas is parked on a host of its namespace (`binder.autoscaler.parking`).
+Changes the ledger's charges, drains and parkings only; the controller writes what it decides.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import replace
 from typing import NamedTuple
 
+from binder.autoscaler.parking import park_node
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
@@ -120,6 +122,7 @@ class ReplicaPlacer:
         placement_keys: Callable[[], KeyRing],
         serving: Serving,
         draining: dict[str, float],
+        parked: dict[str, str],
         drain_seconds: float,
         preemption: bool,
         clock: Callable[[], float],
@@ -128,7 +131,9 @@ class ReplicaPlacer:
         """`draining`: replica uid -> when its drain ends at the latest (`clock`): past
         spec.replicas, out of its Service, still listed (draining) and charged until its host no
         longer has it loaded; changed here alone, read by `serving` and the hosts' writer, and
-        mirrored in the ledger's `draining`, which keeps the cache from freeing it.
+        mirrored in the ledger's `draining`, which keeps the cache from freeing it. `parked`:
+        model uid -> the node of the host it is parked on at zero replicas
+        (`binder.autoscaler.parking`), read by the hosts' writer.
         `changed(uid)`: a model whose replicas changed outside its turn (a replica preempted,
         a drain recovered) is reconciled again."""
         self._ledger = ledger
@@ -137,6 +142,7 @@ class ReplicaPlacer:
         self._ring = placement_keys
         self._serving = serving
         self._draining = draining
+        self._parked = parked
         self._drain_seconds = drain_seconds
         self._clock = clock
         self._changed = changed
@@ -189,6 +195,31 @@ class ReplicaPlacer:
             self._undrain(rid)
         self.rollout.forget(model_uid)
         self.preemption.forget(model_uid)
+
+    def park(self, model: ModelInfo) -> None:
+        """Park `model` at zero replicas on a host of its namespace, or unpark it once a
+        replica of it is served (`binder.autoscaler.parking`)."""
+        nodes, served = [], False
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                nodes.append(charged.node_name)
+                served = served or (
+                    rid not in self._draining and self._serving.served(model, charged).ready
+                )
+        node = park_node(
+            model,
+            current=self._parked.get(model.uid),
+            replica_nodes=nodes,
+            served=served,
+            hosts=self._ledger.hosts.get(model.host_group, {}),
+            keys=self._keys,
+        )
+        if node is None:
+            self._parked.pop(model.uid, None)
+        elif self._parked.get(model.uid) != node:
+            log.info("TritonModel %s is at zero replicas: parked on node %s.", model.key, node)
+            self._parked[model.uid] = node
 
     def recover_drains(self) -> None:
         """On taking the lead: the replicas the hosts list as draining, which the binder that
