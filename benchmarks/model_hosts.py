@@ -12,11 +12,12 @@ Prints the replicas placed per second (wall time) and the binder's CPU per repli
 time, one thread), the replicas refused, and the hosts used against namespaces x nodes used
 (one host per (namespace, node) at most). No API server, no clock but the measurement's.
 
-Then the same models under attack, through the model controller's turns
-(`TritonModelController.turn`: its queue, in turns by namespace with backoff, and its placing,
-without API writes): beside them, a namespace holds `--unplaceable` models of 200 GiB (more than any
-GPU) and one of 1 GiB scaled to `--scale-bomb` replicas. Prints the same figures, and how long a new
-model of another namespace waits for its replicas once every attacking model is due again.
+Then the same models under attack, through the placing half of the model controller's turns
+(`Turns`: a queue as the binder's, in turns by namespace with backoff, and the controller's
+`binder.tritonmodels.placer`, without API writes): beside them, a namespace holds `--unplaceable`
+models of 200 GiB (more than any GPU) and one of 1 GiB scaled to `--scale-bomb` replicas. Prints
+the same figures, and how long a new model of another namespace waits for its replicas once every
+attacking model is due again.
 
 Run: .venv/bin/python -m benchmarks.model_hosts [--models 10000 --replicas 2 --namespaces 50
      --nodes 1000 --node-shape 8xA100-80GB:96:110 --unplaceable 10000 --scale-bomb 1000000000]
@@ -25,24 +26,23 @@ Run: .venv/bin/python -m benchmarks.model_hosts [--models 10000 --replicas 2 --n
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import random
 import time
-from concurrent.futures import Executor
-from typing import cast
 
 from benchmarks import command_line, shapes
 from benchmarks import results as results_page
-from binder.api.kube import Kube
+from binder.autoscaler.room import Room
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, as_replica, model_from_api
 from binder.cluster.objects import PodInfo
 from binder.framework.placement import Placement, place
-from binder.tritonmodels.controller import TritonModelController
+from binder.framework.queue import SchedulingQueue
+from binder.tritonmodels.controller import EVENT_BACKOFF_MAX_SECONDS, RETRY_SECONDS
+from binder.tritonmodels.placer import ReplicaPlacer
+from binder.tritonmodels.serving import Serving
 from common.contract import Keys
-from common.modelpod import NodeAccess
 from common.proofs import KeyRing
 
 GI = 1 << 30
@@ -134,28 +134,56 @@ def tritonmodel(namespace: str, name: str, replicas: int, memory: int) -> ModelI
     return model_from_api(obj, KEYS, "tritonshare")
 
 
-def controller(ledger: Ledger) -> TritonModelController:
-    """The model controller with nothing to write to: only `turn` is called."""
-    return TritonModelController(
-        cast(Kube, None),
-        ledger,
-        leading=asyncio.Event(),
-        keys=KEYS,
-        policy="binpack",
-        placement_keys=lambda: RING,
-        executor=cast(Executor, None),
-        identity="benchmark",
-        scheduler_name="tritonshare",
-        host_image="tritonshare:benchmark",
-        access=NodeAccess(50051, 8000, 8001, "tritonshare-agent"),
-        drain_seconds=30.0,
-    )
+class Turns:
+    """The placing half of the model controller's turns, without its API writes: the models of
+    `ledger` taken from a queue as the binder's (in turns by namespace; a refused one backs off,
+    capped) and placed by the controller's placer."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.queue = SchedulingQueue(
+            initial_seconds=RETRY_SECONDS, event_backoff_max=EVENT_BACKOFF_MAX_SECONDS
+        )
+        draining: dict[str, float] = {}
+        self.placer = ReplicaPlacer(
+            ledger,
+            keys=KEYS,
+            policy="binpack",
+            placement_keys=lambda: RING,
+            serving=Serving(ledger, KEYS, draining, Room(), refused=lambda where: None),
+            draining=draining,
+            parked={},
+            drain_seconds=30.0,
+            preemption=True,
+            clock=time.monotonic,
+            changed=self.changed,
+        )
+
+    def changed(self, uid: str) -> None:
+        model = self._ledger.models.get(uid)
+        self.queue.add(uid, model.namespace if model is not None else "")
+
+    def turn(self) -> tuple[ModelInfo, int, str] | None:
+        """The next model's turn: the model, its replicas placed, and its refusal. None: no
+        model's turn is due."""
+        uid = self.queue.pop_ready()
+        model = self._ledger.models.get(uid) if uid is not None else None
+        if uid is None or model is None:
+            return None
+        outcome = self.placer.place(model)
+        if outcome.refusal:
+            self.queue.backoff(uid, capped=True)
+        elif outcome.unfinished:
+            self.queue.add(uid)  # its next turn after the other namespaces'
+        else:
+            self.queue.remove(uid)
+        return model, len(outcome.placed), outcome.refusal
 
 
 RING = KeyRing(b"k" * 32)
 
 
-def add(ledger: Ledger, models: TritonModelController, model: ModelInfo) -> None:
+def add(ledger: Ledger, models: Turns, model: ModelInfo) -> None:
     ledger.models[model.uid] = model
     ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
     models.changed(model.uid)
@@ -164,7 +192,7 @@ def add(ledger: Ledger, models: TritonModelController, model: ModelInfo) -> None
 def run_attacked(args: argparse.Namespace) -> None:
     state = cluster(args)
     ledger = Ledger(state)
-    models = controller(ledger)
+    models = Turns(ledger)
     rng = random.Random(args.seed)
     attack = [tritonmodel("attacker", "bomb", args.scale_bomb, GI)] if args.scale_bomb else []
     attack += [
@@ -210,7 +238,7 @@ def run_attacked(args: argparse.Namespace) -> None:
     )
 
 
-def take_turns(models: TritonModelController, waiting: set[str]) -> tuple[int, int]:
+def take_turns(models: Turns, waiting: set[str]) -> tuple[int, int]:
     """Take turns until each of the `waiting` models has had one: (their replicas placed, the
     other models' turns meanwhile)."""
     placed = others = 0

@@ -120,8 +120,6 @@ class Binder:
             ),
             drain_seconds=settings.host_drain_seconds,
             preemption=settings.preemption,
-            backoff_initial=settings.backoff_initial_seconds,
-            backoff_max=settings.backoff_max_seconds,
             queue=self.queue,
         )
         self.controller = PodController(

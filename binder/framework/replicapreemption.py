@@ -1,11 +1,11 @@
-"""Preemption for TritonModel replicas, as the model controller (`binder.tritonmodels.controller`)
+"""Preemption for TritonModel replicas, as the replica placer (`binder.tritonmodels.placer`)
 decides it: the rooms held for replicas whose preemption made them, the record of replicas
 preempted, and the pods' evictions still to carry out.
 
 A replica that fits nowhere may take away lower-priority pods and replicas where
 `binder.framework.preemption` finds room (as for a pod; not with preemptionPolicy Never). The room
 is held for it in the ledger under `held_uid` (never its own uid, which would read as placed) until
-it is placed there or gives up; the victim replicas are handed to `drain` (the model controller's),
+it is placed there or gives up; the victim replicas are handed to `drain` (the placer's),
 the victim pods queued as an `Eviction` for the controller to carry out off the loop. A replica
 whose victims are still leaving (still charged, or terminating) waits for them instead of preempting
 again. Each held room is written in its model's `status.nominations` with a proof signed for the
@@ -89,7 +89,7 @@ class Eviction:
 
 
 class ReplicaPreemption:
-    """The model controller's preemption bookkeeping, changed on the loop only."""
+    """The placer's preemption bookkeeping, changed on the loop only."""
 
     def __init__(
         self,
@@ -100,7 +100,7 @@ class ReplicaPreemption:
         drain: Callable[[PodInfo, str, str], None],
         ring: Callable[[], KeyRing],
     ) -> None:
-        """`drain(victim, by, node)`: take a victim replica away (the model controller's);
+        """`drain(victim, by, node)`: take a victim replica away (the placer's);
         `ring`: the placement keys the held rooms' proofs are signed and verified with."""
         self._ledger = ledger
         self._policy = policy

@@ -1,12 +1,12 @@
-"""A TritonModel's roll to a new spec.storageUri, as the model controller
-(`binder.tritonmodels.controller`) takes it a step per reconcile: which files each replica was given
+"""A TritonModel's roll to a new spec.storageUri, as the replica placer
+(`binder.tritonmodels.placer`) takes it a step per turn: which files each replica was given
 (a replica's files never change: new files come as a new replica), which replicas are on previous
 files and leave first, and the roll's next step, as a Deployment's RollingUpdate with maxSurge 1 and
 maxUnavailable 0. A surge replica takes the lowest ordinal not charged, and may preempt as any
 replica (it then waits for its victims); with no room for a surge, one replica on the previous files
 drains and is placed again as a missing replica; files no host fetches, or a missing PriorityClass,
 stop the roll with every replica on its files. Where the roll stands is the `Progressing` condition
-(`Roll`). Placing and draining are the controller's (`place_one`, `leave`); no I/O.
+(`Roll`). Placing and draining are the placer's (`place_one`, `leave`); no I/O.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Loaded(NamedTuple):
 
 
 class Rollout:
-    """The model controller's roll bookkeeping and steps, changed on the loop only."""
+    """The placer's roll bookkeeping and steps, changed on the loop only."""
 
     def __init__(
         self,
@@ -88,7 +88,7 @@ class Rollout:
         (loaded there, the host Ready);
         `place_one(model, ordinal, quota)`: the replica placed, or why not; `leave(model,
         replica)`: it drains or is freed; `holds(rid)`: its preemption holds a room for it;
-        `draining`: the replicas draining (the controller's)."""
+        `draining`: the replicas draining (the placer's)."""
         self._ledger = ledger
         self._policy = policy
         self._loaded = loaded

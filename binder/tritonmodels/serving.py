@@ -49,7 +49,7 @@ class Serving:
         self._ledger = ledger
         self._keys = keys
         self._draining = draining
-        """Replica uids draining (the controller's): never the replica served elsewhere."""
+        """Replica uids draining (the placer's): never the replica served elsewhere."""
         self._room = room
         self._refused = refused
         """Why the namespace's host on a node (with a storage secret) was refused, if it was

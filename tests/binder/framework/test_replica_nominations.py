@@ -263,7 +263,7 @@ async def test_a_new_leader_waits_for_a_victim_replica_draining_from_its_host(
     await eventually(lambda: follower.elector.is_leader, within=10, what="the takeover")
     uid = read(custom, "resnet")["metadata"]["uid"]
     # Its refusal is the new leader's own once it has reconciled it.
-    await eventually(lambda: uid in follower.models._refused, what="resnet reconciled")
+    await eventually(lambda: uid in follower.models._reporter._refused, what="resnet reconciled")
     assert not placements(custom, "resnet"), "it waits for the drain"
     set_loaded(core, "bulk", "a", "False")  # the host's loader unloaded it
     resnet = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")

@@ -16,13 +16,13 @@ from typing import Any, cast
 import kubernetes.client
 import pytest
 
-from benchmarks.model_hosts import add, controller, tritonmodel
+from benchmarks.model_hosts import Turns, add, tritonmodel
 from binder.api.kube import Kube
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import lease_expiry, node_from_api
 from binder.errors import ApiError
-from binder.tritonmodels.controller import PLACEMENTS_PER_TURN
+from binder.tritonmodels.placer import PLACEMENTS_PER_TURN
 from binder.tritonmodels.status import StatusWriter, Write
 from tests.binder.cluster.test_cache import make_cache
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj
@@ -183,7 +183,7 @@ def test_a_model_of_a_billion_replicas_costs_what_its_placed_ones_do() -> None:
         state.set_node(node_from_api(node_obj(f"n{i}", [16 * GI]), KEYS))
         state.set_lease(f"n{i}", lease_expiry(lease_obj(f"n{i}", time.time())))
     ledger = Ledger(state)
-    models = controller(ledger)
+    models = Turns(ledger)
     bomb = tritonmodel("attacker", "bomb", 10**9, 10 * GI)
     add(ledger, models, bomb)
     tracemalloc.start()
@@ -326,7 +326,7 @@ def test_a_model_of_many_small_replicas_places_a_bounded_number_per_turn() -> No
     state.set_node(node_from_api(node_obj("n0", [1024 * GI]), KEYS))
     state.set_lease("n0", lease_expiry(lease_obj("n0", time.time())))
     ledger = Ledger(state)
-    models = controller(ledger)
+    models = Turns(ledger)
     add(ledger, models, tritonmodel("attacker", "bomb", 10**9, GI // 4))
     add(ledger, models, tritonmodel("team-b", "small", 1, GI))
     took = models.turn()

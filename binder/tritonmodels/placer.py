@@ -1,0 +1,499 @@
+"""The TritonModel replicas' placer: which replicas of a model leave, drain, are kept or are
+placed in its turn, and why one is not. No I/O.
+
+Replicas past spec.replicas (those not served first, then those on previous files, then the highest
+ordinals) leave: one loaded on its host drains (out of its Service, still charged) until its host
+no longer has it loaded, or for the drain's bound; one wanted again meanwhile on the same files is
+taken back where it is. Each missing replica is placed at the lowest free ordinal, while the
+namespace's ResourceQuotas allow it (`binder.framework.quota`), by the binder's own `place`, charged
+at once and signed (`binder.cluster.proofs.sign`), at most PLACEMENTS_PER_TURN a turn: placing stops
+at the first refusal, the rest only counted (`Missing`). A replica that fits nowhere may preempt
+lower-priority pods and replicas (`binder.framework.replicapreemption`); one preempted drains as
+one scaled away does. A new spec.storageUri rolls a step per turn (`binder.tritonmodels.rolling`).
+A model at zero replicas is parked on a host of its namespace (`binder.autoscaler.parking`).
+Changes the ledger's charges, drains and parkings only; the controller writes what it decides.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable, Container, Iterable, Iterator
+from dataclasses import replace
+from typing import NamedTuple
+
+from binder.autoscaler.parking import park_node
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo
+from binder.cluster.objects import PodInfo
+from binder.cluster.priorities import CLASS_NOT_FOUND
+from binder.cluster.proofs import proven, sign
+from binder.framework.moves import PREEMPTED
+from binder.framework.placement import Placement, Policy, place
+from binder.framework.quota import EXCEEDED_QUOTA, QuotaCheck, check_for, replica_class
+from binder.framework.replicapreemption import ReplicaPreemption
+from binder.tritonmodels.rolling import UNSUPPORTED_STORAGE, Roll, Rollout
+from binder.tritonmodels.serving import Serving
+from common.contract import Keys
+from common.hosted import (
+    HostedError,
+    decode_hosted,
+    group_namespace,
+    hosted_models_annotation,
+    replica_uid,
+)
+from common.proofs import KeyRing
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS_PER_TURN = 100
+"""The most replicas one model's turn places; a model wanting more has another turn after the
+other namespaces' (replicas may share nodes, so a scaled model is bounded by GPU memory, not by
+the node count: a turn's cost stays bounded whatever spec.replicas says)."""
+
+
+class Outcome(NamedTuple):
+    """What a model's turn came to, for its status."""
+
+    placed: dict[int, PodInfo]
+    """The model's charged replicas not draining, by ordinal."""
+    refusal: str
+    """Why the first refused replica is not placed ("" when all are)."""
+    waiting: str
+    """Which wanted replica waits for its previous placement to drain ("" when none)."""
+    roll: Roll
+    reason: str = "Unschedulable"
+    """The `Placed` condition's reason while a replica is refused or waits."""
+    unfinished: bool = False
+    """PLACEMENTS_PER_TURN were placed and more are wanted: the model has another turn."""
+
+
+class Missing(Container[str]):
+    """The replicas of a model to place: the `count` lowest ordinals not in `placed` (and a
+    roll's surge replica `extra`), never listed, so a model of 10^9 replicas costs what its
+    placed ones do."""
+
+    def __init__(self, model_uid: str, placed: Iterable[int], count: int, extra: str = "") -> None:
+        self._uid = model_uid
+        self._placed = sorted(placed)
+        self._placed_set = set(self._placed)
+        self.count = max(0, count)
+        self._extra = extra
+        self._stop: int | None = None
+
+    def __contains__(self, uid: object) -> bool:
+        if uid == self._extra:
+            return True
+        if not isinstance(uid, str) or uid.rpartition("/")[0] != self._uid:
+            return False
+        ordinal = int(uid.rpartition("/")[2])
+        rank = ordinal - bisect.bisect_left(self._placed, ordinal)  # free ordinals before it
+        return ordinal not in self._placed_set and rank < self.count
+
+    def stop_at(self, ordinal: int) -> None:
+        """Past `ordinal`, only the ordinals that hold something are walked."""
+        self._stop = ordinal
+
+    def ordinals(self, kept: list[int]) -> Iterator[int]:
+        """The missing ordinals in order: every one up to `stop_at`, then those of `kept`."""
+        given = ordinal = 0
+        while given < self.count:
+            if self._stop is not None:
+                for later in kept:
+                    if later > self._stop and f"{self._uid}/{later}" in self:
+                        yield later
+                return
+            if ordinal not in self._placed_set:
+                given += 1
+                yield ordinal
+            ordinal += 1
+
+
+class ReplicaPlacer:
+    """Places, keeps and drains the replicas of the ledger's models, on the loop."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        keys: Keys,
+        policy: Policy,
+        placement_keys: Callable[[], KeyRing],
+        serving: Serving,
+        draining: dict[str, float],
+        parked: dict[str, str],
+        drain_seconds: float,
+        preemption: bool,
+        clock: Callable[[], float],
+        changed: Callable[[str], None],
+    ) -> None:
+        """`draining`: replica uid -> when its drain ends at the latest (`clock`): past
+        spec.replicas, out of its Service, still listed (draining) and charged until its host no
+        longer has it loaded; changed here alone, read by `serving` and the hosts' writer, and
+        mirrored in the ledger's `draining`, which keeps the cache from freeing it. `parked`:
+        model uid -> the node of the host it is parked on at zero replicas
+        (`binder.autoscaler.parking`), read by the hosts' writer.
+        `changed(uid)`: a model whose replicas changed outside its turn (a replica preempted,
+        a drain recovered) is reconciled again."""
+        self._ledger = ledger
+        self._keys = keys
+        self._policy = policy
+        self._ring = placement_keys
+        self._serving = serving
+        self._draining = draining
+        self._parked = parked
+        self._drain_seconds = drain_seconds
+        self._clock = clock
+        self._changed = changed
+        self._scaled_away: set[str] = set()
+        """The draining replicas this binder drained as their model was scaled down: the only
+        ones taken back when wanted again (`_take_back`)."""
+        self.preemption = ReplicaPreemption(
+            ledger, policy, enabled=preemption, drain=self.preempt, ring=placement_keys
+        )
+        """The rooms held for the replicas' preemptions, and the evictions decided."""
+        self.rollout = Rollout(
+            ledger,
+            policy,
+            loaded=serving.served,
+            place_one=self._place_one,
+            leave=self._leave,
+            holds=self.preemption.holds,
+            draining=draining,
+        )
+        """The replicas' files, and the rolls to new ones."""
+
+    def place(self, model: ModelInfo) -> Outcome:
+        """The model's replicas after its turn: those it no longer wants freed or draining, the
+        missing ones the namespace's quotas allow placed, its roll a step further; and why one
+        is refused or waits, with the `Placed` condition's reason."""
+        quota = self._quota(model)
+        outcome = self._place(model, quota)
+        refusal, waiting = outcome.refusal, outcome.waiting
+        preemptions = self.preemption.preempted
+        preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == model.uid)
+        reason = (
+            CLASS_NOT_FOUND
+            if refusal and model.priority_problem
+            else PREEMPTED
+            if preempted and (refusal or waiting)
+            else UNSUPPORTED_STORAGE
+            if refusal and model.storage_problem
+            else EXCEEDED_QUOTA
+            if quota is not None and quota.refused
+            else "Unschedulable"
+        )
+        if preempted and refusal and not waiting:
+            why = "; ".join(preemptions[r][0] for r in preempted)
+            refusal = f"{why}; placed again when it fits: {refusal}"
+        return outcome._replace(refusal=refusal, reason=reason)
+
+    def forget(self, model_uid: str) -> None:
+        """The model is gone (deleted: garbage collection's, nothing to drain for)."""
+        for rid in [r for r in self._draining if r.rpartition("/")[0] == model_uid]:
+            self._undrain(rid)
+        self.rollout.forget(model_uid)
+        self.preemption.forget(model_uid)
+
+    def park(self, model: ModelInfo) -> None:
+        """Park `model` at zero replicas on a host of its namespace, or unpark it once a
+        replica of it is served (`binder.autoscaler.parking`)."""
+        nodes, served = [], False
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                nodes.append(charged.node_name)
+                served = served or (
+                    rid not in self._draining and self._serving.served(model, charged).ready
+                )
+        node = park_node(
+            model,
+            current=self._parked.get(model.uid),
+            replica_nodes=nodes,
+            served=served,
+            hosts=self._ledger.hosts.get(model.host_group, {}),
+            keys=self._keys,
+        )
+        if node is None:
+            self._parked.pop(model.uid, None)
+        elif self._parked.get(model.uid) != node:
+            log.info("TritonModel %s is at zero replicas: parked on node %s.", model.key, node)
+            self._parked[model.uid] = node
+
+    def recover_drains(self) -> None:
+        """On taking the lead: the replicas the hosts list as draining, which the binder that
+        led before began to drain (no status lists them), are charged again (their proofs
+        checked as the cache checks a status's), counted as leaving (a preemptor waits for them
+        instead of taking them again), and drain on, from now, to their end."""
+        state = self._ledger.state
+        now = self._clock()
+        for group, hosts in self._ledger.hosts.items():
+            namespace = group_namespace(group)
+            for node, host in hosts.items():
+                annotation = hosted_models_annotation(self._keys)
+                value = ((host.get("metadata") or {}).get("annotations") or {}).get(annotation)
+                try:
+                    entries = decode_hosted(str(value or ""))
+                except HostedError:
+                    continue  # not the binder's writing: rewritten at the next reconcile
+                for entry in entries:
+                    model = self._ledger.models.get(entry.uid)
+                    rid = entry.replica_uid
+                    if (
+                        not entry.draining
+                        or model is None
+                        or model.namespace != namespace
+                        or model.name != entry.model
+                        or state.is_accounted(rid)
+                    ):
+                        continue
+                    replica = model.replica(entry.replica, node, entry.gpu, entry.proof)
+                    verdict = proven(replica, self._ring())
+                    if not isinstance(verdict, PodInfo):
+                        continue
+                    state.set_pod(replace(verdict, deleting=True))
+                    self.rollout.files[rid] = entry.storage_uri
+                    spans = self._ledger.spans
+                    spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)
+                    self._draining[rid] = now + self._drain_seconds
+                    self._ledger.draining.add(rid)
+                    self._changed(model.uid)
+
+    def preempt(self, victim: PodInfo, by: str, node: str) -> None:
+        """A replica chosen as a preemption victim (on the loop, by the binder's pod scheduling
+        or by a replica of higher priority): it leaves its Service and drains from its host as
+        a replica scaled away does, counted as leaving (no other preemption takes it again),
+        and is placed again once gone: elsewhere, or `Placed` False saying why."""
+        rid = victim.uid
+        if self.preemption.is_held(rid):
+            return  # the room held for a lower-priority replica: it tries again
+        state = self._ledger.state
+        charged = state.charged_pod(rid)
+        if charged is None or rid in self._draining:
+            return
+        ordinal = rid.rpartition("/")[2]
+        self.preemption.victim(rid, f"replica {ordinal} was preempted by {by} on node {node}")
+        self._draining[rid] = self._clock() + self._drain_seconds
+        self._ledger.draining.add(rid)
+        state.set_pod(replace(charged, deleting=True))
+        log.info(
+            "Replica %s of TritonModel %s on node %s is preempted by %s: it drains from its "
+            "host and is placed again once gone.",
+            ordinal,
+            victim.namespace + "/" + victim.name.rpartition("/")[0],
+            node,
+            by,
+        )
+        self._changed(rid.rpartition("/")[0])
+
+    def _quota(self, model: ModelInfo) -> QuotaCheck | None:
+        """The namespace's quotas on GPU memory, when a replica is to be placed."""
+        live = self._live(model)
+        if len(live) >= model.replicas and not self.rollout.old(model, live):
+            return None
+        return check_for(
+            self._ledger, self._keys, model.namespace, replica_class(self._ledger, model)
+        )
+
+    def _place(self, model: ModelInfo, quota: QuotaCheck | None) -> Outcome:
+        """The model's charged replicas after freeing or draining those it no longer wants,
+        placing the missing ones that `quota` allows and taking its roll to new files a step
+        (`binder.tritonmodels.rolling`); the refusal of the first refused or that fits nowhere
+        ("" when all fit); which wanted replica waits for its previous placement to drain (""
+        when none); where the roll stands; and whether more are wanted than a turn places."""
+        state = self._ledger.state
+        self._end_drains(model)
+        placed = self._live(model)
+        old = self.rollout.old(model, placed)
+        allowed = model.replicas + (1 if old and model.replicas else 0)
+        if len(placed) > allowed:
+            # Scaled down: as a ReplicaSet, those not served leave first (the served ones keep
+            # the model answering, and its minAvailable); then those on previous files, then
+            # the highest.
+            newer = sorted((o for o in placed if o not in old), reverse=True)
+            order = sorted(old + newer, key=lambda o: self._serving.served(model, placed[o]).ready)
+            for ordinal in order[: len(placed) - allowed]:
+                leaving = placed.pop(ordinal)
+                self._leave(model, leaving)
+                if leaving.uid in self._draining:
+                    self._scaled_away.add(leaving.uid)
+            old = [o for o in old if o in placed]
+        refusal = waiting = ""
+        missing = Missing(model.uid, placed, model.replicas - len(placed))
+        wanted: Container[str] = missing
+        if old and model.replicas:
+            wanted = Missing(model.uid, placed, missing.count, self.rollout.surge_uid(model))
+        self.preemption.forget(model.uid, wanted, self._draining)
+        turn_left, unfinished = PLACEMENTS_PER_TURN, False
+        for ordinal in missing.ordinals(self._kept(model)):
+            rid = replica_uid(model.uid, ordinal)
+            charged = state.charged_pod(rid)
+            if charged is not None:
+                kept = self._take_back(model, ordinal, charged, quota)
+                if kept is not None:
+                    placed[ordinal] = kept
+                    continue
+                # Preempted, or wanted again on other files: placed again, as any new replica,
+                # once the old placement has left.
+                preempted = self.preemption.preempted.get(rid)
+                again = (
+                    f"replica {ordinal} is placed again once its previous placement on node "
+                    f"{charged.node_name} has drained"
+                )
+                waiting = waiting or (f"{preempted[0]}; {again}" if preempted else again)
+                continue
+            if refusal:
+                self.preemption.take_room(rid)  # its held room given up: it waits its turn
+                continue
+            if turn_left == 0:
+                unfinished = True
+                break
+            outcome = self._place_one(model, ordinal, quota)
+            if isinstance(outcome, PodInfo):
+                placed[ordinal] = outcome
+                turn_left -= 1
+            else:
+                refusal = outcome
+                missing.stop_at(ordinal)  # the rest only counted, but held rooms and drains
+        if refusal or waiting or len(placed) < model.replicas:
+            roll = self.rollout.where(model, placed, old, "")
+        else:
+            roll = self.rollout.step(model, placed, old, quota)
+        return Outcome(placed, refusal, waiting, roll, unfinished=unfinished)
+
+    def _take_back(
+        self, model: ModelInfo, ordinal: int, charged: PodInfo, quota: QuotaCheck | None
+    ) -> PodInfo | None:
+        """Replica `ordinal`, wanted again while its previous placement drains, kept where it
+        is (as Knative's activator keeps a revision's last pod): its drain ends, it is charged
+        as placed now (assumed until the status shows it) and listed on its host as not
+        draining, back in its Service once loaded there (its host's loader loads it again if
+        it had unloaded it). Only one this binder saw scaled away (not preempted, nor a drain
+        a new leader found under way, whose cause it cannot know), on spec.storageUri, whose
+        proof verifies for the model as it is now, and that the namespace's quotas allow;
+        None: it drains on."""
+        rid = charged.uid
+        if (
+            rid not in self._scaled_away
+            or rid in self.preemption.preempted
+            or self.rollout.uri(model, ordinal) != model.storage_uri
+        ):
+            return None
+        replica = model.replica(ordinal)
+        if quota is not None and quota.refusal(replica.request, replica.allowance):
+            return None
+        node, gpu, proof = charged.node_name, charged.gpu_uuid, charged.placement
+        if not isinstance(proven(model.replica(ordinal, node, gpu, proof), self._ring()), PodInfo):
+            return None
+        self._undrain(rid)
+        self._ledger.state.assume(replica, node, gpu, proof)
+        if quota is not None:
+            quota.charge(replica.request)
+        log.info(
+            "Replica %d of TritonModel %s is wanted again while it drains: kept on node %s, "
+            "served there again once loaded.",
+            ordinal,
+            model.key,
+            node,
+        )
+        return replica.bound(node, gpu, proof)
+
+    def _kept(self, model: ModelInfo) -> list[int]:
+        """The ordinals of the model that hold something past a refusal: a charge (draining, or
+        preempted), or a room its preemption held."""
+        kept = {int(rid.rpartition("/")[2]) for rid in self._ledger.replica_uids(model.uid)}
+        kept.update(self.preemption.held_ordinals(model.uid))
+        return sorted(kept)
+
+    def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
+        """Replica `ordinal` placed (on the room its preemption held first), charged (assumed)
+        and signed, with spec.storageUri; or why it is not. One that fits nowhere may preempt
+        lower-priority pods and replicas (`binder.framework.replicapreemption`)."""
+        state = self._ledger.state
+        replica = model.replica(ordinal)
+        nominated = self.preemption.take_room(replica.uid)
+        if nominated:
+            replica = replace(replica, nominated_node=nominated)
+        unfetchable = model.storage_problem
+        if unfetchable:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
+        if model.priority_problem:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
+        clash = self._ledger.name_clash(model)
+        if clash:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {clash}'
+        exceeded = quota.refusal(replica.request, replica.allowance) if quota is not None else ""
+        if exceeded:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
+        now = time.time()
+        decision = place(state, replica, now=now, policy=self._policy)
+        if not isinstance(decision, Placement):
+            message = self.preemption.decide(model, ordinal, replica, decision, now)
+            return f"replica {ordinal}: {message}"
+        self.preemption.placed(replica.uid)
+        proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
+        state.assume(replica, decision.node, decision.gpu.uuid, proof)
+        spans = self._ledger.spans
+        spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
+        if quota is not None:
+            quota.charge(replica.request)
+        self.rollout.files[replica.uid] = model.storage_uri
+        return replica.bound(decision.node, decision.gpu.uuid, proof)
+
+    def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
+        """The model's charged replicas that are not draining, by ordinal."""
+        state = self._ledger.state
+        live = {}
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = state.charged_pod(rid)
+            if charged is not None and rid not in self._draining:
+                live[int(rid.rpartition("/")[2])] = charged
+        return live
+
+    def _leave(self, model: ModelInfo, replica: PodInfo) -> None:
+        """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
+        draining) until its host no longer has it loaded or the drain's bound passes
+        (`_end_drains`); another is freed at once."""
+        if self._serving.loaded(model, replica).ready:
+            self._draining[replica.uid] = self._clock() + self._drain_seconds
+            self._ledger.draining.add(replica.uid)
+        else:
+            self._free(replica.uid)
+
+    def _free(self, rid: str) -> None:
+        self._undrain(rid)
+        self.rollout.files.pop(rid, None)
+        self._ledger.state.remove_pod(rid)
+        self._ledger.state.untrack_pod(rid)
+
+    def _end_drains(self, model: ModelInfo) -> None:
+        """Each drain of the model ends once its host no longer has the replica loaded or its
+        bound passes (or, wanted again, it is taken back: `_take_back`)."""
+        state = self._ledger.state
+        now = self._clock()
+        for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:
+            charged = state.charged_pod(rid)
+            if charged is None or not state.is_accounted(rid):
+                self._undrain(rid)  # freed meanwhile (its node went away)
+                self.rollout.files.pop(rid, None)
+                continue
+            if not self._serving.loaded(model, charged).ready:
+                self._free(rid)
+                continue
+            if now < self._draining[rid]:
+                continue
+            log.warning(
+                "Replica %s of TritonModel %s is still loaded on node %s after the "
+                "%g s drain bound: removing it from its host.",
+                rid.rpartition("/")[2],
+                model.key,
+                charged.node_name,
+                self._drain_seconds,
+            )
+            self._free(rid)
+
+    def _undrain(self, rid: str) -> None:
+        self._scaled_away.discard(rid)
+        self._draining.pop(rid, None)
+        self._ledger.draining.discard(rid)

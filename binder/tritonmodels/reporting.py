@@ -1,0 +1,266 @@
+"""What a TritonModel's turn tells: its status, through the status writer
+(`binder.tritonmodels.status`), and its Events.
+
+The status: `placements[]` ({replica, node, gpu, proof, host, ready, message, storageUri}),
+`nominations[]` (the rooms held for its replicas' preemptions, only while there are some),
+`replicas`, `readyReplicas` (and `availableReplicas`), `updatedReplicas`, `selector`,
+`observedGeneration`, and the conditions `Placed` (False with kube-scheduler's refusal, and a
+`FailedScheduling` Event only when the refusal changes), `Ready` (False naming the replicas not
+served and why) and `Progressing` (the roll); others' conditions are kept as they are. Events,
+once per cause: `ReplicaNotServed` per replica and reason the agent gives (per message for a host's
+loader failing to load it: its reason, FetchFailed, ModelInvalid..., is then Ready's), `Preempted`
+and `Preempting`, and the roll's Warnings. Decides no placement; writes only through
+`binder.api.kube`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from binder.api.kube import Kube
+from binder.api.session import JsonObject
+from binder.cluster.modelviews import ModelInfo, event_object
+from binder.cluster.objects import PodInfo
+from binder.framework.moves import PREEMPTED, PREEMPTING
+from binder.framework.replicapreemption import ReplicaPreemption
+from binder.tritonmodels.placer import Outcome
+from binder.tritonmodels.rolling import PLACED, PROGRESSING, ROLLING_WITHOUT_SURGE, Roll, Rollout
+from binder.tritonmodels.serving import HOST_REFUSED, Serving
+from binder.tritonmodels.status import StatusWriter, Write
+from common.conditions import Condition, condition_for, find
+from common.contract import Keys
+from common.hosted import LOAD_FAILURE_REASONS, host_name, serves_label
+
+READY = "Ready"
+"""The condition type: every wanted replica is loaded and served by its host."""
+NOT_SERVED_EVENT = "ReplicaNotServed"
+"""The Warning Event's reason when the agent reports a replica not loaded on its host."""
+QUIET_REASONS = frozenset({"ModelPending", "ModelDrained"})
+"""The agent's reasons of a replica on its way in or out: no fault, no Event (as on the host)."""
+READY_REASONS_SHOWN = 3
+"""Not-ready replicas the Ready condition's message names (then how many more)."""
+
+
+class Reporter:
+    """Tells each model's status and Events; the status written off the turns."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        executor: Executor,
+        *,
+        identity: str,
+        keys: Keys,
+        leading: asyncio.Event,
+        serving: Serving,
+        rollout: Rollout,
+        preemption: ReplicaPreemption,
+        retry: Callable[[str], None],
+    ) -> None:
+        """`serving`, `rollout` and `preemption` are read: whether each replica is served, its
+        files, the rooms held; `retry(uid)`: a write failed, the model is reconciled again."""
+        self._kube = kube
+        self._executor = executor
+        self._identity = identity
+        self._keys = keys
+        self._serving = serving
+        self._rollout = rollout
+        self._preemption = preemption
+        self._retry = retry
+        self._writes = StatusWriter(
+            kube, executor, identity, leading=leading, on_failed=self._write_failed
+        )
+        """The models' status writes and refusal Events, off the turns."""
+        self._refused: dict[str, str] = {}
+        """Model uid -> the refusal last reported (an Event only when it changes)."""
+        self._reported: dict[str, str] = {}
+        """Replica uid -> the agent's reason for not serving it last reported in an Event."""
+        self._roll_said: dict[str, str] = {}
+        """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
+
+    async def run_writes(self, stop: asyncio.Event) -> None:
+        """The models' status writes and refusal Events, off the turns, until `stop`."""
+        await self._writes.run(stop)
+
+    def forget(self, uid: str) -> None:
+        """The model is gone: nothing more of it is written."""
+        self._refused.pop(uid, None)
+        self._writes.forget(uid)
+        for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
+            del self._reported[rid]
+        self._roll_said.pop(uid, None)
+
+    def _write_failed(self, uid: str, event_owed: bool) -> None:
+        """A status or Event write failed: the model is reconciled again, with its Event when
+        that was not written (one written is not repeated: a refusal counts once)."""
+        if event_owed:
+            self._refused.pop(uid, None)
+        self._retry(uid)
+
+    def status(self, model: ModelInfo, outcome: Outcome) -> None:
+        """The model's status after its turn, handed to the writer when it changed, with the
+        refusal's Event when the refusal is new."""
+        uid, refusal = model.uid, outcome.refusal
+        status = self._status(model, outcome)
+        changed = any(model.status.get(k) != v for k, v in status.items())
+        new_refusal = refusal if refusal and self._refused.get(uid) != refusal else ""
+        if changed or new_refusal:
+            self._writes.put(Write(event_object(model), status if changed else None, new_refusal))
+        if refusal:
+            self._refused[uid] = refusal
+        else:
+            self._refused.pop(uid, None)
+
+    async def not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
+        """A Warning Event on the model per replica and reason the agent gives for not serving
+        it (once each, as the agent reports a model pod's)."""
+        for ordinal, replica in sorted(placed.items()):
+            loaded = self._serving.loaded(model, replica)
+            if loaded.reason in ("", HOST_REFUSED):  # the refusal has its own Event
+                self._reported.pop(replica.uid, None)
+                continue
+            if loaded.reason in QUIET_REASONS:
+                continue  # no fault; the cause said last is not said again when it comes back
+            # A host's loader's failures are told apart by cause (a 404, then a credential
+            # refused); the agent's other reasons by reason (its messages carry counts).
+            said = loaded.why if loaded.reason in LOAD_FAILURE_REASONS else loaded.reason
+            if self._reported.get(replica.uid) == said:
+                continue
+            message = f"replica {ordinal} on node {replica.node_name}: {loaded.why}"
+            await self._event(model, NOT_SERVED_EVENT, message)
+            self._reported[replica.uid] = said
+
+    async def preempted(self, model: ModelInfo) -> None:
+        """The `Preempted` Event of each replica of the model preempted since (Normal, as
+        kube-scheduler writes a victim pod's)."""
+        for why in self._preemption.unwritten(model.uid):
+            await self._event(model, PREEMPTED, why, "Normal")
+
+    async def preempting(
+        self, model: ModelInfo, ordinal: int, node: str, victims: list[str]
+    ) -> None:
+        """The `Preempting` Event on a preemptor whose victims were evicted or drained."""
+        message = (
+            f"replica {ordinal}: preempting {len(victims)} lower-priority pod(s) and replica(s) "
+            f"on node {node}: {', '.join(victims)}"
+        )
+        await self._event(model, PREEMPTING, message, "Normal")
+
+    async def roll(self, model: ModelInfo, roll: Roll) -> None:
+        """A Warning Event on the model when its roll goes on without a surge replica, or
+        stalls on new files a replica does not serve (once per message)."""
+        if roll.fallback:
+            said = (ROLLING_WITHOUT_SURGE, roll.fallback)
+        elif roll.status == "False":
+            said = (roll.reason, roll.message)
+        else:
+            self._roll_said.pop(model.uid, None)
+            return
+        if self._roll_said.get(model.uid) == said[1]:
+            return
+        await self._event(model, said[0], said[1])
+        self._roll_said[model.uid] = said[1]
+
+    def _status(self, model: ModelInfo, outcome: Outcome) -> JsonObject:
+        placed, refusal, waiting, roll = (
+            outcome.placed,
+            outcome.refusal,
+            outcome.waiting,
+            outcome.roll,
+        )
+        reason = outcome.reason
+        if refusal:
+            condition = self._condition(model, PLACED, "False", reason, refusal)
+        elif waiting:
+            why = reason if reason == PREEMPTED else "ReplicaDraining"
+            condition = self._condition(model, PLACED, "False", why, waiting)
+        else:
+            message = f"{min(len(placed), model.replicas)} of {model.replicas} replicas placed"
+            condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
+        placements = []
+        why_not: list[str] = []
+        not_ready = "ReplicasNotReady"
+        for ordinal, replica in sorted(placed.items()):
+            ready, why, agent_reason = self._serving.served(model, replica)
+            if agent_reason == HOST_REFUSED:
+                not_ready = HOST_REFUSED
+            elif agent_reason in LOAD_FAILURE_REASONS and not_ready == "ReplicasNotReady":
+                not_ready = agent_reason  # the first replica's, by ordinal
+            entry: dict[str, Any] = {
+                "replica": ordinal,
+                "node": replica.node_name,
+                "gpu": replica.gpu_uuid,
+                "proof": replica.placement,
+                "host": host_name(replica.node_name, model.storage_secret),
+                "ready": ready,
+                "storageUri": self._rollout.uri(model, ordinal),
+            }
+            if why:
+                entry["message"] = why
+                why_not.append(f"replica {ordinal} on {replica.node_name}: {why}")
+            placements.append(entry)
+        ready_count = len(placements) - len(why_not)
+        message = f"{min(ready_count, model.replicas)} of {model.replicas} replicas ready"
+        if len(placed) < model.replicas:
+            why_not.append(f"{model.replicas - len(placed)} not placed (see {PLACED})")
+        if why_not and ready_count < model.replicas:
+            shown = why_not[:READY_REASONS_SHOWN]
+            if len(why_not) > len(shown):
+                shown.append(f"{len(why_not) - len(shown)} more")
+            ready_condition = self._condition(
+                model, READY, "False", not_ready, f"{message}; {'; '.join(shown)}"
+            )
+        else:
+            ready_condition = self._condition(model, READY, "True", "AllReplicasReady", message)
+        status: JsonObject = {
+            "observedGeneration": model.generation,
+            "replicas": len(placed),
+            "readyReplicas": ready_count,
+            "availableReplicas": ready_count,
+            "updatedReplicas": roll.updated,
+            "selector": f"{serves_label(self._keys, model.name)}=true",
+            "placements": placements,
+            "conditions": [
+                condition,
+                ready_condition,
+                self._condition(model, PROGRESSING, roll.status, roll.reason, roll.message),
+                # Others' conditions (the autoscaler's, binder.autoscaler.loop) are kept as they
+                # are.
+                *(
+                    c
+                    for c in model.status.get("conditions") or []
+                    if isinstance(c, dict) and c.get("type") not in (PLACED, READY, PROGRESSING)
+                ),
+            ],
+        }
+        nominations = self._preemption.nominations(model.uid)
+        if nominations or model.status.get("nominations"):
+            status["nominations"] = nominations or None  # a merge patch's null removes it
+        return status
+
+    def _condition(
+        self, model: ModelInfo, kind: str, status: str, reason: str, message: str
+    ) -> dict[str, Any]:
+        """A condition of the model's status, its lastTransitionTime kept while its status
+        stays, and kept whole while nothing of it changes."""
+        old = find(model.status.get("conditions"), kind)
+        new = Condition(kind, status, reason, message, observed_generation=model.generation)
+        return condition_for(new, old)
+
+    async def _event(
+        self, model: ModelInfo, reason: str, message: str, event_type: str = "Warning"
+    ) -> None:
+        involved = event_object(model)
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor,
+            lambda: self._kube.record_object_event(
+                involved,
+                reason=reason,
+                message=message,
+                reporting_instance=self._identity,
+                event_type=event_type,
+            ),
+        )
