@@ -290,7 +290,7 @@ def used_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None
     if not candidates.size:
         return None
     size, room = (matrix[candidates] for matrix in state.gpu_matrices())
-    top = max(state.largest_usable(), 1)
+    top = max(state.memory.largest_usable(), 1)
     used = room < size
     rank = np.where(used, 2 * top + 2, top + 2 - size)
     rank = np.where(size * 10 >= top * 9, used, rank)

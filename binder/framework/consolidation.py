@@ -129,7 +129,7 @@ def plan(
         moves = _fewest(state, node, movable, pod.request - free, max_moves)
         if moves is None:
             continue
-        moved = sum(state.held(p, node) for p in moves)
+        moved = sum(state.memory.held(p, node) for p in moves)
         rank = (len(moves), moved, i, position)
         if best is not None and rank >= best[0]:
             continue
@@ -163,7 +163,7 @@ def _fewest(
 ) -> list[PodInfo] | None:
     """The fewest pods whose memory covers `need`: the smallest single one that does, else the
     largest first; None when `max_moves` pods do not."""
-    held = sorted(((state.held(p, node), p.uid, p) for p in movable), key=lambda h: h[:2])
+    held = sorted(((state.memory.held(p, node), p.uid, p) for p in movable), key=lambda h: h[:2])
     singles = [h for h in held if h[0] >= need]
     if singles:
         return [singles[0][2]]

@@ -59,10 +59,10 @@ from binder.cluster.clusterstate import (
     GPUS_OK,
     GPUS_UNREADABLE,
     ClusterState,
-    GpuSizes,
     IntArray,
     MemoryView,
 )
+from binder.cluster.gpusizes import GpuSizes
 from binder.cluster.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.cluster.objects import Gpu, PodInfo, constraints_from_spec, node_from_api
 from binder.cluster.rules import kubernetes_reasons
@@ -176,7 +176,7 @@ def pod_problem(state: ClusterState, pod: PodInfo) -> str:
     """A reason the pod fits no node whatever the others do, or ""."""
     if pod.problem:
         return pod.problem
-    largest = state.largest_usable()
+    largest = state.memory.largest_usable()
     if largest > 0 and pod.request > largest:
         return (
             f"pod requests {format_bytes(pod.request)} of GPU memory, more than any healthy GPU in "
@@ -425,7 +425,7 @@ class Kinds:
 
 
 def gpu_kinds(state: ClusterState) -> Kinds:
-    return _kinds(state.gpu_sizes(), max(state.largest_usable(), 1))
+    return _kinds(state.gpu_sizes(), max(state.memory.largest_usable(), 1))
 
 
 @lru_cache(maxsize=16)

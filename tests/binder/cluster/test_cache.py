@@ -266,7 +266,7 @@ def test_bound_pods_are_charged_only_with_a_proof_and_at_the_request_it_booked()
     plain = pod_obj("plain-pod", mem=None, model=None, node="n1", namespace="kube-system")
     cache.apply_pod("ADDED", plain)
     assert cache.state.gpu_free("n1") == [14 * GI]
-    assert cache.state.nodes_with_model(ModelKey("team-b", "unsigned", "")) == []
+    assert cache.state.tallies.nodes_with_model(ModelKey("team-b", "unsigned", "")) == []
     assert sorted(cache.unproven) == ["uid-team-b-elsewhere", "uid-team-b-unsigned"]
     # Reported only where the agent runs; a pod with nothing of tritonshare is nobody's concern.
     assert recorder.unproven == ["unsigned:NotPlacedByBinder"]
@@ -292,7 +292,7 @@ def test_a_proof_is_verified_once_and_again_only_when_what_it_covers_changes() -
     cache.apply_pod("MODIFIED", pod)
     assert CountingRing.verified == before + 2
     assert cache.state.gpu_free("n1") == [16 * GI]
-    assert cache.state.nodes_with_model(ModelKey("models", "victim", "")) == []
+    assert cache.state.tallies.nodes_with_model(ModelKey("models", "victim", "")) == []
     assert recorder.unproven == ["p:PlacementChanged"]
     assert recorder.changed == ["pod models/p no longer proves its place"]
     cache.apply_pod("DELETED", pod)
@@ -415,7 +415,7 @@ def test_a_replica_is_charged_only_with_the_proof_the_binder_signed_for_it() -> 
     state = cache.state
     assert state.is_accounted("uid-m/0")
     assert not state.is_accounted("uid-m/1") and not state.is_accounted("uid-other/0")
-    assert state.allocated("n1") == [GI]
+    assert state.memory.allocated("n1") == [GI]
     assert state.pods.pod_count("n1") == 1, "one host for the namespace's one replica"
     cache.models.apply_model("DELETED", _tritonmodel("m", 2, [entry]))
     assert state.account_uids() == set() and state.pods.pod_count("n1") == 0

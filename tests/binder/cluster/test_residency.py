@@ -81,7 +81,7 @@ def test_memory_nothing_charged_explains_is_still_never_handed_out() -> None:
     )
     state = cluster(node)
     assert state.gpu_free("gpu-1") == [4 * GI]
-    assert state.gpu_free_on_demand("gpu-1") == [4 * GI]
+    assert state.memory.free_on_demand("gpu-1") == [4 * GI]
     refused = decide(state, "m", "5Gi", annotations=ON_DEMAND)
     assert isinstance(refused, Unschedulable)
     assert "Insufficient GPU memory for always-resident models" in refused.message
@@ -91,7 +91,7 @@ def test_on_demand_pods_are_placed_against_the_overcommitted_memory() -> None:
     state = cluster(overcommitted("gpu-1", [16 * GI], "3"))
     for n in range(8):
         bind(state, f"m-{n}", "gpu-1", "6Gi", annotations=ON_DEMAND)
-    assert state.gpu_free_on_demand("gpu-1") == [0]  # 3 x 16 = 48Gi, all promised
+    assert state.memory.free_on_demand("gpu-1") == [0]  # 3 x 16 = 48Gi, all promised
     refused = decide(state, "one-more", "1Gi", annotations=ON_DEMAND)
     assert isinstance(refused, Unschedulable)
     assert refused.message == (
@@ -123,7 +123,7 @@ def test_without_overcommit_on_demand_pods_are_placed_as_today() -> None:
     state = cluster(node_obj("gpu-1", [16 * GI]))
     for n in range(2):
         bind(state, f"m-{n}", "gpu-1", "6Gi", annotations=ON_DEMAND)
-    assert state.gpu_free_on_demand("gpu-1") == [4 * GI]
+    assert state.memory.free_on_demand("gpu-1") == [4 * GI]
     assert isinstance(decide(state, "fits", "4Gi", annotations=ON_DEMAND), Placement)
     assert isinstance(decide(state, "not", "5Gi", annotations=ON_DEMAND), Unschedulable)
     # An always pod needs room only beside one of them.
@@ -176,7 +176,7 @@ def test_the_on_demand_view_follows_nodes_joining_and_leaving() -> None:
     bind(state, "m", "gpu-b", "8Gi", annotations=ON_DEMAND)
     state.set_node(node_from_api(overcommitted("gpu-a", [16 * GI], "2"), KEYS))
     state.set_node(node_from_api(overcommitted("gpu-c", [16 * GI], "2"), KEYS))
-    assert state.gpu_free_on_demand("gpu-b") == [16 * GI - 1]
+    assert state.memory.free_on_demand("gpu-b") == [16 * GI - 1]
     chosen = decide(state, "next", "8Gi", annotations=ON_DEMAND)
     assert isinstance(chosen, Placement) and chosen.node == "gpu-b"
     state.remove_node("gpu-a")
@@ -184,7 +184,7 @@ def test_the_on_demand_view_follows_nodes_joining_and_leaving() -> None:
     assert isinstance(chosen, Placement) and chosen.node == "gpu-b"
     state.remove_pod("uid-models-m")
     assert state.gpu_free("gpu-b") == [16 * GI]
-    assert state.gpu_free_on_demand("gpu-b") == [16 * GI]
+    assert state.memory.free_on_demand("gpu-b") == [16 * GI]
 
 
 def assert_on_demand_view_fresh(state: ClusterState) -> None:
@@ -193,19 +193,19 @@ def assert_on_demand_view_fresh(state: ClusterState) -> None:
     view = state.view(on_demand=True)
     size_matrix, room_matrix = view.gpu_matrices()
     for i, name in enumerate(state.names):
-        free = state.gpu_free_on_demand(name)
+        free = state.memory.free_on_demand(name)
         assert view.free_total[i] == sum(free), name
         assert view.max_free[i] == (max(free) if free else -1), name
-        sizes = [state.usable(g) for g in state.nodes[name].gpus]
+        sizes = [state.memory.usable(g) for g in state.nodes[name].gpus]
         assert view.gpu_blocks[i] == tuple(zip(sizes, free, strict=True)), name
-        ledgers = [g for g in state.ledgers(name) if g is not None]
+        ledgers = [g for g in state.memory.ledgers(name) if g is not None]
         wake = max((wake_room(g) for g in ledgers), default=0) if sizes else -1
         wakes = state.od_wake if view is not state else state.max_free  # inactive: the same
         assert wakes[i] == wake, name
         pad = room_matrix.shape[1] - len(free)
         assert room_matrix[i].tolist() == free + [-1] * pad, name
         assert size_matrix[i].tolist() == sizes + [0] * pad, name
-    for constraints in list(state._od_indexes):
+    for constraints in list(state._class_cache.od_indexes):
         kept = view.free_index(constraints)
         cls = state.constraint_class(constraints)
         built = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, 0)
@@ -263,7 +263,7 @@ def test_the_index_and_the_scan_agree_with_both_classes(seed: int, policy: Polic
             state.set_node(node_from_api(nodes[name], KEYS))
         assert_on_demand_view_fresh(state)
     for name in state.names:
-        for ledger in state.ledgers(name):
+        for ledger in state.memory.ledgers(name):
             if ledger is not None and not state.nodes[name].measured:
                 always = ledger.held - ledger.on_demand
                 assert always + ledger.largest_on_demand <= ledger.usable, name
