@@ -332,7 +332,7 @@ def status_document(
             "gpus": [],
         }
         nodes.append(node)
-        allocated, free = state.memory.allocated(name), state.gpu_free(name)
+        allocated, free = state.memory.allocated(name), state.memory.free(name)
         charged: dict[int, list[dict[str, Any]]] = {}
         placed: dict[int, list[PodInfo]] = {}
         for pod, position in state.pods_on(name):

@@ -199,7 +199,7 @@ def status(
             rows.append([name, agent, "-", why, "", "", "", "", "", "", "", ""])
             continue
         allocated = state.memory.allocated(name)
-        free = state.gpu_free(name)
+        free = state.memory.free(name)
         models: dict[int, list[str]] = {}
         placed: dict[int, list[PodInfo]] = {}
         for pod, position in state.pods_on(name):

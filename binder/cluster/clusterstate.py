@@ -22,7 +22,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +32,7 @@ from binder.cluster.filtercolumns import FilterColumns
 from binder.cluster.gpumemory import Account, GpuMemory
 from binder.cluster.gpusizes import GpuSizes, SizeCounts
 from binder.cluster.index import Blocks, FreeIndex
+from binder.cluster.memoryviews import MemoryView
 from binder.cluster.objects import Constraints, ModelKey, NodeInfo, PodInfo
 from binder.cluster.podindex import PodIndex
 from binder.cluster.podterms import Labels
@@ -74,31 +74,16 @@ class ClusterState:
         self._dirty = True
         self.names: list[str] = []
         self.index: dict[str, int] = {}
-        self.max_free: IntArray = np.zeros(0, np.int64)
         self.gpu_status: IntArray = np.zeros(0, np.int64)
         """Per node: GPUS_OK, GPUS_NONE (nothing published) or GPUS_UNREADABLE."""
-        self.free_total: IntArray = np.zeros(0, np.int64)
         self.capacity: IntArray = np.zeros(0, np.int64)
         self.lease_expiry: FloatArray = np.zeros(0, np.float64)
-        self.gpu_blocks: list[Blocks] = []
-        """Per node, per GPU: (usable size, free block), for binpack's index of free blocks."""
-        self._gpu_size: IntArray = np.zeros((0, 1), np.int64)
-        self._gpu_room: IntArray = np.full((0, 1), -1, np.int64)
-        self._stale_rows: set[int] = set()
-        """Rows of those matrices behind `gpu_blocks`: written only when `gpu_matrices` is read."""
+        self._plain = MemoryView()
+        """GPU memory as an `always` pod sees it (`view`)."""
+        self._on_demand = MemoryView()
         self._od_active = False
         """Whether any node over-commits or any pod is on-demand: until then the on-demand view
         equals the plain one, and costs nothing."""
-        self.od_max_free: IntArray = np.zeros(0, np.int64)
-        self.od_wake: IntArray = np.zeros(0, np.int64)
-        """Per node, the most room any of its GPUs leaves to wake one on-demand model
-        (`binder.cluster.residency.wake_room`; -1 without GPUs): for the unschedulable reasons."""
-        self.od_free_total: IntArray = np.zeros(0, np.int64)
-        self.od_gpu_blocks: list[Blocks] = []
-        """As `max_free`, `free_total` and `gpu_blocks`, for an on-demand pod."""
-        self._od_gpu_size: IntArray = np.zeros((0, 1), np.int64)
-        self._od_gpu_room: IntArray = np.full((0, 1), -1, np.int64)
-        self._od_stale_rows: set[int] = set()
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -275,12 +260,6 @@ class ClusterState:
     def assumed_uids(self) -> list[str]:
         return [uid for uid, a in self._accounts.items() if a.assumed]
 
-    # ---- GPU numbers --------------------------------------------------------------------------
-
-    def gpu_free(self, node: str) -> list[int]:
-        """Free bytes per GPU for placement (`binder.cluster.gpumemory`), as the plain view."""
-        return self.memory.free(node)
-
     def nodes_with_lower_priority(self, priority: int) -> list[str]:
         """The nodes with a charged pod of lower spec.priority that is not being deleted."""
         return [
@@ -288,6 +267,8 @@ class ClusterState:
             for node, accounts in self._by_node.items()
             if any(a.pod.priority < priority and not a.pod.deleting for a in accounts.values())
         ]
+
+    # ---- GPU numbers per node ---------------------------------------------------------------
 
     def _charge(self, account: Account) -> None:
         self._accounts[account.pod.uid] = account
@@ -315,42 +296,22 @@ class ClusterState:
         # A node with on-demand pods or over-commit: both views from one pass over its ledgers.
         ledgers = self.memory.ledgers(name) if own_view and info.gpus else []
         both = [free_of_both(g) if g is not None else (0, 0, 0) for g in ledgers]
-        free = [b[0] for b in both] if both else self.gpu_free(name)
-        self.max_free[i] = max(free) if free else -1
+        free = [b[0] for b in both] if both else self.memory.free(name)
         if info.gpus:
             self.gpu_status[i] = GPUS_OK
         else:
             self.gpu_status[i] = GPUS_UNREADABLE if info.gpu_problem else GPUS_NONE
-        free_total = sum(free)
         sizes = [self.memory.usable(g) for g in info.gpus]
-        capacity = sum(sizes)
-        blocks = tuple(zip(sizes, free, strict=True))
-        changed = False
-        if (
-            free_total != self.free_total[i]
-            or capacity != self.capacity[i]
-            or blocks != self.gpu_blocks[i]
-        ):
-            self.free_total[i] = free_total
-            self.capacity[i] = capacity
-            self._size_counts.recount(self.gpu_blocks[i], blocks)
-            self.gpu_blocks[i] = blocks
-            self._stale_rows.add(i)
-            changed = True
-        if self._od_active:
-            if both:
-                wake = max(b[2] for b in both)
-                free = [b[1] for b in both]
-                blocks = tuple(zip(sizes, free, strict=True))
-            else:
-                wake = int(self.max_free[i])  # nothing on-demand, no over-commit: the same room
-            self.od_wake[i] = wake
-            if blocks != self.od_gpu_blocks[i]:
-                self.od_max_free[i] = max(free) if free else -1
-                self.od_free_total[i] = sum(free)
-                self.od_gpu_blocks[i] = blocks
-                self._od_stale_rows.add(i)
-                changed = True
+        was = self._plain.gpu_blocks[i]
+        changed = self._plain.write(i, free, sizes)
+        if changed:
+            self.capacity[i] = sum(sizes)
+            self._size_counts.recount(was, self._plain.gpu_blocks[i])
+        if self._od_active and both:
+            wake = max(b[2] for b in both)
+            changed |= self._on_demand.write(i, [b[1] for b in both], sizes, wake)
+        elif self._od_active:  # nothing on-demand, no over-commit: the plain figures
+            changed |= self._on_demand.write(i, free, sizes)
         if changed:
             self._class_cache.changes.append(i)
 
@@ -368,47 +329,21 @@ class ClusterState:
             self._refresh(name)
 
     def _copy_plain_view(self) -> None:
-        self.od_max_free = self.max_free.copy()
-        self.od_wake = self.max_free.copy()
-        self.od_free_total = self.free_total.copy()
-        self.od_gpu_blocks = list(self.gpu_blocks)
-        self._od_gpu_size = np.zeros((len(self.names), 1), np.int64)
-        self._od_gpu_room = np.full((len(self.names), 1), -1, np.int64)
-        self._od_stale_rows = set(range(len(self.names)))
+        self._on_demand.copy_from(self._plain)
         self._class_cache.forget_on_demand()
 
     def gpu_sizes(self) -> GpuSizes:
         """The cluster's healthy GPUs by usable size: how many, how many hold nothing, and how
         many have a block for a pod that needs their size."""
         self.arrays()
-        return self._size_counts.read(self.gpu_blocks)
-
-    def gpu_matrices(self) -> tuple[IntArray, IntArray]:
-        """`gpu_blocks` as two matrices, a row per node: each GPU's usable size (0 past the
-        node's GPUs) and free block (-1 there), for binpack's vectorised scan. Kept up to date
-        only when read: the common decision reads the index instead."""
-        if self._stale_rows:
-            self._gpu_size, self._gpu_room = _fill_rows(
-                self._gpu_size, self._gpu_room, self.gpu_blocks, self._stale_rows
-            )
-        return self._gpu_size, self._gpu_room
-
-    def od_gpu_matrices(self) -> tuple[IntArray, IntArray]:
-        """`gpu_matrices` for an on-demand pod."""
-        if not self._od_active:
-            return self.gpu_matrices()
-        if self._od_stale_rows:
-            self._od_gpu_size, self._od_gpu_room = _fill_rows(
-                self._od_gpu_size, self._od_gpu_room, self.od_gpu_blocks, self._od_stale_rows
-            )
-        return self._od_gpu_size, self._od_gpu_room
+        return self._size_counts.read(self._plain.gpu_blocks)
 
     def view(self, on_demand: bool) -> MemoryView:
         """The GPU memory a pod of that residency class sees (`binder.cluster.residency`)."""
         if on_demand and self._od_active:
             self.arrays()
-            return OnDemandView(self)
-        return self
+            return self._on_demand
+        return self._plain
 
     # ---- vectorised views ---------------------------------------------------------------------
 
@@ -420,16 +355,11 @@ class ClusterState:
         self.names = sorted(self.nodes)
         self.index = {name: i for i, name in enumerate(self.names)}
         count = len(self.names)
-        self.max_free = np.full(count, -1, np.int64)
         self.gpu_status = np.zeros(count, np.int64)
-        self.free_total = np.zeros(count, np.int64)
         self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
-        self.gpu_blocks = [()] * count
+        self._plain.reset(count)
         self._size_counts.clear()
-        self._gpu_size = np.zeros((count, 1), np.int64)
-        self._gpu_room = np.full((count, 1), -1, np.int64)
-        self._stale_rows.clear()
         self._dirty = False
         if self._od_active:
             self._copy_plain_view()
@@ -445,25 +375,14 @@ class ClusterState:
             return  # the arrays are built at the next decision
         position = bisect_left(self.names, name)
         self._class_cache.settle(self.capacity, self._view_columns)
-        self.gpu_matrices()  # stale rows are counted by index: settle them before the shift
         self.names.insert(position, name)
         self.index = {n: i for i, n in enumerate(self.names)}
-        self.max_free = np.insert(self.max_free, position, -1)
         self.gpu_status = np.insert(self.gpu_status, position, GPUS_NONE)
-        self.free_total = np.insert(self.free_total, position, 0)
         self.capacity = np.insert(self.capacity, position, 0)
         self.lease_expiry = np.insert(self.lease_expiry, position, self.leases.get(name, 0.0))
-        self.gpu_blocks.insert(position, ())
-        self._gpu_size = np.insert(self._gpu_size, position, 0, axis=0)
-        self._gpu_room = np.insert(self._gpu_room, position, -1, axis=0)
+        self._plain.insert(position)
         if self._od_active:
-            self.od_gpu_matrices()
-            self.od_max_free = np.insert(self.od_max_free, position, -1)
-            self.od_wake = np.insert(self.od_wake, position, -1)
-            self.od_free_total = np.insert(self.od_free_total, position, 0)
-            self.od_gpu_blocks.insert(position, ())
-            self._od_gpu_size = np.insert(self._od_gpu_size, position, 0, axis=0)
-            self._od_gpu_room = np.insert(self._od_gpu_room, position, -1, axis=0)
+            self._on_demand.insert(position)
         self._class_cache.insert(position)
 
     def _delete_row(self, name: str) -> None:
@@ -472,33 +391,21 @@ class ClusterState:
             return
         position = self.index[name]
         self._class_cache.settle(self.capacity, self._view_columns)
-        self.gpu_matrices()
         del self.names[position]
         self.index = {n: i for i, n in enumerate(self.names)}
-        self.max_free = np.delete(self.max_free, position)
         self.gpu_status = np.delete(self.gpu_status, position)
-        self.free_total = np.delete(self.free_total, position)
         self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
-        self._size_counts.recount(self.gpu_blocks[position], ())
-        del self.gpu_blocks[position]
-        self._gpu_size = np.delete(self._gpu_size, position, axis=0)
-        self._gpu_room = np.delete(self._gpu_room, position, axis=0)
+        self._size_counts.recount(self._plain.gpu_blocks[position], ())
+        self._plain.delete(position)
         if self._od_active:
-            self.od_gpu_matrices()
-            self.od_max_free = np.delete(self.od_max_free, position)
-            self.od_wake = np.delete(self.od_wake, position)
-            self.od_free_total = np.delete(self.od_free_total, position)
-            del self.od_gpu_blocks[position]
-            self._od_gpu_size = np.delete(self._od_gpu_size, position, axis=0)
-            self._od_gpu_room = np.delete(self._od_gpu_room, position, axis=0)
+            self._on_demand.delete(position)
         self._class_cache.delete(position)
 
     def _view_columns(self, on_demand: bool) -> tuple[IntArray, list[Blocks]]:
         """Per node its free memory and its GPUs' blocks, as a pod of that class sees them."""
-        if on_demand and self._od_active:
-            return self.od_free_total, self.od_gpu_blocks
-        return self.free_total, self.gpu_blocks
+        view = self._on_demand if on_demand and self._od_active else self._plain
+        return view.free_total, view.gpu_blocks
 
     def _reclassify(self, name: str) -> None:
         """A node's labels, taints or cordon changed: evaluate Kubernetes' rules again for that
@@ -544,76 +451,3 @@ class ClusterState:
             if i is not None:
                 mask[i] = True
         return mask
-
-
-def _fill_rows(
-    size: IntArray, room: IntArray, blocks: list[Blocks], rows: set[int]
-) -> tuple[IntArray, IntArray]:
-    """Write the `rows` of the (size, free block) matrices from `blocks` and empty `rows`;
-    widened first when a node has more GPUs than any before."""
-    widest = max(len(blocks[i]) for i in rows)
-    width = size.shape[1]
-    if widest > width:
-        extra = ((0, 0), (0, widest - width))
-        size = np.pad(size, extra, constant_values=0)
-        room = np.pad(room, extra, constant_values=-1)
-    for i in rows:
-        row = blocks[i]
-        size[i] = 0
-        room[i] = -1
-        size[i, : len(row)] = [s for s, _ in row]
-        room[i, : len(row)] = [f for _, f in row]
-    rows.clear()
-    return size, room
-
-
-class MemoryView(Protocol):
-    """The GPU memory placement reads for one pod: the plain view (the state itself, for an
-    `always` pod) or the on-demand one. The same names as on the state, so placement reads
-    either alike."""
-
-    @property
-    def max_free(self) -> IntArray: ...
-
-    @property
-    def free_total(self) -> IntArray: ...
-
-    @property
-    def gpu_blocks(self) -> list[Blocks]: ...
-
-    def gpu_matrices(self) -> tuple[IntArray, IntArray]: ...
-
-    def gpu_free(self, node: str) -> list[int]: ...
-
-    def free_index(self, constraints: Constraints) -> FreeIndex: ...
-
-
-class OnDemandView:
-    """The state's GPU memory as an on-demand pod sees it
-    (`binder.cluster.residency.on_demand_free`)."""
-
-    __slots__ = ("_state",)
-
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
-
-    @property
-    def max_free(self) -> IntArray:
-        return self._state.od_max_free
-
-    @property
-    def free_total(self) -> IntArray:
-        return self._state.od_free_total
-
-    @property
-    def gpu_blocks(self) -> list[Blocks]:
-        return self._state.od_gpu_blocks
-
-    def gpu_matrices(self) -> tuple[IntArray, IntArray]:
-        return self._state.od_gpu_matrices()
-
-    def gpu_free(self, node: str) -> list[int]:
-        return self._state.memory.free_on_demand(node)
-
-    def free_index(self, constraints: Constraints) -> FreeIndex:
-        return self._state.free_index(constraints, on_demand=True)

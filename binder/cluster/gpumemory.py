@@ -89,11 +89,14 @@ class GpuMemory:
         else:
             self._largest = max(self._largest, after)
 
-    def free(self, node: str) -> list[int]:
-        """Free bytes per GPU for placement (0 for unhealthy GPUs; never negative)."""
+    def free(self, node: str, on_demand: bool = False) -> list[int]:
+        """Free bytes per GPU for placement, as a pod of that residency class sees them (0 for
+        unhealthy GPUs; never negative; on-demand: `binder.cluster.residency.on_demand_free`)."""
         info = self._nodes.get(node)
         if info is None or not info.gpus:
             return []
+        if on_demand and (node in self.on_demand_pods or info.overcommit != 1.0):
+            return [on_demand_free(g) if g is not None else 0 for g in self.ledgers(node)]
         if node in self.on_demand_pods:
             return [always_free(g) if g is not None else 0 for g in self.ledgers(node)]
         alloc = self._alloc.get(node, [0] * len(info.gpus))
@@ -108,15 +111,6 @@ class GpuMemory:
             cap = usable if g.used is None else g.memory - g.used - reserve
             free.append(max(0, min(usable - a, cap)))
         return free
-
-    def free_on_demand(self, node: str) -> list[int]:
-        """Free bytes per GPU for an on-demand pod (`binder.cluster.residency.on_demand_free`)."""
-        info = self._nodes.get(node)
-        if info is None or not info.gpus:
-            return []
-        if node not in self.on_demand_pods and info.overcommit == 1.0:
-            return self.free(node)  # the same numbers: nothing on-demand, no over-commit
-        return [on_demand_free(g) if g is not None else 0 for g in self.ledgers(node)]
 
     def ledgers(self, node: str) -> list[GpuLedger | None]:
         """Each GPU's ledger for the residency rules (None for an unhealthy GPU)."""

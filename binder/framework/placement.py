@@ -60,10 +60,10 @@ from binder.cluster.clusterstate import (
     GPUS_UNREADABLE,
     ClusterState,
     IntArray,
-    MemoryView,
 )
 from binder.cluster.gpusizes import GpuSizes
 from binder.cluster.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
+from binder.cluster.memoryviews import MemoryView
 from binder.cluster.objects import Gpu, PodInfo, constraints_from_spec, node_from_api
 from binder.cluster.rules import kubernetes_reasons
 from binder.framework.filters import PodFilters, pod_filters
@@ -112,8 +112,7 @@ def _on_demand_memory_reasons(state: ClusterState, pod: PodInfo, nodes: IntArray
     """Why an on-demand pod fits none of these nodes by GPU memory: the always-resident models
     leave too little to wake it, or the over-commit budget is spent."""
     view = state.view(on_demand=True)
-    # With nothing on-demand and no over-commit anywhere, the room to wake a model is the free.
-    wake = state.max_free[nodes] if view is state else state.od_wake[nodes]
+    wake = view.wake[nodes]
     short = wake < pod.request
     reasons: Counter[str] = Counter()
     if short.any():
@@ -254,7 +253,7 @@ def place(
         # The common case: nothing but node rules and memory tells the nodes apart, so the
         # free-memory index finds the best, reading a few nodes one at a time.
         budget = math.inf if scan_budget is None else scan_budget
-        index = view.free_index(pod.constraints)
+        index = state.free_index(pod.constraints, pod.on_demand)
         if policy == "binpack":
             found = _pack_indexed(state, pod, index, now, budget, filters.passes)
         else:
@@ -604,7 +603,7 @@ def _feasible(
     node = state.names[i]
     if i in cls.rejected or _node_reason(state, node, now):
         return False
-    free = state.view(pod.on_demand).gpu_free(node)
+    free = state.memory.free(node, pod.on_demand)
     return max(free, default=0) >= pod.request and filters.passes(i)
 
 
@@ -678,7 +677,7 @@ def _unschedulable(
     if rest.any() and pod.on_demand:
         reasons.update(_on_demand_memory_reasons(state, pod, nodes[rest]))
     elif rest.any():
-        largest = max(0, int(state.max_free[nodes[rest]].max()))
+        largest = max(0, int(state.view(on_demand=False).max_free[nodes[rest]].max()))
         reasons[reason_memory(largest)] += int(np.count_nonzero(rest))
     return Unschedulable(fit_message(len(state.names), reasons), dict(reasons))
 
@@ -698,16 +697,16 @@ def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdic
     memory (each when the ones before it pass, as a decision reads them)."""
     state.arrays()
     filters = pod_filters(state, pod)
-    view = state.view(pod.on_demand)
     verdicts = []
     for i, node in enumerate(state.names):
+        free = state.memory.free(node, pod.on_demand)
         reasons = kubernetes_reasons(pod.constraints, state.nodes[node])
         reason = _node_reason(state, node, now)
         if reason:
             reasons.append(reason)
         else:
             reasons += filters.reasons(i)
-            largest = max(view.gpu_free(node), default=0)
+            largest = max(free, default=0)
             if largest < pod.request and pod.on_demand:
                 reasons += _on_demand_memory_reasons(state, pod, np.array([i], np.int64))
             elif largest < pod.request:
@@ -715,5 +714,5 @@ def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdic
                     f"Insufficient GPU memory: needs {format_bytes(pod.request)}, the largest "
                     f"free block is {format_bytes(largest)}"
                 )
-        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(view.gpu_free(node))))
+        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(free)))
     return verdicts

@@ -103,35 +103,34 @@ def assert_rows_and_indexes_fresh(state: ClusterState) -> None:
     caught up, equals one built afresh from its class and those arrays."""
     assert state.names == sorted(state.nodes)
     assert state.index == {name: i for i, name in enumerate(state.names)}
+    plain = state.view(on_demand=False)
     for i, name in enumerate(state.names):
-        free = state.gpu_free(name)
-        assert state.free_total[i] == sum(free), name
-        assert state.max_free[i] == (max(free) if free else -1), name
-        assert state.capacity[i] == sum(state.memory.usable(g) for g in state.nodes[name].gpus), (
-            name
-        )
-        assert state.lease_expiry[i] == state.leases.get(name, 0.0), name
+        free = state.memory.free(name)
+        assert plain.free_total[i] == sum(free), name
+        assert plain.max_free[i] == (max(free) if free else -1), name
         sizes = [state.memory.usable(g) for g in state.nodes[name].gpus]
-        size_matrix, room_matrix = state.gpu_matrices()
+        assert state.capacity[i] == sum(sizes), name
+        assert state.lease_expiry[i] == state.leases.get(name, 0.0), name
+        size_matrix, room_matrix = plain.gpu_matrices()
         pad = size_matrix.shape[1] - len(sizes)
         assert size_matrix[i].tolist() == sizes + [0] * pad, name
         assert room_matrix[i].tolist() == free + [-1] * pad, name
     for constraints in list(state._class_cache.indexes):
         kept = state.free_index(constraints)
         cls = state.constraint_class(constraints)
-        assert state.gpu_blocks == [
+        assert plain.gpu_blocks == [
             tuple(
                 (state.memory.usable(g), f)
-                for g, f in zip(state.nodes[n].gpus, state.gpu_free(n), strict=True)
+                for g, f in zip(state.nodes[n].gpus, state.memory.free(n), strict=True)
             )
             for n in state.names
         ]
         built = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, 0)
-        arrays = (state.capacity, state.free_total)
+        arrays = (state.capacity, plain.free_total)
         assert kept.buckets(*arrays) == built.buckets(*arrays)
-        assert kept.blocks(state.gpu_blocks) == built.blocks(state.gpu_blocks)
+        assert kept.blocks(plain.gpu_blocks) == built.blocks(plain.gpu_blocks)
     # The GPUs counted per size, kept as blocks change, are the ledger's.
-    healthy = [block for blocks in state.gpu_blocks for block in blocks if block[0] > 0]
+    healthy = [block for blocks in plain.gpu_blocks for block in blocks if block[0] > 0]
     counted = state.gpu_sizes()
     assert counted.sizes == tuple(sorted({size for size, _ in healthy}))
     assert counted.gpus == tuple(sum(s == size for s, _ in healthy) for size in counted.sizes)

@@ -113,7 +113,7 @@ async def booking(
 
 
 def booked(binder: Binder) -> int:
-    return 16 * GI - sum(binder.cache.state.gpu_free("gpu-1"))
+    return 16 * GI - sum(binder.cache.state.memory.free("gpu-1"))
 
 
 def quota_row(kubeconfig: Path) -> dict[str, Any]:
