@@ -232,9 +232,8 @@ def eligible_nodes(state: ClusterState, pod: PodInfo) -> IntArray:
     """The pod's class's nodes (numpy indices) with a block big enough, a live agent, room for
     the pod's requests and slot (NodeResourcesFit), and no replica of its model revision."""
     nodes = state.constraint_class(pod.constraints).nodes
-    ok = (state.view(on_demand=False).max_free[nodes] >= pod.request) & (
-        state.lease_expiry[nodes] > NOW
-    )
+    max_free = state.view(on_demand=False).max_free
+    ok = (max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
     ok &= ~state.model_mask(pod.model_key)[nodes] & fit_mask(state, pod)[nodes]
     return nodes[ok]
 
@@ -260,8 +259,9 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
-    capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
-    free = state.view(on_demand=False).free_total[candidates].astype(np.float64)
+    plain = state.view(on_demand=False)
+    capacity = np.maximum(plain.capacity[candidates], 1).astype(np.float64)
+    free = plain.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (capacity - free + pod.request) / capacity
     score = np.zeros(candidates.size, np.int64) + 3 * MAX_SCORE + memory
     ties = np.flatnonzero(score == score.max())

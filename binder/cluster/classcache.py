@@ -4,25 +4,21 @@ Per pod constraints: Kubernetes' rules evaluated over every node (binder.cluster
 residency class, its feasible nodes by free memory (binder.cluster.index), fed by a log of the
 node indices whose free memory or capacity changed. A node joining, leaving, or changing its
 labels, taints or cordon is evaluated alone, in every class and index, not every node again. The
-cluster state (binder.cluster.clusterstate) owns the node rows and passes in the columns read;
-pure bookkeeping: no I/O, no clock.
+cluster state (binder.cluster.clusterstate) owns the node rows and passes in the memory views
+(binder.cluster.memoryviews) the indexes read; pure bookkeeping: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-import numpy.typing as npt
-
 from binder.cluster.classes import ConstraintClass, evaluate, reevaluate, shifted, without
-from binder.cluster.index import Blocks, FreeIndex
+from binder.cluster.index import FreeIndex
+from binder.cluster.memoryviews import MemoryView
 from binder.cluster.objects import Constraints, NodeInfo
 
-IntArray = npt.NDArray[np.int64]
-Columns = Callable[[bool], tuple[IntArray, list[Blocks]]]
-"""Per node (index order) its free memory and its GPUs' blocks, as a pod of the residency class
-(on-demand or not) sees them."""
+Views = Callable[[bool], MemoryView]
+"""The memory view of each residency class (on-demand or not)."""
 
 CLASS_LIMIT = 1024
 """Classes kept; past it all are forgotten and evaluated again as pods ask."""
@@ -59,8 +55,7 @@ class ClassCache:
         constraints: Constraints,
         cls: ConstraintClass,
         on_demand: bool,
-        capacity: IntArray,
-        columns: Columns,
+        view: MemoryView,
     ) -> FreeIndex:
         """The class's index for that residency class, caught up with the change log."""
         if len(self.changes) > CHANGE_LOG_LIMIT:
@@ -73,14 +68,14 @@ class ClassCache:
             index = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, len(self.changes))
             indexes[constraints] = index
         else:
-            free, blocks = columns(on_demand)
-            index.catch_up(self.changes, capacity, free, blocks, len(self.changes))
+            upto = len(self.changes)
+            index.catch_up(self.changes, view.capacity, view.free_total, view.gpu_blocks, upto)
         return index
 
     def indexes_of(self, on_demand: bool) -> dict[Constraints, FreeIndex]:
         return self.od_indexes if on_demand else self.indexes
 
-    def reclassify(self, i: int, node: NodeInfo, capacity: IntArray, columns: Columns) -> None:
+    def reclassify(self, i: int, node: NodeInfo, views: Views) -> None:
         """Node `i`'s labels, taints or cordon changed: evaluate Kubernetes' rules again for
         that node only, in every class and its indexes."""
         for constraints, cls in list(self.classes.items()):
@@ -88,17 +83,18 @@ class ClassCache:
             for on_demand in (False, True):
                 index = self.indexes_of(on_demand).get(constraints)
                 if index is not None:
-                    free, blocks = columns(on_demand)
-                    index.refile(i, scoring, int(capacity[i]), int(free[i]), blocks[i])
+                    view = views(on_demand)
+                    free = int(view.free_total[i])
+                    index.refile(i, scoring, int(view.capacity[i]), free, view.gpu_blocks[i])
 
-    def settle(self, capacity: IntArray, columns: Columns) -> None:
+    def settle(self, views: Views) -> None:
         """Bring every index up to the change log and empty it: its node indices are about to
         shift."""
         upto = len(self.changes)
         for on_demand in (False, True):
-            free, blocks = columns(on_demand)
+            view = views(on_demand)
             for index in self.indexes_of(on_demand).values():
-                index.catch_up(self.changes, capacity, free, blocks, upto)
+                index.catch_up(self.changes, view.capacity, view.free_total, view.gpu_blocks, upto)
                 index.cursor = 0
         self.changes.clear()
 

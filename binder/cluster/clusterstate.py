@@ -30,13 +30,12 @@ from binder.cluster.classcache import ClassCache
 from binder.cluster.classes import ConstraintClass
 from binder.cluster.filtercolumns import FilterColumns
 from binder.cluster.gpumemory import Account, GpuMemory
-from binder.cluster.gpusizes import GpuSizes, SizeCounts
-from binder.cluster.index import Blocks, FreeIndex
-from binder.cluster.memoryviews import MemoryView
+from binder.cluster.gpusizes import GpuSizes
+from binder.cluster.index import FreeIndex
+from binder.cluster.memoryviews import MemoryView, ResidencyViews
 from binder.cluster.objects import Constraints, ModelKey, NodeInfo, PodInfo
 from binder.cluster.podindex import PodIndex
 from binder.cluster.podterms import Labels
-from binder.cluster.residency import free_of_both
 from binder.cluster.tallies import PodTallies
 
 IntArray = npt.NDArray[np.int64]
@@ -69,21 +68,14 @@ class ClusterState:
         self.filters = FilterColumns(self)
         """Per node, the columns of the filters beside GPU memory."""
         self._class_cache = ClassCache()
-        self._size_counts = SizeCounts()
-        """Over `gpu_blocks`: kept as blocks change so `gpu_sizes` costs no pass over the GPUs."""
         self._dirty = True
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.gpu_status: IntArray = np.zeros(0, np.int64)
         """Per node: GPUS_OK, GPUS_NONE (nothing published) or GPUS_UNREADABLE."""
-        self.capacity: IntArray = np.zeros(0, np.int64)
         self.lease_expiry: FloatArray = np.zeros(0, np.float64)
-        self._plain = MemoryView()
-        """GPU memory as an `always` pod sees it (`view`)."""
-        self._on_demand = MemoryView()
-        self._od_active = False
-        """Whether any node over-commits or any pod is on-demand: until then the on-demand view
-        equals the plain one, and costs nothing."""
+        self._views = ResidencyViews()
+        """GPU memory as a pod of each residency class sees it (`view`)."""
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -290,60 +282,37 @@ class ClusterState:
             return
         i = self.index[name]
         info = self.nodes[name]
-        own_view = self._od_active and (
-            name in self.memory.on_demand_pods or info.overcommit != 1.0
-        )
-        # A node with on-demand pods or over-commit: both views from one pass over its ledgers.
-        ledgers = self.memory.ledgers(name) if own_view and info.gpus else []
-        both = [free_of_both(g) if g is not None else (0, 0, 0) for g in ledgers]
-        free = [b[0] for b in both] if both else self.memory.free(name)
         if info.gpus:
             self.gpu_status[i] = GPUS_OK
         else:
             self.gpu_status[i] = GPUS_UNREADABLE if info.gpu_problem else GPUS_NONE
-        sizes = [self.memory.usable(g) for g in info.gpus]
-        was = self._plain.gpu_blocks[i]
-        changed = self._plain.write(i, free, sizes)
-        if changed:
-            self.capacity[i] = sum(sizes)
-            self._size_counts.recount(was, self._plain.gpu_blocks[i])
-        if self._od_active and both:
-            wake = max(b[2] for b in both)
-            changed |= self._on_demand.write(i, [b[1] for b in both], sizes, wake)
-        elif self._od_active:  # nothing on-demand, no over-commit: the plain figures
-            changed |= self._on_demand.write(i, free, sizes)
-        if changed:
+        if self._views.write(i, self.memory.offer(name, self._views.split)):
             self._class_cache.changes.append(i)
 
     def _activate_on_demand(self) -> None:
         """The first node that over-commits or the first on-demand pod: from now on the
         on-demand view keeps its own numbers (a copy of the plain ones, then each node's own)."""
-        if self._od_active:
+        if self._views.split:
             return
-        self._od_active = True
+        self._views.split_off()
+        self._class_cache.forget_on_demand()
         if self._dirty:
             return  # `arrays` builds both views
-        self._copy_plain_view()
         overcommitted = [n for n, i in self.nodes.items() if i.overcommit != 1]
         for name in list(self.memory.on_demand_pods) + overcommitted:
             self._refresh(name)
-
-    def _copy_plain_view(self) -> None:
-        self._on_demand.copy_from(self._plain)
-        self._class_cache.forget_on_demand()
 
     def gpu_sizes(self) -> GpuSizes:
         """The cluster's healthy GPUs by usable size: how many, how many hold nothing, and how
         many have a block for a pod that needs their size."""
         self.arrays()
-        return self._size_counts.read(self._plain.gpu_blocks)
+        return self._views.sizes()
 
     def view(self, on_demand: bool) -> MemoryView:
         """The GPU memory a pod of that residency class sees (`binder.cluster.residency`)."""
-        if on_demand and self._od_active:
+        if on_demand and self._views.split:
             self.arrays()
-            return self._on_demand
-        return self._plain
+        return self._views.of(on_demand)
 
     # ---- vectorised views ---------------------------------------------------------------------
 
@@ -356,13 +325,9 @@ class ClusterState:
         self.index = {name: i for i, name in enumerate(self.names)}
         count = len(self.names)
         self.gpu_status = np.zeros(count, np.int64)
-        self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
-        self._plain.reset(count)
-        self._size_counts.clear()
+        self._views.reset(count)
         self._dirty = False
-        if self._od_active:
-            self._copy_plain_view()
         for name in self.names:
             self._refresh(name)
         self._class_cache.forget()
@@ -374,15 +339,12 @@ class ClusterState:
         if self._dirty:
             return  # the arrays are built at the next decision
         position = bisect_left(self.names, name)
-        self._class_cache.settle(self.capacity, self._view_columns)
+        self._class_cache.settle(self._views.of)
         self.names.insert(position, name)
         self.index = {n: i for i, n in enumerate(self.names)}
         self.gpu_status = np.insert(self.gpu_status, position, GPUS_NONE)
-        self.capacity = np.insert(self.capacity, position, 0)
         self.lease_expiry = np.insert(self.lease_expiry, position, self.leases.get(name, 0.0))
-        self._plain.insert(position)
-        if self._od_active:
-            self._on_demand.insert(position)
+        self._views.insert(position)
         self._class_cache.insert(position)
 
     def _delete_row(self, name: str) -> None:
@@ -390,22 +352,13 @@ class ClusterState:
         if self._dirty or name not in self.index:
             return
         position = self.index[name]
-        self._class_cache.settle(self.capacity, self._view_columns)
+        self._class_cache.settle(self._views.of)
         del self.names[position]
         self.index = {n: i for i, n in enumerate(self.names)}
         self.gpu_status = np.delete(self.gpu_status, position)
-        self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
-        self._size_counts.recount(self._plain.gpu_blocks[position], ())
-        self._plain.delete(position)
-        if self._od_active:
-            self._on_demand.delete(position)
+        self._views.delete(position)
         self._class_cache.delete(position)
-
-    def _view_columns(self, on_demand: bool) -> tuple[IntArray, list[Blocks]]:
-        """Per node its free memory and its GPUs' blocks, as a pod of that class sees them."""
-        view = self._on_demand if on_demand and self._od_active else self._plain
-        return view.free_total, view.gpu_blocks
 
     def _reclassify(self, name: str) -> None:
         """A node's labels, taints or cordon changed: evaluate Kubernetes' rules again for that
@@ -414,7 +367,7 @@ class ClusterState:
             self._class_cache.forget()
             return
         i = self.index[name]
-        self._class_cache.reclassify(i, self.nodes[name], self.capacity, self._view_columns)
+        self._class_cache.reclassify(i, self.nodes[name], self._views.of)
 
     def constraint_class(self, constraints: Constraints) -> ConstraintClass:
         """Kubernetes' rules for these constraints over every node, cached until nodes change."""
@@ -427,10 +380,8 @@ class ClusterState:
         """The class's feasible-by-rules nodes by free memory, up to date with the ledger, as a
         pod of that residency class sees the memory."""
         cls = self.constraint_class(constraints)
-        on_demand = on_demand and self._od_active
-        return self._class_cache.free_index(
-            constraints, cls, on_demand, self.capacity, self._view_columns
-        )
+        on_demand = on_demand and self._views.split
+        return self._class_cache.free_index(constraints, cls, on_demand, self._views.of(on_demand))
 
     def model_nodes(self, key: ModelKey) -> set[int]:
         """Indices of the nodes that already have a pod of that model revision."""

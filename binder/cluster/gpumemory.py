@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from binder.cluster.objects import Gpu, NodeInfo, PodInfo
-from binder.cluster.residency import GpuLedger, always_free, on_demand_free
+from binder.cluster.residency import GpuLedger, always_free, free_of_both, on_demand_free
 
 
 @dataclass
@@ -32,6 +33,17 @@ class Account:
     """Bytes charged: the larger of the request and the model's measured memory."""
     loaded: int = 0
     """For an on-demand pod: its model's measured memory while loaded (0 while unloaded)."""
+
+
+class Offer(NamedTuple):
+    """What one node's GPUs offer, per GPU: usable size and free bytes for an `always` pod."""
+
+    sizes: list[int]
+    free: list[int]
+    on_demand: tuple[list[int], int] | None
+    """For an `on-demand` pod: free bytes per GPU and the most room any GPU leaves to wake one
+    on-demand model; None where that is what an `always` pod has (nothing on-demand, no
+    over-commit)."""
 
 
 class GpuMemory:
@@ -111,6 +123,17 @@ class GpuMemory:
             cap = usable if g.used is None else g.memory - g.used - reserve
             free.append(max(0, min(usable - a, cap)))
         return free
+
+    def offer(self, node: str, split: bool) -> Offer:
+        """What the node's GPUs offer; with `split` (the on-demand view kept apart), what they
+        offer an on-demand pod too, from one pass over its ledgers where it differs."""
+        info = self._nodes[node]
+        sizes = [self.usable(g) for g in info.gpus]
+        if split and info.gpus and (node in self.on_demand_pods or info.overcommit != 1.0):
+            both = [free_of_both(g) if g is not None else (0, 0, 0) for g in self.ledgers(node)]
+            on_demand = ([b[1] for b in both], max(b[2] for b in both))
+            return Offer(sizes, [b[0] for b in both], on_demand)
+        return Offer(sizes, self.free(node), None)
 
     def ledgers(self, node: str) -> list[GpuLedger | None]:
         """Each GPU's ledger for the residency rules (None for an unhealthy GPU)."""

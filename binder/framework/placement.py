@@ -299,9 +299,7 @@ def _spread_indexed(
     taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, list[int], int]] = []
-    for (affinity, prefer, capacity), keys in index.buckets(
-        state.capacity, view.free_total
-    ).items():
+    for (affinity, prefer, capacity), keys in index.buckets(view.capacity, view.free_total).items():
         for position in range(len(keys) - 1, -1, -1):
             read += 1
             if read > budget:
@@ -582,7 +580,7 @@ def _best(
         chosen = int(tied[np.argmin(tightest[tied])])
         node = state.names[int(candidates[chosen])]
         return _on_node(state, pod, node, policy, top_score, kinds)
-    capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
+    capacity = np.maximum(view.capacity[candidates], 1).astype(np.float64)
     free = view.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (free - request) / capacity
     score = base + MEMORY_WEIGHT * memory

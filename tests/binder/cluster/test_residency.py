@@ -208,9 +208,8 @@ def assert_on_demand_view_fresh(state: ClusterState) -> None:
         kept = state.free_index(constraints, on_demand=True)
         cls = state.constraint_class(constraints)
         built = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, 0)
-        assert kept.buckets(state.capacity, view.free_total) == built.buckets(
-            state.capacity, view.free_total
-        )
+        arrays = (view.capacity, view.free_total)
+        assert kept.buckets(*arrays) == built.buckets(*arrays)
         assert kept.blocks(view.gpu_blocks) == built.blocks(view.gpu_blocks)
 
 

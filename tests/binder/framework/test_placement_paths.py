@@ -109,7 +109,7 @@ def assert_rows_and_indexes_fresh(state: ClusterState) -> None:
         assert plain.free_total[i] == sum(free), name
         assert plain.max_free[i] == (max(free) if free else -1), name
         sizes = [state.memory.usable(g) for g in state.nodes[name].gpus]
-        assert state.capacity[i] == sum(sizes), name
+        assert plain.capacity[i] == sum(sizes), name
         assert state.lease_expiry[i] == state.leases.get(name, 0.0), name
         size_matrix, room_matrix = plain.gpu_matrices()
         pad = size_matrix.shape[1] - len(sizes)
@@ -126,7 +126,7 @@ def assert_rows_and_indexes_fresh(state: ClusterState) -> None:
             for n in state.names
         ]
         built = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, 0)
-        arrays = (state.capacity, plain.free_total)
+        arrays = (plain.capacity, plain.free_total)
         assert kept.buckets(*arrays) == built.buckets(*arrays)
         assert kept.blocks(plain.gpu_blocks) == built.blocks(plain.gpu_blocks)
     # The GPUs counted per size, kept as blocks change, are the ledger's.
