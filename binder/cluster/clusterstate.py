@@ -4,17 +4,13 @@ It owns the accounting DESIGN.md defines: a GPU's free memory is its size minus 
 what the non-terminated pods assigned to it hold, including pods the binder has bound but not yet
 seen back from its watch ("assumed" pods); which bound pods are charged at all (those whose proof
 of placement verifies) is decided before they reach it (`binder.cluster.cache`). It keeps the
-accounts and composes the parts that follow them: the sums per GPU (binder.cluster.gpumemory),
-the tallies by priority, namespace and model (binder.cluster.tallies), per-node arrays indexed by
-node name order, the constraint classes with their free-memory indexes, fed by a log of the nodes
-whose free memory changed (binder.cluster.classcache), the GPUs by size (binder.cluster.gpusizes)
-and the other filters' columns (binder.cluster.filtercolumns). So a decision reads a few bucket
-heads, or at worst a few vector operations, instead of a scan of every pod of every node.
-
-Residency classes (`binder.cluster.residency`) give an on-demand pod its own view of the same
-ledger (`view(on_demand=True)`), kept only once a node over-commits or a pod is on-demand. Fed
-by the cache, read by placement. No I/O, no clock: lease liveness is judged against a time
-passed in by the caller.
+accounts and the per-node rows in node name order, and composes what follows them: the sums per
+GPU (binder.cluster.gpumemory), the tallies by priority, namespace and model
+(binder.cluster.tallies), the memory views of both residency classes (binder.cluster.memoryviews),
+the constraint classes with their free-memory indexes (binder.cluster.classcache) and the other
+filters' columns (binder.cluster.filtercolumns). So a decision reads a few bucket heads, or at
+worst a few vector operations, instead of a scan of every pod of every node. Fed by the cache,
+read by placement. No I/O, no clock: lease liveness is judged against a time passed in.
 """
 
 from __future__ import annotations
@@ -260,8 +256,6 @@ class ClusterState:
             if any(a.pod.priority < priority and not a.pod.deleting for a in accounts.values())
         ]
 
-    # ---- GPU numbers per node ---------------------------------------------------------------
-
     def _charge(self, account: Account) -> None:
         self._accounts[account.pod.uid] = account
         self.tallies.add(account.pod, account.node)
@@ -271,6 +265,8 @@ class ClusterState:
             self._activate_on_demand()
         if self.memory.charge(account):
             self._refresh(account.node)
+
+    # ---- per-node rows ------------------------------------------------------------------------
 
     def _recharge_node(self, name: str) -> None:
         accounts = self._by_node.get(name, {}).values()
@@ -313,8 +309,6 @@ class ClusterState:
         if on_demand and self._views.split:
             self.arrays()
         return self._views.of(on_demand)
-
-    # ---- vectorised views ---------------------------------------------------------------------
 
     def arrays(self) -> None:
         """Build the per-node arrays at the first decision; after that, nodes joining and leaving
