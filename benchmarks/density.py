@@ -232,7 +232,8 @@ def eligible_nodes(state: ClusterState, pod: PodInfo) -> IntArray:
     """The pod's class's nodes (numpy indices) with a block big enough, a live agent, room for
     the pod's requests and slot (NodeResourcesFit), and no replica of its model revision."""
     nodes = state.constraint_class(pod.constraints).nodes
-    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
+    max_free = state.view(on_demand=False).max_free
+    ok = (max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
     ok &= ~state.model_mask(pod.model_key)[nodes] & fit_mask(state, pod)[nodes]
     return nodes[ok]
 
@@ -258,14 +259,15 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
-    capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
-    free = state.free_total[candidates].astype(np.float64)
+    plain = state.view(on_demand=False)
+    capacity = np.maximum(plain.capacity[candidates], 1).astype(np.float64)
+    free = plain.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (capacity - free + pod.request) / capacity
     score = np.zeros(candidates.size, np.int64) + 3 * MAX_SCORE + memory
     ties = np.flatnonzero(score == score.max())
     chosen = state.names[int(candidates[ties[zlib.crc32(pod.uid.encode()) % ties.size]])]
     gpus = state.nodes[chosen].gpus
-    fitting = [(f, g.index, g.uuid) for f, g in zip(state.gpu_free(chosen), gpus, strict=True)]
+    fitting = [(f, g.index, g.uuid) for f, g in zip(state.memory.free(chosen), gpus, strict=True)]
     return chosen, min(item for item in fitting if item[0] >= pod.request)[2]
 
 
@@ -275,7 +277,7 @@ def kind_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None
     candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
-    size, room = (matrix[candidates] for matrix in state.gpu_matrices())
+    size, room = (matrix[candidates] for matrix in state.view(on_demand=False).gpu_matrices())
     fits = room >= pod.request
     smallest = np.where(fits, size, np.iinfo(np.int64).max).min()
     room = np.where(fits & (size == smallest), room, np.iinfo(np.int64).max)
@@ -289,8 +291,8 @@ def used_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None
     candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
-    size, room = (matrix[candidates] for matrix in state.gpu_matrices())
-    top = max(state.largest_usable(), 1)
+    size, room = (matrix[candidates] for matrix in state.view(on_demand=False).gpu_matrices())
+    top = max(state.memory.largest_usable(), 1)
     used = room < size
     rank = np.where(used, 2 * top + 2, top + 2 - size)
     rank = np.where(size * 10 >= top * 9, used, rank)
@@ -305,7 +307,7 @@ def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
-    room = state.gpu_matrices()[1][candidates]
+    room = state.view(on_demand=False).gpu_matrices()[1][candidates]
     waste = np.where(room >= pod.request, room - pod.request, np.iinfo(np.int64).max)
     return gpu_at_least(state, candidates, waste)
 
@@ -444,7 +446,7 @@ def picture(cluster: Cluster, state: ClusterState) -> Picture:
     smaller = {"a100": KINDS["l4"] - RESERVE, "l4": KINDS["t4"] - RESERVE, "t4": 0}
     for node in cluster.nodes:
         kind = cluster.kind(node)
-        frees = state.gpu_free(node.name)
+        frees = state.memory.free(node.name)
         by_gpu: dict[int, list[int]] = defaultdict(list)
         for pod, position in state.pods_on(node.name):
             by_gpu[position].append(pod.request)
@@ -605,7 +607,7 @@ def cause(state: ClusterState, pod: PodInfo) -> str:
     total = 0
     blocked_by_model = blocked_by_resources = False
     for i in cls.nodes.tolist():
-        frees = state.gpu_free(state.names[i])
+        frees = state.memory.free(state.names[i])
         if not fits[i]:
             blocked_by_resources |= max(frees, default=0) >= pod.request
         elif has_model[i]:
@@ -620,7 +622,9 @@ def cause(state: ClusterState, pod: PodInfo) -> str:
 
 
 def a100_blocks(cluster: Cluster, state: ClusterState, request: int) -> tuple[int, int, int]:
-    frees = [f for n in cluster.nodes if cluster.kind(n) == "a100" for f in state.gpu_free(n.name)]
+    frees = [
+        f for n in cluster.nodes if cluster.kind(n) == "a100" for f in state.memory.free(n.name)
+    ]
     return request // GI, max(frees) // GI, sum(frees) // GI
 
 
@@ -692,11 +696,11 @@ def churn(
                 state.remove_pod(pod.uid)
         # Retry what waits, as the binder does when memory is freed; only a pod that fits the
         # largest block the departure left can be placed now.
-        room = max((max(state.gpu_free(n), default=0) for n in touched), default=0)
+        room = max((max(state.memory.free(n), default=0) for n in touched), default=0)
         for uid, pod in list(pending.items()):
             if pod.request <= room and decide(pod):
                 del pending[uid]
-                room = max((max(state.gpu_free(n), default=0) for n in touched), default=0)
+                room = max((max(state.memory.free(n), default=0) for n in touched), default=0)
 
     for order, (arrival, leaves, deployment) in enumerate(events.arrivals):
         while departures and departures[0][0] <= arrival:

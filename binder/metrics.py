@@ -51,12 +51,12 @@ class StateCollector(Collector):
         )
         if state is not None:
             for name, info in sorted(state.nodes.items()):
-                allocated = state.allocated(name)
+                allocated = state.memory.allocated(name)
                 for gpu, used in zip(info.gpus, allocated, strict=False):
                     labels = [name, str(gpu.index), gpu.uuid]
-                    gpu_capacity.add_metric(labels, state.usable(gpu))
+                    gpu_capacity.add_metric(labels, state.memory.usable(gpu))
                     gpu_allocated.add_metric(labels, used)
-                node_capacity.add_metric([name], sum(state.usable(g) for g in info.gpus))
+                node_capacity.add_metric([name], sum(state.memory.usable(g) for g in info.gpus))
                 node_allocated.add_metric([name], sum(allocated))
         yield from (gpu_capacity, gpu_allocated, node_capacity, node_allocated)
 

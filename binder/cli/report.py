@@ -332,7 +332,7 @@ def status_document(
             "gpus": [],
         }
         nodes.append(node)
-        allocated, free = state.allocated(name), state.gpu_free(name)
+        allocated, free = state.memory.allocated(name), state.memory.free(name)
         charged: dict[int, list[dict[str, Any]]] = {}
         placed: dict[int, list[PodInfo]] = {}
         for pod, position in state.pods_on(name):
@@ -348,7 +348,7 @@ def status_document(
                     "residency": "on-demand" if pod.on_demand else "always",
                     "asleep": pod.key in asleep,
                     "measured": info.measured_of(pod),
-                    "holds": state.held(pod, name),
+                    "holds": state.memory.held(pod, name),
                     "load": dict(
                         zip(("state", "message"), states.get(pod.key, ("waiting", "")), strict=True)
                     ),
@@ -362,7 +362,7 @@ def status_document(
                     "uuid": gpu.uuid,
                     "product": gpu.product,
                     "healthy": gpu.healthy,
-                    "capacity": state.usable(gpu),
+                    "capacity": state.memory.usable(gpu),
                     "allocated": allocated[position] if position < len(allocated) else 0,
                     "loaded": loaded,
                     "sleeping": sleeping,
@@ -375,7 +375,7 @@ def status_document(
             node["unattributed"] = sorted(charged[-1], key=lambda p: str(p["pod"]))
     gpus = [g for n in nodes for g in n["gpus"]]
     return {
-        "reserve": state.reserve,
+        "reserve": state.memory.reserve,
         "nodes": nodes,
         "capacity": sum(g["capacity"] for g in gpus),
         "allocated": sum(g["allocated"] for g in gpus),

@@ -198,8 +198,8 @@ def status(
             why = "unreadable GPU annotation" if info.gpu_problem else "no GPUs published"
             rows.append([name, agent, "-", why, "", "", "", "", "", "", "", ""])
             continue
-        allocated = state.allocated(name)
-        free = state.gpu_free(name)
+        allocated = state.memory.allocated(name)
+        free = state.memory.free(name)
         models: dict[int, list[str]] = {}
         placed: dict[int, list[PodInfo]] = {}
         for pod, position in state.pods_on(name):
@@ -213,7 +213,7 @@ def status(
             label = f"{shown(pod)}: {pod.model_id or '-'} (asks {format_bytes(pod.request)}{uses})"
             models.setdefault(position, []).append(label)
         for position, gpu in enumerate(info.gpus):
-            capacity = state.usable(gpu)
+            capacity = state.memory.usable(gpu)
             total_capacity += capacity
             total_allocated += allocated[position]
             loaded, sleeping = residency_figures(info, placed.get(position, []))

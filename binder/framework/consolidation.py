@@ -81,9 +81,10 @@ def fragmented(state: ClusterState, pod: PodInfo, *, now: float) -> bool:
     if pod.on_demand:
         return False
     nodes = _eligible(state, pod, now)
-    if not nodes.size or int(state.max_free[nodes].max()) >= pod.request:
+    plain = state.view(on_demand=False)
+    if not nodes.size or int(plain.max_free[nodes].max()) >= pod.request:
         return False
-    return int(state.free_total[nodes].sum()) >= pod.request
+    return int(plain.free_total[nodes].sum()) >= pod.request
 
 
 def plan(
@@ -103,7 +104,7 @@ def plan(
     if cold_nodes:
         cold = np.array([state.index[n] for n in cold_nodes if n in state.index], np.int64)
         nodes = nodes[~np.isin(nodes, cold)]
-    sizes, rooms = state.gpu_matrices()
+    sizes, rooms = state.view(on_demand=False).gpu_matrices()
     size, room = sizes[nodes], rooms[nodes]
     # The GPUs large enough, the largest free blocks first (the least to move): at most
     # SEARCH_GPUS of them are looked at, so a plan's cost does not grow with the cluster.
@@ -129,7 +130,7 @@ def plan(
         moves = _fewest(state, node, movable, pod.request - free, max_moves)
         if moves is None:
             continue
-        moved = sum(state.held(p, node) for p in moves)
+        moved = sum(state.memory.held(p, node) for p in moves)
         rank = (len(moves), moved, i, position)
         if best is not None and rank >= best[0]:
             continue
@@ -163,7 +164,7 @@ def _fewest(
 ) -> list[PodInfo] | None:
     """The fewest pods whose memory covers `need`: the smallest single one that does, else the
     largest first; None when `max_moves` pods do not."""
-    held = sorted(((state.held(p, node), p.uid, p) for p in movable), key=lambda h: h[:2])
+    held = sorted(((state.memory.held(p, node), p.uid, p) for p in movable), key=lambda h: h[:2])
     singles = [h for h in held if h[0] >= need]
     if singles:
         return [singles[0][2]]
@@ -184,7 +185,7 @@ def _rehomed(
     """Whether every moved pod fits elsewhere now (another GPU of its node counts: its model is
     there only because of itself), the largest first, each taking the tightest block its rules
     allow after the ones before it."""
-    rooms = state.gpu_matrices()[1]
+    rooms = state.view(on_demand=False).gpu_matrices()[1]
     taken: dict[tuple[int, int], int] = {(state.index[source], position): 1 << 62}
     for other in sorted(moves, key=lambda p: -p.request):
         nodes = state.constraint_class(other.constraints).nodes

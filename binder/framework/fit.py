@@ -95,7 +95,7 @@ def fits_node(state: ClusterState, pod: PodInfo, i: int) -> bool:
     slots, resources = needs(state, pod, state.names[i])
     if pod.host_ports or not COLUMNS_ONLY.issuperset(resources):
         return not node_fit_reasons(state, pod, state.names[i])
-    free = state.resource_room()
+    free = state.filters.resource_room()
     if free.pods[i] < slots:
         return False
     room = free.room[i]
@@ -108,7 +108,7 @@ def fits_node(state: ClusterState, pod: PodInfo, i: int) -> bool:
 
 def fit_mask(state: ClusterState, pod: PodInfo) -> BoolArray:
     """Per node (index order), whether NodePorts and NodeResourcesFit pass."""
-    free = state.resource_room()
+    free = state.filters.resource_room()
     host = pod.host
     hosted = _hosted(state, pod) if host is not None else None
     ok = free.pods >= 1 if hosted is None else hosted | (free.pods >= 1)

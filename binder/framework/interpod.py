@@ -4,9 +4,10 @@ anti-affinity of the pods already bound, keep it off, and how its preferred term
 existing pods' terms rank the nodes left.
 
 It reads the bound pods by label group and by affinity group (`binder.cluster.podindex`), never pod
-by pod, and turns the topology domains they occupy into node masks with numpy over
-`ClusterState.topology_domains`, so a decision costs a few selector matches and vector
-operations whatever the number of pods. Pods being deleted count, as they count for upstream.
+by pod, and turns the topology domains they occupy into node masks with numpy over the state's
+cached topology domains (`binder.cluster.filtercolumns`), so a decision costs a few selector
+matches and vector operations whatever the number of pods. Pods being deleted count, as they
+count for upstream.
 
 Upstream's conventions it keeps: the incoming pod's terms see a namespace through the namespace's
 labels as listed (an unknown namespace only through a namespaceSelector of `{}`), while an
@@ -150,7 +151,7 @@ def _affinity(state: ClusterState, pod: PodInfo) -> BoolArray:
     labelled = np.ones(len(state.names), np.bool_)
     anywhere = False
     for term in terms:
-        column, _ = state.topology_domains(term.topology_key)
+        column, _ = state.filters.topology_domains(term.topology_key)
         labelled &= column >= 0
         held = _domains_holding(state, term.topology_key, nodes)
         anywhere = anywhere or bool(held.any())
@@ -179,7 +180,7 @@ def _selected_groups(
 def _domains_holding(state: ClusterState, key: str, nodes: Iterable[str]) -> BoolArray:
     """Per node, whether its value of label `key` is the value of one of `nodes` (False where it
     lacks the label; nodes the state does not know hold nothing)."""
-    column, values = state.topology_domains(key)
+    column, values = state.filters.topology_domains(key)
     index = state.index
     rows = np.fromiter((index.get(n, -1) for n in nodes), np.int64)
     ids = column[rows[rows >= 0]]
@@ -213,7 +214,7 @@ class _Tally:
 
     def add(self, key: str, nodes: Iterable[tuple[str, int]], weight: int) -> None:
         """Add `weight` once per pod, in the domain of its node (`nodes`: node name, pods)."""
-        column, values = self.state.topology_domains(key)
+        column, values = self.state.filters.topology_domains(key)
         index = self.state.index
         pairs = [(index[n], count) for n, count in nodes if n in index]
         if not pairs:
@@ -234,6 +235,6 @@ class _Tally:
             return None
         total = np.zeros(len(candidates), np.int64)
         for key, sums in self.by_key.items():
-            column, _ = self.state.topology_domains(key)
+            column, _ = self.state.filters.topology_domains(key)
             total += sums[column[candidates]]  # -1 reads the last slot, which stays 0
         return total

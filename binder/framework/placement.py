@@ -59,11 +59,11 @@ from binder.cluster.clusterstate import (
     GPUS_OK,
     GPUS_UNREADABLE,
     ClusterState,
-    GpuSizes,
     IntArray,
-    MemoryView,
 )
+from binder.cluster.gpusizes import GpuSizes
 from binder.cluster.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
+from binder.cluster.memoryviews import MemoryView
 from binder.cluster.objects import Gpu, PodInfo, constraints_from_spec, node_from_api
 from binder.cluster.rules import kubernetes_reasons
 from binder.framework.filters import PodFilters, pod_filters
@@ -112,8 +112,7 @@ def _on_demand_memory_reasons(state: ClusterState, pod: PodInfo, nodes: IntArray
     """Why an on-demand pod fits none of these nodes by GPU memory: the always-resident models
     leave too little to wake it, or the over-commit budget is spent."""
     view = state.view(on_demand=True)
-    # With nothing on-demand and no over-commit anywhere, the room to wake a model is the free.
-    wake = state.max_free[nodes] if view is state else state.od_wake[nodes]
+    wake = view.wake[nodes]
     short = wake < pod.request
     reasons: Counter[str] = Counter()
     if short.any():
@@ -176,7 +175,7 @@ def pod_problem(state: ClusterState, pod: PodInfo) -> str:
     """A reason the pod fits no node whatever the others do, or ""."""
     if pod.problem:
         return pod.problem
-    largest = state.largest_usable()
+    largest = state.memory.largest_usable()
     if largest > 0 and pod.request > largest:
         return (
             f"pod requests {format_bytes(pod.request)} of GPU memory, more than any healthy GPU in "
@@ -254,7 +253,7 @@ def place(
         # The common case: nothing but node rules and memory tells the nodes apart, so the
         # free-memory index finds the best, reading a few nodes one at a time.
         budget = math.inf if scan_budget is None else scan_budget
-        index = view.free_index(pod.constraints)
+        index = state.free_index(pod.constraints, pod.on_demand)
         if policy == "binpack":
             found = _pack_indexed(state, pod, index, now, budget, filters.passes)
         else:
@@ -300,9 +299,7 @@ def _spread_indexed(
     taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, list[int], int]] = []
-    for (affinity, prefer, capacity), keys in index.buckets(
-        state.capacity, view.free_total
-    ).items():
+    for (affinity, prefer, capacity), keys in index.buckets(view.capacity, view.free_total).items():
         for position in range(len(keys) - 1, -1, -1):
             read += 1
             if read > budget:
@@ -425,7 +422,7 @@ class Kinds:
 
 
 def gpu_kinds(state: ClusterState) -> Kinds:
-    return _kinds(state.gpu_sizes(), max(state.largest_usable(), 1))
+    return _kinds(state.gpu_sizes(), max(state.memory.largest_usable(), 1))
 
 
 @lru_cache(maxsize=16)
@@ -583,7 +580,7 @@ def _best(
         chosen = int(tied[np.argmin(tightest[tied])])
         node = state.names[int(candidates[chosen])]
         return _on_node(state, pod, node, policy, top_score, kinds)
-    capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
+    capacity = np.maximum(view.capacity[candidates], 1).astype(np.float64)
     free = view.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (free - request) / capacity
     score = base + MEMORY_WEIGHT * memory
@@ -604,7 +601,7 @@ def _feasible(
     node = state.names[i]
     if i in cls.rejected or _node_reason(state, node, now):
         return False
-    free = state.view(pod.on_demand).gpu_free(node)
+    free = state.memory.free(node, pod.on_demand)
     return max(free, default=0) >= pod.request and filters.passes(i)
 
 
@@ -678,7 +675,7 @@ def _unschedulable(
     if rest.any() and pod.on_demand:
         reasons.update(_on_demand_memory_reasons(state, pod, nodes[rest]))
     elif rest.any():
-        largest = max(0, int(state.max_free[nodes[rest]].max()))
+        largest = max(0, int(state.view(on_demand=False).max_free[nodes[rest]].max()))
         reasons[reason_memory(largest)] += int(np.count_nonzero(rest))
     return Unschedulable(fit_message(len(state.names), reasons), dict(reasons))
 
@@ -698,16 +695,16 @@ def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdic
     memory (each when the ones before it pass, as a decision reads them)."""
     state.arrays()
     filters = pod_filters(state, pod)
-    view = state.view(pod.on_demand)
     verdicts = []
     for i, node in enumerate(state.names):
+        free = state.memory.free(node, pod.on_demand)
         reasons = kubernetes_reasons(pod.constraints, state.nodes[node])
         reason = _node_reason(state, node, now)
         if reason:
             reasons.append(reason)
         else:
             reasons += filters.reasons(i)
-            largest = max(view.gpu_free(node), default=0)
+            largest = max(free, default=0)
             if largest < pod.request and pod.on_demand:
                 reasons += _on_demand_memory_reasons(state, pod, np.array([i], np.int64))
             elif largest < pod.request:
@@ -715,5 +712,5 @@ def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdic
                     f"Insufficient GPU memory: needs {format_bytes(pod.request)}, the largest "
                     f"free block is {format_bytes(largest)}"
                 )
-        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(view.gpu_free(node))))
+        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(free)))
     return verdicts

@@ -191,7 +191,7 @@ def charged_in(
 def pods_allowance_in(ledger: Ledger, namespace: str, quota: Mapping[str, Any]) -> int:
     """The allowance booked for the namespace's placed pods that the quota's scopes select, in
     bytes: what the binder adds to the requests the quota's status counts."""
-    by_class = ledger.state.pods_allowance.get(namespace)
+    by_class = ledger.state.tallies.pods_allowance.get(namespace)
     if not by_class:
         return 0
     return sum(booked for name, booked in by_class.items() if selects(quota, name))
@@ -224,7 +224,7 @@ class QuotaCheck:
     refused: bool = field(default=False)
     """Whether a replica was refused (the condition's reason is then EXCEEDED_QUOTA)."""
     pods_placed: int = 0
-    """Bytes the namespace's pods the binder has placed ask (`ClusterState.pods_memory`): a
+    """Bytes the namespace's pods the binder has placed ask (`PodTallies.pods_memory`): a
     floor on its pods' use, which a quota's status may not count yet."""
     pod: int = 0
     """Bytes the pod being decided asks, which the API server admitted and counts (0: a
@@ -326,7 +326,7 @@ def check_for(
         limits,
         charged_in(ledger, namespace),
         by_quota,
-        pods_placed=ledger.state.pods_memory.get(namespace, 0),
+        pods_placed=ledger.state.tallies.pods_memory.get(namespace, 0),
         pod=pod,
         pods_allowance=pods_allowance,
         backend_key=keys.backend,
@@ -375,7 +375,7 @@ def usage(ledger: Ledger, keys: Keys, namespace: str | None = None) -> list[Usag
                     [limit],
                     replicas,
                     {limit.quota: replicas} if scoped else {},
-                    pods_placed=ledger.state.pods_memory.get(where, 0),
+                    pods_placed=ledger.state.tallies.pods_memory.get(where, 0),
                     pods_allowance={limit.quota: pods_allowance},
                 )
                 pods = check.pods_use(limit, limit.quota)

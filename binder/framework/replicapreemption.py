@@ -255,7 +255,7 @@ class ReplicaPreemption:
         if (
             not self._enabled
             or result.condition_reason != "Unschedulable"
-            or not state.has_lower_priority(replica.priority)
+            or not state.tallies.has_lower_priority(replica.priority)
             or now < self._refused.get(rid, 0.0)
         ):
             self.drop(rid)

@@ -164,13 +164,13 @@ def _has_keys(state: ClusterState, views: _NodeViews, keys: tuple[str, ...]) -> 
     if mask is None:
         mask = np.ones(len(state.names), np.bool_)
         for key in keys:
-            mask &= state.topology_domains(key)[0] >= 0
+            mask &= state.filters.topology_domains(key)[0] >= 0
         views.keys[keys] = mask
     return mask
 
 
 def _included(state: ClusterState, constraints: Constraints, c: SpreadConstraint) -> BoolArray:
-    return state.eligible(
+    return state.filters.eligible(
         constraints, c.node_affinity_policy == HONOR, c.node_taints_policy == HONOR
     )
 
@@ -185,7 +185,7 @@ def _filter_plan(state: ClusterState, pod: PodInfo, hard: SpreadConstraints) -> 
     parts = []
     missing_any = np.zeros(len(state.names), np.bool_)
     for c in hard:
-        ids, values = state.topology_domains(c.topology_key)
+        ids, values = state.filters.topology_domains(c.topology_key)
         counted = all_keys & _included(state, pod.constraints, c)
         present = np.zeros(len(values), np.bool_)
         present[ids[counted]] = True
@@ -303,7 +303,7 @@ def _with_empty(state: ClusterState, views: _NodeViews, key: str) -> tuple[IntAr
     missing label), and how many ids there are."""
     cached = views.with_empty.get(key)
     if cached is None:
-        ids, values = state.topology_domains(key)
+        ids, values = state.filters.topology_domains(key)
         empty = values.index("") if "" in values else len(values)
         cached = views.with_empty[key] = (np.where(ids < 0, empty, ids), len(values) + 1)
     return cached
@@ -323,7 +323,7 @@ def spread_scores(state: ClusterState, pod: PodInfo, candidates: IntArray) -> Fl
         return None
     raw = np.zeros(candidates.size, np.float64)
     for c, matched in zip(soft, _matched_by_selector(state, pod, soft), strict=True):
-        ids, values = state.topology_domains(c.topology_key)
+        ids, values = state.filters.topology_domains(c.topology_key)
         has = ids[candidates] >= 0
         count: FloatArray = np.zeros(candidates.size, np.float64)
         if c.topology_key == HOSTNAME_KEY:

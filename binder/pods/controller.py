@@ -355,7 +355,7 @@ class PodController:
             not self._preemption
             or result.condition_reason != "Unschedulable"
             or not self._leading.is_set()
-            or not state.has_lower_priority(pod.priority)
+            or not state.tallies.has_lower_priority(pod.priority)
         ):
             return result
         now = self._clock()

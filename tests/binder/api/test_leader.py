@@ -43,7 +43,7 @@ async def test_only_one_replica_leads_and_the_follower_keeps_warm_caches(
     add_pod(core, "m", mem="2Gi")
     await eventually(lambda: node_of(core, "m"))
     # The follower saw the same cluster through its own watches.
-    await eventually(lambda: follower.cache.state.allocated("gpu-1") == [2 * GI])
+    await eventually(lambda: follower.cache.state.memory.allocated("gpu-1") == [2 * GI])
     assert follower.controller.bound == 0
     assert leader.controller.bound == 1
     assert follower.role() == "follower"

@@ -92,12 +92,12 @@ def test_memory_freed_on_a_node_is_a_helpful_change_and_a_new_bound_pod_is_not()
         "ADDED", signed(pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Running"), TEST_RING)
     )
     assert recorder.changed == []
-    assert cache.state.gpu_free("n1") == [7 * GI]
+    assert cache.state.memory.free("n1") == [7 * GI]
     cache.apply_pod(
         "MODIFIED", signed(pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Succeeded"), TEST_RING)
     )
     assert recorder.changed == ["pod models/a finished (Succeeded)"]
-    assert cache.state.gpu_free("n1") == [8 * GI]
+    assert cache.state.memory.free("n1") == [8 * GI]
     cache.apply_pod(
         "ADDED", signed(pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"), TEST_RING)
     )
@@ -114,11 +114,11 @@ def test_a_pod_in_its_loader_the_agent_marks_failed_frees_its_gpu_memory() -> No
     cache.apply_node("ADDED", node_obj("n1", [8 * GI]))
     pod = signed(pod_obj("crasher", node="n1", gpu="GPU-n1-0", phase="Pending"), TEST_RING)
     cache.apply_pod("ADDED", pod)
-    assert cache.state.gpu_free("n1") == [7 * GI]
+    assert cache.state.memory.free("n1") == [7 * GI]
     pod["status"].update(phase="Failed", reason="ModelCrashedTriton", message="quarantined")
     cache.apply_pod("MODIFIED", pod)
     assert recorder.changed[-1] == "pod models/crasher finished (Failed)"
-    assert cache.state.gpu_free("n1") == [8 * GI]
+    assert cache.state.memory.free("n1") == [8 * GI]
 
 
 def test_node_changes_count_only_when_placement_inputs_change() -> None:
@@ -265,8 +265,8 @@ def test_bound_pods_are_charged_only_with_a_proof_and_at_the_request_it_booked()
     cache.apply_pod("ADDED", elsewhere)
     plain = pod_obj("plain-pod", mem=None, model=None, node="n1", namespace="kube-system")
     cache.apply_pod("ADDED", plain)
-    assert cache.state.gpu_free("n1") == [14 * GI]
-    assert cache.state.nodes_with_model(ModelKey("team-b", "unsigned", "")) == []
+    assert cache.state.memory.free("n1") == [14 * GI]
+    assert cache.state.tallies.nodes_with_model(ModelKey("team-b", "unsigned", "")) == []
     assert sorted(cache.unproven) == ["uid-team-b-elsewhere", "uid-team-b-unsigned"]
     # Reported only where the agent runs; a pod with nothing of tritonshare is nobody's concern.
     assert recorder.unproven == ["unsigned:NotPlacedByBinder"]
@@ -275,7 +275,7 @@ def test_bound_pods_are_charged_only_with_a_proof_and_at_the_request_it_booked()
     booked = pod_obj("booked", mem="1Gi", node="n1", gpu="GPU-n1-0")
     booked["metadata"]["annotations"][KEYS.placement] = rings[0].sign(claim)
     cache.apply_pod("ADDED", booked)
-    assert cache.state.gpu_free("n1") == [10 * GI]
+    assert cache.state.memory.free("n1") == [10 * GI]
 
 
 def test_a_proof_is_verified_once_and_again_only_when_what_it_covers_changes() -> None:
@@ -287,12 +287,12 @@ def test_a_proof_is_verified_once_and_again_only_when_what_it_covers_changes() -
         pod["status"]["phase"] = phase
         cache.apply_pod("MODIFIED", pod)
     assert CountingRing.verified == before + 1
-    assert cache.state.gpu_free("n1") == [15 * GI]
+    assert cache.state.memory.free("n1") == [15 * GI]
     pod["metadata"]["annotations"][KEYS.model_id] = "victim"  # edited after binding
     cache.apply_pod("MODIFIED", pod)
     assert CountingRing.verified == before + 2
-    assert cache.state.gpu_free("n1") == [16 * GI]
-    assert cache.state.nodes_with_model(ModelKey("models", "victim", "")) == []
+    assert cache.state.memory.free("n1") == [16 * GI]
+    assert cache.state.tallies.nodes_with_model(ModelKey("models", "victim", "")) == []
     assert recorder.unproven == ["p:PlacementChanged"]
     assert recorder.changed == ["pod models/p no longer proves its place"]
     cache.apply_pod("DELETED", pod)
@@ -306,12 +306,12 @@ def test_after_a_rotation_previous_still_counts_and_a_dropped_key_is_reported_no
     rings.append(CountingRing(NEW_KEY, previous=OLD_KEY))
     new = signed(pod_obj("new", mem="2Gi", node="n1", gpu="GPU-n1-0"), rings[-1])
     cache.apply_pod("ADDED", new)
-    assert cache.state.gpu_free("n1") == [10 * GI]
+    assert cache.state.memory.free("n1") == [10 * GI]
     assert recorder.unproven == []
     # OLD_KEY leaves the Secret: the pod it signed is judged again at the next event of any pod.
     rings.append(CountingRing(NEWER_KEY, previous=NEW_KEY))
     cache.apply_pod("MODIFIED", new)
-    assert cache.state.gpu_free("n1") == [14 * GI]
+    assert cache.state.memory.free("n1") == [14 * GI]
     assert recorder.unproven == ["old:PlacementKeyUnknown"]
     assert "key the binder no longer holds" in cache.unproven["uid-models-old"].message
     assert recorder.changed == ["the placement keys changed"]
@@ -320,7 +320,7 @@ def test_after_a_rotation_previous_still_counts_and_a_dropped_key_is_reported_no
     cache.apply_pod("MODIFIED", new)
     assert list(cache.unproven) == ["uid-models-new"]
     assert recorder.unproven == ["old:PlacementKeyUnknown", "new:PlacementKeyUnknown"]
-    assert cache.state.gpu_free("n1") == [12 * GI]
+    assert cache.state.memory.free("n1") == [12 * GI]
 
 
 def test_without_a_key_ring_a_proofs_form_is_all_that_is_checked() -> None:
@@ -339,7 +339,7 @@ def test_without_a_key_ring_a_proofs_form_is_all_that_is_checked() -> None:
     forged["metadata"]["annotations"][KEYS.placement] = "v1.signed-by-me"
     cache.apply_pod("ADDED", forged)
     cache.apply_pod("ADDED", pod_obj("c", node="n1", gpu="GPU-n1-0"))
-    assert cache.state.gpu_free("n1") == [15 * GI]
+    assert cache.state.memory.free("n1") == [15 * GI]
     assert {u.pod.name: u.reason for u in cache.unproven.values()} == {
         "b": "NotPlacedByBinder",
         "c": "NotPlacedByBinder",
@@ -354,7 +354,7 @@ def test_a_pod_the_binder_assumed_comes_back_charged_without_a_second_check() ->
     before = CountingRing.verified
     cache.apply_pod("MODIFIED", obj)
     assert CountingRing.verified == before
-    assert cache.state.assumed_uids() == [] and cache.state.gpu_free("n1") == [13 * GI]
+    assert cache.state.assumed_uids() == [] and cache.state.memory.free("n1") == [13 * GI]
     # Bound with another proof than the one it signed (edited in between): checked, refused.
     other = signed(pod_obj("ours-2", mem="3Gi", node="n1", gpu="GPU-n1-0"), rings[0])
     pending = pod_from_api({**other, "spec": {**other["spec"], "nodeName": ""}}, KEYS)
@@ -364,7 +364,7 @@ def test_a_pod_the_binder_assumed_comes_back_charged_without_a_second_check() ->
     ]
     cache.apply_pod("MODIFIED", other)
     assert CountingRing.verified == before + 1
-    assert cache.state.gpu_free("n1") == [13 * GI]
+    assert cache.state.memory.free("n1") == [13 * GI]
     assert recorder.unproven == ["ours-2:PlacementChanged"]
 
 
@@ -415,7 +415,7 @@ def test_a_replica_is_charged_only_with_the_proof_the_binder_signed_for_it() -> 
     state = cache.state
     assert state.is_accounted("uid-m/0")
     assert not state.is_accounted("uid-m/1") and not state.is_accounted("uid-other/0")
-    assert state.allocated("n1") == [GI]
+    assert state.memory.allocated("n1") == [GI]
     assert state.pods.pod_count("n1") == 1, "one host for the namespace's one replica"
     cache.models.apply_model("DELETED", _tritonmodel("m", 2, [entry]))
     assert state.account_uids() == set() and state.pods.pod_count("n1") == 0

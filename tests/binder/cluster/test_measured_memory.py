@@ -39,7 +39,7 @@ async def test_a_model_using_more_than_it_asked_for_holds_what_it_uses(
     # Its model turns out to use 10Gi: the GPU has 6Gi left, not 14Gi.
     publish_usage(core, "gpu-1", 10 * GI, {"greedy": 10 * GI})
     await eventually(
-        lambda: binder.cache.state.gpu_free("gpu-1") == [6 * GI], what="the measured figure"
+        lambda: binder.cache.state.memory.free("gpu-1") == [6 * GI], what="the measured figure"
     )
     add_pod(core, "big", mem="8Gi", model="big")
     condition = await eventually(lambda: scheduled_condition(core, "big"), what="big's reason")

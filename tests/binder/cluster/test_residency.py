@@ -70,7 +70,7 @@ def test_loaded_on_demand_models_hide_no_room_from_always_pods() -> None:
     for n in range(2):
         bind(state, f"hot-{n}", "gpu-1", "6Gi", namespace="tenant", annotations=ON_DEMAND)
     # Evicting the idle one of them makes room: 16 - 6 (the largest, woken) = 10Gi.
-    assert state.gpu_free("gpu-1") == [10 * GI]
+    assert state.memory.free("gpu-1") == [10 * GI]
     assert isinstance(decide(state, "victim", "10Gi", namespace="victim"), Placement)
 
 
@@ -80,8 +80,8 @@ def test_memory_nothing_charged_explains_is_still_never_handed_out() -> None:
         {"GPU-gpu-1-0": {"used": 12 * GI, "models": {}}}
     )
     state = cluster(node)
-    assert state.gpu_free("gpu-1") == [4 * GI]
-    assert state.gpu_free_on_demand("gpu-1") == [4 * GI]
+    assert state.memory.free("gpu-1") == [4 * GI]
+    assert state.memory.free("gpu-1", on_demand=True) == [4 * GI]
     refused = decide(state, "m", "5Gi", annotations=ON_DEMAND)
     assert isinstance(refused, Unschedulable)
     assert "Insufficient GPU memory for always-resident models" in refused.message
@@ -91,7 +91,7 @@ def test_on_demand_pods_are_placed_against_the_overcommitted_memory() -> None:
     state = cluster(overcommitted("gpu-1", [16 * GI], "3"))
     for n in range(8):
         bind(state, f"m-{n}", "gpu-1", "6Gi", annotations=ON_DEMAND)
-    assert state.gpu_free_on_demand("gpu-1") == [0]  # 3 x 16 = 48Gi, all promised
+    assert state.memory.free("gpu-1", on_demand=True) == [0]  # 3 x 16 = 48Gi, all promised
     refused = decide(state, "one-more", "1Gi", annotations=ON_DEMAND)
     assert isinstance(refused, Unschedulable)
     assert refused.message == (
@@ -123,11 +123,11 @@ def test_without_overcommit_on_demand_pods_are_placed_as_today() -> None:
     state = cluster(node_obj("gpu-1", [16 * GI]))
     for n in range(2):
         bind(state, f"m-{n}", "gpu-1", "6Gi", annotations=ON_DEMAND)
-    assert state.gpu_free_on_demand("gpu-1") == [4 * GI]
+    assert state.memory.free("gpu-1", on_demand=True) == [4 * GI]
     assert isinstance(decide(state, "fits", "4Gi", annotations=ON_DEMAND), Placement)
     assert isinstance(decide(state, "not", "5Gi", annotations=ON_DEMAND), Unschedulable)
     # An always pod needs room only beside one of them.
-    assert state.gpu_free("gpu-1") == [10 * GI]
+    assert state.memory.free("gpu-1") == [10 * GI]
 
 
 def test_binpack_stacks_on_demand_pods_before_opening_an_empty_gpu() -> None:
@@ -142,15 +142,15 @@ def test_an_on_demand_models_measured_memory_counts_only_while_it_is_loaded() ->
     node = overcommitted("gpu-1", [16 * GI], "2")
     state = cluster(node)
     bind(state, "grown", "gpu-1", "2Gi", annotations=ON_DEMAND)
-    assert state.gpu_free("gpu-1") == [14 * GI]
+    assert state.memory.free("gpu-1") == [14 * GI]
     loaded = overcommitted("gpu-1", [16 * GI], "2")
     loaded["metadata"]["annotations"][KEYS.gpu_usage] = json.dumps(
         {"GPU-gpu-1-0": {"used": 9 * GI, "models": {name: 9 * GI}}}
     )
     state.set_node(node_from_api(loaded, KEYS))
-    assert state.gpu_free("gpu-1") == [7 * GI]  # loaded at 9Gi: waking it needs 9Gi
+    assert state.memory.free("gpu-1") == [7 * GI]  # loaded at 9Gi: waking it needs 9Gi
     state.set_node(node_from_api(node, KEYS))  # unloaded: its request again
-    assert state.gpu_free("gpu-1") == [14 * GI]
+    assert state.memory.free("gpu-1") == [14 * GI]
 
 
 def test_a_bad_residency_is_refused_with_what_to_write() -> None:
@@ -176,15 +176,15 @@ def test_the_on_demand_view_follows_nodes_joining_and_leaving() -> None:
     bind(state, "m", "gpu-b", "8Gi", annotations=ON_DEMAND)
     state.set_node(node_from_api(overcommitted("gpu-a", [16 * GI], "2"), KEYS))
     state.set_node(node_from_api(overcommitted("gpu-c", [16 * GI], "2"), KEYS))
-    assert state.gpu_free_on_demand("gpu-b") == [16 * GI - 1]
+    assert state.memory.free("gpu-b", on_demand=True) == [16 * GI - 1]
     chosen = decide(state, "next", "8Gi", annotations=ON_DEMAND)
     assert isinstance(chosen, Placement) and chosen.node == "gpu-b"
     state.remove_node("gpu-a")
     chosen = decide(state, "next", "8Gi", annotations=ON_DEMAND)
     assert isinstance(chosen, Placement) and chosen.node == "gpu-b"
     state.remove_pod("uid-models-m")
-    assert state.gpu_free("gpu-b") == [16 * GI]
-    assert state.gpu_free_on_demand("gpu-b") == [16 * GI]
+    assert state.memory.free("gpu-b") == [16 * GI]
+    assert state.memory.free("gpu-b", on_demand=True) == [16 * GI]
 
 
 def assert_on_demand_view_fresh(state: ClusterState) -> None:
@@ -193,25 +193,23 @@ def assert_on_demand_view_fresh(state: ClusterState) -> None:
     view = state.view(on_demand=True)
     size_matrix, room_matrix = view.gpu_matrices()
     for i, name in enumerate(state.names):
-        free = state.gpu_free_on_demand(name)
+        free = state.memory.free(name, on_demand=True)
         assert view.free_total[i] == sum(free), name
         assert view.max_free[i] == (max(free) if free else -1), name
-        sizes = [state.usable(g) for g in state.nodes[name].gpus]
+        sizes = [state.memory.usable(g) for g in state.nodes[name].gpus]
         assert view.gpu_blocks[i] == tuple(zip(sizes, free, strict=True)), name
-        ledgers = [g for g in state.ledgers(name) if g is not None]
+        ledgers = [g for g in state.memory.ledgers(name) if g is not None]
         wake = max((wake_room(g) for g in ledgers), default=0) if sizes else -1
-        wakes = state.od_wake if view is not state else state.max_free  # inactive: the same
-        assert wakes[i] == wake, name
+        assert view.wake[i] == wake, name
         pad = room_matrix.shape[1] - len(free)
         assert room_matrix[i].tolist() == free + [-1] * pad, name
         assert size_matrix[i].tolist() == sizes + [0] * pad, name
-    for constraints in list(state._od_indexes):
-        kept = view.free_index(constraints)
+    for constraints in list(state._class_cache.od_indexes):
+        kept = state.free_index(constraints, on_demand=True)
         cls = state.constraint_class(constraints)
         built = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, 0)
-        assert kept.buckets(state.capacity, view.free_total) == built.buckets(
-            state.capacity, view.free_total
-        )
+        arrays = (view.capacity, view.free_total)
+        assert kept.buckets(*arrays) == built.buckets(*arrays)
         assert kept.blocks(view.gpu_blocks) == built.blocks(view.gpu_blocks)
 
 
@@ -263,7 +261,7 @@ def test_the_index_and_the_scan_agree_with_both_classes(seed: int, policy: Polic
             state.set_node(node_from_api(nodes[name], KEYS))
         assert_on_demand_view_fresh(state)
     for name in state.names:
-        for ledger in state.ledgers(name):
+        for ledger in state.memory.ledgers(name):
             if ledger is not None and not state.nodes[name].measured:
                 always = ledger.held - ledger.on_demand
                 assert always + ledger.largest_on_demand <= ledger.usable, name

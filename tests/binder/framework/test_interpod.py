@@ -774,7 +774,7 @@ def test_without_terms_anywhere_both_return_at_once(monkeypatch: pytest.MonkeyPa
     def no_domains(key: str) -> Any:
         raise AssertionError("looked at topology domains with no term anywhere")
 
-    monkeypatch.setattr(state, "topology_domains", no_domains)
+    monkeypatch.setattr(state.filters, "topology_domains", no_domains)
     assert affinity_filter(state, pod(S1)) == {}
     assert affinity_scores(state, pod(S1), np.arange(2)) is None
     # Only required anti-affinity on the existing side: still nothing to score.

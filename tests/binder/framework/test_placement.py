@@ -169,7 +169,7 @@ def test_a_pod_without_a_gpu_annotation_is_charged_to_the_freest_gpu() -> None:
     state = cluster(node_obj("n1", [8 * GI, 8 * GI]))
     bind(state, "a", "n1", 0, "2Gi")
     state.set_pod(pod_from_api(pod_obj("legacy", mem="5Gi", node="n1"), KEYS))
-    assert state.gpu_free("n1") == [6 * GI, 3 * GI]
+    assert state.memory.free("n1") == [6 * GI, 3 * GI]
 
 
 def test_assumed_pods_count_until_forgotten() -> None:

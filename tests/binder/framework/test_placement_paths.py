@@ -86,10 +86,10 @@ def relabel(rng: random.Random, node: dict[str, Any]) -> None:
 
 def assert_classes_fresh(state: ClusterState) -> None:
     """Every cached class, kept up to date node by node, equals one evaluated from scratch."""
-    fresh = ClusterState(reserve=state.reserve)
+    fresh = ClusterState(reserve=state.memory.reserve)
     for info in state.nodes.values():
         fresh.set_node(info)
-    for constraints, kept in list(state._classes.items()):
+    for constraints, kept in list(state._class_cache.classes.items()):
         built = fresh.constraint_class(constraints)
         assert kept.nodes.tolist() == built.nodes.tolist()
         assert kept.affinity.tolist() == built.affinity.tolist()
@@ -103,33 +103,34 @@ def assert_rows_and_indexes_fresh(state: ClusterState) -> None:
     caught up, equals one built afresh from its class and those arrays."""
     assert state.names == sorted(state.nodes)
     assert state.index == {name: i for i, name in enumerate(state.names)}
+    plain = state.view(on_demand=False)
     for i, name in enumerate(state.names):
-        free = state.gpu_free(name)
-        assert state.free_total[i] == sum(free), name
-        assert state.max_free[i] == (max(free) if free else -1), name
-        assert state.capacity[i] == sum(state.usable(g) for g in state.nodes[name].gpus), name
+        free = state.memory.free(name)
+        assert plain.free_total[i] == sum(free), name
+        assert plain.max_free[i] == (max(free) if free else -1), name
+        sizes = [state.memory.usable(g) for g in state.nodes[name].gpus]
+        assert plain.capacity[i] == sum(sizes), name
         assert state.lease_expiry[i] == state.leases.get(name, 0.0), name
-        sizes = [state.usable(g) for g in state.nodes[name].gpus]
-        size_matrix, room_matrix = state.gpu_matrices()
+        size_matrix, room_matrix = plain.gpu_matrices()
         pad = size_matrix.shape[1] - len(sizes)
         assert size_matrix[i].tolist() == sizes + [0] * pad, name
         assert room_matrix[i].tolist() == free + [-1] * pad, name
-    for constraints in list(state._indexes):
+    for constraints in list(state._class_cache.indexes):
         kept = state.free_index(constraints)
         cls = state.constraint_class(constraints)
-        assert state.gpu_blocks == [
+        assert plain.gpu_blocks == [
             tuple(
-                (state.usable(g), f)
-                for g, f in zip(state.nodes[n].gpus, state.gpu_free(n), strict=True)
+                (state.memory.usable(g), f)
+                for g, f in zip(state.nodes[n].gpus, state.memory.free(n), strict=True)
             )
             for n in state.names
         ]
         built = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, 0)
-        arrays = (state.capacity, state.free_total)
+        arrays = (plain.capacity, plain.free_total)
         assert kept.buckets(*arrays) == built.buckets(*arrays)
-        assert kept.blocks(state.gpu_blocks) == built.blocks(state.gpu_blocks)
+        assert kept.blocks(plain.gpu_blocks) == built.blocks(plain.gpu_blocks)
     # The GPUs counted per size, kept as blocks change, are the ledger's.
-    healthy = [block for blocks in state.gpu_blocks for block in blocks if block[0] > 0]
+    healthy = [block for blocks in plain.gpu_blocks for block in blocks if block[0] > 0]
     counted = state.gpu_sizes()
     assert counted.sizes == tuple(sorted({size for size, _ in healthy}))
     assert counted.gpus == tuple(sum(s == size for s, _ in healthy) for size in counted.sizes)
@@ -267,8 +268,8 @@ def test_the_index_and_the_scan_agree_on_random_clusters(
         elif roll < 0.25:  # an agent dies or comes back
             name = rng.choice(list(nodes))
             state.set_lease(name, NOW - 1 if state.leases.get(name, 0) > NOW else NOW + 60)
-        largest = (state.usable(g) for node in state.nodes.values() for g in node.gpus)
-        assert state.largest_usable() == max(largest, default=0)
+        largest = (state.memory.usable(g) for node in state.nodes.values() for g in node.gpus)
+        assert state.memory.largest_usable() == max(largest, default=0)
     # Both outcomes must have happened, or the comparison proved little.
     assert outcomes["placed"] > 0
     assert outcomes["not"] > 0 or len(nodes) >= 12
@@ -335,7 +336,7 @@ def test_a_node_joining_or_leaving_evaluates_the_rules_of_that_node_only(
     pods = [random_pod(rng, f"pod-{p}") for p in range(30)]
     for pod in pods:
         place(state, pod, now=NOW)
-    classes = len(state._classes)
+    classes = len(state._class_cache.classes)
     assert classes > 3
     evaluated: list[str] = []
     real = binder.cluster.rules.first_kubernetes_reason
@@ -356,6 +357,6 @@ def test_a_node_joining_or_leaving_evaluates_the_rules_of_that_node_only(
     for pod in pods:
         place(state, pod, now=NOW)
     assert evaluated == []
-    assert len(state._classes) == classes
+    assert len(state._class_cache.classes) == classes
     assert_classes_fresh(state)
     assert_rows_and_indexes_fresh(state)

@@ -168,6 +168,6 @@ def test_the_state_matches_a_fresh_recount_after_churn() -> None:
         fresh.set_node(info)
     for pod in state.assigned_pods():
         fresh.set_pod(pod)
-    assert {n: fresh.gpu_free(n) for n in fresh.nodes} == {
-        n: state.gpu_free(n) for n in state.nodes
+    assert {n: fresh.memory.free(n) for n in fresh.nodes} == {
+        n: state.memory.free(n) for n in state.nodes
     }

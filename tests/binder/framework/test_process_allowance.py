@@ -112,7 +112,7 @@ def test_placement_counts_the_allowance_on_the_gpu() -> None:
         result = place(state, pod, now=NOW)
         assert isinstance(result, Placement), result
         state.set_pod(pod.bound(result.node, result.gpu.uuid, "proof"))
-    assert state.gpu_free("gpu-1") == [16 * GI - 3 * (4 * GI + ALLOWANCE)]
+    assert state.memory.free("gpu-1") == [16 * GI - 3 * (4 * GI + ALLOWANCE)]
     python = pod_from_api(with_backend("py-3", "python"), KEYS, allowance=ALLOWANCE)
     assert not isinstance(place(state, python, now=NOW), Placement)
     onnx = pod_from_api(with_backend("onnx", "onnxruntime", mem="2Gi"), KEYS, allowance=ALLOWANCE)
@@ -137,7 +137,7 @@ async def test_the_binder_books_and_signs_the_allowance(
     assert "Insufficient GPU memory" in condition.message
     add_pod(core, "onnx", mem="2Gi", annotations={KEYS.backend: "onnxruntime"})
     assert await eventually(lambda: node_of(core, "onnx"), what="onnx bound") == "gpu-1"
-    assert binder.cache.state.gpu_free("gpu-1") == [16 * GI - 3 * (4 * GI + ALLOWANCE) - 2 * GI]
+    assert binder.cache.state.memory.free("gpu-1") == [16 * GI - 3 * (4 * GI + ALLOWANCE) - 2 * GI]
 
 
 async def test_explain_books_the_allowance_the_binder_leader_publishes(
@@ -192,4 +192,4 @@ async def test_a_quota_counts_the_allowance_as_kubernetes_counts_a_pods_overhead
     assert "640Mi of the 2688Mi requested is the process allowance" in message
     assert f"in the annotation {KEYS.backend} (onnxruntime," in message
     assert not node_of(core, "py-1")
-    assert binder.cache.state.gpu_free("gpu-1") == [16 * GI - (2 * GI + ALLOWANCE)]
+    assert binder.cache.state.memory.free("gpu-1") == [16 * GI - (2 * GI + ALLOWANCE)]

@@ -97,7 +97,7 @@ def test_the_placed_pods_allowance_counts_on_top_of_what_the_api_server_counted(
     assert pods_allowance_in(ledger, "models", scoped) == ALLOWANCE
     ledger.state.remove_pod("uid-models-a")
     assert pods_allowance_in(ledger, "models", scoped) == 0
-    assert ledger.state.pods_allowance == {"models": {"": ALLOWANCE}}
+    assert ledger.state.tallies.pods_allowance == {"models": {"": ALLOWANCE}}
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ async def booking(
 
 
 def booked(binder: Binder) -> int:
-    return 16 * GI - sum(binder.cache.state.gpu_free("gpu-1"))
+    return 16 * GI - sum(binder.cache.state.memory.free("gpu-1"))
 
 
 def quota_row(kubeconfig: Path) -> dict[str, Any]:

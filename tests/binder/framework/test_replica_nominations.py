@@ -107,9 +107,9 @@ def test_a_new_leader_holds_only_rooms_the_binder_signed_for_that_replica_node_a
         {"replica": 0, "node": "a", "gpu": gpu, "proof": rooms[0][1][2]}
     ]
     # Held in the ledger as the replica's request on its GPU, until it takes it.
-    assert state.allocated("a") == [4 * GI, 0]
+    assert state.memory.allocated("a") == [4 * GI, 0]
     assert preemption.take_room("uid-good/0") == "a"
-    assert state.allocated("a") == [2 * GI, 0]
+    assert state.memory.allocated("a") == [2 * GI, 0]
 
 
 def test_a_replica_waits_for_its_victims_before_the_cache_shows_them_leaving() -> None:

@@ -55,7 +55,7 @@ async def test_binds_a_pod_with_one_api_call_carrying_the_gpu_annotation(
     assert USER_AGENT.startswith("tritonshare-binder/")
     # The watch brings the bound pod back: the assumption becomes the real account.
     await eventually(lambda: not binder.cache.state.assumed_uids(), what="the assumption to clear")
-    assert binder.cache.state.allocated("gpu-1") in ([4 * GI, 0], [0, 4 * GI])
+    assert binder.cache.state.memory.allocated("gpu-1") in ([4 * GI, 0], [0, 4 * GI])
 
 
 async def test_the_binding_carries_a_proof_of_placement_bound_to_this_pod(

@@ -38,7 +38,7 @@ def test_two_namespaces_share_one_node_each_charged_its_own_request() -> None:
     bind(state, "a", "n1", 0, mem="4Gi", model="resnet50", namespace="team-a")
     assert placed(state, pod_obj("b", mem="5Gi", model="resnet50", namespace="team-b")).node == "n1"
     bind(state, "b", "n1", 0, mem="5Gi", model="resnet50", namespace="team-b")
-    assert state.gpu_free("n1") == [7 * GI]
+    assert state.memory.free("n1") == [7 * GI]
 
 
 def test_a_rollouts_new_revision_joins_the_old_one_on_the_only_node() -> None:
@@ -54,7 +54,7 @@ def test_a_rollouts_new_revision_joins_the_old_one_on_the_only_node() -> None:
         surge.gpu.uuid,
     )
     # Each pod holds its own request: 16 - 6 - 6.
-    assert state.gpu_free("n1") == [4 * GI]
+    assert state.memory.free("n1") == [4 * GI]
 
 
 def test_replicas_of_one_revision_spread_over_nodes_then_share_them() -> None:

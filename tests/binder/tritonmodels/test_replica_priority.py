@@ -143,7 +143,7 @@ async def test_a_model_whose_class_does_not_exist_waits_for_it_and_says_why(
     await eventually(lambda: binder.ledger.models[uid].template.labels.get("edited"))
     replica = binder.ledger.state.charged_pod(f"{uid}/0")
     assert replica is not None and replica.priority == 5000
-    assert binder.ledger.state.has_lower_priority(5000 + 1)
+    assert binder.ledger.state.tallies.has_lower_priority(5000 + 1)
     assert condition(custom, "resnet")["status"] == "True"
 
 
