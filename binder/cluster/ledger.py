@@ -61,7 +61,7 @@ class Ledger:
     """PriorityClasses by name: the TritonModels' replicas take their priority from them."""
     draining: set[str] = field(default_factory=set)
     """Replicas past their model's spec.replicas still charged while they drain from their
-    host: the model controller (`binder.tritonmodels.controller`) alone adds and removes them; a
+    host: the replica placer (`binder.tritonmodels.placer`) alone adds and removes them; a
     status that no longer lists them does not free them."""
 
     def replica_uids(self, model_uid: str) -> list[str]:
