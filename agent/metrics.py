@@ -389,8 +389,8 @@ class AgentMetrics:
         )
         self.triton_exits = Counter(
             "tritonshare_agent_triton_exits",
-            "Exits of Triton the agent's watch on its port saw (each one its container's restart, "
-            "or a restart within it)",
+            "Exits of Triton the agent's watch on its port saw (Triton's keeper starts it again "
+            "at once: the container's restartCount does not count them)",
             registry=r,
         )
         self.request_crashes = Counter(

@@ -28,10 +28,12 @@ model, which no client calls); node-pod and gateway touch every model served on 
 they begin; agent, binder and apiserver touch none (they are not on the requests' path).
 
 The simulated cluster runs the node pod's processes and the binders itself, without a kubelet:
-this script restarts any of them that exits (Triton, agent, gateway, a binder) as the kubelet
-restarts a container of a `restartPolicy: Always` pod (at once, then with its back-off of 10 s
-doubling to 5 minutes), and records the exit. A change that does not complete within its limit
-is noted beside it, with the TritonModel's conditions where one is waited for, and the run goes on.
+Triton's keeper starts Triton again as in the node pod (`agent/tritonkeeper.py`; each such exit is
+read from its log), and this script restarts any container that exits (Triton's keeper, agent,
+gateway, a binder) as the kubelet restarts a container of a `restartPolicy: Always` pod (at once,
+then with its back-off of 10 s doubling to 5 minutes), and records the exit. A change that does
+not complete within its limit is noted beside it, with the TritonModel's conditions where one is
+waited for, and the run goes on.
 
 Printed: the seed and the schedule, then per kind of change the failed requests of the models it
 did not touch, of those it touched, of the two-replica models whatever the change, the requests
@@ -95,6 +97,11 @@ BACK_OFF_FIRST = 10.0
 BACK_OFF_MAX = 300.0
 """The kubelet's container restart back-off: none for a first exit, then 10 s doubling to 5
 minutes (the restart count is kept for the whole run: none runs the 10 minutes that reset it)."""
+
+KEEPER_EXIT = re.compile(
+    r"tritonshare-keeper: \S+ exited \((signal \w+|exit code -?\d+)\) after [0-9.]+ s;"
+)
+"""A line of Triton's keeper: the server exited and the keeper starts it again (or gives up)."""
 
 OUTAGE = 20.0
 """Seconds the API server is down."""
@@ -237,6 +244,8 @@ class Kubelet:
         self.list_failures = 0
         self._restarts: dict[str, tuple[int, float]] = {}
         self._down: set[str] = set()
+        self._kept: dict[Path, int] = {}
+        """Lines of each Triton log already read for its keeper's restarts."""
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._watch_processes, name="churn-kubelet"),
@@ -289,10 +298,40 @@ class Kubelet:
         self._down.discard(name)
         return True
 
+    def _kept_exits(self, node: str, log: Path) -> None:
+        """Record the server's exits that Triton's keeper (`agent/tritonkeeper.py`, the container's
+        main process) restarted itself, from the lines it wrote to the log since the last look."""
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            return
+        start = self._kept.get(log, 0)
+        start = 0 if start > len(lines) else start  # a new server's log, started afresh
+        self._kept[log] = len(lines)
+        for i in range(start, len(lines)):
+            found = KEEPER_EXIT.search(lines[i])
+            if found is None:
+                continue
+            words = found.group(1)
+            code = -signal.Signals[words.split()[1]] if words.startswith("signal") else None
+            if code is None:
+                code = int(words.rpartition(" ")[2])
+            before = lines[max(0, i - 40) : i]
+            loading = [line for line in before if "loading: " in line]
+            cause = (
+                f"not this benchmark; it last loaded "
+                f"{loading[-1].rpartition('loading: ')[2].strip(chr(34) + ' ')}"
+                if loading
+                else ""
+            )
+            self.record(f"triton/{node}", code, "\n".join(before[-3:]), cause)
+
     def _restart_exited(self) -> None:
         cluster = self.cluster
         for node in cluster.real_nodes:
             triton = cluster.tritons.get(node.name)
+            if triton is not None and triton.kept and triton.log_path is not None:
+                self._kept_exits(node.name, triton.log_path)
             if triton is not None and triton.exited():
                 assert triton.process is not None
                 tail = triton.log_path.read_text(errors="replace") if triton.log_path else ""

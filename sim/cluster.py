@@ -416,6 +416,7 @@ class SimCluster:
             log_path=self.workdir / "logs" / f"{log_name}{suffix}.log",
             onnx_standin=True,
             gpu_metrics=node.gpus == REAL_GPUS,
+            kept=True,  # as the node pod's Triton container runs it
         )
         triton.model_repository.mkdir(parents=True, exist_ok=True)
         return triton

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import TracebackType
 
 STANDIN_BACKENDS = Path(__file__).resolve().parent / "tritonbackends"
+KEEPER = Path(__file__).resolve().parent.parent / "agent" / "tritonkeeper.py"
+"""The node pod's Triton container runs the server under this keeper (`kept`)."""
 PARALLEL_LOADS = 4
 """Loads Triton runs at once (`--model-load-thread-count`), as the chart sets it from
 `agent.parallelLoads`: the agent's `--parallel-loads` default."""
@@ -130,6 +132,10 @@ class TritonServer:
     startup_timeout: float = 60.0
     gpu_metrics: bool = False
     """Serve Triton's GPU metrics (`nv_gpu_memory_used_bytes`): on a machine's real GPUs."""
+    kept: bool = False
+    """Run the server under the node pod's keeper (`agent/tritonkeeper.py`), as Triton's container
+    does: it starts the server again at once when it dies. `process` is then the keeper's, and
+    `exited` says the container would have exited (the keeper gave up)."""
     onnx_standin: bool = False
     """Also run models of the `onnxruntime` backend, on the `onnxruntime` package through the
     Python backend (`sim/tritonbackends/onnxruntime`): the simulated cluster's nodes, so that
@@ -179,7 +185,10 @@ class TritonServer:
                 f"--http-restricted-api=model-repository,shared-memory,trace,logging:{header}",
                 f"--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:{header}",
             ]
-        return args + self.extra_args
+        args += self.extra_args
+        if self.kept:
+            return [sys.executable, "-B", str(KEEPER), "--", *args]
+        return args
 
     def start(self) -> TritonServer:
         """Start the server and wait until /v2/health/live answers."""
@@ -214,7 +223,10 @@ class TritonServer:
             )
         self.log_path = log_path
         threading.Thread(
-            target=_end_with, args=(self.process.pid,), name="triton-reaper", daemon=True
+            target=_end_with,
+            args=(self.process.pid, self.kept),
+            name="triton-reaper",
+            daemon=True,
         ).start()
         try:
             self._wait_live()
@@ -281,11 +293,14 @@ class TritonServer:
             self._workdir = None
 
     def kill(self) -> None:
-        """Kill the server abruptly (as a crash would), keeping the ports for a restart."""
+        """Kill the server abruptly (as a crash would), keeping the ports for a restart; a kept
+        server with its keeper (the container)."""
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(15)
+        if self.process is not None and self.kept:
+            _kill_session(self.process.pid)
 
     def exited(self) -> bool:
         """Whether the server process has exited on its own (a crash)."""
@@ -318,7 +333,7 @@ class TritonServer:
         self.discard()
 
 
-def _end_with(pid: int) -> None:
+def _end_with(pid: int, session: bool = False) -> None:
     """Kill what is left of the server's process group the moment its main process exits, as a
     container runtime kills a container's other processes when its main one exits (containerd's
     shim does, for a pod sharing its process namespace too). Without it the backend stubs would
@@ -330,3 +345,14 @@ def _end_with(pid: int) -> None:
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    if session:  # a keeper's: the server runs in a group of its own in the keeper's session
+        _kill_session(pid)
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (a container's processes, here)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+                os.kill(int(stat.parent.name), signal.SIGKILL)

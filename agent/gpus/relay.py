@@ -154,13 +154,20 @@ INSTALLED_NAME = "nvmlrelay.py"
 
 
 def install(directory: Path) -> list[Path]:
-    """Copy this file (as `INSTALLED_NAME`) and `pynvml` into `directory` (the init container's
-    job): Triton's image runs them with its own Python."""
+    """Copy this file (as `INSTALLED_NAME`), `pynvml` and Triton's keeper (`agent.tritonkeeper`,
+    its container's main process) into `directory` (the init container's job): Triton's image
+    runs them with its own Python."""
     import pynvml  # the one file of nvidia-ml-py, copied as it is
+
+    from agent import tritonkeeper  # here: the relay runs in Triton's container without the agent
 
     directory.mkdir(parents=True, exist_ok=True)
     copied = []
-    sources = ((Path(__file__), INSTALLED_NAME), (Path(pynvml.__file__ or ""), "pynvml.py"))
+    sources = (
+        (Path(__file__), INSTALLED_NAME),
+        (Path(pynvml.__file__ or ""), "pynvml.py"),
+        (Path(tritonkeeper.__file__), tritonkeeper.INSTALLED_NAME),
+    )
     for source, name in sources:
         target = directory / name
         shutil.copyfile(source, target)
@@ -176,7 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--socket", type=Path, help="the Unix socket to serve on")
-    which.add_argument("--install", type=Path, help="copy the relay and pynvml here, then exit")
+    which.add_argument(
+        "--install", type=Path, help="copy the relay, pynvml and Triton's keeper here, then exit"
+    )
     args = parser.parse_args(argv)
     if args.install is not None:
         for path in install(args.install):

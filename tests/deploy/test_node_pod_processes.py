@@ -118,6 +118,16 @@ def _relay_in(processes: TritonProcesses) -> int:
     return 0
 
 
+def _server_in(processes: TritonProcesses) -> int:
+    """The PID of the stand-in server in Triton's tree (0: none now)."""
+    tree = processes.tree()
+    for pid in tree.pids if tree is not None else ():
+        with contextlib.suppress(OSError):
+            if b"time.sleep" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    return 0
+
+
 def test_tritons_command_writes_the_pid_of_the_server_it_starts(
     kubectl: str, tmp_path: Path
 ) -> None:
@@ -156,10 +166,14 @@ def test_tritons_command_writes_the_pid_of_the_server_it_starts(
         pid_file = local / Path(_pid_file(_containers(spec)["agent"])).name
         assert int(pid_file.read_text().split()[0]) == process.pid
         assert seen.read_text().splitlines() == args
+        # The shell became Triton's keeper, which runs the server as its child and starts it
+        # again at once when it dies.
+        assert "tritonkeeper.py" in Path(f"/proc/{process.pid}/cmdline").read_text()
+        server_pid = _server_in(TritonProcesses(pid_file))
+        assert server_pid, "no server under the keeper"
+        os.kill(server_pid, signal.SIGKILL)
         wait_until(
-            "the server replacing the shell",
-            lambda: "time.sleep" in Path(f"/proc/{process.pid}/cmdline").read_text(),
-            30,
+            "a new server", lambda: _server_in(TritonProcesses(pid_file)) not in (0, server_pid), 30
         )
         # The relay answers (NVML's own answer: this machine has no NVIDIA driver) from within
         # the server's tree, so the agent counts it as Triton's, never as a foreign process;

@@ -128,3 +128,50 @@ def test_a_crashed_server_takes_its_stubs_and_its_sockets_with_it_at_once(
         watcher.close()
     finally:
         server.discard()
+
+
+def test_a_kept_server_is_started_again_at_once_after_a_crash_and_stops_whole(
+    triton_install: TritonInstall, model_repository: Path
+) -> None:
+    """As the node pod's Triton container runs it: a model that kills Triton as it loads costs
+    seconds, not the kubelet's back-off; the server serves again, and its stop ends every process
+    of the container."""
+    killer = copy_model("add_one", model_repository, as_name="killer")
+    (killer / "1" / "model.py").write_text(load_killer())
+    copy_model("add_one", model_repository)
+    server = TritonServer(model_repository, kept=True).start()
+    try:
+        assert server.process is not None
+        keeper = psutil.Process(server.process.pid)
+
+        def serving() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        for exits in (1, 2):
+            load = urllib.request.Request(
+                f"http://{server.http_url}/v2/repository/models/killer/load", method="POST"
+            )
+            with pytest.raises(OSError):  # Triton dies under the load
+                urllib.request.urlopen(load, timeout=30)
+            started = time.monotonic()
+            deadline = started + 30
+            while not serving():
+                assert time.monotonic() < deadline, f"not serving 30 s after exit {exits}"
+                time.sleep(0.05)
+            assert not server.exited(), "the keeper exited"
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            client.load_model("add_one")
+            assert client.is_model_ready("add_one")
+        finally:
+            client.close()
+        group = [keeper, *keeper.children(recursive=True)]
+        assert len(group) >= 3  # the keeper, the server and add_one's stub
+    finally:
+        server.stop()
+    _, alive = psutil.wait_procs(group, timeout=20)
+    assert not [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
