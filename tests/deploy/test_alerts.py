@@ -37,6 +37,7 @@ ALERTS = {
     "TritonshareNodePodsMissing",
     "TritonshareNodeDaemonSetUnavailable",
     "TritonshareTritonDown",
+    "TritonshareTritonRestarting",
     "TritonshareModelNotServed",
     "TritonshareModelOverGPUMemoryRequest",
     "TritonshareGatewayShedding",
@@ -141,6 +142,10 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
         'tritonshare_agent_load_failures_total{namespace="tritonshare-system", pod="node-a", '
         'reason="triton_refused"}'
     )
+    exits = 'tritonshare_agent_triton_exits_total{namespace="tritonshare-system", pod="node-a"}'
+    quarantine_exits = (
+        'tritonshare_agent_triton_exits_total{namespace="tritonshare-system", pod="node-b"}'
+    )
     rejected = (
         'tritonshare_proxy_rejected_requests_total{namespace="models", pod="add-one-1", '
         'model="add_one", reason="QueueFullError"}'
@@ -204,6 +209,10 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                     },
                     # One failed load at minute 4.
                     {"series": failures, "values": "0x3 1x26"},
+                    # Triton exits at minutes 2, 3, 4 and 5 on one node; three times (a crash
+                    # quarantine's count) on another.
+                    {"series": exits, "values": "0 0 1 2 3 4x30"},
+                    {"series": quarantine_exits, "values": "0 0 1 2 3x30"},
                     # A model is quarantined at minute 4 (the series appears then).
                     {"series": quarantined, "values": "_x4 1x20"},
                     # A pod's requests are quarantined at minute 5.
@@ -318,6 +327,30 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                         "eval_time": "18m",
                         "alertname": "TritonsharePodsPendingLong",
                         "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
+                    },
+                    {
+                        "eval_time": "4m",
+                        "alertname": "TritonshareTritonRestarting",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "6m",
+                        "alertname": "TritonshareTritonRestarting",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "tritonshare-system",
+                                    "pod": "node-a",
+                                },
+                            }
+                        ],
+                    },
+                    # Fifteen minutes after the exits, they have left the window.
+                    {
+                        "eval_time": "25m",
+                        "alertname": "TritonshareTritonRestarting",
+                        "exp_alerts": [],
                     },
                     {
                         "eval_time": "3m",
