@@ -644,11 +644,20 @@ class Keeper:
         self._thread.join(60)
 
     def _run(self) -> None:
+        kept = 0
         while not self._stop.wait(self.period):
             triton = self.cluster.triton
-            if triton is None or not triton.exited():
+            if triton is None:
+                continue
+            # Triton's own keeper restarts it in its container (the node pod's); its container
+            # exits only when the keeper gives up.
+            now_kept = triton.kept_exits()
+            self.restarts += [time.monotonic()] * max(0, now_kept - kept)
+            kept = now_kept
+            if not triton.exited():
                 continue
             triton.restart()
+            kept = 0
             assert triton.process is not None
             self.sampler.pids["triton"] = triton.process.pid
             self.restarts.append(time.monotonic())

@@ -28,6 +28,8 @@ from types import TracebackType
 STANDIN_BACKENDS = Path(__file__).resolve().parent / "tritonbackends"
 KEEPER = Path(__file__).resolve().parent.parent / "agent" / "tritonkeeper.py"
 """The node pod's Triton container runs the server under this keeper (`kept`)."""
+KEEPER_RESTARTED = "; its other processes are ended; starting it again in "
+"""What the keeper's line says each time it starts the server again after an exit."""
 PARALLEL_LOADS = 4
 """Loads Triton runs at once (`--model-load-thread-count`), as the chart sets it from
 `agent.parallelLoads`: the agent's `--parallel-loads` default."""
@@ -301,6 +303,16 @@ class TritonServer:
             self.process.wait(15)
         if self.process is not None and self.kept:
             _kill_session(self.process.pid)
+
+    def kept_exits(self) -> int:
+        """The server's exits its keeper started it again after (`kept`), from the keeper's
+        lines in the log since the last `start` (0 without a keeper)."""
+        if not self.kept or self.log_path is None:
+            return 0
+        try:
+            return self.log_path.read_text(errors="replace").count(KEEPER_RESTARTED)
+        except OSError:
+            return 0
 
     def exited(self) -> bool:
         """Whether the server process has exited on its own (a crash)."""

@@ -163,6 +163,7 @@ def test_a_kept_server_is_started_again_at_once_after_a_crash_and_stops_whole(
                 assert time.monotonic() < deadline, f"not serving 30 s after exit {exits}"
                 time.sleep(0.05)
             assert not server.exited(), "the keeper exited"
+            assert server.kept_exits() == exits
         client = httpclient.InferenceServerClient(server.http_url)
         try:
             client.load_model("add_one")
