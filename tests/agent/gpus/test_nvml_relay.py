@@ -166,7 +166,21 @@ def test_the_installed_relay_runs_alone_with_another_python(socket_path: Path) -
         pytest.skip("no system python3 to stand in for Triton's image")
     installed = socket_path.parent / "relay"
     install(installed)
-    assert sorted(p.name for p in installed.iterdir()) == ["nvmlrelay.py", "pynvml.py"]
+    assert sorted(p.name for p in installed.iterdir()) == [
+        "nvmlrelay.py",
+        "pynvml.py",
+        "tritonkeeper.py",
+    ]
+    # Triton's keeper, installed beside it, runs with that Python alone too.
+    keeper = subprocess.run(
+        [python, "-B", str(installed / "tritonkeeper.py"), "--help"],
+        cwd=installed,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert keeper.returncode == 0 and "COMMAND" in keeper.stdout, keeper.stderr
     process = subprocess.Popen(
         [python, "-B", str(installed / "nvmlrelay.py"), "--socket", str(socket_path)],
         cwd=installed,
