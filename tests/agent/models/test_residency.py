@@ -243,7 +243,7 @@ async def test_a_wake_goes_to_triton_while_another_model_s_unload_is_under_way(
     token_b = await serve(running, apiserver, kube_api, tmp_path, "od-b")
     a, b = (name_in_triton(kube_api, pod, pod) for pod in ("od-a", "od-b"))
     assert (await sleep(running, token_b, "od-b")).sleeping
-    queue = running.agent.models.gpu_queue
+    queue = running.agent.models.admission.queue
     sleeping = asyncio.create_task(sleep(running, token_a, "od-a"))
     try:
         await eventually(
