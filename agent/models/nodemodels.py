@@ -24,13 +24,11 @@ to sleep, inside its own GPU turn; which ones is `agent.models.evictor`'s and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -68,23 +66,22 @@ from agent.models.gpuadmission import GpuAdmission, Gpus
 from agent.models.heldloads import HeldLoads
 from agent.models.install import Installer, InstallResult, not_kept
 from agent.models.probationhold import ProbationHold
+from agent.models.quarantines import Quarantines
+from agent.models.records import ModelRecord, ModelRecords
+from agent.models.statuses import ModelReports, ModelStatus
 from agent.models.tritonram import Admitted, HostMemory
 from agent.phases import (
-    TRANSITIONS,
     Event,
-    Life,
     ModelState,
     Phase,
     Rules,
     given_up,
-    reported,
-    step,
 )
 from agent.pods.owners import Owners
 from agent.pods.ownership import OwnerRecord, OwnerStore
 from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger, CrashRecord, Marker, NamespaceRecord
-from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
+from agent.quarantine.records import CrashLedger, Marker
+from agent.triton import LOADING, READY, UNLOADING, TritonClient
 from common.backends import runs_in_own_process
 from common.logs import subject
 from common.manifest import Manifest
@@ -94,7 +91,6 @@ __all__ = [
     "InstallResult",
     "ModelLimits",
     "ModelState",
-    "ModelStatus",
     "Models",
     "Pods",
 ]
@@ -104,99 +100,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class ModelStatus:
-    """What the agent reports about one model."""
-
-    model_id: str
-    """The public id, as the pod's clients name the model."""
-    state: ModelState
-    reason: str = ""
-    manifest_digest: str = ""
-    gpu_uuid: str = ""
-    gpu_index: int = -1
-    pod: str = ""
-    triton_name: str = ""
-    """The model's name in Triton (its pod's private name, or a legacy model's public id)."""
-    given_up: bool = False
-    """Its loads failed --max-load-attempts times in a row: none is tried until it changes."""
-    quarantined: bool = False
-    """Its files coincided with too many of Triton's unexpected exits
-    (`agent.quarantine.records`)."""
-    quarantine_reason: str = ""
-    """The condition's reason when it is not the files' own quarantine (its namespace's)."""
-    residency: str = ""
-    """Its pod's residency class from the proof of placement ("" when no live pod owns it)."""
-    sleeping: bool = False
-    """An on-demand model unloaded while idle, its files kept: its next load wakes it."""
-
-
-@dataclass
-class _Record:
-    """What the agent remembers about a model beyond the disk and Triton."""
-
-    model_id: str = ""
-    """The public id, once an owner acted on the model (for status and logs)."""
-    life: Life = field(default_factory=Life)
-    """Its phase on the node (`agent.phases`), stepped only through `Models._step`."""
-    gpu_uuid: str = ""
-    gpu_index: int = -1
-    pod: str = ""
-    last_activity: float = 0.0
-    vouched_at: float = 0.0
-    """When the agent last checked that Triton runs what it installed (monotonic seconds)."""
-
-
 Chunk = tuple[str, int, bytes]
-
-
-CRASHED_REASON = "ModelCrashedTriton"
-"""The reason of the pod's condition and Warning Event for a quarantined model."""
-
-
-NAMESPACE_CRASHED_REASON = "NamespaceCrashedTriton"
-"""The reason of the pod's condition and Warning Event when its namespace's new loads are
-quarantined on the node."""
-
-
-def namespace_message(record: NamespaceRecord) -> str:
-    return (
-        f"Triton exited under the loads of namespace {record.namespace} on this node "
-        f"{record.crashes} times (last for pod {record.pod}, --crash-quarantine-after plus "
-        f"--crash-namespace-quarantine-after): the node loads no model of namespace "
-        f"{record.namespace}, so that "
-        f"its other models stay served; fix the models, or ask the operator to clear it "
-        f"(tritonshare quarantine clear <node> {record.namespace}/*)"
-    )
-
-
-def quarantine_message(record: CrashRecord | NamespaceRecord) -> str:
-    if isinstance(record, NamespaceRecord):
-        return namespace_message(record)
-    return crash_message(record)
-
-
-@dataclass(frozen=True)
-class PodQuarantine:
-    """A pod's model files are quarantined on this node (`Models.quarantine_for`)."""
-
-    record: CrashRecord
-    installed: bool
-    """Its own install holds them (its loads crashed Triton); False: its install was refused."""
-
-
-REFUSED_REMEMBERED = 10_000
-"""Pods remembered as refused at install for quarantined files (forgotten all at once beyond)."""
-
-
-def crash_message(record: CrashRecord) -> str:
-    return (
-        f"model {record.model_id} was being loaded when the node's Triton exited unexpectedly "
-        f"{record.crashes} times in a row (last for pod {record.pod}): it is quarantined on this "
-        f"node and not loaded here again, so that the node's other models stay served; fix the "
-        f"model (a new version of its files loads), or ask the operator to clear it "
-        f"(tritonshare quarantine clear <node> {record.namespace}/{record.model_id})"
-    )
 
 
 def _subdirectories(directory: Path) -> list[str]:
@@ -262,7 +166,23 @@ class Models:
         such a load is refused)."""
         self.host = host
         """Admits loads on Triton's host memory (`agent.models.tritonram`); None: not admitted."""
-        self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
+        self.records = ModelRecords(
+            repository, owners, Rules(quarantine_after=self.crashes.quarantine_after), clock
+        )
+        """Every model's record and lock (`agent.models.records`)."""
+        self.quarantine = Quarantines(self.crashes, self.ownership, self.records, pods.all_proven)
+        """What quarantined files refuse and report (`agent.models.quarantines`)."""
+        self.reports = ModelReports(
+            self.records,
+            self.quarantine,
+            self.ownership,
+            repository,
+            triton,
+            self.ledger,
+            limits,
+            pods.all_proven,
+        )
+        """The models' status and the node's figures of them (`agent.models.statuses`)."""
         self.held_loads = HeldLoads()
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load (one whose READY is
@@ -274,12 +194,6 @@ class Models:
         (`agent.models.gpuadmission`)."""
         self.clock = clock
         self._wall = wall
-        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-        """Name -> its lock and how many operations hold or await it: a lock lives only while
-        used, so names of pods long gone (every rollout brings new ones) cost nothing."""
-        self._records: dict[str, _Record] = {}
-        self._refused: dict[str, str] = {}
-        """Pod uid -> the digest of the quarantined files its install was refused for."""
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-files")
 
     async def close(self) -> None:
@@ -290,56 +204,6 @@ class Models:
     ) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor or self._executor, fn, *args)
-
-    @contextlib.asynccontextmanager
-    async def lock(self, name: str) -> AsyncIterator[None]:
-        """Hold the lock of the model named `name` in Triton (operations on one model run one
-        after another)."""
-        lock, users = self._locks.setdefault(name, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._locks[name]
-
-    def is_busy(self, name: str) -> bool:
-        return name in self._locks
-
-    def record(self, name: str) -> _Record:
-        record = self._records.get(name)
-        if record is None:
-            # Remembered from now on: files already on disk (an agent restart) are at rest.
-            phase = Phase.INSTALLED if self.repository.model_dir(name).exists() else Phase.ABSENT
-            record = self._records[name] = _Record(life=Life(phase), last_activity=self.clock())
-        return record
-
-    def _step(self, name: str, record: _Record, event: Event, reason: str = "") -> None:
-        """Move the model's life by `event` (the only writer of `_Record.life`)."""
-        before = record.life.phase
-        record.life = step(record.life, event, self.clock(), reason, self.rules)
-        if record.life.phase is not before:
-            log.debug(
-                "Model %s: %s -> %s (%s).", name, before.value, record.life.phase.value, event.value
-            )
-
-    def note(self, name: str, event: Event) -> None:
-        """An event the reconciler observed for a model no operation holds (Triton lost it,
-        or runs it vouched for again)."""
-        self._step(name, self.record(name), event)
-
-    def known_records(self) -> dict[str, _Record]:
-        """What the agent remembers, by the model's name in Triton."""
-        return dict(self._records)
-
-    def _touch(self, name: str, owner: Proven | None = None) -> _Record:
-        record = self.record(name)
-        record.last_activity = self.clock()
-        if owner is not None:
-            record.model_id = owner.model_id
-        return record
 
     # Names and ownership (the rules are `agent.pods.owners`').
     def triton_name(self, owner: Proven) -> str:
@@ -359,20 +223,10 @@ class Models:
                 name = ""  # no model of it can be loaded here: its request alone counts
             owner = self.owners.get(name)
             mine = owner is not None and owner.uid == proven.uid
-            if proven.on_demand and not (mine and self._held_loaded(name)):
+            if proven.on_demand and not (mine and self.records.held_loaded(name)):
                 continue  # asleep, or not loaded yet: it takes room only once loaded
             held.append(max(proven.request, self.ledger.measured(name) if mine else 0))
         return held
-
-    def _held_loaded(self, name: str) -> bool:
-        record = self._records.get(name)
-        return record is not None and record.life.held_loaded
-
-    def public_id(self, name: str) -> str:
-        """The public id of the model named `name` in Triton, as far as the agent knows."""
-        record = self._records.get(name)
-        owned = self.owners.get(name)
-        return (record.model_id if record else "") or (owned.model_id if owned else "") or name
 
     @staticmethod
     def _name_check(model_id: str, owner: Proven) -> None:
@@ -412,22 +266,15 @@ class Models:
         under the owner's name in Triton (`triton_name`).
         """
         self._name_check(model_id, owner)
-        quarantined = self.crashes.quarantined(manifest.digest)
-        if quarantined is not None:
-            # Refused before a byte is written: these files crashed this node's Triton, whichever
-            # pod sends them (a controller's replacement of the quarantined pod, typically).
-            if len(self._refused) >= REFUSED_REMEMBERED:
-                self._refused.clear()
-            self._refused[owner.uid] = manifest.digest
-            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
+        self.quarantine.refuse_install(owner.uid, manifest.digest)
         started = self.clock()
         self.installer.admit(model_id, manifest, owner.namespace)
         name = self.triton_name(owner)
-        async with self.lock(name):
-            self._touch(name, owner)
+        async with self.records.lock(name):
+            self.records.touch(name, owner)
             owned = await self._claim_locked(name, owner)
             # Fetched after the claim, which may have removed what a previous owner left.
-            record = self._touch(name, owner)
+            record = self.records.touch(name, owner)
             record.pod = owner.key
             if await self._in_thread(self.installer.unchanged, name, manifest, owned):
                 return InstallResult(model_id, manifest.digest, True, 0)
@@ -442,14 +289,14 @@ class Models:
                     )
             room = (name, model_id, manifest, owner.namespace)
             await self._in_thread(self.installer.make_room, *room)
-            self._step(name, record, Event.INSTALL_STARTED)
+            self.records.step(name, record, Event.INSTALL_STARTED)
             try:
                 result = await self.installer.write(name, manifest, chunks, owner, started)
             except BaseException:
-                self._step(name, record, Event.INSTALL_FAILED)
+                self.records.step(name, record, Event.INSTALL_FAILED)
                 raise
             self.owners.put(name, owned.installed(manifest.digest))
-            self._step(name, record, Event.INSTALL_DONE)
+            self.records.step(name, record, Event.INSTALL_DONE)
             return result
 
     async def install_kept(self, model_id: str, manifest: Manifest, owner: Proven) -> InstallResult:
@@ -493,7 +340,7 @@ class Models:
         (`agent.quarantine.records`)."""
         self._name_check(model_id, owner)
         name = self.triton_name(owner)
-        async with self.lock(name):
+        async with self.records.lock(name):
             owned = await self._claim_locked(name, owner)
             return await self._load_locked(name, owner, owned, settle=settle)
 
@@ -501,7 +348,7 @@ class Models:
         self, name: str, owner: Proven, owned: OwnerRecord, *, settle: bool = True
     ) -> ModelStatus:
         model_id = owner.model_id
-        record = self._touch(name, owner)
+        record = self.records.touch(name, owner)
         record.pod = owner.key
         manifest = self.repository.installed_manifest(name)
         if manifest is None or manifest.digest != owned.digest:
@@ -533,7 +380,7 @@ class Models:
             and record.life.held_loaded
             and (record.gpu_uuid, record.gpu_index) == (uuid, index)
         ):
-            return self._status(name, entry, manifest, owner.residency)
+            return self.reports.status_of(name, entry, manifest, owner.residency)
         left = self.crashes.markers().get(name)
         died_under = (
             left is not None
@@ -548,7 +395,7 @@ class Models:
             # never reached Triton leaves none). Counted here, not only by the next reconcile
             # pass: a pod asking again at once would otherwise crash Triton before any pass
             # finds it up with no load under way, again and again, never counted.
-            counted = self.crash_suspected(left)
+            counted = self.quarantine.crash_suspected(left)
             log.warning(
                 "Triton exited while loading model %s of pod %s (%d of %d crashes in a row "
                 "before quarantine), found as it loads again.",
@@ -558,10 +405,10 @@ class Models:
                 self.crashes.quarantine_after,
                 extra=subject(pod=left.pod, model=left.model_id),
             )
-        self._refuse_quarantined(owned.digest, owner.namespace)
+        self.quarantine.refuse(owned.digest, owner.namespace)
         if given_up(record.life, self.limits.max_load_attempts):
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
-            return self._status(name, entry, manifest, owner.residency)
+            return self.reports.status_of(name, entry, manifest, owner.residency)
         admitted: Admitted | None = None
         held = self.crashes.held(owner.namespace)
         hold = self.hold if settle else None  # a reload of what Triton held is no change
@@ -579,7 +426,7 @@ class Models:
             await self.held_loads.begin(held)
             try:
                 # Crashes counted while it waited may have quarantined it.
-                self._refuse_quarantined(owned.digest, owner.namespace)
+                self.quarantine.refuse(owned.digest, owner.namespace)
             except ConflictError:
                 self.held_loads.end(held, 0.0)
                 raise
@@ -594,7 +441,7 @@ class Models:
                 # Before the marker: a load cancelled meanwhile never reached Triton.
                 await hold.begin(owner.pod.object_key, trial=trial)
             waking = record.life.phase is Phase.IDLE_UNLOADED
-            self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
+            self.records.step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
             record.gpu_uuid, record.gpu_index = uuid, index
             started = self.clock()
             # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
@@ -637,7 +484,7 @@ class Models:
                 make_room=self._make_gpu_room if self.evictor is not None else None,
             )
         except LoadTimedOutError as e:
-            self._step(name, record, Event.LOAD_FAILED, str(e))
+            self.records.step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels(e.reason).inc()
             if waking:
                 self.metrics.wakes.labels("failed").inc()
@@ -650,18 +497,18 @@ class Models:
             )
             await self._abandon(name)
             # Triton may still be loading it: the answer is the agent's, the load is over.
-            return self._status(name, None, manifest, owner.residency)
+            return self.reports.status_of(name, None, manifest, owner.residency)
         except TritonUnreachableError as e:
             if isinstance(e, TritonNotConnectedError) and not self.crashes.finished_at(name):
                 # The load never reached Triton (down, or starting again after another
                 # model's crash): it cannot have crashed it, and must not be blamed.
                 self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_UNANSWERED)
+            self.records.step(name, record, Event.LOAD_UNANSWERED)
             self.metrics.load_failures.labels("triton_unreachable").inc()
             raise
         except TritonError as e:
             self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_FAILED, str(e))
+            self.records.step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels("triton_rejected").inc()
             if waking:
                 self.metrics.wakes.labels("failed").inc()
@@ -674,7 +521,7 @@ class Models:
             )
         except ResourceExhaustedError as e:
             self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_REFUSED)
+            self.records.step(name, record, Event.LOAD_REFUSED)
             if isinstance(e, HostMemoryExhaustedError):
                 self.metrics.host_memory_refusals.inc()
             else:
@@ -683,7 +530,7 @@ class Models:
                 self.metrics.wakes.labels("no_room").inc()
             raise
         except BaseException:
-            self._step(name, record, Event.LOAD_UNANSWERED)
+            self.records.step(name, record, Event.LOAD_UNANSWERED)
             raise
         else:
             loaded = True
@@ -692,7 +539,7 @@ class Models:
             if self.host is not None:
                 await self._in_thread(self.host.finished, admitted, True)
                 admitted = None
-            self._step(name, record, Event.LOAD_OK)
+            self.records.step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
             if waking:
@@ -711,7 +558,9 @@ class Models:
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
             if hold is not None:
                 hold.end(owner.pod.object_key, trial=trial, settle_seconds=settle_seconds)
-        return self._status(name, await self.triton.state(name), manifest, owner.residency)
+        return self.reports.status_of(
+            name, await self.triton.state(name), manifest, owner.residency
+        )
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
         """What every proven placement on a GPU holds but one pod's, as `booked` counts it, by
@@ -727,9 +576,9 @@ class Models:
                 continue
             owner = self.owners.get(name)
             mine = owner is not None and owner.uid == proven.uid
-            if proven.on_demand and not (mine and self._held_loaded(name)):
+            if proven.on_demand and not (mine and self.records.held_loaded(name)):
                 continue
-            record = self._records.get(name)
+            record = self.records.get(name)
             touched = record.last_activity if record else now
             # A refused or lost load is booked but holds nothing to free: not a victim.
             resting = proven.on_demand and not (record and record.life.phase is Phase.READY)
@@ -740,7 +589,7 @@ class Models:
                     proven.model_id,
                     max(proven.request, self.ledger.measured(name) if mine else 0),
                     proven.on_demand,
-                    busy=self.is_busy(name) or resting,
+                    busy=self.records.is_busy(name) or resting,
                     last_used=wall - (now - touched),
                 ),
                 proven,
@@ -771,7 +620,7 @@ class Models:
             return gpu, f"{problem}, and no room can be made: {choice.problem}"
         why = f"a {'wake' if waking else 'load'} of another model needed it"
         for victim in choice.victims:
-            if self.is_busy(victim.name):
+            if self.records.is_busy(victim.name):
                 continue  # taken by an operation meanwhile: the check below tells
             try:
                 await self._evict(victim.name, gpu.uuid)
@@ -799,11 +648,11 @@ class Models:
     async def _evict(self, name: str, uuid: str) -> None:
         """Put the on-demand model `name` to sleep inside a turn already held on its GPU
         (`uuid`), measured like any unload. Takes its lock, which nothing holds (checked)."""
-        async with self.lock(name):
-            record = self.record(name)
+        async with self.records.lock(name):
+            record = self.records.record(name)
             if not record.life.held_loaded:
                 return
-            self._step(name, record, Event.UNLOAD_STARTED)
+            self.records.step(name, record, Event.UNLOAD_STARTED)
             try:
                 before = await self.admission.read_gpu(uuid)
                 before_net = None if before is None else self.ledger.net(before)
@@ -811,7 +660,7 @@ class Models:
                 await self.triton.wait_unloaded(name, self.limits.unload_timeout)
                 after = await self.admission.read_gpu(uuid)
             except BaseException:
-                self._step(name, record, Event.UNLOAD_FAILED)
+                self.records.step(name, record, Event.UNLOAD_FAILED)
                 raise
             if before_net is not None and after is not None:
                 self.ledger.record_unload(name, before_net, self.ledger.net(after))
@@ -819,8 +668,8 @@ class Models:
         if self.host is not None:
             self.host.forget(name)
             self.crashes.answered(name)
-            self._step(name, record, Event.UNLOADED)
-            self._step(name, record, Event.IDLE)
+            self.records.step(name, record, Event.UNLOADED)
+            self.records.step(name, record, Event.IDLE)
 
     async def _abandon(self, name: str) -> None:
         """Ask Triton to unload a load given up on mid-way. Triton answers once the load has
@@ -845,7 +694,7 @@ class Models:
         alive owns is reported ABSENT untouched (the reconciler removes what is left); one
         another live pod owns is refused."""
         name = self.triton_name(owner)
-        async with self.lock(name):
+        async with self.records.lock(name):
             if not await self._check_owner(name, owner):
                 return ModelStatus(owner.model_id, ModelState.ABSENT)
             return await self._unload_locked(name, reason)
@@ -862,24 +711,20 @@ class Models:
                 f"sleep; only a pod placed with the annotation tritonshare.io/residency: "
                 f"on-demand may be (recreate the pod with it)"
             )
-        async with self.lock(name):
+        async with self.records.lock(name):
             if not await self._check_owner(name, owner):
                 return ModelStatus(owner.model_id, ModelState.ABSENT, residency=owner.residency)
-            record = self._touch(name, owner)
+            record = self.records.touch(name, owner)
             if record.life.phase is not Phase.IDLE_UNLOADED:
                 await self._sleep_locked(name, record, "idle, asked by its pod's proxy")
                 self.metrics.sleeps.labels("idle").inc()
-            return await self._status_locked(name, owner.residency)
+            return await self.reports.current(name, owner.residency)
 
-    async def _sleep_locked(self, name: str, record: _Record, reason: str) -> None:
+    async def _sleep_locked(self, name: str, record: ModelRecord, reason: str) -> None:
         """Unload the model keeping its files, then rest it asleep. Holds the name's lock."""
         if record.life.phase is not Phase.INSTALLED:
             await self._unload_locked(name, reason, keep_files=True)
-        self._step(name, record, Event.IDLE)
-
-    async def _status_locked(self, name: str, residency: str) -> ModelStatus:
-        entry = await self.triton.state(name)
-        return self._status(name, entry, self.repository.installed_manifest(name), residency)
+        self.records.step(name, record, Event.IDLE)
 
     async def unload(
         self, name: str, *, reason: str, cause: Event = Event.UNLOAD_STARTED
@@ -887,7 +732,7 @@ class Models:
         """Unload the model named `name` in Triton, wait until UNAVAILABLE, remove its files and
         its owner record: the agent's own decision (`cause`: an orphan, an eviction), never a
         pod's."""
-        async with self.lock(name):
+        async with self.records.lock(name):
             return await self._unload_locked(name, reason, cause=cause)
 
     async def _unload_locked(
@@ -898,9 +743,9 @@ class Models:
         keep_files: bool = False,
         cause: Event = Event.UNLOAD_STARTED,
     ) -> ModelStatus:
-        model_id = self.public_id(name)
-        record = self._touch(name)
-        self._step(name, record, cause)
+        model_id = self.records.public_id(name)
+        record = self.records.touch(name)
+        self.records.step(name, record, cause)
         started = self.clock()
         work = Work.UNLOAD if cause is Event.UNLOAD_STARTED else Work.EVICT
         try:
@@ -910,7 +755,7 @@ class Models:
             if not keep_files and self.repository.model_dir(name).exists():
                 await self._in_thread(self._remove_or_keep, name)
         except BaseException as e:
-            self._step(name, record, Event.UNLOAD_FAILED)
+            self.records.step(name, record, Event.UNLOAD_FAILED)
             if isinstance(e, AgentError):
                 self.metrics.unload_failures.labels(e.reason).inc()
             raise
@@ -920,7 +765,7 @@ class Models:
             self.host.forget(name)
         self.crashes.answered(name)  # out of Triton on purpose: no crash to tell
         if keep_files:
-            self._step(name, record, Event.UNLOADED)
+            self.records.step(name, record, Event.UNLOADED)
             log.info(
                 "Model %s (%s in Triton) is unloaded; its files stay (%s).",
                 model_id,
@@ -936,194 +781,10 @@ class Models:
             reason,
             extra=subject(model=model_id),
         )
-        self._step(name, record, Event.REMOVED)
-        self._records.pop(name, None)
+        self.records.step(name, record, Event.REMOVED)
+        self.records.forget(name)
         self.owners.drop(name)
         return ModelStatus(model_id, ModelState.ABSENT)
-
-    # Status.
-    def _status(
-        self, name: str, entry: IndexEntry | None, manifest: Manifest | None, residency: str = ""
-    ) -> ModelStatus:
-        record = self._records.get(name) or _Record()
-        state = reported(record.life, entry.state if entry else "", manifest is not None)
-        sleeping = record.life.phase is Phase.IDLE_UNLOADED and state is ModelState.INSTALLED
-        reason = record.life.failure if state is ModelState.FAILED else ""
-        attempts = self.limits.max_load_attempts
-        stopped = state is ModelState.FAILED and given_up(record.life, attempts)
-        if stopped:
-            reason = (
-                f"its load failed {record.life.failures} times in a row (--max-load-attempts "
-                f"{attempts}); it is not tried again until its files are installed again or "
-                f"the pod is recreated. The last failure: {reason}"
-            )
-        quarantined = self.quarantine_of(name)
-        if quarantined is not None and state is not ModelState.READY:
-            state, reason = ModelState.FAILED, quarantine_message(quarantined)
-        return ModelStatus(
-            model_id=self.public_id(name),
-            state=state,
-            reason=reason,
-            given_up=stopped,
-            quarantined=quarantined is not None and state is ModelState.FAILED,
-            quarantine_reason=(
-                NAMESPACE_CRASHED_REASON if isinstance(quarantined, NamespaceRecord) else ""
-            ),
-            manifest_digest=manifest.digest if manifest else "",
-            gpu_uuid=record.gpu_uuid,
-            gpu_index=record.gpu_index,
-            pod=record.pod,
-            triton_name=name,
-            residency=residency,
-            sleeping=sleeping,
-        )
-
-    async def status_for(self, owner: Proven) -> ModelStatus:
-        """The status of the owner's model; a pod that does not own its name learns nothing."""
-        name = self.triton_name(owner)
-        if not await self._check_owner(name, owner):
-            return ModelStatus(owner.model_id, ModelState.ABSENT, residency=owner.residency)
-        return await self._status_locked(name, owner.residency)
-
-    def residencies(self) -> dict[str, Proven]:
-        """Name in Triton -> its owner, for every name a live proven pod owns."""
-        by_uid = {proven.uid: proven for proven in self._pods.all_proven()}
-        owned = {}
-        for name, owner in self.owners.all().items():
-            proven = by_uid.get(owner.uid)
-            if proven is not None:
-                owned[name] = proven
-        return owned
-
-    async def status(self, name: str) -> ModelStatus:
-        """The status of the model named `name` in Triton (the platform's view)."""
-        owner = self.residencies().get(name)
-        return await self._status_locked(name, owner.residency if owner else "")
-
-    async def statuses(self) -> list[ModelStatus]:
-        """Every model on disk, in Triton, or remembered (a failure), sorted by name in Triton."""
-        index = await self.triton.index()
-        names = set(self.repository.installed_models()) | set(self._records)
-        names |= {name for name, entry in index.items() if entry.state in (READY, LOADING)}
-        owners = self.residencies()
-        return [
-            self._status(
-                name,
-                index.get(name),
-                self.repository.installed_manifest(name),
-                owners[name].residency if name in owners else "",
-            )
-            for name in sorted(names)
-        ]
-
-    def _refuse_quarantined(self, digest: str, namespace: str) -> None:
-        """Raise ConflictError when the files or their namespace are quarantined here."""
-        quarantined = self.crashes.quarantined(digest)
-        if quarantined is not None:
-            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
-        namespace_held = self.crashes.namespace_quarantine(namespace)
-        if namespace_held is not None:
-            raise ConflictError(
-                namespace_message(namespace_held), event_reason=NAMESPACE_CRASHED_REASON
-            )
-
-    def quarantine_of(self, name: str) -> CrashRecord | NamespaceRecord | None:
-        """The quarantine of the files installed as `name`, or of their namespace's new loads,
-        if they are quarantined."""
-        owned = self.owners.get(name)
-        if owned is None:
-            return None
-        files = self.crashes.quarantined(owned.digest) if owned.digest else None
-        return files or self.crashes.namespace_quarantine(owned.namespace)
-
-    def quarantine_for(self, owner: Proven) -> PodQuarantine | None:
-        """Whether `owner`'s model files are quarantined here: the files it installed, or those
-        it was refused at install for."""
-        try:
-            owned = self.owners.get(self.triton_name(owner))
-        except AgentError:  # a model id that cannot be served: nothing installed for it
-            owned = None
-        if owned is not None and owned.uid == owner.uid and owned.digest:
-            record = self.crashes.quarantined(owned.digest)
-            if record is not None:
-                return PodQuarantine(record, installed=True)
-        refused = self._refused.get(owner.uid)
-        record = self.crashes.quarantined(refused) if refused else None
-        return PodQuarantine(record, installed=False) if record is not None else None
-
-    def wanting(self, digest: str) -> list[str]:
-        """The live pods of this node (namespace/name) that want the files `digest`: their
-        install holds them, or was refused for them."""
-        found = []
-        for proven in self._pods.all_proven():
-            try:
-                owned = self.owners.get(self.triton_name(proven))
-            except AgentError:
-                owned = None
-            holds = owned is not None and owned.uid == proven.uid and owned.digest == digest
-            if holds or self._refused.get(proven.uid) == digest:
-                found.append(proven.key)
-        return sorted(found)
-
-    def crash_suspected(self, marker: Marker, *, alone: bool = True) -> CrashRecord:
-        """Count a load Triton died under (`marker`, left over, its model not in Triton) against
-        its files (only suspect them, not `alone`: `CrashLedger.crashed`); the model's life
-        follows the count on disk, which survives restarts."""
-        counted = self.crashes.crashed(marker, alone=alone)
-        record = self.record(marker.name)
-        record.life = replace(record.life, crashes=counted.crashes - 1)
-        if (record.life.phase, Event.CRASH_SUSPECTED) in TRANSITIONS:
-            self._step(marker.name, record, Event.CRASH_SUSPECTED)
-        return counted
-
-    def quarantine_cleared(self, cleared: list[CrashRecord]) -> None:
-        """An operator lifted these quarantines: their models may load again."""
-        digests = {r.digest for r in cleared}
-        for name, owned in self.owners.all().items():
-            record = self._records.get(name)
-            if owned.digest in digests and record and record.life.phase is Phase.QUARANTINED:
-                self._step(name, record, Event.QUARANTINE_CLEARED)
-
-    def residency_states(self) -> dict[str, str]:
-        """Name in Triton -> `loaded`, `sleeping` or `waking`, for every on-demand model a live
-        proven pod owns (for the metrics)."""
-        states = {}
-        for name, owner in self.residencies().items():
-            record = self._records.get(name)
-            if not owner.on_demand or record is None:
-                continue
-            phase = record.life.phase
-            if phase is Phase.WAKING:
-                states[name] = "waking"
-            elif phase is Phase.IDLE_UNLOADED:
-                states[name] = "sleeping"
-            elif record.life.counts_loaded:
-                states[name] = "loaded"
-        return states
-
-    def gpu_bytes(self) -> dict[str, tuple[int, int]]:
-        """GPU UUID -> (bytes charged to the models held loaded on it, the larger of request
-        and measured each; bytes its sleeping on-demand models request), for ListGpus."""
-        figures: dict[str, tuple[int, int]] = {}
-        for name, owner in self.residencies().items():
-            record = self._records.get(name)
-            if record is None or not owner.gpu_uuid:
-                continue
-            loaded, sleeping = figures.get(owner.gpu_uuid, (0, 0))
-            if record.life.counts_loaded:
-                loaded += max(owner.request, self.ledger.measured(name))
-            elif record.life.phase is Phase.IDLE_UNLOADED:
-                sleeping += owner.request
-            figures[owner.gpu_uuid] = (loaded, sleeping)
-        return figures
-
-    def loaded_per_gpu(self) -> dict[str, int]:
-        """Models the agent holds loaded, by GPU UUID ("" for the CPU), for metrics."""
-        counts: dict[str, int] = {}
-        for record in self._records.values():
-            if record.life.counts_loaded:
-                counts[record.gpu_uuid] = counts.get(record.gpu_uuid, 0) + 1
-        return counts
 
     async def vouch(self, name: str, owner: Proven) -> str:
         """Why the agent cannot vouch that what Triton runs as `name` is the owner's model as it
@@ -1149,7 +810,7 @@ class Models:
     async def evict_unvouched(self, name: str, owner: Proven, why: str) -> None:
         """Take out of Triton what the agent cannot vouch for; keep the owner's files when they
         are the ones it installed (the reconciler then loads them again), else remove them."""
-        async with self.lock(name):
+        async with self.records.lock(name):
             keep = self.files_vouched(name, owner)
             await self._unload_locked(
                 name, f"Triton ran it unvouched: {why}", keep_files=keep, cause=Event.UNVOUCHED
@@ -1160,8 +821,8 @@ class Models:
 
     def adopt(self, name: str, owner: Proven) -> None:
         """Take over a model Triton already runs, vouched for, after an agent restart."""
-        record = self._touch(name, owner)
-        self._step(name, record, Event.ADOPTED)
+        record = self.records.touch(name, owner)
+        self.records.step(name, record, Event.ADOPTED)
         record.vouched_at = self.clock()
         record.pod = owner.key
         record.gpu_uuid = owner.gpu_uuid

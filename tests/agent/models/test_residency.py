@@ -291,7 +291,7 @@ async def test_an_always_pod_is_never_put_to_sleep_even_with_its_annotation_flip
     # Never slept: what happens to it now is what happens to any pod whose proof broke.
     registry = running.agent.metrics.registry
     assert not registry.get_sample_value("tritonshare_agent_model_sleeps_total", {"reason": "idle"})
-    assert running.agent.models.record(name).life.phase is not Phase.IDLE_UNLOADED
+    assert running.agent.models.records.record(name).life.phase is not Phase.IDLE_UNLOADED
 
 
 def report_activity(
