@@ -73,9 +73,9 @@ WAKE_FAILED_REASON = "ModelWakeFailed"
 
 
 MakeRoom = Callable[[Proven, GpuInfo, str, bool], Awaitable[tuple[GpuInfo | None, str]]]
-"""Makes room on a GPU for a load that does not fit (`Models._make_gpu_room`): given the load's
-owner, the GPU's reading, the admission's problem and whether it wakes the model, the GPU's
-reading after and what still stands in the way ("" when it fits)."""
+"""Makes room on a GPU for a load that does not fit (`agent.models.gpuroom.RoomMaker`): given
+the load's owner, the GPU's reading, the admission's problem and whether it wakes the model, the
+GPU's reading after and what still stands in the way ("" when it fits)."""
 
 
 class Gpus(Protocol):
@@ -110,7 +110,8 @@ class GpuAdmission:
         self._gpus = gpus
         self.metrics = metrics
         self._booked = booked
-        """What every proven placement on a GPU holds but one pod's (`Models.booked`)."""
+        """What every proven placement on a GPU holds but one pod's
+        (`agent.models.gpuroom.Bookings.booked`)."""
         self.apart = apart if apart is not None and apart.known else None
         """Reads what models measured apart hold (None: every load keeps its GPU to itself)."""
         self.clock = clock

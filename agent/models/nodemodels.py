@@ -1,24 +1,17 @@
-"""The models on this node: install, load, unload and status, serialized per model.
+"""The models on this node: install, load, sleep and unload, serialized per model.
 
 This is where the repository (files) and Triton (loaded instances) meet, and it only
-orchestrates: every operation on one model holds that model's lock (by its name in Triton,
-`agent.pods.owners`), so concurrent requests for the same model run one after another while
-different models proceed in parallel; file work runs on the agent's own small thread pool so the
-event loop keeps answering health checks and other models. Callers name a model by its public id;
-the agent finds its name in Triton from the caller's pod.
+orchestrates: every operation on one model holds that model's lock, so concurrent requests for the
+same model run one after another while different models proceed in parallel; file work runs on
+the agent's own small thread pool so the event loop keeps answering. Callers name a model by its
+public id; the agent finds its name in Triton from the caller's pod (`agent.pods.owners`).
 
-The rules are other modules': which pod owns a name (`agent.pods.owners`); receiving, checking and
-committing files and the disk each namespace holds (`agent.models.install`); which moves a model's
-life may make and what the agent reports for it (`agent.phases`: each model's `Life` is stepped
-here, under its lock, around the I/O the step stands for); which load or unload uses a GPU's slot
-next (`agent.gpus.gpuqueue`); whether a load fits its GPU (`agent.gpus.memory`); which GPU a pod was
-placed on (`agent.gpus.inventory`). It decides nothing about who may call (`agent.api.auth`) or
-which models are wanted (`agent.models.reconcile`).
-
-An `on-demand` model (by its pod's proof) may be put to sleep: unloaded, files and owner kept, its
-next load a wake. A load that does not fit on its GPU first puts idle on-demand models of that GPU
-to sleep, inside its own GPU turn; which ones is `agent.models.evictor`'s and
-`agent.models.eviction`'s.
+`Models` composes the parts: each model's record and lock (`agent.models.records`); receiving and
+checking files (`agent.models.install`); each GPU's turns, admission and billing
+(`agent.models.gpuadmission`); what placements hold, and idle on-demand models put to sleep for a
+load that does not fit (`agent.models.gpuroom`); quarantined files (`agent.models.quarantines`);
+status (`agent.models.statuses`). Which moves a model's life may make is `agent.phases`'; who may
+call, `agent.api.auth`'s; which models are wanted, `agent.models.reconcile`'s.
 """
 
 from __future__ import annotations
@@ -46,8 +39,8 @@ from agent.errors import (
 )
 from agent.gpus.apart import ApartMemory
 from agent.gpus.gpuqueue import Work
-from agent.gpus.inventory import GpuInfo, gpu_for
-from agent.gpus.memory import MemoryLedger, admission_problem
+from agent.gpus.inventory import gpu_for
+from agent.gpus.memory import MemoryLedger
 from agent.installs.filecache import FileCache, NamespaceDisk
 from agent.installs.limits import ModelLimits
 from agent.installs.modelconfig import (
@@ -60,9 +53,9 @@ from agent.installs.modelconfig import (
 )
 from agent.installs.repository import Repository
 from agent.metrics import AgentMetrics
-from agent.models.eviction import Gpu, Loaded
 from agent.models.evictor import Evictor
 from agent.models.gpuadmission import GpuAdmission, Gpus
+from agent.models.gpuroom import Bookings, RoomMaker
 from agent.models.heldloads import HeldLoads
 from agent.models.install import Installer, InstallResult, not_kept
 from agent.models.probationhold import ProbationHold
@@ -161,9 +154,6 @@ class Models:
         self.installer = Installer(repository, owners, limits, metrics, cache, disk, clock)
         self.ledger = ledger or MemoryLedger()
         self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
-        self.evictor = evictor
-        """Chooses idle on-demand models to put to sleep for a load that does not fit (None:
-        such a load is refused)."""
         self.host = host
         """Admits loads on Triton's host memory (`agent.models.tritonram`); None: not admitted."""
         self.records = ModelRecords(
@@ -187,11 +177,38 @@ class Models:
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load (one whose READY is
         watched, `agent.quarantine.records`) is under way or just ended; None: never held."""
+        self.bookings = Bookings(
+            self.ownership, self.records, self.ledger, pods.all_proven, clock=clock, wall=wall
+        )
+        """What the placements on each GPU hold (`agent.models.gpuroom`)."""
         self.admission = GpuAdmission(
-            triton, limits, self.ledger, gpus, metrics, booked=self.booked, apart=apart, clock=clock
+            triton,
+            limits,
+            self.ledger,
+            gpus,
+            metrics,
+            booked=self.bookings.booked,
+            apart=apart,
+            clock=clock,
         )
         """Every GPU's turns, and what its loads are admitted and billed
         (`agent.models.gpuadmission`)."""
+        self.room = None
+        """Puts idle on-demand models to sleep for a load that does not fit
+        (`agent.models.gpuroom`); None, without an evictor: such a load is refused."""
+        if evictor is not None:
+            self.room = RoomMaker(
+                evictor,
+                self.bookings,
+                self.admission,
+                self.records,
+                triton,
+                self.ledger,
+                limits,
+                gpus,
+                self.crashes,
+                host,
+            )
         self.clock = clock
         self._wall = wall
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-files")
@@ -209,24 +226,6 @@ class Models:
     def triton_name(self, owner: Proven) -> str:
         """The name of `owner`'s model in Triton (`agent.pods.owners.Owners.triton_name`)."""
         return self.ownership.triton_name(owner)
-
-    def booked(self, gpu_uuid: str, except_uid: str) -> list[int]:
-        """What every proven placement on a GPU holds but one pod's: the larger of its request and
-        what its model is measured to use."""
-        held = []
-        for proven in self._pods.all_proven():
-            if proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
-                continue
-            try:
-                name = self.triton_name(proven)
-            except AgentError:
-                name = ""  # no model of it can be loaded here: its request alone counts
-            owner = self.owners.get(name)
-            mine = owner is not None and owner.uid == proven.uid
-            if proven.on_demand and not (mine and self.records.held_loaded(name)):
-                continue  # asleep, or not loaded yet: it takes room only once loaded
-            held.append(max(proven.request, self.ledger.measured(name) if mine else 0))
-        return held
 
     @staticmethod
     def _name_check(model_id: str, owner: Proven) -> None:
@@ -481,7 +480,7 @@ class Models:
                 apart=apart,
                 # READY: an exit from now on finds it settling, even while it is measured.
                 on_ready=lambda: self.crashes.finished(marker, settle=settle),
-                make_room=self._make_gpu_room if self.evictor is not None else None,
+                make_room=self.room.make_room if self.room is not None else None,
             )
         except LoadTimedOutError as e:
             self.records.step(name, record, Event.LOAD_FAILED, str(e))
@@ -561,115 +560,6 @@ class Models:
         return self.reports.status_of(
             name, await self.triton.state(name), manifest, owner.residency
         )
-
-    def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
-        """What every proven placement on a GPU holds but one pod's, as `booked` counts it, by
-        name in Triton, for the eviction rule."""
-        held = {}
-        now, wall = self.clock(), self._wall()
-        for proven in self._pods.all_proven():
-            if proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
-                continue
-            try:
-                name = self.triton_name(proven)
-            except AgentError:
-                continue
-            owner = self.owners.get(name)
-            mine = owner is not None and owner.uid == proven.uid
-            if proven.on_demand and not (mine and self.records.held_loaded(name)):
-                continue
-            record = self.records.get(name)
-            touched = record.last_activity if record else now
-            # A refused or lost load is booked but holds nothing to free: not a victim.
-            resting = proven.on_demand and not (record and record.life.phase is Phase.READY)
-            held[name] = (
-                Loaded(
-                    name,
-                    proven.namespace,
-                    proven.model_id,
-                    max(proven.request, self.ledger.measured(name) if mine else 0),
-                    proven.on_demand,
-                    busy=self.records.is_busy(name) or resting,
-                    last_used=wall - (now - touched),
-                ),
-                proven,
-            )
-        return held
-
-    async def _make_gpu_room(
-        self, owner: Proven, gpu: GpuInfo, problem: str, waking: bool
-    ) -> tuple[GpuInfo | None, str]:
-        """Put on-demand models of the owner's GPU to sleep until its load fits (idle ones,
-        or those past their namespace's share), as `agent.models.eviction` chooses; inside the
-        load's GPU turn, holding the lock of the model to load, after admission found `problem`. The
-        GPU's reading after, and what still stands in the way ("" when it fits)."""
-        assert self.evictor is not None
-        reserve = self.limits.gpu_mem_reserve
-        capacity = gpu.memory_total - reserve
-        booked = sum(self.booked(gpu.uuid, owner.uid))
-        needed = max(booked + owner.request - capacity, owner.request - (gpu.memory_free - reserve))
-        held = self._held_on(gpu.uuid, owner.uid)
-        if not any(m.on_demand for m, _ in held.values()):
-            return gpu, problem  # nothing on the GPU may ever make room
-        label = f"GPU {gpu.index} ({gpu.uuid})"
-        claim = owner.request if owner.on_demand else 0
-        choice = self.evictor.choose(
-            Gpu(label, capacity), [m for m, _ in held.values()], owner.namespace, needed, claim
-        )
-        if choice.problem:
-            return gpu, f"{problem}, and no room can be made: {choice.problem}"
-        why = f"a {'wake' if waking else 'load'} of another model needed it"
-        for victim in choice.victims:
-            if self.records.is_busy(victim.name):
-                continue  # taken by an operation meanwhile: the check below tells
-            try:
-                await self._evict(victim.name, gpu.uuid)
-            except AgentError as e:
-                log.warning("Putting idle model %s to sleep failed: %s", victim.name, e)
-                return await self._gpus.read_gpu(gpu.uuid), (
-                    f"an idle model on {label} could not be put to sleep to make room"
-                )
-            _, proven = held[victim.name]
-            self.evictor.evicted(
-                victim,
-                proven.key,
-                proven.uid,
-                why,
-                waking,
-                reclaimed=victim.name in choice.reclaimed,
-            )
-        after = await self.admission.read_gpu(gpu.uuid)
-        if after is None:
-            return None, ""
-        self.admission.unexplained(self.ledger.observe_gpu(after))
-        booked_after = self.booked(gpu.uuid, owner.uid)
-        return after, admission_problem(after, owner.request, booked_after, reserve)
-
-    async def _evict(self, name: str, uuid: str) -> None:
-        """Put the on-demand model `name` to sleep inside a turn already held on its GPU
-        (`uuid`), measured like any unload. Takes its lock, which nothing holds (checked)."""
-        async with self.records.lock(name):
-            record = self.records.record(name)
-            if not record.life.held_loaded:
-                return
-            self.records.step(name, record, Event.UNLOAD_STARTED)
-            try:
-                before = await self.admission.read_gpu(uuid)
-                before_net = None if before is None else self.ledger.net(before)
-                await self.triton.unload(name)
-                await self.triton.wait_unloaded(name, self.limits.unload_timeout)
-                after = await self.admission.read_gpu(uuid)
-            except BaseException:
-                self.records.step(name, record, Event.UNLOAD_FAILED)
-                raise
-            if before_net is not None and after is not None:
-                self.ledger.record_unload(name, before_net, self.ledger.net(after))
-            self.ledger.forget(name)
-        if self.host is not None:
-            self.host.forget(name)
-            self.crashes.answered(name)
-            self.records.step(name, record, Event.UNLOADED)
-            self.records.step(name, record, Event.IDLE)
 
     async def _abandon(self, name: str) -> None:
         """Ask Triton to unload a load given up on mid-way. Triton answers once the load has
