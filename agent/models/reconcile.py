@@ -354,7 +354,7 @@ class Reconciler:
 
     def _announce_given_up(self, name: str, pod: Proven, life: Life) -> None:
         """Tell the pod, once, that its model's loads are given up (its condition says so too,
-        from `Models.status`)."""
+        from `ModelReports.status`)."""
         if name in self._given_up:
             return
         self._given_up.add(name)

@@ -1,7 +1,7 @@
 """The `tritonshare.io/ModelLoaded` pod condition: whether the node serves each model pod's model.
 
 For every Running pod on this node whose placement is proven, each pass compares what the node
-has of its model (`Models.status`, as the pod itself would learn it) with the condition on the
+has of its model (`ModelReports.status`, as the pod itself would learn it) with the condition on the
 pod, and writes the condition only when its status or reason changes. The status and reason for
 each state are `agent.phases.CONDITIONS`'; this module adds the message: `True` (ModelReady) when
 the model is READY; `False` when it is missing (ModelMissing: the node pod was replaced or the
