@@ -122,7 +122,6 @@ class Models:
         self.ownership = Owners(owners, pods.owner_alive)
         self.limits = limits
         self._gpus = gpus
-        self._pods = pods
         self.metrics = metrics
         disk = namespace_disk or NamespaceDisk(0)
         self.installer = Installer(repository, owners, limits, metrics, cache, disk, clock)
