@@ -279,7 +279,7 @@ class Agent:
             self._quarantine_cleared,
             period=settings.lease_renew_seconds,
             on_callers_cleared=self._callers_cleared,
-            wanting=self.models.wanting,
+            wanting=self.models.quarantine.wanting,
         )
         # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
         self.request_crashes: RequestCrashes | None = None
@@ -299,9 +299,9 @@ class Agent:
             self.kube,
             self.events,
             settings.keys.model_loaded,
-            self.models.status_for,
+            self.models.reports.status_for,
             refused=self.request_crashes.quarantine_of if self.request_crashes else None,
-            quarantine=self.models.quarantine_for,
+            quarantine=self.models.quarantine.for_pod,
             fail_pod=self.kube.fail_pod,
             hosts=self.pods,
             remove=self.kube.remove_pod_condition,
@@ -329,7 +329,7 @@ class Agent:
             self.hold.drained = self._held_drained
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
         self.metrics.watch_kept(self.cache.kept)
-        self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
+        self.metrics.watch_gpus(self._gpu_snapshot, self.models.reports.loaded_per_gpu)
         self.metrics.watch_foreign(self.foreign.counts)
         self.metrics.watch_host_memory(
             self.host_memory.used_bytes, self.host_memory.limit, self.host_memory.models
@@ -338,7 +338,7 @@ class Agent:
         self.metrics.watch_quarantine(
             self.crashes.records, self.crashes.callers, self.crashes.namespaces
         )
-        self.metrics.watch_residency(self.models.residency_states)
+        self.metrics.watch_residency(self.models.reports.residency_states)
 
         # Serving the pods: who may call, the service, the gate in front of it.
         self.authorizer = Authorizer(
@@ -424,7 +424,7 @@ class Agent:
             self.callers.changed()  # the gateway refuses the quarantined pods from now on
 
     def _quarantine_cleared(self, cleared: list[CrashRecord]) -> None:
-        self.models.quarantine_cleared(cleared)
+        self.models.quarantine.cleared(cleared)
         self.reconciler.trigger()
 
     def _callers_cleared(self, cleared: list[CallerRecord]) -> None:

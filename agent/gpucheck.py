@@ -360,8 +360,8 @@ def measure(
     m.idle_used = _used(reader, uuid).memory_used
     try:
         m.runs_on = stand_in.start()
-        # agent.models.nodemodels._load_measured: the GPU is marked loading, read, admitted, loaded,
-        # read.
+        # agent.models.gpuadmission.GpuAdmission.load_measured: the GPU is marked loading, read,
+        # admitted, loaded, read.
         ledger.loading.add(uuid)
         before = _used(reader, uuid)
         m.before_used = before.memory_used

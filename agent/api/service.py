@@ -36,7 +36,8 @@ from agent.gpus.inventory import GpuSnapshot
 from agent.installs.repository import build_manifest
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.models.nodemodels import Chunk, Models, ModelStatus
+from agent.models.nodemodels import Chunk, Models
+from agent.models.statuses import ModelStatus
 from agent.pods.callerkeys import CallerKeys
 from agent.pods.loadfailures import LoadFailures
 from agent.pods.proofs import Proven
@@ -257,12 +258,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             caller = await self._caller(context)
             if self.authorizer.is_platform(caller):
                 # The platform names a model as Triton does (ListModels lists those names).
-                status = await self.models.status(request.model_id)
+                status = await self.models.reports.status(request.model_id)
             else:
                 owner = await self.authorizer.authorize_model(
                     caller, request.model_id, _ordinal(request)
                 )
-                status = await self.models.status_for(owner)
+                status = await self.models.reports.status_for(owner)
         except AgentError as e:
             return self._fail(context, "GetModel", e, caller)
         self._ok("GetModel")
@@ -272,7 +273,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         try:
             caller = await self._caller(context)
             self.authorizer.require_platform(caller, "list the node's models")
-            statuses = await self.models.statuses()
+            statuses = await self.models.reports.statuses()
         except AgentError as e:
             return self._fail(context, "ListModels", e)
         self._ok("ListModels")
@@ -295,7 +296,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             if changed and self.on_failures_reported is not None:
                 self.on_failures_reported()
             statuses = await asyncio.gather(
-                *(self.models.status_for(proven) for _, proven in hosted),
+                *(self.models.reports.status_for(proven) for _, proven in hosted),
                 return_exceptions=True,
             )
             for status in statuses:
@@ -365,7 +366,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             return self._fail(context, "ListGpus", e)
         self._ok("ListGpus")
         snapshot = self._gpus()
-        held = self.models.gpu_bytes()
+        held = self.models.reports.gpu_bytes()
         return agent_pb2.ListGpusResponse(
             node=self.node_name,
             gpus=[

@@ -1,90 +1,64 @@
-"""The models on this node: install, load, unload and status, serialized per model.
+"""The models on this node: install, load, sleep and unload, serialized per model.
 
 This is where the repository (files) and Triton (loaded instances) meet, and it only
-orchestrates: every operation on one model holds that model's lock (by its name in Triton,
-`agent.pods.owners`), so concurrent requests for the same model run one after another while
-different models proceed in parallel; file work runs on the agent's own small thread pool so the
-event loop keeps answering health checks and other models. Callers name a model by its public id;
-the agent finds its name in Triton from the caller's pod.
+orchestrates: every operation on one model holds that model's lock, so concurrent requests for the
+same model run one after another while different models proceed in parallel; file work runs on
+the agent's own small thread pool so the event loop keeps answering. Callers name a model by its
+public id; the agent finds its name in Triton from the caller's pod (`agent.pods.owners`).
 
-The rules are other modules': which pod owns a name (`agent.pods.owners`); receiving, checking and
-committing files and the disk each namespace holds (`agent.models.install`); which moves a model's
-life may make and what the agent reports for it (`agent.phases`: each model's `Life` is stepped
-here, under its lock, around the I/O the step stands for); which load or unload uses a GPU's slot
-next (`agent.gpus.gpuqueue`); whether a load fits its GPU (`agent.gpus.memory`); which GPU a pod was
-placed on (`agent.gpus.inventory`). It decides nothing about who may call (`agent.api.auth`) or
-which models are wanted (`agent.models.reconcile`).
-
-An `on-demand` model (by its pod's proof) may be put to sleep: unloaded, files and owner kept, its
-next load a wake. A load that does not fit on its GPU first puts idle on-demand models of that GPU
-to sleep, inside its own GPU turn; which ones is `agent.models.evictor`'s and
-`agent.models.eviction`'s.
+`Models` composes the parts: each model's record and lock (`agent.models.records`); receiving and
+checking files (`agent.models.install`); each GPU's turns, admission and billing
+(`agent.models.gpuadmission`); what placements hold, and idle on-demand models put to sleep for a
+load that does not fit (`agent.models.gpuroom`); quarantined files (`agent.models.quarantines`);
+status (`agent.models.statuses`). Which moves a model's life may make is `agent.phases`'; who may
+call, `agent.api.auth`'s; which models are wanted, `agent.models.reconcile`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Protocol, TypeVar
 
 from agent.errors import (
     AgentError,
     ConflictError,
     DigestMismatchError,
-    HostMemoryExhaustedError,
-    LoadTimedOutError,
-    NotFoundError,
-    ResourceExhaustedError,
-    TritonError,
-    TritonNotConnectedError,
-    TritonUnreachableError,
 )
 from agent.gpus.apart import ApartMemory
-from agent.gpus.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
-from agent.gpus.inventory import GpuInfo, GpuSnapshot, gpu_for
-from agent.gpus.memory import MemoryLedger, Unexplained, admission_problem, describe
+from agent.gpus.gpuqueue import Work
+from agent.gpus.memory import MemoryLedger
 from agent.installs.filecache import FileCache, NamespaceDisk
 from agent.installs.limits import ModelLimits
 from agent.installs.modelconfig import (
-    backend_of,
-    check_declared_backend,
-    override_json,
-    parse_config,
     pinned_as,
-    pinned_config,
 )
 from agent.installs.repository import Repository
 from agent.metrics import AgentMetrics
-from agent.models.eviction import Gpu, Loaded
 from agent.models.evictor import Evictor
-from agent.models.heldloads import HeldLoads
+from agent.models.gpuadmission import GpuAdmission, Gpus
+from agent.models.gpuroom import Bookings, RoomMaker
 from agent.models.install import Installer, InstallResult, not_kept
+from agent.models.loads import Loads
 from agent.models.probationhold import ProbationHold
-from agent.models.tritonram import Admitted, HostMemory
+from agent.models.quarantines import Quarantines
+from agent.models.records import ModelRecord, ModelRecords
+from agent.models.statuses import ModelReports, ModelStatus
+from agent.models.tritonram import HostMemory
 from agent.phases import (
-    TRANSITIONS,
     Event,
-    Life,
     ModelState,
     Phase,
     Rules,
-    given_up,
-    reported,
-    step,
 )
 from agent.pods.owners import Owners
 from agent.pods.ownership import OwnerRecord, OwnerStore
 from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger, CrashRecord, Marker, NamespaceRecord
-from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
-from common.backends import runs_in_own_process
+from agent.quarantine.records import CrashLedger
+from agent.triton import LOADING, READY, UNLOADING, TritonClient
 from common.logs import subject
 from common.manifest import Manifest
 
@@ -93,7 +67,6 @@ __all__ = [
     "InstallResult",
     "ModelLimits",
     "ModelState",
-    "ModelStatus",
     "Models",
     "Pods",
 ]
@@ -103,157 +76,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class ModelStatus:
-    """What the agent reports about one model."""
-
-    model_id: str
-    """The public id, as the pod's clients name the model."""
-    state: ModelState
-    reason: str = ""
-    manifest_digest: str = ""
-    gpu_uuid: str = ""
-    gpu_index: int = -1
-    pod: str = ""
-    triton_name: str = ""
-    """The model's name in Triton (its pod's private name, or a legacy model's public id)."""
-    given_up: bool = False
-    """Its loads failed --max-load-attempts times in a row: none is tried until it changes."""
-    quarantined: bool = False
-    """Its files coincided with too many of Triton's unexpected exits
-    (`agent.quarantine.records`)."""
-    quarantine_reason: str = ""
-    """The condition's reason when it is not the files' own quarantine (its namespace's)."""
-    residency: str = ""
-    """Its pod's residency class from the proof of placement ("" when no live pod owns it)."""
-    sleeping: bool = False
-    """An on-demand model unloaded while idle, its files kept: its next load wakes it."""
-
-
-@dataclass
-class _Record:
-    """What the agent remembers about a model beyond the disk and Triton."""
-
-    model_id: str = ""
-    """The public id, once an owner acted on the model (for status and logs)."""
-    life: Life = field(default_factory=Life)
-    """Its phase on the node (`agent.phases`), stepped only through `Models._step`."""
-    gpu_uuid: str = ""
-    gpu_index: int = -1
-    pod: str = ""
-    last_activity: float = 0.0
-    vouched_at: float = 0.0
-    """When the agent last checked that Triton runs what it installed (monotonic seconds)."""
-
-
 Chunk = tuple[str, int, bytes]
-
-
-@dataclass(frozen=True)
-class _Billed:
-    """A load to bill when its GPU's window closes."""
-
-    name: str
-    request: int
-    reported: int | None
-    model_id: str
-    pod: str
-    index: int
-
-
-class _AloneError(Exception):
-    """A load granted beside an unload cannot share its window (it does not fit without the
-    unload's memory, or the unload has ended): it asks for its turn again, alone."""
-
-
-@dataclass
-class _Window:
-    """One GPU's measured window (`Models._gpu_window`): an unload's, a load's, or both."""
-
-    before: GpuInfo | None = None
-    """The GPU's reading when the window opened (after the evictions of a load that made room)."""
-    before_net: int = 0
-    """Its used bytes less what the models measured apart held then (`MemoryLedger.net`)."""
-    opened: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once `before` is read (or its reading failed)."""
-    members: int = 0
-    closing: bool = False
-    """Its last turn has left and it is being billed: no turn joins it."""
-    unloads: list[tuple[str, int]] = field(default_factory=list)
-    """The models unloaded in it, each with its figure as its unload began."""
-    load: _Billed | None = None
-
-
-WAKE_FAILED_REASON = "ModelWakeFailed"
-"""The reason of the Warning Event on a pod whose sleeping model could not be woken."""
-
-CRASHED_REASON = "ModelCrashedTriton"
-"""The reason of the pod's condition and Warning Event for a quarantined model."""
-
-
-NAMESPACE_CRASHED_REASON = "NamespaceCrashedTriton"
-"""The reason of the pod's condition and Warning Event when its namespace's new loads are
-quarantined on the node."""
-
-
-def namespace_message(record: NamespaceRecord) -> str:
-    return (
-        f"Triton exited under the loads of namespace {record.namespace} on this node "
-        f"{record.crashes} times (last for pod {record.pod}, --crash-quarantine-after plus "
-        f"--crash-namespace-quarantine-after): the node loads no model of namespace "
-        f"{record.namespace}, so that "
-        f"its other models stay served; fix the models, or ask the operator to clear it "
-        f"(tritonshare quarantine clear <node> {record.namespace}/*)"
-    )
-
-
-def quarantine_message(record: CrashRecord | NamespaceRecord) -> str:
-    if isinstance(record, NamespaceRecord):
-        return namespace_message(record)
-    return crash_message(record)
-
-
-@dataclass(frozen=True)
-class PodQuarantine:
-    """A pod's model files are quarantined on this node (`Models.quarantine_for`)."""
-
-    record: CrashRecord
-    installed: bool
-    """Its own install holds them (its loads crashed Triton); False: its install was refused."""
-
-
-REFUSED_REMEMBERED = 10_000
-"""Pods remembered as refused at install for quarantined files (forgotten all at once beyond)."""
-
-
-def crash_message(record: CrashRecord) -> str:
-    return (
-        f"model {record.model_id} was being loaded when the node's Triton exited unexpectedly "
-        f"{record.crashes} times in a row (last for pod {record.pod}): it is quarantined on this "
-        f"node and not loaded here again, so that the node's other models stay served; fix the "
-        f"model (a new version of its files loads), or ask the operator to clear it "
-        f"(tritonshare quarantine clear <node> {record.namespace}/{record.model_id})"
-    )
-
-
-def _subdirectories(directory: Path) -> list[str]:
-    """The names of the directory's subdirectories as Triton lists them (links followed)."""
-    try:
-        with os.scandir(directory) as entries:
-            return [entry.name for entry in entries if entry.is_dir()]
-    except OSError:
-        return []
-
-
-class Gpus(Protocol):
-    """The node's GPUs as model operations see them (`agent.status.node.NodePublisher`)."""
-
-    @property
-    def snapshot(self) -> GpuSnapshot | None:
-        """The latest reading of every GPU; None before the first."""
-
-    async def read_gpu(self, uuid: str) -> GpuInfo | None:
-        """A fresh reading of one GPU, by UUID; None when it is not on the node."""
 
 
 class Pods(Protocol):
@@ -299,43 +122,86 @@ class Models:
         self.ownership = Owners(owners, pods.owner_alive)
         self.limits = limits
         self._gpus = gpus
-        self._pods = pods
         self.metrics = metrics
         disk = namespace_disk or NamespaceDisk(0)
         self.installer = Installer(repository, owners, limits, metrics, cache, disk, clock)
         self.ledger = ledger or MemoryLedger()
         self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
-        self.evictor = evictor
-        """Chooses idle on-demand models to put to sleep for a load that does not fit (None:
-        such a load is refused)."""
         self.host = host
         """Admits loads on Triton's host memory (`agent.models.tritonram`); None: not admitted."""
-        self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
-        self.held_loads = HeldLoads()
-        self.hold = hold
-        """Holds probationers' requests at the gateway while a watched load (one whose READY is
-        watched, `agent.quarantine.records`) is under way or just ended; None: never held."""
-        self._load_budget = load_budget(
-            limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
+        self.records = ModelRecords(
+            repository, owners, Rules(quarantine_after=self.crashes.quarantine_after), clock
         )
-        self.apart = apart if apart is not None and apart.known else None
-        """Reads what models measured apart hold (None: every load keeps its GPU to itself)."""
-        self.gpu_queue = GpuQueue(self._load_budget, parallel=limits.parallel_loads)
-        self._loading_apart: dict[str, dict[str, int]] = {}
-        """GPU UUID -> the loads measured apart under way there, each with its request."""
-        self._granted: dict[int, asyncio.Future[None]] = {}
-        """Turn number -> what its waiter awaits until the GPU queue grants it."""
-        self._windows: dict[str, _Window] = {}
-        """GPU UUID -> its measured window open now."""
+        """Every model's record and lock (`agent.models.records`)."""
+        self.quarantine = Quarantines(self.crashes, self.ownership, self.records, pods.all_proven)
+        """What quarantined files refuse and report (`agent.models.quarantines`)."""
+        self.reports = ModelReports(
+            self.records,
+            self.quarantine,
+            self.ownership,
+            repository,
+            triton,
+            self.ledger,
+            limits,
+            pods.all_proven,
+        )
+        """The models' status and the node's figures of them (`agent.models.statuses`)."""
+        self.hold = hold
+        """Holds probationers' requests at the gateway while a watched load is under way or just
+        ended (`agent.models.probationhold`); None: never held."""
+        self.bookings = Bookings(
+            self.ownership, self.records, self.ledger, pods.all_proven, clock=clock, wall=wall
+        )
+        """What the placements on each GPU hold (`agent.models.gpuroom`)."""
+        self.admission = GpuAdmission(
+            triton,
+            limits,
+            self.ledger,
+            gpus,
+            metrics,
+            booked=self.bookings.booked,
+            apart=apart,
+            clock=clock,
+        )
+        """Every GPU's turns, and what its loads are admitted and billed
+        (`agent.models.gpuadmission`)."""
+        self.room = None
+        """Puts idle on-demand models to sleep for a load that does not fit
+        (`agent.models.gpuroom`); None, without an evictor: such a load is refused."""
+        if evictor is not None:
+            self.room = RoomMaker(
+                evictor,
+                self.bookings,
+                self.admission,
+                self.records,
+                triton,
+                self.ledger,
+                limits,
+                gpus,
+                self.crashes,
+                host,
+            )
         self.clock = clock
-        self._wall = wall
-        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-        """Name -> its lock and how many operations hold or await it: a lock lives only while
-        used, so names of pods long gone (every rollout brings new ones) cost nothing."""
-        self._records: dict[str, _Record] = {}
-        self._refused: dict[str, str] = {}
-        """Pod uid -> the digest of the quarantined files its install was refused for."""
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-files")
+        self.loads = Loads(
+            repository,
+            triton,
+            limits,
+            metrics,
+            gpus,
+            records=self.records,
+            crashes=self.crashes,
+            quarantine=self.quarantine,
+            reports=self.reports,
+            admission=self.admission,
+            room=self.room,
+            host=host,
+            hold=hold,
+            executor=self._executor,
+            clock=clock,
+            wall=wall,
+        )
+        """Each model's load into Triton and what stands around it (`agent.models.loads`)."""
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -346,88 +212,10 @@ class Models:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor or self._executor, fn, *args)
 
-    @contextlib.asynccontextmanager
-    async def lock(self, name: str) -> AsyncIterator[None]:
-        """Hold the lock of the model named `name` in Triton (operations on one model run one
-        after another)."""
-        lock, users = self._locks.setdefault(name, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._locks[name]
-
-    def is_busy(self, name: str) -> bool:
-        return name in self._locks
-
-    def record(self, name: str) -> _Record:
-        record = self._records.get(name)
-        if record is None:
-            # Remembered from now on: files already on disk (an agent restart) are at rest.
-            phase = Phase.INSTALLED if self.repository.model_dir(name).exists() else Phase.ABSENT
-            record = self._records[name] = _Record(life=Life(phase), last_activity=self.clock())
-        return record
-
-    def _step(self, name: str, record: _Record, event: Event, reason: str = "") -> None:
-        """Move the model's life by `event` (the only writer of `_Record.life`)."""
-        before = record.life.phase
-        record.life = step(record.life, event, self.clock(), reason, self.rules)
-        if record.life.phase is not before:
-            log.debug(
-                "Model %s: %s -> %s (%s).", name, before.value, record.life.phase.value, event.value
-            )
-
-    def note(self, name: str, event: Event) -> None:
-        """An event the reconciler observed for a model no operation holds (Triton lost it,
-        or runs it vouched for again)."""
-        self._step(name, self.record(name), event)
-
-    def known_records(self) -> dict[str, _Record]:
-        """What the agent remembers, by the model's name in Triton."""
-        return dict(self._records)
-
-    def _touch(self, name: str, owner: Proven | None = None) -> _Record:
-        record = self.record(name)
-        record.last_activity = self.clock()
-        if owner is not None:
-            record.model_id = owner.model_id
-        return record
-
     # Names and ownership (the rules are `agent.pods.owners`').
     def triton_name(self, owner: Proven) -> str:
         """The name of `owner`'s model in Triton (`agent.pods.owners.Owners.triton_name`)."""
         return self.ownership.triton_name(owner)
-
-    def booked(self, gpu_uuid: str, except_uid: str) -> list[int]:
-        """What every proven placement on a GPU holds but one pod's: the larger of its request and
-        what its model is measured to use."""
-        held = []
-        for proven in self._pods.all_proven():
-            if proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
-                continue
-            try:
-                name = self.triton_name(proven)
-            except AgentError:
-                name = ""  # no model of it can be loaded here: its request alone counts
-            owner = self.owners.get(name)
-            mine = owner is not None and owner.uid == proven.uid
-            if proven.on_demand and not (mine and self._held_loaded(name)):
-                continue  # asleep, or not loaded yet: it takes room only once loaded
-            held.append(max(proven.request, self.ledger.measured(name) if mine else 0))
-        return held
-
-    def _held_loaded(self, name: str) -> bool:
-        record = self._records.get(name)
-        return record is not None and record.life.held_loaded
-
-    def public_id(self, name: str) -> str:
-        """The public id of the model named `name` in Triton, as far as the agent knows."""
-        record = self._records.get(name)
-        owned = self.owners.get(name)
-        return (record.model_id if record else "") or (owned.model_id if owned else "") or name
 
     @staticmethod
     def _name_check(model_id: str, owner: Proven) -> None:
@@ -467,22 +255,15 @@ class Models:
         under the owner's name in Triton (`triton_name`).
         """
         self._name_check(model_id, owner)
-        quarantined = self.crashes.quarantined(manifest.digest)
-        if quarantined is not None:
-            # Refused before a byte is written: these files crashed this node's Triton, whichever
-            # pod sends them (a controller's replacement of the quarantined pod, typically).
-            if len(self._refused) >= REFUSED_REMEMBERED:
-                self._refused.clear()
-            self._refused[owner.uid] = manifest.digest
-            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
+        self.quarantine.refuse_install(owner.uid, manifest.digest)
         started = self.clock()
         self.installer.admit(model_id, manifest, owner.namespace)
         name = self.triton_name(owner)
-        async with self.lock(name):
-            self._touch(name, owner)
+        async with self.records.lock(name):
+            self.records.touch(name, owner)
             owned = await self._claim_locked(name, owner)
             # Fetched after the claim, which may have removed what a previous owner left.
-            record = self._touch(name, owner)
+            record = self.records.touch(name, owner)
             record.pod = owner.key
             if await self._in_thread(self.installer.unchanged, name, manifest, owned):
                 return InstallResult(model_id, manifest.digest, True, 0)
@@ -497,14 +278,14 @@ class Models:
                     )
             room = (name, model_id, manifest, owner.namespace)
             await self._in_thread(self.installer.make_room, *room)
-            self._step(name, record, Event.INSTALL_STARTED)
+            self.records.step(name, record, Event.INSTALL_STARTED)
             try:
                 result = await self.installer.write(name, manifest, chunks, owner, started)
             except BaseException:
-                self._step(name, record, Event.INSTALL_FAILED)
+                self.records.step(name, record, Event.INSTALL_FAILED)
                 raise
             self.owners.put(name, owned.installed(manifest.digest))
-            self._step(name, record, Event.INSTALL_DONE)
+            self.records.step(name, record, Event.INSTALL_DONE)
             return result
 
     async def install_kept(self, model_id: str, manifest: Manifest, owner: Proven) -> InstallResult:
@@ -538,9 +319,6 @@ class Models:
         self.installer.remove_or_keep(name)
 
     # Load.
-    def _gpu_for(self, model_id: str, gpu_uuid: str) -> tuple[str, int]:
-        return gpu_for(self._gpus.snapshot, model_id, gpu_uuid, self.limits.cpu_only)
-
     async def load(self, model_id: str, owner: Proven, *, settle: bool = True) -> ModelStatus:
         """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
         FAILED with Triton's reason. Without `settle` (a reload of what Triton held before it
@@ -548,678 +326,9 @@ class Models:
         (`agent.quarantine.records`)."""
         self._name_check(model_id, owner)
         name = self.triton_name(owner)
-        async with self.lock(name):
+        async with self.records.lock(name):
             owned = await self._claim_locked(name, owner)
-            return await self._load_locked(name, owner, owned, settle=settle)
-
-    async def _load_locked(
-        self, name: str, owner: Proven, owned: OwnerRecord, *, settle: bool = True
-    ) -> ModelStatus:
-        model_id = owner.model_id
-        record = self._touch(name, owner)
-        record.pod = owner.key
-        manifest = self.repository.installed_manifest(name)
-        if manifest is None or manifest.digest != owned.digest:
-            raise NotFoundError(
-                f"model {model_id!r} is not installed on this node for pod {owner.key}; install "
-                f"it (InstallModel) before loading"
-            )
-        uuid, index = self._gpu_for(model_id, owner.gpu_uuid)
-        directory = self.repository.model_dir(name)
-        config = parse_config((directory / "config.pbtxt").read_text(errors="replace"), model_id)
-        # What Triton will find, not what was installed: the model's own code may have made
-        # directories beside its files since.
-        versions = self.limits.policy.versions(model_id, _subdirectories(directory))
-        self.limits.policy.check_config(config, model_id, owner.namespace, versions)
-        check_declared_backend(config, model_id, owner.pod.backend)
-        sizes = {e.path: e.size for e in manifest.files}
-        self.limits.policy.check_load_data_files(config, model_id, sizes)
-        pin = self._pin(index)
-        # Billed its own processes' memory: its load needs no window of the GPU's.
-        apart = self.apart is not None and runs_in_own_process(backend_of(config), config.runtime)
-        # Triton requires the config's name to be the directory's: the name in Triton.
-        override = override_json(pinned_config(config, name, pin))
-        entry = await self.triton.state(name)
-        if (
-            entry is not None
-            and entry.state == READY
-            and record.life.held_loaded
-            and (record.gpu_uuid, record.gpu_index) == (uuid, index)
-        ):
-            return self._status(name, entry, manifest, owner.residency)
-        left = self.crashes.markers().get(name)
-        died_under = (
-            left is not None
-            and not left.finished_at
-            and (entry is None or entry.state not in (READY, LOADING))
-        )
-        if died_under:
-            # The reconciler's pass over that exit will not find it: a load was in flight there.
-            self.crashes.took_in_flight()
-        if left is not None and died_under and not self.crashes.explained(left):
-            # A load of it Triton never answered, nor holds: Triton died under it (a load that
-            # never reached Triton leaves none). Counted here, not only by the next reconcile
-            # pass: a pod asking again at once would otherwise crash Triton before any pass
-            # finds it up with no load under way, again and again, never counted.
-            counted = self.crash_suspected(left)
-            log.warning(
-                "Triton exited while loading model %s of pod %s (%d of %d crashes in a row "
-                "before quarantine), found as it loads again.",
-                left.model_id,
-                left.pod,
-                counted.crashes,
-                self.crashes.quarantine_after,
-                extra=subject(pod=left.pod, model=left.model_id),
-            )
-        self._refuse_quarantined(owned.digest, owner.namespace)
-        if given_up(record.life, self.limits.max_load_attempts):
-            # Each try holds the GPU's slot: a model that never loads must not hold it forever.
-            return self._status(name, entry, manifest, owner.residency)
-        admitted: Admitted | None = None
-        held = self.crashes.held(owner.namespace)
-        hold = self.hold if settle else None  # a reload of what Triton held is no change
-        # A suspect's load is its trial: probationers are kept from Triton until it settles.
-        trial = (
-            hold is not None
-            and hold.hold_seconds > 0
-            and (held or self.crashes.suspected(owned.digest))
-        )
-        if hold is not None and trial:
-            await hold.trial_turn(owner.namespace)  # at most half of probationers' time
-        try:
-            # A held namespace's load goes alone, then keeps the node quiet
-            # (`agent.models.heldloads`).
-            await self.held_loads.begin(held)
-            try:
-                # Crashes counted while it waited may have quarantined it.
-                self._refuse_quarantined(owned.digest, owner.namespace)
-            except ConflictError:
-                self.held_loads.end(held, 0.0)
-                raise
-        except BaseException:
-            if hold is not None and trial:
-                hold.trial_over()
-            raise
-        loaded = False
-        settle_seconds = 0.0
-        try:
-            if hold is not None:
-                # Before the marker: a load cancelled meanwhile never reached Triton.
-                await hold.begin(owner.pod.object_key, trial=trial)
-            waking = record.life.phase is Phase.IDLE_UNLOADED
-            self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
-            record.gpu_uuid, record.gpu_index = uuid, index
-            started = self.clock()
-            # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
-            marker = Marker(
-                name,
-                owned.digest,
-                model_id,
-                owner.key,
-                started_at=self._wall(),
-                restore=not settle,
-                trial=trial,
-            )
-            await self._in_thread(self.crashes.loading, marker)
-        except BaseException:
-            self.held_loads.end(held, 0.0)
-            if hold is not None:
-                hold.end(owner.pod.object_key, trial=trial)
-            raise
-        try:
-            if self.host is not None:
-                admitted = await self._in_thread(
-                    self.host.admit,
-                    name,
-                    manifest.digest,
-                    manifest.total_bytes,
-                    model_id,
-                    owner.key,
-                )
-            await self._load_measured(
-                name,
-                override,
-                owner,
-                uuid,
-                index,
-                manifest.total_bytes,
-                waking=waking,
-                apart=apart,
-                # READY: an exit from now on finds it settling, even while it is measured.
-                on_ready=lambda: self.crashes.finished(marker, settle=settle),
-            )
-        except LoadTimedOutError as e:
-            self._step(name, record, Event.LOAD_FAILED, str(e))
-            self.metrics.load_failures.labels(e.reason).inc()
-            if waking:
-                self.metrics.wakes.labels("failed").inc()
-            log.warning(
-                "Model %s of pod %s was abandoned: %s",
-                model_id,
-                owner.key,
-                e,
-                extra=subject(pod=owner.key, model=model_id),
-            )
-            await self._abandon(name)
-            # Triton may still be loading it: the answer is the agent's, the load is over.
-            return self._status(name, None, manifest, owner.residency)
-        except TritonUnreachableError as e:
-            if isinstance(e, TritonNotConnectedError) and not self.crashes.finished_at(name):
-                # The load never reached Triton (down, or starting again after another
-                # model's crash): it cannot have crashed it, and must not be blamed.
-                self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_UNANSWERED)
-            self.metrics.load_failures.labels("triton_unreachable").inc()
-            raise
-        except TritonError as e:
-            self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_FAILED, str(e))
-            self.metrics.load_failures.labels("triton_rejected").inc()
-            if waking:
-                self.metrics.wakes.labels("failed").inc()
-            log.warning(
-                "Model %s of pod %s failed to load: %s",
-                model_id,
-                owner.key,
-                e,
-                extra=subject(pod=owner.key, model=model_id),
-            )
-        except ResourceExhaustedError as e:
-            self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_REFUSED)
-            if isinstance(e, HostMemoryExhaustedError):
-                self.metrics.host_memory_refusals.inc()
-            else:
-                self.metrics.gpu_memory_refusals.inc()
-            if waking:
-                self.metrics.wakes.labels("no_room").inc()
-            raise
-        except BaseException:
-            self._step(name, record, Event.LOAD_UNANSWERED)
-            raise
-        else:
-            loaded = True
-            settle_seconds = self.crashes.settle_of(marker)
-            self.crashes.finished(marker, settle=settle)
-            if self.host is not None:
-                await self._in_thread(self.host.finished, admitted, True)
-                admitted = None
-            self._step(name, record, Event.LOAD_OK)
-            record.vouched_at = self.clock()
-            self.metrics.load_seconds.observe(self.clock() - started)
-            if waking:
-                self.metrics.wakes.labels("woken").inc()
-                self.metrics.wake_seconds.observe(self.clock() - started)
-            log.info(
-                "Model %s of pod %s is loaded in Triton as %s on %s.",
-                model_id,
-                owner.key,
-                name,
-                f"GPU {index} ({uuid})" if pin is not None else "the CPU",
-            )
-        finally:
-            if admitted is not None and self.host is not None:
-                self.host.finished(admitted, False)  # refused or failed: nothing to measure
-            self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
-            if hold is not None:
-                hold.end(owner.pod.object_key, trial=trial, settle_seconds=settle_seconds)
-        return self._status(name, await self.triton.state(name), manifest, owner.residency)
-
-    def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
-        """What every proven placement on a GPU holds but one pod's, as `booked` counts it, by
-        name in Triton, for the eviction rule."""
-        held = {}
-        now, wall = self.clock(), self._wall()
-        for proven in self._pods.all_proven():
-            if proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
-                continue
-            try:
-                name = self.triton_name(proven)
-            except AgentError:
-                continue
-            owner = self.owners.get(name)
-            mine = owner is not None and owner.uid == proven.uid
-            if proven.on_demand and not (mine and self._held_loaded(name)):
-                continue
-            record = self._records.get(name)
-            touched = record.last_activity if record else now
-            # A refused or lost load is booked but holds nothing to free: not a victim.
-            resting = proven.on_demand and not (record and record.life.phase is Phase.READY)
-            held[name] = (
-                Loaded(
-                    name,
-                    proven.namespace,
-                    proven.model_id,
-                    max(proven.request, self.ledger.measured(name) if mine else 0),
-                    proven.on_demand,
-                    busy=self.is_busy(name) or resting,
-                    last_used=wall - (now - touched),
-                ),
-                proven,
-            )
-        return held
-
-    async def _make_gpu_room(
-        self, owner: Proven, gpu: GpuInfo, problem: str, waking: bool
-    ) -> tuple[GpuInfo | None, str]:
-        """Put on-demand models of the owner's GPU to sleep until its load fits (idle ones,
-        or those past their namespace's share), as `agent.models.eviction` chooses; inside the
-        load's GPU turn, holding the lock of the model to load, after admission found `problem`. The
-        GPU's reading after, and what still stands in the way ("" when it fits)."""
-        assert self.evictor is not None
-        reserve = self.limits.gpu_mem_reserve
-        capacity = gpu.memory_total - reserve
-        booked = sum(self.booked(gpu.uuid, owner.uid))
-        needed = max(booked + owner.request - capacity, owner.request - (gpu.memory_free - reserve))
-        held = self._held_on(gpu.uuid, owner.uid)
-        if not any(m.on_demand for m, _ in held.values()):
-            return gpu, problem  # nothing on the GPU may ever make room
-        label = f"GPU {gpu.index} ({gpu.uuid})"
-        claim = owner.request if owner.on_demand else 0
-        choice = self.evictor.choose(
-            Gpu(label, capacity), [m for m, _ in held.values()], owner.namespace, needed, claim
-        )
-        if choice.problem:
-            return gpu, f"{problem}, and no room can be made: {choice.problem}"
-        why = f"a {'wake' if waking else 'load'} of another model needed it"
-        for victim in choice.victims:
-            if self.is_busy(victim.name):
-                continue  # taken by an operation meanwhile: the check below tells
-            try:
-                await self._evict(victim.name, gpu.uuid)
-            except AgentError as e:
-                log.warning("Putting idle model %s to sleep failed: %s", victim.name, e)
-                return await self._gpus.read_gpu(gpu.uuid), (
-                    f"an idle model on {label} could not be put to sleep to make room"
-                )
-            _, proven = held[victim.name]
-            self.evictor.evicted(
-                victim,
-                proven.key,
-                proven.uid,
-                why,
-                waking,
-                reclaimed=victim.name in choice.reclaimed,
-            )
-        after = await self._read_gpu(gpu.uuid)
-        if after is None:
-            return None, ""
-        self._unexplained(self.ledger.observe_gpu(after))
-        booked_after = self.booked(gpu.uuid, owner.uid)
-        return after, admission_problem(after, owner.request, booked_after, reserve)
-
-    async def _evict(self, name: str, uuid: str) -> None:
-        """Put the on-demand model `name` to sleep inside a turn already held on its GPU
-        (`uuid`), measured like any unload. Takes its lock, which nothing holds (checked)."""
-        async with self.lock(name):
-            record = self.record(name)
-            if not record.life.held_loaded:
-                return
-            self._step(name, record, Event.UNLOAD_STARTED)
-            try:
-                before = await self._read_gpu(uuid)
-                before_net = None if before is None else self.ledger.net(before)
-                await self.triton.unload(name)
-                await self.triton.wait_unloaded(name, self.limits.unload_timeout)
-                after = await self._read_gpu(uuid)
-            except BaseException:
-                self._step(name, record, Event.UNLOAD_FAILED)
-                raise
-            if before_net is not None and after is not None:
-                self.ledger.record_unload(name, before_net, self.ledger.net(after))
-            self.ledger.forget(name)
-        if self.host is not None:
-            self.host.forget(name)
-            self.crashes.answered(name)
-            self._step(name, record, Event.UNLOADED)
-            self._step(name, record, Event.IDLE)
-
-    async def _abandon(self, name: str) -> None:
-        """Ask Triton to unload a load given up on mid-way. Triton answers once the load has
-        ended (it cannot stop one), or the call times out first; either way the GPU's slot is
-        the next turn's already."""
-        try:
-            await self.triton.unload(name)
-        except AgentError as e:
-            log.warning(
-                "Triton has not confirmed the unload of abandoned model %s (%s): it unloads it "
-                "once the load it started has ended.",
-                name,
-                e,
-            )
-
-    def _timed_out(self, size: int, bound: float) -> LoadTimedOutError:
-        return LoadTimedOutError(
-            f"its load took longer than the {bound:g} s this node allows a model of "
-            f"{size / GIB:.2f} GiB (--load-timeout-base-seconds plus "
-            f"--load-timeout-per-gib-seconds per GiB of files, at most --load-timeout-seconds); "
-            f"the agent abandoned and unloaded it: make the model load faster, or ask the "
-            f"operator to raise those flags"
-        )
-
-    async def _load_measured(
-        self,
-        name: str,
-        override: str,
-        owner: Proven,
-        uuid: str,
-        index: int,
-        size: int = 0,
-        *,
-        waking: bool = False,
-        apart: bool = False,
-        on_ready: Callable[[], None] | None = None,
-    ) -> None:
-        """Load, admitted and measured when the model's GPU can be read: one load at a time per
-        GPU (beside at most an unload, measured as one window with it), and the GPU's change
-        since its last reading is observed first, so what grew before the load is not billed
-        to it (`agent.gpus.memory` decides whose the window's growth is). `on_ready()` runs as soon
-        as Triton answers the load READY, before it is measured."""
-        if not uuid or index < 0:
-            bound = self._load_budget(Turn(0, "", Work.LOAD, name, owner.namespace, 0.0, size))
-            timeout = asyncio.timeout(bound)
-            try:
-                async with timeout:
-                    await self.triton.load(name, override)
-                    if on_ready is not None:
-                        on_ready()
-            except TimeoutError as e:
-                if not timeout.expired():
-                    raise
-                raise self._timed_out(size, bound or 0.0) from e
-            return
-        if apart:
-            try:
-                await self._load_apart(name, override, owner, uuid, index, size, waking, on_ready)
-                return
-            except _AloneError:
-                pass  # it does not fit as things are: a window of its own makes room, or refuses
-        try:
-            await self._load_in(name, override, owner, uuid, index, size, waking, on_ready)
-        except _AloneError:
-            # In line behind the unload, whose end frees what it needs.
-            await self._load_in(name, override, owner, uuid, index, size, waking, on_ready, True)
-
-    async def _load_in(
-        self,
-        name: str,
-        override: str,
-        owner: Proven,
-        uuid: str,
-        index: int,
-        size: int,
-        waking: bool,
-        on_ready: Callable[[], None] | None,
-        alone: bool = False,
-    ) -> None:
-        """`_load_measured` on a GPU; _AloneError when it was granted beside an unload and does
-        not fit without that unload's memory."""
-        model_id = owner.model_id
-        work = Work.WAKE if waking else Work.LOAD
-        window = self._gpu_window(uuid, work, name, owner.namespace, size, alone=alone)
-        async with window as (shared, before, beside):
-            if before is not None:
-                problem = admission_problem(
-                    before,
-                    owner.request,
-                    self.booked(uuid, owner.uid),
-                    self.limits.gpu_mem_reserve,
-                )
-                if problem and beside:
-                    raise _AloneError  # it needs what the unload beside it frees
-                if problem and self.evictor is not None:
-                    # Idle on-demand models of the GPU make room (`agent.models.eviction`), inside
-                    # this turn: what they free is measured before this load begins.
-                    before, problem = await self._make_gpu_room(owner, before, problem, waking)
-                    shared.before = before
-                    if before is not None:
-                        shared.before_net = self.ledger.net(before)
-                if problem and waking:
-                    raise ResourceExhaustedError(
-                        f"model {model_id!r} of pod {owner.key} cannot wake: {problem}; it "
-                        f"stays asleep and its next request tries again",
-                        event_reason=WAKE_FAILED_REASON,
-                    )
-                if problem:
-                    raise ResourceExhaustedError(
-                        f"model {model_id!r} of pod {owner.key} does not fit: {problem}; "
-                        f"the pod stays unloaded, delete it so the binder places it again",
-                        event_reason="InsufficientGPUMemory",
-                    )
-            await self.triton.load(name, override)
-            if on_ready is not None:
-                on_ready()
-            reported = await self.triton.gpu_memory(name, index)
-            shared.load = _Billed(name, owner.request, reported, model_id, owner.key, index)
-
-    async def _load_apart(
-        self,
-        name: str,
-        override: str,
-        owner: Proven,
-        uuid: str,
-        index: int,
-        size: int,
-        waking: bool,
-        on_ready: Callable[[], None] | None,
-    ) -> None:
-        """`_load_measured` of a model measured apart: beside the GPU's other such loads, billed
-        what its own processes hold once loaded; _AloneError when it does not fit beside the
-        loads under way (a window of its own may make room)."""
-        assert self.apart is not None
-        work = Work.WAKE if waking else Work.LOAD
-        async with self._gpu_turn(uuid, work, name, owner.namespace, size, apart=True):
-            reading = await self._read_gpu(uuid)
-            loading = self._loading_apart.setdefault(uuid, {})
-            if reading is not None:
-                # What the loads under way have not allocated yet counts as used.
-                seen = replace(reading, memory_used=reading.memory_used + sum(loading.values()))
-                booked = self.booked(uuid, owner.uid)
-                if admission_problem(seen, owner.request, booked, self.limits.gpu_mem_reserve):
-                    if not loading:
-                        del self._loading_apart[uuid]
-                    raise _AloneError
-            loading[name] = owner.request
-            self.ledger.loading.add(uuid)
-            try:
-                await self.triton.load(name, override)
-                if on_ready is not None:
-                    on_ready()
-                held = await self.apart.held(index)
-            finally:
-                del loading[name]
-                if not loading:
-                    del self._loading_apart[uuid]
-                    self.ledger.loading.discard(uuid)
-            if held is None:
-                log.warning(
-                    "What model %s's processes hold on GPU %d cannot be read now: billed its "
-                    "request until the next reading.",
-                    name,
-                    index,
-                )
-            figure = owner.request if held is None else held.get(name, 0)
-            entry = self.ledger.record_apart(name, uuid, owner.request, figure)
-            log.info(
-                "Model %s of pod %s uses %d bytes of GPU %d (%s) by its own processes; it asked "
-                "for %d.",
-                owner.model_id,
-                owner.key,
-                entry.bytes,
-                index,
-                uuid,
-                owner.request,
-            )
-
-    async def _read_gpu(self, uuid: str) -> GpuInfo | None:
-        """A fresh reading of the GPU, with what its models measured apart hold refreshed in
-        the ledger (so that `MemoryLedger.net` of it is right)."""
-        reading = await self._gpus.read_gpu(uuid)
-        if reading is not None and self.apart is not None and self.ledger.apart(uuid):
-            held = await self.apart.held(reading.index)
-            if held is not None:
-                self.ledger.refresh_apart(uuid, held)
-        return reading
-
-    @contextlib.asynccontextmanager
-    async def _gpu_turn(
-        self,
-        uuid: str,
-        work: Work,
-        name: str,
-        namespace: str,
-        size: int = 0,
-        *,
-        alone: bool = False,
-        apart: bool = False,
-    ) -> AsyncIterator[Turn]:
-        """Hold the GPU's slot for one turn (or a load's beside an unload's, unless `alone`, or
-        beside other loads measured `apart`), waiting as long as the GPU queue
-        (`agent.gpus.gpuqueue`) says; a turn still at work past its budget is cut short
-        (LoadTimedOutError) and the slot passed on."""
-        turn = self.gpu_queue.ask(
-            uuid, work, name, namespace, self.clock(), size, alone=alone, apart=apart
-        )
-        if not self.gpu_queue.granted(turn):
-            granted = asyncio.get_running_loop().create_future()
-            self._granted[turn.number] = granted
-            try:
-                await granted
-            except BaseException:
-                self._granted.pop(turn.number, None)
-                self._pass_on(turn)
-                raise
-        try:
-            deadline = self.gpu_queue.deadline_of(turn)
-            if deadline is None:
-                yield turn
-            else:
-                bound = deadline - self.clock()
-                timeout = asyncio.timeout(bound)
-                try:
-                    async with timeout:
-                        yield turn
-                except TimeoutError as e:
-                    if not timeout.expired():
-                        raise
-                    raise self._timed_out(size, self._load_budget(turn) or 0.0) from e
-        finally:
-            self._pass_on(turn)
-
-    def _pass_on(self, turn: Turn) -> None:
-        following = self.gpu_queue.done_all(turn, self.clock())
-        for next_turn in (*following, self.gpu_queue.beside(turn.gpu)):
-            granted = self._granted.pop(next_turn.number, None) if next_turn else None
-            # A waiter cancelled meanwhile finds its turn granted and gives it back itself.
-            if granted is not None and not granted.done():
-                granted.set_result(None)
-
-    @contextlib.asynccontextmanager
-    async def _gpu_window(
-        self,
-        uuid: str,
-        work: Work,
-        name: str,
-        namespace: str = "",
-        size: int = 0,
-        *,
-        alone: bool = False,
-    ) -> AsyncIterator[tuple[_Window, GpuInfo | None, bool]]:
-        """A measured window on one GPU: no other load or unload on it meanwhile, but for a load
-        granted beside an unload (`agent.gpus.gpuqueue`), which shares the unload's window; its
-        change since the last poll observed first (so it is not billed to what the window does), the
-        GPU marked busy for the pollers, and what was loaded and unloaded in it billed when the last
-        turn in it leaves. Yields the window, a fresh reading (None: unreadable) and whether the
-        turn was granted beside an unload."""
-        async with self._gpu_turn(uuid, work, name, namespace, size, alone=alone) as turn:
-            beside = self.gpu_queue.beside(uuid) == turn
-            window = self._windows.get(uuid)
-            if window is not None and window.closing:
-                raise _AloneError  # the unload it was granted beside is being billed: it has ended
-            opens = window is None
-            if window is None:
-                window = self._windows[uuid] = _Window()
-                self.ledger.loading.add(uuid)
-            window.members += 1
-            try:
-                if opens:
-                    try:
-                        reading = window.before = await self._read_gpu(uuid)
-                        if reading is not None:
-                            window.before_net = self.ledger.net(reading)
-                            self._unexplained(self.ledger.observe_gpu(reading))
-                    finally:
-                        window.opened.set()
-                else:
-                    await window.opened.wait()  # a reading before the opener's starts nothing
-                    reading = await self._read_gpu(uuid)
-                yield window, reading, beside
-            finally:
-                window.members -= 1
-                if window.members == 0:
-                    window.closing = True
-                    try:
-                        await self._bill(uuid, window)
-                    finally:
-                        del self._windows[uuid]
-                        self.ledger.loading.discard(uuid)
-
-    async def _bill(self, uuid: str, window: _Window) -> None:
-        """Bill what a closed window loaded and unloaded on its GPU. An unload with a load beside
-        it is taken to free its whole figure, and the load is billed as one beside other models
-        (up to its request, the rest unexplained), so that what the unload kept, or freed late,
-        is never billed past the load's request."""
-        before, after = window.before, await self._read_gpu(uuid)
-        if before is None or after is None:
-            return
-        beside = tuple(name for name, _ in window.unloads) if window.load else ()
-        used, used_after = window.before_net, self.ledger.net(after)
-        for name, figure in window.unloads:
-            if beside:
-                self.ledger.record_unload(name, used, used - figure)
-                used -= figure
-            else:
-                self.ledger.record_unload(name, used, used_after)
-        load = window.load
-        if load is None:
-            return
-        entry, rest = self.ledger.record_load(
-            load.name, uuid, load.request, used, used_after, load.reported, beside=beside
-        )
-        log.info(
-            "Model %s of pod %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
-            load.model_id,
-            load.pod,
-            entry.bytes,
-            load.index,
-            uuid,
-            "Triton's statistics" if entry.source == "triton" else "NVML",
-            load.request,
-        )
-        self._unexplained(rest)
-
-    def _unexplained(self, growth: Unexplained | None) -> None:
-        if growth is not None:
-            self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
-            log.warning("%s.", describe(growth))
-
-    async def _unload_measured(self, name: str, work: Work) -> None:
-        """Unload and wait until Triton has; on a measured GPU, in a window (a load may share
-        it), read before and after so that what it did not free stays unexplained."""
-        entry = self.ledger.models.get(name)
-        if entry is None:
-            await self.triton.unload(name)
-            await self.triton.wait_unloaded(name, self.limits.unload_timeout)
-            return
-        async with self._gpu_window(entry.gpu_uuid, work, name) as (window, _, _):
-            # Measured apart, it was never in the GPU's net used memory the window reads.
-            figure = 0 if entry.source == "process" else entry.bytes
-            await self.triton.unload(name)
-            await self.triton.wait_unloaded(name, self.limits.unload_timeout)
-            window.unloads.append((name, figure))
-
-    def _pin(self, gpu_index: int) -> int | None:
-        return None if self.limits.cpu_only or gpu_index < 0 else gpu_index
+            return await self.loads.load_locked(name, owner, owned, settle=settle)
 
     # Unload.
     async def unload_for(self, owner: Proven, *, reason: str) -> ModelStatus:
@@ -1227,7 +336,7 @@ class Models:
         alive owns is reported ABSENT untouched (the reconciler removes what is left); one
         another live pod owns is refused."""
         name = self.triton_name(owner)
-        async with self.lock(name):
+        async with self.records.lock(name):
             if not await self._check_owner(name, owner):
                 return ModelStatus(owner.model_id, ModelState.ABSENT)
             return await self._unload_locked(name, reason)
@@ -1244,24 +353,20 @@ class Models:
                 f"sleep; only a pod placed with the annotation tritonshare.io/residency: "
                 f"on-demand may be (recreate the pod with it)"
             )
-        async with self.lock(name):
+        async with self.records.lock(name):
             if not await self._check_owner(name, owner):
                 return ModelStatus(owner.model_id, ModelState.ABSENT, residency=owner.residency)
-            record = self._touch(name, owner)
+            record = self.records.touch(name, owner)
             if record.life.phase is not Phase.IDLE_UNLOADED:
                 await self._sleep_locked(name, record, "idle, asked by its pod's proxy")
                 self.metrics.sleeps.labels("idle").inc()
-            return await self._status_locked(name, owner.residency)
+            return await self.reports.current(name, owner.residency)
 
-    async def _sleep_locked(self, name: str, record: _Record, reason: str) -> None:
+    async def _sleep_locked(self, name: str, record: ModelRecord, reason: str) -> None:
         """Unload the model keeping its files, then rest it asleep. Holds the name's lock."""
         if record.life.phase is not Phase.INSTALLED:
             await self._unload_locked(name, reason, keep_files=True)
-        self._step(name, record, Event.IDLE)
-
-    async def _status_locked(self, name: str, residency: str) -> ModelStatus:
-        entry = await self.triton.state(name)
-        return self._status(name, entry, self.repository.installed_manifest(name), residency)
+        self.records.step(name, record, Event.IDLE)
 
     async def unload(
         self, name: str, *, reason: str, cause: Event = Event.UNLOAD_STARTED
@@ -1269,7 +374,7 @@ class Models:
         """Unload the model named `name` in Triton, wait until UNAVAILABLE, remove its files and
         its owner record: the agent's own decision (`cause`: an orphan, an eviction), never a
         pod's."""
-        async with self.lock(name):
+        async with self.records.lock(name):
             return await self._unload_locked(name, reason, cause=cause)
 
     async def _unload_locked(
@@ -1280,19 +385,19 @@ class Models:
         keep_files: bool = False,
         cause: Event = Event.UNLOAD_STARTED,
     ) -> ModelStatus:
-        model_id = self.public_id(name)
-        record = self._touch(name)
-        self._step(name, record, cause)
+        model_id = self.records.public_id(name)
+        record = self.records.touch(name)
+        self.records.step(name, record, cause)
         started = self.clock()
         work = Work.UNLOAD if cause is Event.UNLOAD_STARTED else Work.EVICT
         try:
             entry = await self.triton.state(name)
             if entry is not None and entry.state in (READY, LOADING, UNLOADING):
-                await self._unload_measured(name, work)
+                await self.admission.unload_measured(name, work)
             if not keep_files and self.repository.model_dir(name).exists():
                 await self._in_thread(self._remove_or_keep, name)
         except BaseException as e:
-            self._step(name, record, Event.UNLOAD_FAILED)
+            self.records.step(name, record, Event.UNLOAD_FAILED)
             if isinstance(e, AgentError):
                 self.metrics.unload_failures.labels(e.reason).inc()
             raise
@@ -1302,7 +407,7 @@ class Models:
             self.host.forget(name)
         self.crashes.answered(name)  # out of Triton on purpose: no crash to tell
         if keep_files:
-            self._step(name, record, Event.UNLOADED)
+            self.records.step(name, record, Event.UNLOADED)
             log.info(
                 "Model %s (%s in Triton) is unloaded; its files stay (%s).",
                 model_id,
@@ -1318,194 +423,10 @@ class Models:
             reason,
             extra=subject(model=model_id),
         )
-        self._step(name, record, Event.REMOVED)
-        self._records.pop(name, None)
+        self.records.step(name, record, Event.REMOVED)
+        self.records.forget(name)
         self.owners.drop(name)
         return ModelStatus(model_id, ModelState.ABSENT)
-
-    # Status.
-    def _status(
-        self, name: str, entry: IndexEntry | None, manifest: Manifest | None, residency: str = ""
-    ) -> ModelStatus:
-        record = self._records.get(name) or _Record()
-        state = reported(record.life, entry.state if entry else "", manifest is not None)
-        sleeping = record.life.phase is Phase.IDLE_UNLOADED and state is ModelState.INSTALLED
-        reason = record.life.failure if state is ModelState.FAILED else ""
-        attempts = self.limits.max_load_attempts
-        stopped = state is ModelState.FAILED and given_up(record.life, attempts)
-        if stopped:
-            reason = (
-                f"its load failed {record.life.failures} times in a row (--max-load-attempts "
-                f"{attempts}); it is not tried again until its files are installed again or "
-                f"the pod is recreated. The last failure: {reason}"
-            )
-        quarantined = self.quarantine_of(name)
-        if quarantined is not None and state is not ModelState.READY:
-            state, reason = ModelState.FAILED, quarantine_message(quarantined)
-        return ModelStatus(
-            model_id=self.public_id(name),
-            state=state,
-            reason=reason,
-            given_up=stopped,
-            quarantined=quarantined is not None and state is ModelState.FAILED,
-            quarantine_reason=(
-                NAMESPACE_CRASHED_REASON if isinstance(quarantined, NamespaceRecord) else ""
-            ),
-            manifest_digest=manifest.digest if manifest else "",
-            gpu_uuid=record.gpu_uuid,
-            gpu_index=record.gpu_index,
-            pod=record.pod,
-            triton_name=name,
-            residency=residency,
-            sleeping=sleeping,
-        )
-
-    async def status_for(self, owner: Proven) -> ModelStatus:
-        """The status of the owner's model; a pod that does not own its name learns nothing."""
-        name = self.triton_name(owner)
-        if not await self._check_owner(name, owner):
-            return ModelStatus(owner.model_id, ModelState.ABSENT, residency=owner.residency)
-        return await self._status_locked(name, owner.residency)
-
-    def residencies(self) -> dict[str, Proven]:
-        """Name in Triton -> its owner, for every name a live proven pod owns."""
-        by_uid = {proven.uid: proven for proven in self._pods.all_proven()}
-        owned = {}
-        for name, owner in self.owners.all().items():
-            proven = by_uid.get(owner.uid)
-            if proven is not None:
-                owned[name] = proven
-        return owned
-
-    async def status(self, name: str) -> ModelStatus:
-        """The status of the model named `name` in Triton (the platform's view)."""
-        owner = self.residencies().get(name)
-        return await self._status_locked(name, owner.residency if owner else "")
-
-    async def statuses(self) -> list[ModelStatus]:
-        """Every model on disk, in Triton, or remembered (a failure), sorted by name in Triton."""
-        index = await self.triton.index()
-        names = set(self.repository.installed_models()) | set(self._records)
-        names |= {name for name, entry in index.items() if entry.state in (READY, LOADING)}
-        owners = self.residencies()
-        return [
-            self._status(
-                name,
-                index.get(name),
-                self.repository.installed_manifest(name),
-                owners[name].residency if name in owners else "",
-            )
-            for name in sorted(names)
-        ]
-
-    def _refuse_quarantined(self, digest: str, namespace: str) -> None:
-        """Raise ConflictError when the files or their namespace are quarantined here."""
-        quarantined = self.crashes.quarantined(digest)
-        if quarantined is not None:
-            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
-        namespace_held = self.crashes.namespace_quarantine(namespace)
-        if namespace_held is not None:
-            raise ConflictError(
-                namespace_message(namespace_held), event_reason=NAMESPACE_CRASHED_REASON
-            )
-
-    def quarantine_of(self, name: str) -> CrashRecord | NamespaceRecord | None:
-        """The quarantine of the files installed as `name`, or of their namespace's new loads,
-        if they are quarantined."""
-        owned = self.owners.get(name)
-        if owned is None:
-            return None
-        files = self.crashes.quarantined(owned.digest) if owned.digest else None
-        return files or self.crashes.namespace_quarantine(owned.namespace)
-
-    def quarantine_for(self, owner: Proven) -> PodQuarantine | None:
-        """Whether `owner`'s model files are quarantined here: the files it installed, or those
-        it was refused at install for."""
-        try:
-            owned = self.owners.get(self.triton_name(owner))
-        except AgentError:  # a model id that cannot be served: nothing installed for it
-            owned = None
-        if owned is not None and owned.uid == owner.uid and owned.digest:
-            record = self.crashes.quarantined(owned.digest)
-            if record is not None:
-                return PodQuarantine(record, installed=True)
-        refused = self._refused.get(owner.uid)
-        record = self.crashes.quarantined(refused) if refused else None
-        return PodQuarantine(record, installed=False) if record is not None else None
-
-    def wanting(self, digest: str) -> list[str]:
-        """The live pods of this node (namespace/name) that want the files `digest`: their
-        install holds them, or was refused for them."""
-        found = []
-        for proven in self._pods.all_proven():
-            try:
-                owned = self.owners.get(self.triton_name(proven))
-            except AgentError:
-                owned = None
-            holds = owned is not None and owned.uid == proven.uid and owned.digest == digest
-            if holds or self._refused.get(proven.uid) == digest:
-                found.append(proven.key)
-        return sorted(found)
-
-    def crash_suspected(self, marker: Marker, *, alone: bool = True) -> CrashRecord:
-        """Count a load Triton died under (`marker`, left over, its model not in Triton) against
-        its files (only suspect them, not `alone`: `CrashLedger.crashed`); the model's life
-        follows the count on disk, which survives restarts."""
-        counted = self.crashes.crashed(marker, alone=alone)
-        record = self.record(marker.name)
-        record.life = replace(record.life, crashes=counted.crashes - 1)
-        if (record.life.phase, Event.CRASH_SUSPECTED) in TRANSITIONS:
-            self._step(marker.name, record, Event.CRASH_SUSPECTED)
-        return counted
-
-    def quarantine_cleared(self, cleared: list[CrashRecord]) -> None:
-        """An operator lifted these quarantines: their models may load again."""
-        digests = {r.digest for r in cleared}
-        for name, owned in self.owners.all().items():
-            record = self._records.get(name)
-            if owned.digest in digests and record and record.life.phase is Phase.QUARANTINED:
-                self._step(name, record, Event.QUARANTINE_CLEARED)
-
-    def residency_states(self) -> dict[str, str]:
-        """Name in Triton -> `loaded`, `sleeping` or `waking`, for every on-demand model a live
-        proven pod owns (for the metrics)."""
-        states = {}
-        for name, owner in self.residencies().items():
-            record = self._records.get(name)
-            if not owner.on_demand or record is None:
-                continue
-            phase = record.life.phase
-            if phase is Phase.WAKING:
-                states[name] = "waking"
-            elif phase is Phase.IDLE_UNLOADED:
-                states[name] = "sleeping"
-            elif record.life.counts_loaded:
-                states[name] = "loaded"
-        return states
-
-    def gpu_bytes(self) -> dict[str, tuple[int, int]]:
-        """GPU UUID -> (bytes charged to the models held loaded on it, the larger of request
-        and measured each; bytes its sleeping on-demand models request), for ListGpus."""
-        figures: dict[str, tuple[int, int]] = {}
-        for name, owner in self.residencies().items():
-            record = self._records.get(name)
-            if record is None or not owner.gpu_uuid:
-                continue
-            loaded, sleeping = figures.get(owner.gpu_uuid, (0, 0))
-            if record.life.counts_loaded:
-                loaded += max(owner.request, self.ledger.measured(name))
-            elif record.life.phase is Phase.IDLE_UNLOADED:
-                sleeping += owner.request
-            figures[owner.gpu_uuid] = (loaded, sleeping)
-        return figures
-
-    def loaded_per_gpu(self) -> dict[str, int]:
-        """Models the agent holds loaded, by GPU UUID ("" for the CPU), for metrics."""
-        counts: dict[str, int] = {}
-        for record in self._records.values():
-            if record.life.counts_loaded:
-                counts[record.gpu_uuid] = counts.get(record.gpu_uuid, 0) + 1
-        return counts
 
     async def vouch(self, name: str, owner: Proven) -> str:
         """Why the agent cannot vouch that what Triton runs as `name` is the owner's model as it
@@ -1516,11 +437,11 @@ class Models:
         if problem:
             return problem
         try:
-            _, index = self._gpu_for(owner.model_id, owner.gpu_uuid)
+            _, index = self.loads.gpu_for(owner.model_id, owner.gpu_uuid)
         except AgentError as e:
             return str(e)
         config = await self.triton.config(name)
-        if config is None or not pinned_as(config, self._pin(index)):
+        if config is None or not pinned_as(config, self.loads.pin(index)):
             return "Triton runs it with instances that are not pinned to the pod's GPU"
         return ""
 
@@ -1531,7 +452,7 @@ class Models:
     async def evict_unvouched(self, name: str, owner: Proven, why: str) -> None:
         """Take out of Triton what the agent cannot vouch for; keep the owner's files when they
         are the ones it installed (the reconciler then loads them again), else remove them."""
-        async with self.lock(name):
+        async with self.records.lock(name):
             keep = self.files_vouched(name, owner)
             await self._unload_locked(
                 name, f"Triton ran it unvouched: {why}", keep_files=keep, cause=Event.UNVOUCHED
@@ -1542,8 +463,8 @@ class Models:
 
     def adopt(self, name: str, owner: Proven) -> None:
         """Take over a model Triton already runs, vouched for, after an agent restart."""
-        record = self._touch(name, owner)
-        self._step(name, record, Event.ADOPTED)
+        record = self.records.touch(name, owner)
+        self.records.step(name, record, Event.ADOPTED)
         record.vouched_at = self.clock()
         record.pod = owner.key
         record.gpu_uuid = owner.gpu_uuid

@@ -51,10 +51,10 @@ from agent.errors import AgentError
 from agent.gpus.memory import Excess
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.models.nodemodels import (
+from agent.models.nodemodels import Models
+from agent.models.quarantines import (
     CRASHED_REASON,
     NAMESPACE_CRASHED_REASON,
-    Models,
     crash_message,
     namespace_message,
 )
@@ -237,12 +237,12 @@ class Reconciler:
         now = self._clock()
         plan: dict[str, Action] = {}
         for name in sorted((on_disk | running | owned) - set(wanted)):
-            if models.is_busy(name):
+            if models.records.is_busy(name):
                 continue
-            if now - models.record(name).last_activity < self.orphan_grace_seconds:
+            if now - models.records.record(name).last_activity < self.orphan_grace_seconds:
                 continue
             plan[name] = Action(name, Event.POD_GONE)
-        records = models.known_records()
+        records = models.records.known()
         stopped: set[str] = set()
         markers = models.crashes.markers()
         loads_under_way = False
@@ -256,9 +256,9 @@ class Reconciler:
                 if not models.crashes.settled(marker):
                     loads_under_way = True
                     self._settling = True
-            elif marker.finished_at and models.is_busy(name):
+            elif marker.finished_at and models.records.is_busy(name):
                 continue  # an unload or a new load of it: decided when that ends
-            elif models.is_busy(name) or (entry is not None and entry.state == LOADING):
+            elif models.records.is_busy(name) or (entry is not None and entry.state == LOADING):
                 loads_under_way = True
             elif entry is not None and entry.state == READY:
                 models.crashes.answered(name)  # Triton finished it after the agent stopped
@@ -297,7 +297,7 @@ class Reconciler:
         for name, pod in sorted(wanted.items()):
             if name in plan:
                 continue
-            if models.is_busy(name):
+            if models.records.is_busy(name):
                 continue
             entry = index.get(name)
             record = records.get(name)
@@ -323,7 +323,7 @@ class Reconciler:
                     stopped.add(name)
                     self._announce_given_up(name, pod, record.life)
                 continue
-            if models.quarantine_of(name) is not None:
+            if models.quarantine.of(name) is not None:
                 continue
             owner_record = models.owners.get(name)
             if owner_record is not None and (
@@ -346,7 +346,7 @@ class Reconciler:
         for over in self.models.ledger.over():
             name = over.model.model_id
             owner = wanted.get(name)
-            if owner is None or models.is_busy(name):
+            if owner is None or models.records.is_busy(name):
                 continue
             # Enforcing the limit comes first.
             plan[name] = Action(name, Event.OVER_REQUEST, owner, over)
@@ -354,7 +354,7 @@ class Reconciler:
 
     def _announce_given_up(self, name: str, pod: Proven, life: Life) -> None:
         """Tell the pod, once, that its model's loads are given up (its condition says so too,
-        from `Models.status`)."""
+        from `ModelReports.status`)."""
         if name in self._given_up:
             return
         self._given_up.add(name)
@@ -381,10 +381,10 @@ class Reconciler:
         elif action.cause is Check.RECHECK:
             await self._recheck(name, owner)
         elif action.cause is Event.IDLE:
-            self.models.note(name, Event.IDLE)
+            self.models.records.note(name, Event.IDLE)
             self.metrics.sleeps.labels("rested").inc()
         elif action.cause is Event.TRITON_RESTARTED:
-            self.models.note(name, Event.TRITON_RESTARTED)
+            self.models.records.note(name, Event.TRITON_RESTARTED)
             await self._reload(name, owner, settle=not action.restore)
         elif action.cause is Event.OVER_REQUEST and action.excess is not None:
             await self._enforce(name, owner, action.excess)
@@ -401,7 +401,7 @@ class Reconciler:
         """A load Triton died under: count it, and quarantine the model at the limit."""
         namespace = marker.pod.partition("/")[0]
         was_held = self.models.crashes.namespace_quarantine(namespace)
-        counted = self.models.crash_suspected(marker, alone=alone)
+        counted = self.models.quarantine.crash_suspected(marker, alone=alone)
         held = self.models.crashes.namespace_quarantine(namespace)
         if held is not None and was_held is None:
             log.error(
@@ -546,8 +546,8 @@ class Reconciler:
         """Once per resync period: is what Triton runs still what the agent installed?"""
         why = await self.models.vouch(name, pod)
         if not why:
-            self.models.record(name).vouched_at = self._clock()
-            self.models.note(name, Event.ADOPTED)
+            self.models.records.record(name).vouched_at = self._clock()
+            self.models.records.note(name, Event.ADOPTED)
             return
         await self._evict(name, pod, why)
 

@@ -1,7 +1,7 @@
 """The `tritonshare.io/ModelLoaded` pod condition: whether the node serves each model pod's model.
 
 For every Running pod on this node whose placement is proven, each pass compares what the node
-has of its model (`Models.status`, as the pod itself would learn it) with the condition on the
+has of its model (`ModelReports.status`, as the pod itself would learn it) with the condition on the
 pod, and writes the condition only when its status or reason changes. The status and reason for
 each state are `agent.phases.CONDITIONS`'; this module adds the message: `True` (ModelReady) when
 the model is READY; `False` when it is missing (ModelMissing: the node pod was replaced or the
@@ -17,7 +17,7 @@ the pod's requests quarantined after Triton exited with them at it (RequestsCras
 passing states and change nothing.
 
 Pods still in their loader are judged only on quarantine (their loader reports the rest), pods
-being deleted not at all: a pod whose files are quarantined (`Models.quarantine_for`: its own
+being deleted not at all: a pod whose files are quarantined (`Quarantines.for_pod`: its own
 install, or the one refused for the same files) or whose requests are gets the condition and the
 Event whatever its phase. A pod a controller owns whose own files are quarantined is then marked
 Failed (ModelCrashedTriton, pods/status as the kubelet writes it), so that its controller
@@ -51,7 +51,8 @@ from typing import Protocol
 
 from agent.errors import AgentError, KubeError, NotPlacedError, TritonUnreachableError
 from agent.kube.events import PodEvents
-from agent.models.nodemodels import CRASHED_REASON, ModelStatus, PodQuarantine, crash_message
+from agent.models.quarantines import CRASHED_REASON, PodQuarantine, crash_message
+from agent.models.statuses import ModelStatus
 from agent.phases import CONDITIONS, PASSING, ModelState
 from agent.pods.loadfailures import LoadFailure
 from agent.pods.modelpods import PENDING_REASON, PodInfo

@@ -240,7 +240,7 @@ async def test_annotations_edited_after_binding_prove_nothing(
     assert "GPU or model id changed after the binder placed it" in (error.details() or "")
     # The pod no longer proves a placement: it wants nothing, and its model is removed as an
     # orphan; nothing is pinned to the GPU it chose.
-    records = running.agent.models.known_records()
+    records = running.agent.models.records.known()
     assert all(r.gpu_uuid != running.mock.gpus[1].uuid for r in records.values())
 
     async def removed() -> bool:

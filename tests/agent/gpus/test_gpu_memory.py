@@ -524,7 +524,7 @@ async def test_python_models_load_at_once_each_billed_its_own_process(
 
     async def watch() -> None:
         while True:
-            sharing[0] = max(sharing[0], len(running.agent.models.gpu_queue.shared(gpu)))
+            sharing[0] = max(sharing[0], len(running.agent.models.admission.queue.shared(gpu)))
             await asyncio.sleep(0.02)
 
     watcher = asyncio.create_task(watch())

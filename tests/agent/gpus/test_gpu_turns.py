@@ -17,15 +17,15 @@ from tests.agent.pods.test_ownership import owner_models
 
 
 async def take_turn(models: Models, name: str, entered: list[str], leave: asyncio.Event) -> None:
-    async with models._gpu_turn("GPU-a", Work.LOAD, name, "team-a"):
+    async with models.admission.turn("GPU-a", Work.LOAD, name, "team-a"):
         entered.append(name)
         await leave.wait()
 
 
 def asked(models: Models) -> list[str]:
     """The models holding or awaiting GPU-a's slot, in the queue's order."""
-    holder = models.gpu_queue.holder("GPU-a")
-    waiting = models.gpu_queue.waiting("GPU-a")
+    holder = models.admission.queue.holder("GPU-a")
+    waiting = models.admission.queue.waiting("GPU-a")
     return [turn.name for turn in ([holder] if holder else []) + waiting]
 
 
@@ -54,7 +54,7 @@ async def test_turns_are_taken_one_at_a_time_in_the_order_asked(tmp_path: Path) 
         leaves["a"].set()
         await until(lambda: entered == ["a", "c"], "c holding the slot")
         # d is cancelled just as c's end grants it the slot: it passes the turn on to e.
-        grant = models.gpu_queue.done_all
+        grant = models.admission.queue.done_all
 
         def grant_then_cancel(turn: Turn, now: float) -> list[Turn]:
             following = grant(turn, now)
@@ -62,13 +62,13 @@ async def test_turns_are_taken_one_at_a_time_in_the_order_asked(tmp_path: Path) 
                 tasks["d"].cancel()
             return following
 
-        models.gpu_queue.done_all = grant_then_cancel  # type: ignore[method-assign]
+        models.admission.queue.done_all = grant_then_cancel  # type: ignore[method-assign]
         leaves["c"].set()
         await until(lambda: entered == ["a", "c", "e"], "e holding the slot")
         leaves["e"].set()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         assert [tasks[n].cancelled() for n in "abcde"] == [False, True, False, True, False]
-        assert asked(models) == [] and models._granted == {}
+        assert asked(models) == [] and models.admission._granted == {}
     finally:
         await models.close()
 
@@ -76,7 +76,7 @@ async def test_turns_are_taken_one_at_a_time_in_the_order_asked(tmp_path: Path) 
 async def test_a_turn_past_its_budget_is_cut_short_and_the_slot_passed_on(tmp_path: Path) -> None:
     models = await owner_models(tmp_path, alive=True)
     try:
-        models.gpu_queue = GpuQueue(lambda turn: 0.05 if turn.name == "slow" else None)
+        models.admission.queue = GpuQueue(lambda turn: 0.05 if turn.name == "slow" else None)
         entered: list[str] = []
         held_for_ever = asyncio.Event()
         slow = asyncio.create_task(take_turn(models, "slow", entered, held_for_ever))
@@ -91,9 +91,9 @@ async def test_a_turn_past_its_budget_is_cut_short_and_the_slot_passed_on(tmp_pa
         assert entered == ["slow", "next"] and asked(models) == []
 
         # A TimeoutError of the turn's own work, within its budget, is not the budget's.
-        models.gpu_queue = GpuQueue(lambda turn: 60.0)
+        models.admission.queue = GpuQueue(lambda turn: 60.0)
         with pytest.raises(TimeoutError) as own:
-            async with models._gpu_turn("GPU-a", Work.LOAD, "m", "team-a"):
+            async with models.admission.turn("GPU-a", Work.LOAD, "m", "team-a"):
                 raise TimeoutError("the work's own")
         assert not isinstance(own.value, LoadTimedOutError) and asked(models) == []
     finally:

@@ -64,10 +64,9 @@ class Triton:
 
 async def gpu_models(tmp_path: Path, total: int, sizes: dict[str, int]) -> tuple[Models, Triton]:
     """Models with `a` loaded (measured at its size) on a GPU of `total` bytes."""
-    models = await owner_models(tmp_path, alive=True)
     gpu = Gpu(total)
+    models = await owner_models(tmp_path, alive=True, gpus=gpu)
     triton = Triton(gpu, sizes)
-    models._gpus = gpu
     for method in ("load", "unload", "wait_unloaded", "gpu_memory"):
         setattr(models.triton, method, getattr(triton, method))
     gpu.used = sizes["a"]
@@ -79,7 +78,7 @@ def wake(models: Models, name: str, request: int) -> asyncio.Task[None]:
     owner = proven("team-b", name, f"uid-{name}", name)
     owner = type(owner)(owner.pod, request)
     return asyncio.create_task(
-        models._load_measured(name, "{}", owner, GPU, 0, waking=True), name=f"wake {name}"
+        models.admission.load_measured(name, "{}", owner, GPU, 0, waking=True), name=f"wake {name}"
     )
 
 
@@ -89,7 +88,7 @@ async def test_a_wake_that_fits_goes_to_triton_beside_an_unload_and_is_billed_it
 ) -> None:
     models, triton = await gpu_models(tmp_path, 16 * GI, {"a": 4 * GI, "b": 2 * GI})
     try:
-        sleep = asyncio.create_task(models._unload_measured("a", Work.UNLOAD))
+        sleep = asyncio.create_task(models.admission.unload_measured("a", Work.UNLOAD))
         await until(lambda: triton.started == ["unload a"], "a's unload under way")
         waking = wake(models, "b", 2 * GI)
         # Not held behind a's unload, which is still under way.
@@ -103,8 +102,8 @@ async def test_a_wake_that_fits_goes_to_triton_beside_an_unload_and_is_billed_it
         assert "a" not in models.ledger.models
         assert models.ledger.measured("b") == 2 * GI
         assert models.ledger.unattributed(GPU) == 0 and models.ledger.uncertainty("b") == 0
-        assert models.ledger.loading == set() and models._windows == {}
-        assert models.gpu_queue.holder(GPU) is None
+        assert models.ledger.loading == set() and models.admission._windows == {}
+        assert models.admission.queue.holder(GPU) is None
     finally:
         await models.close()
 
@@ -114,12 +113,12 @@ async def test_a_wake_that_needs_the_unloading_model_s_memory_waits_for_its_end(
 ) -> None:
     models, triton = await gpu_models(tmp_path, 8 * GI, {"a": 6 * GI, "b": 4 * GI})
     try:
-        sleep = asyncio.create_task(models._unload_measured("a", Work.UNLOAD))
+        sleep = asyncio.create_task(models.admission.unload_measured("a", Work.UNLOAD))
         await until(lambda: triton.started == ["unload a"], "a's unload under way")
         waking = wake(models, "b", 4 * GI)
         # Only 2 GiB are free until a's unload ends: b waits in line for it.
-        await until(lambda: len(models.gpu_queue.waiting(GPU)) == 1, "b waiting its turn")
-        assert triton.started == ["unload a"] and models.gpu_queue.beside(GPU) is None
+        await until(lambda: len(models.admission.queue.waiting(GPU)) == 1, "b waiting its turn")
+        assert triton.started == ["unload a"] and models.admission.queue.beside(GPU) is None
         triton.finish["a"].set()
         await until(lambda: triton.started == ["unload a", "load b"], "b's load after a's end")
         triton.finish["b"].set()
@@ -134,22 +133,21 @@ async def test_a_wake_granted_as_an_unload_is_billed_waits_and_is_billed_alone(
 ) -> None:
     models, triton = await gpu_models(tmp_path, 16 * GI, {"a": 4 * GI, "b": 2 * GI})
     try:
-        sleep = asyncio.create_task(models._unload_measured("a", Work.UNLOAD))
+        sleep = asyncio.create_task(models.admission.unload_measured("a", Work.UNLOAD))
         await until(lambda: triton.started == ["unload a"], "a's unload under way")
-        gpu = models._gpus
-        assert isinstance(gpu, Gpu)
+        gpu = triton.gpu
         gpu.gate = asyncio.Event()
         triton.finish["a"].set()
-        await until(lambda: models._windows[GPU].closing, "a's window being billed")
+        await until(lambda: models.admission._windows[GPU].closing, "a's window being billed")
         # Granted beside a's turn while its window is read for the bill: it shares nothing.
         waking = wake(models, "b", 2 * GI)
-        await until(lambda: len(models.gpu_queue.waiting(GPU)) == 1, "b waiting its turn")
+        await until(lambda: len(models.admission.queue.waiting(GPU)) == 1, "b waiting its turn")
         assert triton.started == ["unload a"]
         gpu.gate.set()
         await until(lambda: triton.started == ["unload a", "load b"], "b's load after a's bill")
         triton.finish["b"].set()
         await asyncio.gather(sleep, waking)
         assert models.ledger.measured("b") == 2 * GI and models.ledger.uncertainty("b") == 0
-        assert models.ledger.loading == set() and models._windows == {}
+        assert models.ledger.loading == set() and models.admission._windows == {}
     finally:
         await models.close()

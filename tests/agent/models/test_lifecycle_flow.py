@@ -8,7 +8,7 @@ from pathlib import Path
 import kubernetes.client
 import pytest
 
-from agent.models.nodemodels import _Record
+from agent.models.records import ModelRecord
 from agent.phases import Event, Phase
 from agent.triton import READY
 from protos import agent_pb2
@@ -32,13 +32,13 @@ async def test_a_triton_restart_is_an_event_of_the_pass_and_the_model_walks_back
 ) -> None:
     models = running.agent.models
     steps: list[tuple[str, Event, Phase]] = []
-    original = models._step
+    original = models.records.step
 
-    def recording(name: str, record: _Record, event: Event, reason: str = "") -> None:
+    def recording(name: str, record: ModelRecord, event: Event, reason: str = "") -> None:
         original(name, record, event, reason)
         steps.append((name, event, record.life.phase))
 
-    monkeypatch.setattr(models, "_step", recording)
+    monkeypatch.setattr(models.records, "step", recording)
     # The operator's restart, not the model's crash: no settling window to count it in.
     monkeypatch.setattr(running.agent.crashes, "settle_seconds", 0.0)
     token = await deploy(running, apiserver, kube_api, tmp_path, "m")
@@ -61,7 +61,7 @@ async def test_a_triton_restart_is_an_event_of_the_pass_and_the_model_walks_back
 
     async def ready_again() -> bool:
         in_triton = await triton_state(running, name)
-        return in_triton == READY and models.record(name).life.phase is Phase.READY
+        return in_triton == READY and models.records.record(name).life.phase is Phase.READY
 
     await eventually(ready_again, what="the model READY again after Triton restarted")
     mine = [(event, phase) for n, event, phase in steps if n == name]
@@ -91,5 +91,5 @@ async def test_a_triton_restart_is_an_event_of_the_pass_and_the_model_walks_back
         (Event.UNLOAD_STARTED, Phase.UNLOADING),
         (Event.REMOVED, Phase.ABSENT),
     ]
-    assert name not in models.known_records()
+    assert name not in models.records.known()
     assert (registry.get_sample_value(LOADED, {"gpu": "0", "UUID": gpu}) or 0) == 0

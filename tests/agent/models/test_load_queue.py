@@ -107,7 +107,7 @@ async def test_one_namespace_s_queued_loads_delay_another_s_by_one_load(
     tokens["b0"] = await pod_with_model(
         running, apiserver, kube_api, model(tmp_path, "b0"), "b0", "team-b"
     )
-    queue, gpu = running.agent.models.gpu_queue, running.mock.gpus[0].uuid
+    queue, gpu = running.agent.models.admission.queue, running.mock.gpus[0].uuid
     b0 = name_in_triton(kube_api, "b0", "b0", "team-b")
     # What the queue did, in order: ("ask", name), ("grant", name).
     log: list[tuple[str, str]] = []
@@ -224,7 +224,7 @@ async def test_a_load_past_its_bound_is_abandoned_and_the_next_turn_proceeds(
     )
     quick_source = model(tmp_path, "quick", padding=1024**2)
     quick_token = await pod_with_model(running, apiserver, kube_api, quick_source, "quick")
-    queue, gpu = running.agent.models.gpu_queue, running.mock.gpus[0].uuid
+    queue, gpu = running.agent.models.admission.queue, running.mock.gpus[0].uuid
     slow = asyncio.create_task(load(running, "slow", slow_token))
     slow_name = name_in_triton(kube_api, "slow", "slow")
     await eventually(

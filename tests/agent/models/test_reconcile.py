@@ -143,7 +143,7 @@ async def test_one_model_waits_for_its_own_lock_only(
     token_a = await deploy(running, apiserver, kube_api, tmp_path, "a")
     token_b = await deploy(running, apiserver, kube_api, tmp_path, "b")
     models = running.agent.models
-    async with models.lock(name_of(kube_api, "a")):
+    async with models.records.lock(name_of(kube_api, "a")):
         # An operation on "a" is in progress: unloading "a" waits, "b" goes ahead.
         waiting = asyncio.ensure_future(
             running.stub.UnloadModel(

@@ -243,7 +243,7 @@ async def test_a_wake_goes_to_triton_while_another_model_s_unload_is_under_way(
     token_b = await serve(running, apiserver, kube_api, tmp_path, "od-b")
     a, b = (name_in_triton(kube_api, pod, pod) for pod in ("od-a", "od-b"))
     assert (await sleep(running, token_b, "od-b")).sleeping
-    queue = running.agent.models.gpu_queue
+    queue = running.agent.models.admission.queue
     sleeping = asyncio.create_task(sleep(running, token_a, "od-a"))
     try:
         await eventually(
@@ -291,7 +291,7 @@ async def test_an_always_pod_is_never_put_to_sleep_even_with_its_annotation_flip
     # Never slept: what happens to it now is what happens to any pod whose proof broke.
     registry = running.agent.metrics.registry
     assert not registry.get_sample_value("tritonshare_agent_model_sleeps_total", {"reason": "idle"})
-    assert running.agent.models.record(name).life.phase is not Phase.IDLE_UNLOADED
+    assert running.agent.models.records.record(name).life.phase is not Phase.IDLE_UNLOADED
 
 
 def report_activity(

@@ -14,6 +14,7 @@ from agent.errors import OwnedByAnotherPodError
 from agent.installs.modelconfig import ModelPolicy
 from agent.installs.repository import Repository, build_manifest
 from agent.metrics import AgentMetrics
+from agent.models.gpuadmission import Gpus
 from agent.models.nodemodels import ModelLimits, Models
 from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerRecord, OwnerStore
@@ -52,7 +53,7 @@ def test_a_record_written_before_private_names_is_read_as_its_model_ids_own(
     assert again.all() == owners.all()
 
 
-async def owner_models(tmp_path: Path, alive: bool) -> Models:
+async def owner_models(tmp_path: Path, alive: bool, gpus: Gpus | None = None) -> Models:
     repository = Repository(tmp_path / "models")
     repository.prepare()
     owners = OwnerStore(tmp_path / "state")
@@ -66,7 +67,7 @@ async def owner_models(tmp_path: Path, alive: bool) -> Models:
             policy=ModelPolicy(tenant_code_namespaces=frozenset({"team-a", "team-b"})),
             cpu_only=True,
         ),
-        gpus=NoGpus(),
+        gpus=gpus or NoGpus(),
         pods=OwnersAlive(alive),
         metrics=AgentMetrics(),
     )

@@ -313,8 +313,8 @@ async def test_two_namespaces_and_two_revisions_run_one_model_id_side_by_side(
     assert status.state == agent_pb2.MODEL_STATE_ABSENT
     assert (status.pod, status.triton_name, status.manifest_digest) == ("", "", "")
     # No lock is kept for a model that is gone (every rollout brings new names).
-    assert names["old"] not in running.agent.models.known_records()
-    assert not running.agent.models.is_busy(names["old"])
+    assert names["old"] not in running.agent.models.records.known()
+    assert not running.agent.models.records.is_busy(names["old"])
     error = await refused(
         running.stub.ListModels(
             agent_pb2.ListModelsRequest(), metadata=bearer(apiserver.mint_token("team-b", "b"))

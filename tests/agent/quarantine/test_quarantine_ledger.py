@@ -207,7 +207,9 @@ async def test_a_quarantined_pod_is_told_and_failed_when_a_controller_replaces_i
     ledger.load()
     told = Recorder()
     models: Any = SimpleNamespace(
-        crash_suspected=lambda marker, alone=True: ledger.crashed(marker, alone=alone),
+        quarantine=SimpleNamespace(
+            crash_suspected=lambda marker, alone=True: ledger.crashed(marker, alone=alone)
+        ),
         crashes=ledger,
     )
     reconciler = Reconciler(
@@ -241,23 +243,17 @@ class PlanModels:
         self.ledger = SimpleNamespace(over=list)
         self.hold = None  # no probation hold: trials wait for nothing
         self._busy = busy
+        self.records = SimpleNamespace(
+            is_busy=lambda name: name in self._busy,
+            known=lambda: {},
+            record=lambda name: SimpleNamespace(last_activity=0.0),
+        )
+        self.quarantine = SimpleNamespace(of=lambda name: None)
         for name in ("a", "b"):
             self.crashes.crashed(Marker(name, f"{name}-files", name, f"ns/{name}-pod"))
 
     async def _index(self) -> dict[str, Any]:
         return {}
-
-    def is_busy(self, name: str) -> bool:
-        return name in self._busy
-
-    def known_records(self) -> dict[str, Any]:
-        return {}
-
-    def record(self, name: str) -> Any:
-        return SimpleNamespace(last_activity=0.0)
-
-    def quarantine_of(self, name: str) -> CrashRecord | None:
-        return None
 
 
 def planner(models: PlanModels) -> Reconciler:

@@ -11,7 +11,9 @@ from dataclasses import replace
 import pytest
 
 from agent.errors import KubeError
-from agent.models.nodemodels import ModelState, ModelStatus, PodQuarantine
+from agent.models.nodemodels import ModelState
+from agent.models.quarantines import PodQuarantine
+from agent.models.statuses import ModelStatus
 from agent.pods.loadfailures import LoadFailure
 from agent.pods.modelpods import PodInfo
 from agent.pods.proofs import Proven
