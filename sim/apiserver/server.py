@@ -186,6 +186,12 @@ class RunningApiServer:
 
         async def close() -> None:
             self._core.store.close()
+            for site in list(runner.sites):
+                await site.stop()
+            # A connection accepted just before the listener closed is set up over a few turns
+            # of the loop: let it register, so that the cleanup closes it too (else it is left
+            # open, a transport nobody closes).
+            await asyncio.sleep(0.05)
             await runner.cleanup()
 
         self.run(close())
