@@ -410,11 +410,12 @@ class Settings:
         "parallel-loads",
         "loads measured by their own processes (Python backend) that may run at once on one GPU",
         whole(minimum=1),
-        default="4",
+        default="8",
     )
     """Such loads (and wakes) are billed their processes' memory (NVML's per-process figures); other
-    loads keep the GPU to themselves. Triton's `--model-load-thread-count` should be at least this
-    (the chart sets both from `agent.parallelLoads`)."""
+    loads keep the GPU to themselves. Triton's `--model-load-thread-count` should be this times the
+    node's GPUs (the chart sets both from `agent.parallelLoads`). Twelve such models created at
+    once on an H200 were all Ready 1.91x one model's time at 8, 2.31x at 4 (docs/results.md)."""
     stop_drain_seconds: float = setting(
         "stop-drain-seconds",
         "on SIGTERM, the longest wait for this node's model hosts to leave their Services",

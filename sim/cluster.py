@@ -94,8 +94,16 @@ from sim.processes import (
     wait_until,
 )
 from sim.tls import TlsUnavailableError, self_signed
-from sim.triton import TritonServer, TritonUnavailableError, free_port, stub_environment_problem
+from sim.triton import (
+    PARALLEL_LOADS,
+    TritonServer,
+    TritonUnavailableError,
+    free_port,
+    stub_environment_problem,
+)
 
+DAEMONSETS_PART = "node DaemonSets"
+"""How `SimCluster.missing` names the API server's node DaemonSets when they could not be stored."""
 # The admin header sim.triton's restricted Triton expects; the agent sends it, tenants cannot.
 TRITON_ADMIN_HEADER = "tritonshare-admin-key:local"
 KEYS = Keys()
@@ -289,6 +297,9 @@ class SimCluster:
         gpu_mem_reserve: int = 0,
         process_allowance: int = 0,
         process_context: int = 0,
+        process_driver_share: int = 0,
+        parallel_loads: int = PARALLEL_LOADS,
+        gpu_poll_seconds: float | None = None,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if len({n.name for n in nodes}) != len(nodes):
@@ -340,6 +351,14 @@ class SimCluster:
         mock GPUs hold no driver share or Triton context, and their models no context of their
         own unless `process_context` says so (bytes each Python model's stub takes on them)."""
         self.process_context = process_context
+        self.process_driver_share = process_driver_share
+        """Bytes each such stub also costs the mock GPU beyond NVML's per-process figure, as the
+        driver's part of a CUDA context does on a real one (`sim.gpu.load`)."""
+        self.parallel_loads = parallel_loads
+        """The real nodes' agents' --parallel-loads and their Tritons' --model-load-thread-count,
+        as the chart sets both from `agent.parallelLoads`."""
+        self.gpu_poll_seconds = gpu_poll_seconds
+        """The agents' --gpu-poll-seconds (None: theirs): how fresh their GPU figures are."""
         self.say = say
         self.missing: list[str] = []
         self.node_daemonsets: list[dict[str, Any]] = []
@@ -417,6 +436,7 @@ class SimCluster:
             onnx_standin=True,
             gpu_metrics=node.gpus == REAL_GPUS,
             kept=True,  # as the node pod's Triton container runs it
+            parallel_loads=self.parallel_loads,
         )
         triton.model_repository.mkdir(parents=True, exist_ok=True)
         return triton
@@ -521,7 +541,7 @@ class SimCluster:
         try:
             self.node_daemonsets = render_node_daemonsets()
         except GpuStackError as e:
-            self.missing.append(f"node DaemonSets ({e})")
+            self.missing.append(f"{DAEMONSETS_PART} ({e})")
             return
         apps = cast(Any, kubernetes.client.AppsV1Api(self.kube))
         for daemonset in self.node_daemonsets:
@@ -609,7 +629,8 @@ class SimCluster:
             triton_grpc_url = f"127.0.0.1:{free_port()}"
             repository.mkdir(parents=True, exist_ok=True)
         simulated = [
-            "--simulate-model-memory", "--process-context", str(self.process_context)
+            "--simulate-model-memory", "--process-context", str(self.process_context),
+            "--process-driver-share", str(self.process_driver_share),
         ] if node.real else []  # fmt: skip
         on_gpus = node.gpus == REAL_GPUS
         argv = [
@@ -629,6 +650,10 @@ class SimCluster:
             "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
             # Measured GPU memory reaches the binder within seconds in the demo.
             "--usage-publish-seconds", "2",
+            "--parallel-loads", str(self.parallel_loads),
+            *([] if self.gpu_poll_seconds is None else [
+                "--gpu-poll-seconds", str(self.gpu_poll_seconds)
+            ]),
             *([] if on_gpus else ["--cpu-only"]),
         ]  # fmt: skip
         if node.real and gateway is not None:

@@ -30,7 +30,7 @@ KEEPER = Path(__file__).resolve().parent.parent / "agent" / "tritonkeeper.py"
 """The node pod's Triton container runs the server under this keeper (`kept`)."""
 KEEPER_RESTARTED = "; its other processes are ended; starting it again in "
 """What the keeper's line says each time it starts the server again after an exit."""
-PARALLEL_LOADS = 4
+PARALLEL_LOADS = 8
 """Loads Triton runs at once (`--model-load-thread-count`), as the chart sets it from
 `agent.parallelLoads`: the agent's `--parallel-loads` default."""
 LOAD_THREADS_ARGS = (f"--model-load-thread-count={PARALLEL_LOADS}",)
@@ -138,6 +138,9 @@ class TritonServer:
     """Run the server under the node pod's keeper (`agent/tritonkeeper.py`), as Triton's container
     does: it starts the server again at once when it dies. `process` is then the keeper's, and
     `exited` says the container would have exited (the keeper gave up)."""
+    parallel_loads: int = PARALLEL_LOADS
+    """Loads Triton runs at once (`--model-load-thread-count`): the node's agent's
+    `--parallel-loads`."""
     onnx_standin: bool = False
     """Also run models of the `onnxruntime` backend, on the `onnxruntime` package through the
     Python backend (`sim/tritonbackends/onnxruntime`): the simulated cluster's nodes, so that
@@ -179,7 +182,7 @@ class TritonServer:
             "--strict-readiness=true",
             "--log-verbose=0",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            *LOAD_THREADS_ARGS,
+            f"--model-load-thread-count={self.parallel_loads}",
         ]
         if self.restricted:
             header = "tritonshare-admin-key=local"  # Triton 2.51 wants <api>:<header>=<value>

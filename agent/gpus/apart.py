@@ -54,6 +54,24 @@ class ApartMemory:
                 found[index] = held
         return found
 
+    def listed_now(self, index: int) -> dict[str, int] | None:
+        """How many of each model's processes NVML lists on GPU `index` (models with none
+        absent); None when that cannot be told now."""
+        by_model = self._processes.by_model()
+        if by_model is None:
+            return None
+        try:
+            listed = {p.pid for p in self._reader.processes(index)}
+        except AgentError:
+            return None
+        counts = {name: len(pids & listed) for name, pids in by_model.items()}
+        return {name: n for name, n in counts.items() if n}
+
+    async def listed(self, index: int) -> dict[str, int] | None:
+        """`listed_now` off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.listed_now, index)
+
     def _held(self, index: int, by_model: dict[str, frozenset[int]]) -> dict[str, int] | None:
         try:
             listed = {p.pid: p.used for p in self._reader.processes(index)}

@@ -10,6 +10,10 @@ the node's polls between them:
 - a model **measured apart** (its backend runs it in processes of its own: Python's stubs) is billed
   what its own processes hold on its GPU, as NVML lists each process's memory, refreshed at every
   reading: exact, whatever loads beside it, so such loads share their GPU (`agent.gpus.gpuqueue`).
+  NVML's per-process figure leaves out the driver's part of each process's CUDA context (5.5-5.75
+  MiB a process on an H200): the GPU's growth across loads measured apart beyond what their
+  processes hold is billed to them by their processes (`share_apart`, at most `DRIVER_SHARE_CAP`
+  a process; the rest is unexplained), as their **share**, which is also their uncertainty.
   Every other figure and rule below is on the GPU's used memory **less** what the models measured
   apart hold (`net`), so their loads and growth are never billed to another model; they still
   count as neighbours (what escapes their processes, such as a process outside Triton's, may
@@ -50,6 +54,10 @@ from dataclasses import dataclass
 from agent.gpus.inventory import GpuInfo, GpuSnapshot
 
 MIB = 1024**2
+DRIVER_SHARE_CAP = 16 * MIB
+"""The most a process measured apart is billed of its GPU's growth beyond NVML's per-process
+figures: the driver's part of a CUDA context is 5.5-5.75 MiB (an H200, driver 580); more than
+this is not taken to be theirs."""
 TOLERANCE_FRACTION = 0.05
 TOLERANCE_MIN_BYTES = 256 * MIB
 PUBLISH_GRANULE_BYTES = 64 * MIB
@@ -75,6 +83,9 @@ class Measured:
     (its own processes' memory, NVML's per-process figures: measured apart)."""
     floor: int = 0
     """Triton's figure at load: a model alone on its GPU is never measured below it."""
+    share: int = 0
+    """Of a model measured apart, the bytes of its figure that its processes cost the GPU beyond
+    NVML's per-process figures (`MemoryLedger.share_apart`)."""
     adopted: bool = False
     """Found loaded after an agent restart: its load was never read, its GPU's baseline is
     unknown."""
@@ -184,15 +195,36 @@ class MemoryLedger:
 
     def refresh_apart(self, gpu_uuid: str, held: dict[str, int]) -> None:
         """What each model measured apart holds on the GPU now, by its name (a model with no
-        process listed holds nothing)."""
+        process listed holds nothing, not even its share)."""
         for m in self.apart(gpu_uuid):
-            m.bytes = held.get(m.model_id, 0)
+            m.bytes = held[m.model_id] + m.share if m.model_id in held else 0
+
+    def share_apart(self, gpu_uuid: str, grown: int, processes: dict[str, int]) -> int:
+        """The GPU's `grown` bytes (`net`) across loads measured apart, billed to the models
+        loaded there by their processes (`processes`: each model's count), at most
+        `DRIVER_SHARE_CAP` a process; returns what is left unexplained."""
+        billed = {
+            name: n
+            for name, n in processes.items()
+            if name in self.models and self.models[name].source == "process" and n > 0
+        }
+        count = sum(billed.values())
+        each = min(grown // count, DRIVER_SHARE_CAP) if grown > 0 and count else 0
+        for name, n in billed.items():
+            self.models[name].share += each * n
+            self.models[name].bytes += each * n
+        rest = max(grown, 0) - each * count
+        if rest:
+            self._unexplained[gpu_uuid] = self._unexplained.get(gpu_uuid, 0) + rest
+        return rest
 
     def uncertainty(self, model_id: str) -> int:
         """Bytes of the model's figure another tenant may have caused (0 for Triton's own)."""
         entry = self.models.get(model_id)
-        if entry is None or entry.source in ("triton", "process"):
+        if entry is None or entry.source == "triton":
             return 0
+        if entry.source == "process":
+            return entry.share  # spread over the loads of its window: a neighbour's, perhaps
         if any(m.adopted for m in self._windowed(entry.gpu_uuid)):
             # Loaded before this agent started: nothing on its GPU was read from empty.
             return entry.bytes

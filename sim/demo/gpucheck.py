@@ -21,12 +21,8 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.errors import NvmlUnavailableError
 from agent.gpus.memory import TOLERANCE_FRACTION, TOLERANCE_MIN_BYTES, tolerance
@@ -36,21 +32,28 @@ from common.backends import PROCESS_ALLOWANCE
 from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
 from common.tritonname import private_triton_name
-from sim.cluster import REAL_GPUS, NodeSpec, SimCluster
+from sim.cluster import DAEMONSETS_PART, REAL_GPUS, NodeSpec, SimCluster
+from sim.demo.agentreads import Samples, agent_metrics, agent_port, ask, pod_ready, read_pod, sample
+from sim.demo.gpuburst import BURST, BurstResult, burst_of, run_burst
 from sim.demo.report import Say
 from sim.demo.scenario import NAMESPACE, ModelPod, PodPorts, model_pod_manifest
-from sim.gpu.cudamodel import ANSWER, REQUEST, write_model
+from sim.gpu.cudamodel import ANSWER, write_model
 from sim.processes import ClusterError, wait_until
-from sim.triton import free_port
+from sim.triton import PARALLEL_LOADS, free_port
 
 KEYS = Keys()
 MIB = 1024**2
 NODE = "gpu-node-0"
 MODELS = (("cuda-small", "256Mi"), ("cuda-large", "1Gi"))
 """(pod and model id, request): each model allocates exactly its request."""
+GPU_POLL_SECONDS = 1.0
+"""The agent reads NVML this often (10 s by default): the check waits for a fresh reading."""
 STAND_IN_GPUS = "1xH200"
 STAND_IN_CONTEXT = 600 * MIB
-"""What each Python model's stub holds on the mock H200 (524 to 616 MiB on a real one)."""
+"""What each Python model's stub holds on the mock H200 (518 MiB listed for it on a real one)."""
+STAND_IN_DRIVER_SHARE = 6 * MIB
+"""What each stub also costs the mock H200 outside NVML's per-process figure (5.5-5.75 MiB on a
+real one: the driver's part of its CUDA context)."""
 
 
 @dataclass
@@ -65,6 +68,8 @@ class ModelFigures:
     """What the binder booked (the agent's request gauge): request plus the allowance."""
     measured: int = 0
     load_seconds: float = 0.0
+    ready_seconds: float = 0.0
+    """From the pod's creation until it was seen Ready: placement, the loader, the load."""
     first_answer_seconds: float = 0.0
     answer: list[float] = field(default_factory=list)
     unload_seconds: float = 0.0
@@ -89,50 +94,7 @@ class GpuCheckResult:
     allowance: int
     gpus: list[str] = field(default_factory=list)
     models: list[ModelFigures] = field(default_factory=list)
-
-
-def _metrics(address: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
-    return samples
-
-
-def _one(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
-    for found, value in samples.get(name, []):
-        if all(found.get(k) == v for k, v in labels.items()):
-            return value
-    return 0.0
-
-
-def _pod(cluster: SimCluster, name: str) -> dict[str, Any] | None:
-    try:
-        response = cluster.core.read_namespaced_pod(name, NAMESPACE, _preload_content=False)
-    except Exception:
-        return None
-    pod: dict[str, Any] = json.loads(response.data)
-    return pod
-
-
-def _ready(cluster: SimCluster, name: str) -> bool:
-    conditions = ((_pod(cluster, name) or {}).get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _ask(address: str, model: str) -> tuple[list[float], float]:
-    request = urllib.request.Request(
-        f"http://{address}/v2/models/{model}/infer",
-        data=json.dumps(REQUEST).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    started = time.monotonic()
-    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
-        answer = json.loads(response.read())
-    took = time.monotonic() - started
-    return [float(v) for v in answer["outputs"][0]["data"]], took
+    burst: BurstResult | None = None
 
 
 def _serve_one(
@@ -140,7 +102,7 @@ def _serve_one(
 ) -> ModelFigures:
     figures = ModelFigures(name, parse_quantity(request), parse_quantity(request))
     write_model(models_dir / name, figures.allocated)
-    before = _metrics(agent)
+    before = agent_metrics(agent)
     used_before = {
         labels["UUID"]: value
         for labels, value in before.get("tritonshare_agent_gpu_memory_used_bytes", [])
@@ -152,63 +114,64 @@ def _serve_one(
     manifest = model_pod_manifest(
         pod,
         ports,
-        agent_port=_agent_port(cluster),
+        agent_port=agent_port(cluster, NODE),
         gateway_http_port=gateway.http,
         gateway_grpc_port=gateway.grpc,
     )
+    created_at = time.monotonic()
     cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
     wait_until(
-        f"pod {name} Ready (its model loaded on the GPU)", lambda: _ready(cluster, name), 300
+        f"pod {name} Ready (its model loaded on the GPU)", lambda: pod_ready(cluster, name), 300
     )
-    created = _pod(cluster, name) or {}
+    figures.ready_seconds = time.monotonic() - created_at
+    created = read_pod(cluster, name) or {}
     figures.gpu = created["metadata"]["annotations"].get(KEYS.gpu, "")
     figures.used_before = int(used_before.get(figures.gpu, 0))
     triton_name = private_triton_name(NAMESPACE, name, created["metadata"]["uid"])
-    loaded = _metrics(agent)
+    loaded = agent_metrics(agent)
     figures.measured = int(
-        _one(loaded, "tritonshare_agent_model_gpu_memory_bytes", model=triton_name)
+        sample(loaded, "tritonshare_agent_model_gpu_memory_bytes", model=triton_name)
     )
     figures.booked = int(
-        _one(loaded, "tritonshare_agent_model_gpu_memory_request_bytes", model=triton_name)
+        sample(loaded, "tritonshare_agent_model_gpu_memory_request_bytes", model=triton_name)
     )
-    figures.load_seconds = _one(loaded, "tritonshare_agent_load_duration_seconds_sum") - _one(
+    figures.load_seconds = sample(loaded, "tritonshare_agent_load_duration_seconds_sum") - sample(
         before, "tritonshare_agent_load_duration_seconds_sum"
     )
     address = f"{created['status']['podIP']}:{ports.http}"
-    figures.answer, figures.first_answer_seconds = _ask(address, name)
+    figures.answer, figures.first_answer_seconds = ask(address, name)
     if figures.answer != ANSWER:
         raise ClusterError(f"model {name} answered {figures.answer}, not {ANSWER}")
-    unloads = _one(loaded, "tritonshare_agent_unload_duration_seconds_count")
+    unloads = sample(loaded, "tritonshare_agent_unload_duration_seconds_count")
     cluster.core.delete_namespaced_pod(name, NAMESPACE, _preload_content=False)
 
-    def unloaded() -> dict[str, list[tuple[dict[str, str], float]]] | None:
-        now = _metrics(agent)
-        done = _one(now, "tritonshare_agent_unload_duration_seconds_count") > unloads
-        return now if done and _pod(cluster, name) is None else None
+    def unloaded() -> Samples | None:
+        now = agent_metrics(agent)
+        done = sample(now, "tritonshare_agent_unload_duration_seconds_count") > unloads
+        return now if done and read_pod(cluster, name) is None else None
 
     after = wait_until(f"pod {name} gone and its model unloaded", unloaded, 120)
-    figures.unload_seconds = _one(after, "tritonshare_agent_unload_duration_seconds_sum") - _one(
-        loaded, "tritonshare_agent_unload_duration_seconds_sum"
-    )
+    figures.unload_seconds = sample(
+        after, "tritonshare_agent_unload_duration_seconds_sum"
+    ) - sample(loaded, "tritonshare_agent_unload_duration_seconds_sum")
 
     def settled() -> tuple[float] | None:
         # The agent's next GPU poll after the unload: what the GPU holds without the model.
-        used = _one(_metrics(agent), "tritonshare_agent_gpu_memory_used_bytes", UUID=figures.gpu)
+        used = sample(
+            agent_metrics(agent), "tritonshare_agent_gpu_memory_used_bytes", UUID=figures.gpu
+        )
         return (used,) if used <= figures.used_before + 64 * MIB else None
 
     try:
         figures.used_after_unload = int(wait_until("the GPU's memory back", settled, 30)[0])
     except ClusterError:
         figures.used_after_unload = int(
-            _one(_metrics(agent), "tritonshare_agent_gpu_memory_used_bytes", UUID=figures.gpu)
+            sample(
+                agent_metrics(agent), "tritonshare_agent_gpu_memory_used_bytes", UUID=figures.gpu
+            )
         )
     _say_figures(figures, say)
     return figures
-
-
-def _agent_port(cluster: SimCluster) -> int:
-    handle = cluster.agents[NODE]
-    return int(handle.grpc.rpartition(":")[2])
 
 
 def _say_figures(f: ModelFigures, say: Say) -> None:
@@ -220,7 +183,8 @@ def _say_figures(f: ModelFigures, say: Say) -> None:
     )
     answer_ms, back = f.first_answer_seconds * 1000, (f.used_after_unload - f.used_before) / MIB
     say(
-        f"    load to READY {f.load_seconds:.2f} s; first answer {answer_ms:.1f} ms {f.answer}; "
+        f"    load to READY {f.load_seconds:.2f} s (pod Ready {f.ready_seconds:.2f} s after its "
+        f"creation); first answer {answer_ms:.1f} ms {f.answer}; "
         f"unload {f.unload_seconds:.2f} s; GPU used before {f.used_before}, after the unload "
         f"{f.used_after_unload} ({back:+.0f} MiB)"
     )
@@ -241,8 +205,17 @@ def machine_gpus() -> list[str]:
     return [f"{g.index}: {g.product}" for g in snapshot.gpus]
 
 
-def run_gpu_check(workdir: Path, say: Say = print, *, real: bool = True) -> GpuCheckResult:
-    """The check in `workdir`: on this machine's GPUs, or (`real=False`) the mock's."""
+def run_gpu_check(
+    workdir: Path,
+    say: Say = print,
+    *,
+    real: bool = True,
+    burst: tuple[str, ...] = BURST,
+    parallel_loads: int = PARALLEL_LOADS,
+) -> GpuCheckResult:
+    """The check in `workdir`: on this machine's GPUs, or (`real=False`) the mock's; then a
+    burst of model pods of `burst`'s requests created at once (none when empty), with
+    `parallel_loads` loads at once on a GPU."""
     if real:
         say(f"This machine's GPUs: {machine_gpus()}")
     result = GpuCheckResult(real, DEFAULT_RESERVE, PROCESS_ALLOWANCE)
@@ -255,10 +228,16 @@ def run_gpu_check(workdir: Path, say: Say = print, *, real: bool = True) -> GpuC
         gpu_mem_reserve=DEFAULT_RESERVE,
         process_allowance=PROCESS_ALLOWANCE,
         process_context=0 if real else STAND_IN_CONTEXT,
+        process_driver_share=0 if real else STAND_IN_DRIVER_SHARE,
+        parallel_loads=parallel_loads,
+        gpu_poll_seconds=GPU_POLL_SECONDS,
         say=say,
     ) as cluster:
-        if cluster.missing:
-            raise ClusterError(f"missing parts: {'; '.join(cluster.missing)}")
+        # The node DaemonSets stored in the API server are not used here (the node runs as
+        # processes): the check runs on a GPU machine without kubectl.
+        missing = [m for m in cluster.missing if not m.startswith(DAEMONSETS_PART)]
+        if missing:
+            raise ClusterError(f"missing parts: {'; '.join(missing)}")
         gpus = json.loads(cluster.core.read_node(NODE).metadata.annotations[KEYS.gpus])
         result.gpus = [f"{g['index']}: {g['product']} ({format_bytes(g['memory'])})" for g in gpus]
         say(f"GPUs of {NODE} ({'this machine' if real else 'the mock NVML'}): {result.gpus}")
@@ -276,12 +255,19 @@ def run_gpu_check(workdir: Path, say: Say = print, *, real: bool = True) -> GpuC
             result.models.append(
                 _serve_one(cluster, agent, workdir / "gpucheck-models", name, request, say)
             )
+        if burst:
+            alone = min(m.ready_seconds for m in result.models)
+            result.burst = run_burst(
+                cluster, NODE, workdir / "gpucheck-models", alone, say, requests=burst
+            )
     return result
 
 
-def main(workdir: Path, say: Say) -> int:
+def main(
+    workdir: Path, say: Say, *, burst: int = len(BURST), parallel_loads: int = PARALLEL_LOADS
+) -> int:
     try:
-        run_gpu_check(workdir, say, real=True)
+        run_gpu_check(workdir, say, real=True, burst=burst_of(burst), parallel_loads=parallel_loads)
     except ClusterError as e:
         say(f"\nThe GPU check failed: {e}\nEvery process's log is in {workdir / 'logs'}.")
         return 1

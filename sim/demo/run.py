@@ -37,6 +37,7 @@ from common.quantity import format_bytes
 from common.tritonname import private_triton_name
 from sim.cluster import EXAMPLE_NAMESPACE_MANIFEST, SimCluster, apply_namespace
 from sim.demo import autoscale, gpucheck, rollout
+from sim.demo.gpuburst import BURST
 from sim.demo.report import (
     ALL_PODS,
     INTRO,
@@ -60,7 +61,7 @@ from sim.demo.scenario import (
     short_form_manifest,
 )
 from sim.processes import ClusterError, wait_until
-from sim.triton import free_port
+from sim.triton import PARALLEL_LOADS, free_port
 
 KEYS = Keys()
 
@@ -792,6 +793,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run on this machine's GPUs and print the figures of a GPU check (sim.demo.gpucheck)",
     )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=len(BURST),
+        metavar="N",
+        help=f"with --real-gpu: model pods created at once on one GPU after the single ones "
+        f"(default {len(BURST)}; 0: none)",
+    )
+    parser.add_argument(
+        "--parallel-loads",
+        type=int,
+        default=PARALLEL_LOADS,
+        metavar="N",
+        help=f"with --real-gpu: the agent's --parallel-loads and Triton's "
+        f"--model-load-thread-count (default {PARALLEL_LOADS}, the chart's)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tritonshare-demo-"))
@@ -800,7 +817,9 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     if args.real_gpu:
-        return gpucheck.main(workdir, say)
+        if args.burst < 0 or args.parallel_loads < 1:
+            parser.error("--burst must be 0 or more and --parallel-loads 1 or more")
+        return gpucheck.main(workdir, say, burst=args.burst, parallel_loads=args.parallel_loads)
     for line in INTRO:
         say(line)
     try:

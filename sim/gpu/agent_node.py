@@ -56,6 +56,14 @@ OWN_FLAGS = Declaration(
             env=None,
             default="0",
         ),
+        Setting(
+            "process-driver-share",
+            "with --simulate-model-memory, bytes each such process also costs the GPU that NVML's "
+            "per-process figure leaves out, as the driver's part of a CUDA context does",
+            quantity(),
+            env=None,
+            default="0",
+        ),
     ],
     error=SettingsError,
 )
@@ -70,7 +78,9 @@ def _node_name(agent_args: Sequence[str]) -> str:
     return _flag(agent_args, "node-name") or "node"
 
 
-def _footprints(agent_args: Sequence[str], spec: Spec, process_context: int) -> ModelFootprints:
+def _footprints(
+    agent_args: Sequence[str], spec: Spec, process_context: int, driver_share: int
+) -> ModelFootprints:
     """Model memory from the agent's own Triton, repository and cluster (its flags)."""
     config = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -90,6 +100,7 @@ def _footprints(agent_args: Sequence[str], spec: Spec, process_context: int) -> 
         admin_header=(name.strip(), value.strip()) if value else None,
         process_context=process_context,
         listed=True,
+        driver_share=driver_share,
     )
 
 
@@ -111,7 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     mock = install(spec)
     if options.get("simulate_model_memory"):
-        footprints = _footprints(agent_args, spec, options["process_context"])
+        footprints = _footprints(
+            agent_args, spec, options["process_context"], options["process_driver_share"]
+        )
         mock.set_workload(footprints, footprints.processes)
     # Imported only now, so that agent.gpus.nvml binds the mock as `pynvml`.
     from agent.__main__ import main as agent_main

@@ -17,7 +17,9 @@ MiB, docs/results.md; one instance per model here). With `listed`, a model runni
 its own holds all of that in its process, as on a real GPU: its Python backend stub (found in
 `/proc` by its command line, which names the model's directory in `repository`) is listed with
 those bytes by the mock's per-process queries (`mock.set_workload(footprints,
-footprints.processes)`), not counted in the GPU's other use.
+footprints.processes)`), not counted in the GPU's other use; and each such process also costs
+the GPU `driver_share` bytes that NVML's per-process figure leaves out, as the driver's part of a
+CUDA context does on a real GPU (5.5-5.75 MiB a process on an H200, driver 580).
 It reads Triton's repository index, the model's config file and the node's pods; it writes
 nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
 """
@@ -70,6 +72,7 @@ class ModelFootprints:
         clock: Callable[[], float] = time.monotonic,
         process_context: int = 0,
         listed: bool = False,
+        driver_share: int = 0,
     ) -> None:
         self._url = triton_http_url if "://" in triton_http_url else f"http://{triton_http_url}"
         self._repository = repository
@@ -83,6 +86,8 @@ class ModelFootprints:
         self.process_context = process_context
         self.listed = listed
         """Own-process models' memory is their stub process's (`processes`), not the GPU's."""
+        self.driver_share = driver_share
+        """Bytes each listed stub process costs the GPU beyond its listed figure."""
         self._clock = clock
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[int, int]] = (-1e9, {})
@@ -183,6 +188,7 @@ class ModelFootprints:
                 index = gpus[model]
                 if own and model in stubs:
                     in_processes.setdefault(index, {})[stubs[model]] = size
+                    footprint[index] = footprint.get(index, 0) + self.driver_share
                 else:
                     footprint[index] = footprint.get(index, 0) + size
         self._in_processes = in_processes

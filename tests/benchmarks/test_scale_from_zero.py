@@ -39,4 +39,4 @@ def test_the_report_gives_percentiles_and_closes_on_the_largest_count() -> None:
 
 
 def test_triton_in_the_floor_runs_with_the_nodes_load_threads() -> None:
-    assert bench.node_triton_args() == ("--model-load-thread-count=4",)
+    assert bench.node_triton_args() == ("--model-load-thread-count=8",)

@@ -1,7 +1,8 @@
 """With default values, every GPU node gets a node pod that holds all its GPUs, whatever its cloud
 and GPU count: the chart and deploy/overlays/production render one DaemonSet per GPU count (1, 2,
 4, 8), and each GPU node, labelled and tainted as its GPU stack leaves it, is selected by exactly
-one of them, whose pod requests every GPU of the node and fits the node's allocatable.
+one of them, whose pod requests every GPU of the node and fits the node's allocatable, and whose
+Triton loads the agent's --parallel-loads for each GPU at once.
 
 Nodes are judged as kube-scheduler does (the binder's nodeSelector, node affinity and taint
 rules, which follow it) and admitted as the kubelet does (the simulated kubelet's admission).
@@ -158,6 +159,13 @@ def test_each_gpu_node_gets_one_node_pod_with_all_its_gpus(rendering: str, shape
         "cpu": str(2 * shape.gpus),
         "memory": f"{32 * shape.gpus}Gi",
     }
+    # Triton loads as many models at once as the agent lets share each of its GPUs.
+    [agent] = [
+        c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"
+    ]
+    [parallel] = [a.split("=")[1] for a in agent["args"] if a.startswith("--parallel-loads=")]
+    threads = [a for a in triton["args"] if a.startswith("--model-load-thread-count=")]
+    assert threads == [f"--model-load-thread-count={int(parallel) * shape.gpus}"]
     judge = NodeAdmission()
     judge.set_node(node)
     pod = {"metadata": {"uid": "node-pod"}, "spec": daemonset["spec"]["template"]["spec"]}

@@ -48,6 +48,10 @@ def test_each_models_stubs_and_their_children_hold_what_nvml_lists_for_them(
     apart = ApartMemory(GpuReader(mock.as_module()), processes)
     assert apart.held_now(0) == {"ns-a.m1-x": 700 * MI, "ns-b.m2-y": 700 * MI}
     assert apart.held_now(1) == {"ns-a.m1-x": 50 * MI}
+    # How many of each model's processes are on each GPU: what the driver's share is split by.
+    assert apart.listed_now(0) == {"ns-a.m1-x": 2, "ns-b.m2-y": 1}
+    assert apart.listed_now(1) == {"ns-a.m1-x": 1}
     mock.add_process(0, 14, None)  # the driver does not say: the GPU cannot be told
     assert apart.held_now(0) is None
     assert ApartMemory(GpuReader(mock.as_module()), TritonProcesses(None)).held_now(0) is None
+    assert ApartMemory(GpuReader(mock.as_module()), TritonProcesses(None)).listed_now(0) is None

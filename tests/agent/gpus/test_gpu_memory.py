@@ -440,6 +440,8 @@ async def test_a_neighbour_growing_between_polls_is_the_one_warned(
 
 STUB_CONTEXT = 600 * 1024**2
 """A Python model's stub process's CUDA context (524 to 616 MiB on a real GPU)."""
+DRIVER_SHARE = 6 * 1024**2
+"""What each stub also costs its GPU outside NVML's per-process figure (5.5-5.75 MiB on an H200)."""
 ALLOWANCE = 640 * 1024**2
 """The binder's default --gpu-mem-process-allowance, booked with a Python model's request."""
 
@@ -510,9 +512,11 @@ async def test_python_models_load_at_once_each_billed_its_own_process(
 ) -> None:
     """Three Python models whose loads take 3 s each, asked at once on one GPU: they load side
     by side (the GPU's slot shared), and each is billed exactly what its own stub process
-    holds (its allocation and its CUDA context, NVML's per-process figure), none of the GPU
-    left unattributed."""
+    holds (its allocation and its CUDA context, NVML's per-process figure) and the driver's
+    share of its context that the GPU's used memory shows beyond that figure, none of the GPU
+    left unattributed; their unloads return it all."""
     footprints.process_context, footprints.listed = STUB_CONTEXT, True
+    footprints.driver_share = DRIVER_SHARE
     mock_nvml.set_workload(footprints, footprints.processes)
     pid_file = tmp_path / "triton.pid"
     assert triton.process is not None
@@ -553,7 +557,13 @@ async def test_python_models_load_at_once_each_billed_its_own_process(
     for name, size in uses.items():
         entry = ledger.models[tn(kube_api, name)]
         expected = {"256Mi": GI // 4, "512Mi": GI // 2, "1Gi": GI}[size] + STUB_CONTEXT
-        assert (entry.source, entry.bytes) == ("process", expected), name
+        assert (entry.source, entry.bytes) == ("process", expected + DRIVER_SHARE), name
+        assert ledger.uncertainty(entry.model_id) == DRIVER_SHARE
     assert ledger.unattributed(gpu) == 0
     metrics = await scrape(running)
     assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{UUID="{gpu}",gpu="0"}} 0.0' in metrics
+    # A poll after the loads keeps each figure (what its process holds, and its share).
+    await running.agent.node.refresh_gpus()
+    for name in uses:
+        assert ledger.models[tn(kube_api, name)].share == DRIVER_SHARE
+    assert ledger.unattributed(gpu) == 0

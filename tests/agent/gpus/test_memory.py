@@ -6,7 +6,7 @@ pin the arithmetic each rule rests on."""
 from __future__ import annotations
 
 from agent.gpus.inventory import GpuInfo, GpuSnapshot
-from agent.gpus.memory import MemoryLedger
+from agent.gpus.memory import DRIVER_SHARE_CAP, MemoryLedger
 
 GI = 1024**3
 GPU = "GPU-0"
@@ -173,3 +173,34 @@ def test_growth_outside_every_process_measured_apart_is_blamed_on_no_model_besid
     # A load beside a model measured apart is billed up to its request, the rest unexplained.
     entry, rest = ledger.record_load("onnx2", GPU, GI, 6 * GI, 10 * GI, None)
     assert entry.bytes == GI and rest is not None and rest.grown == 3 * GI
+
+
+def test_the_drivers_share_of_processes_measured_apart_is_theirs_up_to_a_cap() -> None:
+    """NVML's per-process figures leave out the driver's part of each CUDA context: what the GPU
+    grew by across loads measured apart beyond their processes is billed to them by their
+    processes, kept through later readings and gone with them; past the cap a process, the
+    growth is nobody's, and a share is never sure (a neighbour may have caused it)."""
+    mi = 1024**2
+    ledger = MemoryLedger(tolerance_min=0)
+    ledger.observe(GpuSnapshot((reading(GI // 2),)))
+    ledger.record_apart("one", GPU, GI, GI)
+    ledger.record_apart("two", GPU, GI, GI)  # two instances: two processes
+    ledger.refresh_apart(GPU, {"one": GI, "two": GI})
+    assert ledger.share_apart(GPU, 18 * mi, {"one": 1, "two": 2}) == 0
+    assert (ledger.measured("one"), ledger.measured("two")) == (GI + 6 * mi, GI + 12 * mi)
+    ledger.observe(GpuSnapshot((reading(GI // 2 + 2 * GI + 18 * mi),)))
+    assert ledger.unattributed(GPU) == 0
+    assert ledger.uncertainty("two") == 12 * mi
+    # A later reading of what the processes hold keeps the share; a process gone takes it along.
+    ledger.refresh_apart(GPU, {"one": GI + mi, "two": GI})
+    assert (ledger.measured("one"), ledger.measured("two")) == (GI + 7 * mi, GI + 12 * mi)
+    ledger.refresh_apart(GPU, {"two": GI})
+    assert ledger.measured("one") == 0
+    # Growth past the cap a process is unexplained, never a model's.
+    ledger.record_apart("three", GPU, GI, GI)
+    rest = ledger.share_apart(GPU, 100 * mi, {"three": 1})
+    assert (ledger.measured("three"), rest) == (GI + DRIVER_SHARE_CAP, 100 * mi - DRIVER_SHARE_CAP)
+    # Nothing to share, or no process to share it with: nothing billed.
+    assert ledger.share_apart(GPU, -mi, {"three": 1}) == 0
+    assert ledger.share_apart(GPU, mi, {"gone": 1}) == mi
+    assert ledger.measured("three") == GI + DRIVER_SHARE_CAP
