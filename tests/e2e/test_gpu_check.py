@@ -55,9 +55,9 @@ def test_the_gpu_check_prints_the_measured_figures(
     # The burst: created at once, each billed exactly, none of the GPU unattributed.
     assert result.burst is not None
     assert [m.allocated for m in result.burst.models] == [parse_quantity(r) for r in burst]
-    for model in result.burst.models:
-        assert model.measured == model.allocated + context, transcript
-        assert model.ready_seconds > 0
+    for one in result.burst.models:
+        assert one.measured == one.allocated + context, transcript
+        assert one.ready_seconds > 0
     assert result.burst.grown == result.burst.measured > 0, transcript
     assert result.burst.unattributed == 0
     assert result.burst.load_seconds > 0
