@@ -25,24 +25,13 @@ from agent.gpus.inventory import GpuInfo, GpuSnapshot
 from agent.gpus.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.installs.limits import ModelLimits
 from agent.metrics import AgentMetrics
+from agent.models.apartgroups import ApartGroups
 from agent.pods.proofs import Proven
 from agent.triton import TritonClient
 
 __all__ = ["WAKE_FAILED_REASON", "GpuAdmission", "MakeRoom"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _ApartGroup:
-    """A GPU's loads measured apart, from the first under way until the last has ended."""
-
-    net_before: int | None
-    """The GPU's net used bytes (`MemoryLedger.net`) before the first (None: not read)."""
-    loading: dict[str, int] = field(default_factory=dict)
-    """The loads under way, each with its request: admitted as if it were allocated."""
-    loaded: list[str] = field(default_factory=list)
-    """Those loaded and billed, which share the GPU's growth beyond their processes."""
 
 
 @dataclass(frozen=True)
@@ -131,8 +120,10 @@ class GpuAdmission:
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
         )
         self.queue = GpuQueue(self.budget, parallel=limits.parallel_loads)
-        self._apart: dict[str, _ApartGroup] = {}
-        """GPU UUID -> the loads measured apart there, from the first under way to the last."""
+        self.groups = (
+            ApartGroups(ledger, self.apart, metrics, self.read_gpu) if self.apart else None
+        )
+        """Each GPU's loads measured apart under way (None: none is measured apart)."""
         self._granted: dict[int, asyncio.Future[None]] = {}
         """Turn number -> what its waiter awaits until the GPU queue grants it."""
         self._windows: dict[str, _Window] = {}
@@ -258,25 +249,22 @@ class GpuAdmission:
     ) -> None:
         """`load_measured` of a model measured apart: beside the GPU's other such loads, billed
         what its own processes hold once loaded, and its share of what the loads beside it
-        grew the GPU by beyond that (`_close_apart`); _AloneError when it does not fit beside
-        the loads under way (a window of its own may make room)."""
-        assert self.apart is not None
+        grew the GPU by beyond that (`agent.models.apartgroups`); _AloneError when it does not
+        fit beside the loads under way (a window of its own may make room)."""
+        assert self.apart is not None and self.groups is not None
         work = Work.WAKE if waking else Work.LOAD
         async with self.turn(uuid, work, name, owner.namespace, size, apart=True):
             reading = await self.read_gpu(uuid)
-            group = self._apart.get(uuid) or _ApartGroup(
-                None if reading is None else self.ledger.net(reading)
-            )
             if reading is not None:
                 # What the loads under way have not allocated yet counts as used.
-                under_way = sum(group.loading.values())
-                seen = replace(reading, memory_used=reading.memory_used + under_way)
+                seen = replace(
+                    reading, memory_used=reading.memory_used + self.groups.under_way(uuid)
+                )
                 booked = self._booked(uuid, owner.uid)
                 if admission_problem(seen, owner.request, booked, self.limits.gpu_mem_reserve):
                     raise _AloneError
-            self._apart[uuid] = group
-            group.loading[name] = owner.request
-            self.ledger.loading.add(uuid)
+            self.groups.join(uuid, name, owner.request, reading)
+            loaded = False
             try:
                 await self.triton.load(name, override)
                 if on_ready is not None:
@@ -291,7 +279,7 @@ class GpuAdmission:
                     )
                 figure = owner.request if held is None else held.get(name, 0)
                 entry = self.ledger.record_apart(name, uuid, owner.request, figure)
-                group.loaded.append(name)
+                loaded = True
                 log.info(
                     "Model %s of pod %s uses %d bytes of GPU %d (%s) by its own processes; it "
                     "asked for %d.",
@@ -303,41 +291,7 @@ class GpuAdmission:
                     owner.request,
                 )
             finally:
-                del group.loading[name]
-                if not group.loading:
-                    await self._close_apart(uuid, index, group)
-
-    async def _close_apart(self, uuid: str, index: int, group: _ApartGroup) -> None:
-        """The last of a GPU's loads measured apart has ended: what the GPU grew by across them
-        beyond what their processes hold (the driver's part of each process's CUDA context,
-        which NVML's per-process figures leave out) is billed to them by their processes."""
-        assert self.apart is not None
-        try:
-            reading = await self.read_gpu(uuid)
-            listed = await self.apart.listed(index)
-            if group.loading:
-                return  # another joined meanwhile: the last of them closes the group
-            if reading is None or listed is None or group.net_before is None:
-                return
-            grown = self.ledger.net(reading) - group.net_before
-            counts = {name: listed.get(name, 0) for name in group.loaded}
-            rest = self.ledger.share_apart(uuid, grown, counts)
-            if rest > 0:
-                self.metrics.gpu_memory_unexplained.labels(uuid).inc(rest)
-                log.warning(
-                    "GPU %d (%s) grew %d bytes beyond what the %d models loaded there at once "
-                    "hold by their processes: %d of them could not be billed to them (more than "
-                    "a driver's share a process).",
-                    index,
-                    uuid,
-                    grown,
-                    len(group.loaded),
-                    rest,
-                )
-        finally:
-            if not group.loading:
-                self._apart.pop(uuid, None)
-                self.ledger.loading.discard(uuid)
+                await self.groups.leave(uuid, index, name, loaded=loaded)
 
     async def read_gpu(self, uuid: str) -> GpuInfo | None:
         """A fresh reading of the GPU, with what its models measured apart hold refreshed in
