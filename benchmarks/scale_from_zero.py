@@ -26,6 +26,7 @@ Run: .venv/bin/python -m benchmarks.scale_from_zero [--models 1 5 25] [--as trit
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import tempfile
@@ -48,7 +49,7 @@ from common.hosted import decode_parked, loaded_condition
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
-from sim.triton import LOAD_THREADS_ARGS, TritonServer
+from sim.triton import PARALLEL_LOADS, TritonServer
 
 KEYS = Keys()
 NAMESPACE = "models"
@@ -118,7 +119,17 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="tritonmodels",
         help="TritonModels at minReplicas 0 (the default) or Deployments of model pods",
     )
+    parser.add_argument(
+        "--parallel-loads",
+        type=int,
+        default=PARALLEL_LOADS,
+        metavar="N",
+        help=f"the node agent's --parallel-loads ({PARALLEL_LOADS}, the chart's); its Triton and "
+        f"the floor's load N a GPU at once",
+    )
     args = parser.parse_args(argv)
+    if args.parallel_loads < 1:
+        parser.error(f"--parallel-loads {args.parallel_loads}: give 1 or more")
     if any(n < 1 or n > 100 for n in args.models):
         parser.error("--models: each count is 1 to 100 (the node's GPUs hold 100 of 256Mi)")
     return args
@@ -166,16 +177,16 @@ def _agent_metric(cluster: SimCluster, name: str) -> float:
     return 0.0
 
 
-def triton_floor(count: int, workdir: Path) -> float:
-    """Seconds a Triton (the node's build and flags) takes to load `count` copies of the model
-    asked at once through its repository API."""
+def triton_floor(count: int, workdir: Path, threads: int) -> float:
+    """Seconds a Triton (the node's build and flags, `threads` loads at once) takes to load
+    `count` copies of the model asked at once through its repository API."""
     repository = workdir / "floor"
     for i in range(count):
         name = f"floor-{i}"
         shutil.copytree(MODELS_DIR / "add_one", repository / name)
         config = repository / name / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_one"', f'name: "{name}"'))
-    with TritonServer(repository, extra_args=list(node_triton_args())) as triton:
+    with TritonServer(repository, parallel_loads=threads) as triton:
 
         def load(name: str) -> None:
             url = f"http://{triton.http_url}/v2/repository/models/{name}/load"
@@ -189,9 +200,10 @@ def triton_floor(count: int, workdir: Path) -> float:
         return time.monotonic() - started
 
 
-def node_triton_args() -> tuple[str, ...]:
-    """The flags the simulated node's Triton runs with beyond the defaults."""
-    return LOAD_THREADS_ARGS
+def node_load_threads(cluster: SimCluster) -> int:
+    """Loads the simulated node's Triton runs at once: the agent's for each of its GPUs."""
+    gpus = json.loads(cluster.core.read_node(NODES[0].name).metadata.annotations[KEYS.gpus])
+    return cluster.parallel_loads * len(gpus)
 
 
 def _tritonmodel(name: str, uri: str, node: str) -> dict[str, Any]:
@@ -284,7 +296,8 @@ def wake_tritonmodels(cluster: SimCluster, count: int, workdir: Path) -> Wake:
     firsts = _all_at_once(names, lambda _: lambda: address)
     for name in names:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
-    return Wake("TritonModels", count, firsts, triton_floor(count, workdir))
+    floor = triton_floor(count, workdir, node_load_threads(cluster))
+    return Wake("TritonModels", count, firsts, floor)
 
 
 def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
@@ -325,14 +338,21 @@ def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
     for name in names:
         apps.delete_namespaced_deployment(name, NAMESPACE)
     wait_until(f"{count} Deployments' pods gone", gone, 300)
-    return Wake("model pods", count, firsts, triton_floor(count, workdir))
+    floor = triton_floor(count, workdir, node_load_threads(cluster))
+    return Wake("model pods", count, firsts, floor)
 
 
-def run(counts: Sequence[int], kind: str) -> list[Wake]:
+def run(counts: Sequence[int], kind: str, parallel_loads: int = PARALLEL_LOADS) -> list[Wake]:
     wakes = []
     with (
         tempfile.TemporaryDirectory(prefix="tritonshare-scale-from-zero-") as workdir,
-        SimCluster(Path(workdir) / "cluster", [NODES[0]], binders=1, webhook=True) as cluster,
+        SimCluster(
+            Path(workdir) / "cluster",
+            [NODES[0]],
+            binders=1,
+            webhook=True,
+            parallel_loads=parallel_loads,
+        ) as cluster,
     ):
         assert cluster.missing == [], cluster.missing
         core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
@@ -347,7 +367,7 @@ def run(counts: Sequence[int], kind: str) -> list[Wake]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    wakes = run(args.models, args.kind)
+    wakes = run(args.models, args.kind, args.parallel_loads)
     print(closing(wakes))
     return 0
 

@@ -66,6 +66,7 @@ from common.podresources import CPU, MEMORY
 from sim import admission_webhook
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
+from sim.gpu.spec import parse_spec
 from sim.gpustack import (
     NVIDIA_GPU,
     GpuStackError,
@@ -242,6 +243,13 @@ class NodeSpec:
     """Served by a real Triton and the local kubelet (its pods run as processes)."""
 
 
+def _gpu_count(node: NodeSpec) -> int:
+    """The node's GPUs as its spec says (1 for this machine's own: not read before it starts)."""
+    if node.gpus == REAL_GPUS:
+        return 1
+    return len(parse_spec(node.gpus, seed=node.name).gpus)
+
+
 @dataclass(frozen=True)
 class NodePorts:
     """The ports every real node's agent and gateway listen on, each on its node's address."""
@@ -355,8 +363,8 @@ class SimCluster:
         """Bytes each such stub also costs the mock GPU beyond NVML's per-process figure, as the
         driver's part of a CUDA context does on a real one (`sim.gpu.load`)."""
         self.parallel_loads = parallel_loads
-        """The real nodes' agents' --parallel-loads and their Tritons' --model-load-thread-count,
-        as the chart sets both from `agent.parallelLoads`."""
+        """The real nodes' agents' --parallel-loads, and their Tritons' --model-load-thread-count
+        that times their GPUs, as the chart sets both from `agent.parallelLoads`."""
         self.gpu_poll_seconds = gpu_poll_seconds
         """The agents' --gpu-poll-seconds (None: theirs): how fresh their GPU figures are."""
         self.say = say
@@ -436,7 +444,8 @@ class SimCluster:
             onnx_standin=True,
             gpu_metrics=node.gpus == REAL_GPUS,
             kept=True,  # as the node pod's Triton container runs it
-            parallel_loads=self.parallel_loads,
+            # As the chart sets it: the agent's loads at once on each of the node's GPUs.
+            parallel_loads=self.parallel_loads * _gpu_count(node),
         )
         triton.model_repository.mkdir(parents=True, exist_ok=True)
         return triton

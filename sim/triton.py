@@ -31,9 +31,8 @@ KEEPER = Path(__file__).resolve().parent.parent / "agent" / "tritonkeeper.py"
 KEEPER_RESTARTED = "; its other processes are ended; starting it again in "
 """What the keeper's line says each time it starts the server again after an exit."""
 PARALLEL_LOADS = 8
-"""Loads Triton runs at once (`--model-load-thread-count`), as the chart sets it from
-`agent.parallelLoads`: the agent's `--parallel-loads` default."""
-LOAD_THREADS_ARGS = (f"--model-load-thread-count={PARALLEL_LOADS}",)
+"""The agent's `--parallel-loads` default (`agent.parallelLoads`): a node's Triton loads that
+many at once for each of its GPUs (`--model-load-thread-count`, as the chart sets it)."""
 
 
 class TritonUnavailableError(RuntimeError):

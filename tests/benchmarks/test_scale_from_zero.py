@@ -3,9 +3,12 @@ before starting anything, and closes on the largest count's p95 beside Triton's 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import scale_from_zero as bench
+from sim.triton import TritonInstall, TritonServer
 
 
 def test_the_counts_default_to_knatives_but_100_and_one_count_runs_alone() -> None:
@@ -38,5 +41,10 @@ def test_the_report_gives_percentiles_and_closes_on_the_largest_count() -> None:
     assert last.startswith("scale_from_zero: 20 models: p95 19.0 s, triton 8.0 s")
 
 
-def test_triton_in_the_floor_runs_with_the_nodes_load_threads() -> None:
-    assert bench.node_triton_args() == ("--model-load-thread-count=8",)
+def test_a_triton_loads_as_many_at_once_as_it_is_given(tmp_path: Path) -> None:
+    """The floor's Triton and the simulated node's run with the node's load threads (the
+    agent's --parallel-loads for each GPU), never Triton's default or a second figure."""
+    server = TritonServer(tmp_path, parallel_loads=16)
+    command = server.command(TritonInstall.find(), tmp_path / "backends")
+    threads = [a for a in command if a.startswith("--model-load-thread-count")]
+    assert threads == ["--model-load-thread-count=16"]
