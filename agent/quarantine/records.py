@@ -37,9 +37,11 @@ loads none of the namespace's models (those installed before too), until an oper
 however many versions or models they try at once. An exit a load in flight shared with pods'
 requests is counted against neither (`explained`; the pods go on probation), until that load's
 files are counted for an exit alone: then it is counted against them too, and the probation it
-gave ends (`_forgive`; kept in memory only). `CrashLedger` stores and counts;
-`agent.models.nodemodels` writes the markers around its loads; `agent.models.reconcile` decides when
-a marker is a crash and what the pod is told.
+gave ends (`agent.quarantine.callers.CallerCounts.forgive`; kept in memory only). `CrashLedger`
+stores and counts, with the marker files in `agent.quarantine.markers` and the counts of files,
+namespaces and pods in `agent.quarantine.filecounts`, `.namespaces` and `.callers`;
+`agent.models.nodemodels` writes the markers around its loads; `agent.models.reconcile` decides
+when a marker is a crash and what the pod is told.
 """
 
 from __future__ import annotations
@@ -47,19 +49,33 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
+from agent.quarantine.callers import CallerCounts
+from agent.quarantine.filecounts import CrashRecord, FileCounts
+from agent.quarantine.markers import MARKER_SUFFIX, Marker, MarkerFiles, write_durably
+from agent.quarantine.namespaces import NamespaceCounts, NamespaceRecord
 from agent.quarantine.suspects import CallerRecord
-from agent.quarantine.suspects import counted as counted_callers
 from common.crashwitness import Suspect
+
+__all__ = [
+    "COUNTS_FILE",
+    "DECIDED_KEPT",
+    "MARKER_SUFFIX",
+    "MAX_RECORDS",
+    "NAMESPACE",
+    "SUSPECT_QUIET_SECONDS",
+    "CrashLedger",
+    "CrashRecord",
+    "Marker",
+    "NamespaceRecord",
+]
 
 log = logging.getLogger(__name__)
 
-MARKER_SUFFIX = ".loading"
 COUNTS_FILE = "crashes.json"
 MAX_RECORDS = 10_000
 """Counts kept at most (the oldest unquarantined go first): a tenant cannot fill the disk."""
@@ -72,82 +88,6 @@ nothing else loads meanwhile, and an exit of Triton counts against that load."""
 
 NAMESPACE = "namespace"
 """The `cause` of a quarantined namespace's entry in the annotation."""
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A load under way, as written before it reached Triton."""
-
-    name: str
-    """The model's name in Triton."""
-    digest: str
-    model_id: str
-    pod: str
-    """namespace/name of the pod it was loaded for."""
-    finished_at: float = 0.0
-    """When Triton answered the load READY (Unix seconds); 0 while it is in flight."""
-    started_at: float = 0.0
-    """When the load was sent to Triton (Unix seconds); 0: not known (an older marker)."""
-    restore: bool = False
-    """A reload of what Triton held before it restarted: no change, so no evidence against
-    another party at an exit (`loads_at`), and counted only when nothing else explains it."""
-    trial: bool = False
-    """A suspect's load with probationers held through its settling window
-    (`agent.models.probationhold`): requests at Triton beside it are not a probationer's, so sharing
-    a second exit with them does not make the exit theirs (`shared_before`)."""
-
-    def at_exit(self, first_down: float, settle_seconds: float, slack: float) -> bool:
-        """Whether this load was in flight, or settling, when Triton was found gone at
-        `first_down` (Unix seconds, `slack` for the clocks and the sentinel's delay)."""
-        if self.started_at > first_down + slack:
-            return False  # sent to the Triton that came back
-        return not self.finished_at or first_down <= self.finished_at + settle_seconds + slack
-
-
-@dataclass(frozen=True)
-class CrashRecord:
-    """The crashes in a row of one model's files on this node."""
-
-    digest: str
-    model_id: str
-    pod: str
-    """The pod of the last crash (namespace/name)."""
-    crashes: int
-    quarantined: bool = False
-    quarantined_at: float = 0.0
-    """When it was quarantined (Unix seconds; for `CrashLedger.expire`)."""
-
-    @property
-    def namespace(self) -> str:
-        return self.pod.partition("/")[0]
-
-    def matches(self, selector: str) -> bool:
-        """Whether an operator's `selector` names it: its model id, namespace/model id, pod
-        (namespace/name), or a digest prefix of at least 12 characters."""
-        return selector in (
-            self.model_id,
-            f"{self.namespace}/{self.model_id}",
-            self.pod,
-        ) or (len(selector) >= 12 and self.digest.startswith(selector))
-
-
-@dataclass(frozen=True)
-class NamespaceRecord:
-    """The crashes of one namespace's loads on this node since one of its files was
-    quarantined here."""
-
-    namespace: str
-    pod: str
-    """The pod of the last crash (namespace/name)."""
-    crashes: int
-    quarantined: bool = False
-    at: float = 0.0
-    """When its last crash was counted (Unix seconds): an unquarantined count lapses
-    `expiry_seconds` after it (`CrashLedger.expire`)."""
-
-    def matches(self, selector: str) -> bool:
-        """Whether an operator's `selector` names it: `NAMESPACE/*`."""
-        return selector == f"{self.namespace}/*"
 
 
 class CrashLedger:
@@ -166,77 +106,53 @@ class CrashLedger:
     ) -> None:
         if quarantine_after < 1 or namespace_quarantine_after < 1:
             raise ValueError("quarantine_after and namespace_quarantine_after must be at least 1")
-        self.namespace_quarantine_after = namespace_quarantine_after
-        self._namespaces: dict[str, NamespaceRecord] = {}
-        self._held: set[str] | None = None
-        """Namespaces with quarantined files (None: to be worked out again)."""
         self.directory = directory
         self.quarantine_after = quarantine_after
         self.settle_seconds = settle_seconds
-        self.probation_seconds = probation_seconds
         self.expiry_seconds = expiry_seconds
         """A quarantine of files lapses this long after it began (`expire`); 0: never."""
         self._wall = wall
-        self._records: dict[str, CrashRecord] = {}
-        self._callers: dict[str, CallerRecord] = {}
+        self._markers = MarkerFiles(directory)
+        self._files = FileCounts(quarantine_after, MAX_RECORDS, wall)
+        self._namespaces = NamespaceCounts(quarantine_after, namespace_quarantine_after, wall)
+        self._callers = CallerCounts(quarantine_after, probation_seconds, MAX_RECORDS, wall)
+        self._held: set[str] | None = None
+        """Namespaces with quarantined files (None: to be worked out again)."""
         self._decided: list[tuple[Marker, float]] = []
         """Markers counted or dismissed lately, with when (Unix seconds): an exit's evidence
         for `loads_at` after the reconciler has taken them off the disk."""
         self._shared: dict[str, float] = {}
         """Files only suspected at an exit (beside other pods' requests or a more recent
         load), by digest, with when (Unix seconds): `shared_before`."""
-        self._owed: dict[str, dict[str, tuple[float, float]]] = {}
-        """By digest of a load in flight at an exit it shared with requests: the pods that exit
-        put on probation, with their probation before and the one it gave (`_forgive`)."""
-        self._owed_exits: dict[str, tuple[int, int]] = {}
-        """By digest: the exits its loads in flight shared with requests since it last loaded,
-        and how many of them were counted against its namespace then (`explained`)."""
         self._in_flight_taken = False
         """A load in flight at the last exit was decided before the reconciler's pass over it."""
         self.witnessed: Callable[[Marker], list[str]] | None = None
         """The pods whose requests the node gateway saw at Triton when it died since the load
         of a marker began (`agent.status.requestcrash`); None: no gateway witnesses."""
 
+    @property
+    def namespace_quarantine_after(self) -> int:
+        """The crashes past `quarantine_after` at which a namespace's loads are quarantined."""
+        return self._namespaces.namespace_quarantine_after
+
+    @property
+    def probation_seconds(self) -> float:
+        """How long a pod present at an ambiguous exit is on probation (seconds)."""
+        return self._callers.probation_seconds
+
     def load(self) -> None:
         """Read the counts; an unreadable file is kept aside and counting starts afresh."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.directory / COUNTS_FILE
-        self._records = {}
-        self._callers = {}
-        self._namespaces = {}
+        self._files.reset()
+        self._callers.reset()
+        self._namespaces.reset()
         self._held = None
         try:
             document = json.loads(path.read_text())
-            for item in document.get("namespaces", []):
-                held = NamespaceRecord(
-                    str(item["namespace"]),
-                    str(item["pod"]),
-                    int(item["crashes"]),
-                    bool(item["quarantined"]),
-                    float(item.get("at", 0.0)),
-                )
-                self._namespaces[held.namespace] = held
-            for item in document.get("callers", []):
-                caller = CallerRecord(
-                    str(item["pod"]),
-                    str(item["model_id"]),
-                    str(item["uid"]),
-                    int(item["crashes"]),
-                    bool(item["quarantined"]),
-                    float(item.get("probation_until", 0.0)),
-                )
-                self._callers[caller.pod] = caller
-            for item in document["records"]:
-                record = CrashRecord(
-                    str(item["digest"]),
-                    str(item["model_id"]),
-                    str(item["pod"]),
-                    int(item["crashes"]),
-                    bool(item["quarantined"]),
-                    float(item.get("quarantined_at", 0.0))
-                    or (self._wall() if item["quarantined"] else 0.0),
-                )
-                self._records[record.digest] = record
+            self._namespaces.read(document.get("namespaces", []))
+            self._callers.read(document.get("callers", []))
+            self._files.read(document["records"])
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -253,12 +169,11 @@ class CrashLedger:
     # Markers.
     def loading(self, marker: Marker) -> None:
         """Write `marker` durably before its load reaches Triton."""
-        self._write(self.directory / f"{marker.name}{MARKER_SUFFIX}", asdict(marker))
+        self._markers.write(marker)
 
     def answered(self, name: str) -> None:
         """Triton refused the load of `name` (it did not die under it), or the model is gone."""
-        with contextlib.suppress(FileNotFoundError):
-            (self.directory / f"{name}{MARKER_SUFFIX}").unlink()
+        self._markers.remove(name)
 
     def finished(self, marker: Marker, *, settle: bool = True) -> None:
         """Triton answered the load READY: the marker stays, finished, until `settled` (not at
@@ -267,10 +182,7 @@ class CrashLedger:
             self.answered(marker.name)
             self.loaded(marker.digest)
             return
-        self._write(
-            self.directory / f"{marker.name}{MARKER_SUFFIX}",
-            asdict(replace(marker, finished_at=self._wall())),
-        )
+        self._markers.write(replace(marker, finished_at=self._wall()))
 
     def finished_at(self, name: str) -> float:
         """When the load of `name` whose marker is on disk was answered READY (0: it was not,
@@ -289,27 +201,7 @@ class CrashLedger:
 
     def markers(self) -> dict[str, Marker]:
         """Every marker on disk, by name in Triton (unreadable ones are removed)."""
-        found = {}
-        for path in sorted(self.directory.glob(f"*{MARKER_SUFFIX}")):
-            try:
-                data = json.loads(path.read_text())
-                marker = Marker(
-                    str(data["name"]),
-                    str(data["digest"]),
-                    str(data["model_id"]),
-                    str(data["pod"]),
-                    float(data.get("finished_at", 0.0)),
-                    float(data.get("started_at", 0.0)),
-                    bool(data.get("restore", False)),
-                    bool(data.get("trial", False)),
-                )
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("The crash marker %s is unreadable (%s): removing it.", path, e)
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                continue
-            found[marker.name] = marker
-        return found
+        return self._markers.read()
 
     def at_triton(self, marker: Marker) -> list[str]:
         """The pods whose requests were at Triton when it died under (or just after) the load
@@ -332,14 +224,13 @@ class CrashLedger:
             self._decide(marker)
             self.answered(marker.name)
             if not marker.finished_at:
-                exits, counted = self._owed_exits.get(marker.digest, (0, 0))
-                if self.held(marker.pod.partition("/")[0]):
+                held = self.held(marker.pod.partition("/")[0])
+                if held:
                     # A held namespace's load in flight stays its suspect beside requests too,
                     # or a neighbour's traffic would buy it exits past its bound.
                     self._count_namespace(marker)
-                    counted += 1
                     self._save()
-                self._owed_exits[marker.digest] = (exits + 1, counted)
+                self._callers.shared_exit(marker.digest, against_namespace=held)
             log.warning(
                 "Triton exited while model %s of pod %s loaded or settled, with requests of %s "
                 "at it: the exit is not counted against the model's files.",
@@ -392,25 +283,15 @@ class CrashLedger:
         suspected: their run stays as it is, and they load again alone (`suspected`)."""
         self._decide(marker)
         # Found guilty, its loads' exits shared with requests were its own too.
-        shared, counted = self._forgive(marker.digest) if alone else (0, 0)
+        shared, counted = self._callers.forgive(marker.digest) if alone else (0, 0)
         for _ in range(1 + shared - counted if alone else 0):  # once an exit
             self._count_namespace(marker)
-        before = self._records.get(marker.digest)
-        crashes = (before.crashes if before else 0) + (1 + shared if alone else 0)
         if alone:
             self._shared.pop(marker.digest, None)
         else:
             self._shared[marker.digest] = self._wall()
-        record = CrashRecord(
-            marker.digest,
-            marker.model_id,
-            marker.pod,
-            crashes,
-            quarantined=crashes >= self.quarantine_after,
-            quarantined_at=self._wall() if crashes >= self.quarantine_after else 0.0,
-        )
-        self._records[marker.digest] = record
-        self._trim()
+        crashes = 1 + shared if alone else 0
+        record = self._files.crashed(marker.digest, marker.model_id, marker.pod, crashes)
         self._save()
         self.answered(marker.name)
         return record
@@ -418,30 +299,24 @@ class CrashLedger:
     def loaded(self, digest: str) -> None:
         """Triton answered a load of these files READY: their crashes in a row end."""
         self._shared.pop(digest, None)
-        self._owed.pop(digest, None)  # the requests beside it stay the suspects
-        self._owed_exits.pop(digest, None)
-        record = self._records.get(digest)
-        if record is not None and not record.quarantined:
-            del self._records[digest]
+        self._callers.loaded(digest)
+        if self._files.loaded(digest):
             self._save()
 
     def suspected(self, digest: str) -> bool:
         """Whether these files coincided with an exit since they last stayed READY through
         their settling window, and are not quarantined: they load again last, alone."""
-        record = self._records.get(digest)
-        return record is not None and not record.quarantined
+        return self._files.suspected(digest)
 
     def count(self, digest: str) -> int:
         """The crashes in a row of these files (0: none, or cleared)."""
-        record = self._records.get(digest)
-        return record.crashes if record is not None else 0
+        return self._files.count(digest)
 
     def quarantined(self, digest: str) -> CrashRecord | None:
-        record = self._records.get(digest)
-        return record if record is not None and record.quarantined else None
+        return self._files.quarantined(digest)
 
     def records(self) -> list[CrashRecord]:
-        return sorted(self._records.values(), key=lambda r: (r.pod, r.digest))
+        return self._files.records()
 
     # Namespaces whose files were quarantined here.
     @property
@@ -453,36 +328,26 @@ class CrashLedger:
         """Whether `namespace`'s models load as suspects: one of its files is quarantined
         here, or its loads crashed Triton `quarantine_after` times."""
         if self._held is None:
-            self._held = {r.namespace for r in self._records.values() if r.quarantined} | {
-                n.namespace
-                for n in self._namespaces.values()
-                if n.quarantined or n.crashes >= self.quarantine_after
-            }
+            self._held = self._files.held() | self._namespaces.held()
         return namespace in self._held
 
     def namespace_quarantine(self, namespace: str) -> NamespaceRecord | None:
         """The quarantine of `namespace`'s new loads on this node, if it is quarantined."""
-        record = self._namespaces.get(namespace)
-        return record if record is not None and record.quarantined else None
+        return self._namespaces.quarantine(namespace)
 
     def namespaces(self) -> list[NamespaceRecord]:
-        return sorted(self._namespaces.values(), key=lambda r: r.namespace)
+        return self._namespaces.records()
 
     def clear_namespaces(self, selectors: Iterable[str]) -> list[NamespaceRecord]:
         """Forget the namespaces any of `selectors` names (`NAMESPACE/*`); returns them."""
-        wanted = [s.strip() for s in selectors if s.strip()]
-        gone = [r for r in self._namespaces.values() if any(r.matches(s) for s in wanted)]
-        for record in gone:
-            del self._namespaces[record.namespace]
+        gone = self._namespaces.clear(selectors)
         if gone:
             self._save()
         return gone
 
     def restore_namespaces(self, records: Iterable[NamespaceRecord]) -> list[NamespaceRecord]:
         """Take back namespace quarantines this ledger lacks (from the Node)."""
-        taken = [r for r in records if r.quarantined and r.namespace not in self._namespaces]
-        for record in taken:
-            self._namespaces[record.namespace] = record
+        taken = self._namespaces.restore(records)
         if taken:
             self._save()
         return taken
@@ -490,19 +355,10 @@ class CrashLedger:
     @property
     def namespace_bound(self) -> int:
         """The crashes of a namespace's loads at which its loads are quarantined on the node."""
-        return self.quarantine_after + self.namespace_quarantine_after
+        return self._namespaces.bound
 
     def _count_namespace(self, marker: Marker) -> None:
-        namespace = marker.pod.partition("/")[0]
-        before = self._namespaces.get(namespace)
-        crashes = (before.crashes if before else 0) + 1
-        self._namespaces[namespace] = NamespaceRecord(
-            namespace,
-            marker.pod,
-            crashes,
-            (before is not None and before.quarantined) or crashes >= self.namespace_bound,
-            self._wall(),
-        )
+        self._namespaces.count(marker.pod)
         self._held = None
 
     def settle_of(self, marker: Marker) -> float:
@@ -522,78 +378,34 @@ class CrashLedger:
         """Count one unexpected exit of Triton whose witnesses name `suspects`
         (`agent.quarantine.suspects.counted`); returns the pods it quarantines. The probations it
         gives beside the loads `loading` in flight last until those loads' files are counted
-        (`_forgive`): an exit the load is then found guilty of was not the requests'."""
-        before = self._callers
-        self._callers = counted_callers(
-            before,
-            suspects,
-            self.quarantine_after,
-            now=self._wall(),
-            probation_seconds=self.probation_seconds,
-            ambiguous=ambiguous,
+        (`CallerCounts.forgive`): an exit the load is then found guilty of was not the
+        requests'."""
+        quarantined = self._callers.crashed(
+            suspects, ambiguous=ambiguous, loading=[m.digest for m in loading]
         )
-        while len(self._callers) > MAX_RECORDS:
-            unquarantined = [p for p, r in self._callers.items() if not r.quarantined]
-            if not unquarantined:
-                break
-            del self._callers[unquarantined[0]]
-        for marker in loading:
-            owed = self._owed.setdefault(marker.digest, {})
-            for pod, record in self._callers.items():
-                until = before[pod].probation_until if pod in before else 0.0
-                if record.probation_until > until:
-                    owed[pod] = (min(until, owed.get(pod, (until, 0.0))[0]), record.probation_until)
-        while len(self._owed) > MAX_RECORDS:
-            del self._owed[next(iter(self._owed))]
-        while len(self._owed_exits) > MAX_RECORDS:
-            del self._owed_exits[next(iter(self._owed_exits))]
         self._save()
-        return [
-            r
-            for pod, r in self._callers.items()
-            if r.quarantined and not (pod in before and before[pod].quarantined)
-        ]
-
-    def _forgive(self, digest: str) -> tuple[int, int]:
-        """The files of `digest` are counted for an exit: the probations their loads' shared
-        exits gave end (those renewed since by another exit stay); returns those exits, and how
-        many of them were counted against the namespace already."""
-        for pod, (before, given) in self._owed.pop(digest, {}).items():
-            record = self._callers.get(pod)
-            if record is not None and record.probation_until == given:
-                self._callers[pod] = replace(record, probation_until=before)
-        return self._owed_exits.pop(digest, (0, 0))
+        return quarantined
 
     def caller_quarantine(self, pod: str) -> CallerRecord | None:
         """The quarantine of `pod`'s requests (namespace/name), if it is quarantined."""
-        record = self._callers.get(pod)
-        return record if record is not None and record.quarantined else None
+        return self._callers.quarantine(pod)
 
     def caller_probation(self, pod: str) -> CallerRecord | None:
         """The record of `pod` (namespace/name) while it is on probation
         (`agent.quarantine.suspects`): the gateway serializes its requests with other
         probationers'."""
-        record = self._callers.get(pod)
-        return record if record is not None and record.on_probation(self._wall()) else None
+        return self._callers.probation(pod)
 
     def callers(self) -> list[CallerRecord]:
-        return sorted(self._callers.values(), key=lambda r: r.pod)
+        return self._callers.records()
 
     def restore(
         self, records: Iterable[CrashRecord], callers: Iterable[CallerRecord] = ()
     ) -> list[CrashRecord | CallerRecord]:
         """Take back quarantines this ledger lacks (its state directory was lost with the node
         pod, the Node kept them); returns those taken."""
-        taken: list[CrashRecord | CallerRecord] = []
-        for record in records:
-            if record.quarantined and record.digest not in self._records:
-                record = replace(record, quarantined_at=record.quarantined_at or self._wall())
-                self._records[record.digest] = record
-                taken.append(record)
-        for caller in callers:
-            if caller.quarantined and caller.pod not in self._callers:
-                self._callers[caller.pod] = caller
-                taken.append(caller)
+        taken: list[CrashRecord | CallerRecord] = [*self._files.restore(records)]
+        taken.extend(self._callers.restore(callers))
         if taken:
             self._save()
         return taken
@@ -606,65 +418,32 @@ class CrashLedger:
         if self.expiry_seconds <= 0:
             return []
         now = self._wall()
-        for namespace, counted in list(self._namespaces.items()):
-            if not counted.quarantined and now >= counted.at + self.expiry_seconds:
-                del self._namespaces[namespace]
-                self._save()
-        lapsed = [
-            r
-            for r in self._records.values()
-            if r.quarantined and now >= r.quarantined_at + self.expiry_seconds
-        ]
-        for record in lapsed:
-            self._records[record.digest] = replace(
-                record, crashes=self.quarantine_after - 1, quarantined=False, quarantined_at=0.0
-            )
+        if self._namespaces.expire(now, self.expiry_seconds):
+            self._save()
+        lapsed = self._files.expire(now, self.expiry_seconds)
         if lapsed:
             self._save()
         return lapsed
 
     def clear(self, selectors: Iterable[str]) -> list[CrashRecord]:
         """Forget the records any of `selectors` names (`CrashRecord.matches`); returns them."""
-        wanted = [s.strip() for s in selectors if s.strip()]
-        gone = [r for r in self._records.values() if any(r.matches(s) for s in wanted)]
-        for record in gone:
-            del self._records[record.digest]
+        gone = self._files.clear(selectors)
         if gone:
             self._save()
         return gone
 
     def clear_callers(self, selectors: Iterable[str]) -> list[CallerRecord]:
         """Forget the pods any of `selectors` names (`CallerRecord.matches`); returns them."""
-        wanted = [s.strip() for s in selectors if s.strip()]
-        gone = [r for r in self._callers.values() if any(r.matches(s) for s in wanted)]
-        for record in gone:
-            del self._callers[record.pod]
+        gone = self._callers.clear(selectors)
         if gone:
             self._save()
         return gone
 
-    def _trim(self) -> None:
-        if len(self._records) <= MAX_RECORDS:
-            return
-        for digest in [d for d, r in self._records.items() if not r.quarantined][
-            : len(self._records) - MAX_RECORDS
-        ]:
-            del self._records[digest]
-
     def _save(self) -> None:
         self._held = None  # every change of the records is saved
         document = {
-            "records": [asdict(r) for r in self._records.values()],
-            "callers": [asdict(r) for r in self._callers.values()],
-            "namespaces": [asdict(r) for r in self._namespaces.values()],
+            "records": self._files.document(),
+            "callers": self._callers.document(),
+            "namespaces": self._namespaces.document(),
         }
-        self._write(self.directory / COUNTS_FILE, document)
-
-    @staticmethod
-    def _write(path: Path, document: object) -> None:
-        temporary = path.with_name(path.name + ".tmp")
-        with temporary.open("w") as f:
-            json.dump(document, f)
-            f.flush()
-            os.fsync(f.fileno())
-        temporary.replace(path)
+        write_durably(self.directory / COUNTS_FILE, document)
