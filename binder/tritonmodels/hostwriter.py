@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Container, Mapping
 from concurrent.futures import Executor
 from typing import Any
@@ -38,7 +37,8 @@ from binder.cluster.objects import PodInfo
 from binder.cluster.podterms import NOTHING
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.tritonmodels.hostbudget import BUDGET_NAME, budget, min_available
-from binder.tritonmodels.hostpod import host_image, host_spec, mounted_secrets, template_hash
+from binder.tritonmodels.hostpod import host_spec, template_hash
+from binder.tritonmodels.hostreplace import HostReplacements, Replicas, Where
 from binder.tritonmodels.rolling import Loaded
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
@@ -60,11 +60,6 @@ from common.hosted import (
 from common.modelpod import NodeAccess
 
 log = logging.getLogger(__name__)
-
-Replicas = list[tuple[ModelInfo, int, PodInfo]]
-"""The replicas of a namespace charged on one node: (model, ordinal, replica)."""
-Where = tuple[str, str]
-"""A host of a namespace: its node and its storage Secret ("": none)."""
 
 
 class HostWriter:
@@ -104,8 +99,6 @@ class HostWriter:
         self._scheduler_name = scheduler_name
         self._host_image = host_image
         self._access = access
-        self._drain_seconds = drain_seconds
-        self._clock = clock
         self._draining = draining
         self._parked = parked
         self._loaded = loaded
@@ -123,10 +116,9 @@ class HostWriter:
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
         self._templates: dict[str, str] = {}
         """Node -> `template_hash` of the hosts this binder makes there."""
-        self._replaced_at: dict[str, float] = {}
-        """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
-        self._replacing: dict[str, str] = {}
-        """Namespace -> the uid of the host it replaced last."""
+        self._replacements = HostReplacements(
+            keys, drain_seconds=drain_seconds, clock=clock, draining=draining, served=served
+        )
         self._budgets: dict[str, int] = {}
         """Namespace -> the minAvailable of the budget on its hosts this binder wrote last."""
 
@@ -209,8 +201,8 @@ class HostWriter:
                 else:
                     self._host_accepted(namespace, where, replicas)
                 continue
-            outdated = self._outdated(there, body)
-            if outdated and self._may_replace(namespace, where, wanted, there_now):
+            outdated = self._replacements.outdated(there, body)
+            if outdated and self._replacements.may_replace(namespace, where, wanted, there_now):
                 await self._replace(namespace, node, there, outdated)
                 continue
             if outdated:
@@ -314,66 +306,12 @@ class HostWriter:
             listed.update((entry.replica_uid, where) for entry in entries)
         return listed
 
-    def _outdated(self, there: JsonObject, body: JsonObject) -> str:
-        """Why the host `there` no longer matches the host the binder would create now, `body`
-        ("" when it does). A pod's spec cannot change, so a host made from another template
-        (another --host-image, ports or pod settings: another binder's), or without a storage
-        Secret its replicas need, is replaced."""
-        key = host_template_annotation(self._keys)
-        made = ((there.get("metadata") or {}).get("annotations") or {}).get(key)
-        if made != body["metadata"]["annotations"][key]:
-            old, new = host_image(there.get("spec") or {}), host_image(body["spec"])
-            if old != new:
-                return f"its image is {old}, and --host-image is {new}"
-            return "it was made from another pod template (ports, arguments or settings)"
-        missing = mounted_secrets(body["spec"]) - mounted_secrets(there.get("spec") or {})
-        if missing:
-            return f"it does not mount Secret {', '.join(sorted(missing))}"
-        return ""
-
-    def _may_replace(
-        self,
-        namespace: str,
-        where: Where,
-        wanted: dict[Where, Replicas],
-        there_now: dict[Where, JsonObject],
-    ) -> bool:
-        """Whether the namespace's host `where` may be replaced now: one host of a namespace
-        at a time, so its models stay served by their replicas on other nodes. The next waits
-        until no host of the namespace is being deleted and every other one serves its
-        replicas, or --host-drain-seconds after the last replacement at most."""
-        deleted = self._replacing.get(namespace)
-        for host in there_now.values():
-            meta = host.get("metadata") or {}
-            if meta.get("deletionTimestamp") or meta.get("uid") == deleted:
-                return False  # one is going (or its deletion is not in the cache yet)
-        if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
-            return True
-        for other, replicas in wanted.items():
-            if other == where:
-                continue
-            if other not in there_now:
-                return False
-            for model, _, replica in replicas:
-                if replica.uid not in self._draining and not self._served(model, replica).ready:
-                    return False
-        return True
-
     async def _replace(self, namespace: str, node: str, there: JsonObject, why: str) -> None:
         """Delete the outdated host on `node`: its proxy drains as a model pod's does (out of
         its Services as it terminates), and the host is created anew once it is gone."""
-        meta = there.get("metadata") or {}
-        log.info(
-            "Replacing the model host %s/%s on node %s (%s): its replicas there are served "
-            "again once its successor has loaded them.",
-            namespace,
-            meta.get("name"),
-            node,
-            why,
-        )
-        self._replaced_at[namespace] = self._clock()
-        self._replacing[namespace] = str(meta.get("uid"))
+        self._replacements.replacing(namespace, node, there, why)
         self.waiting.add(namespace)
+        meta = there.get("metadata") or {}
         with contextlib.suppress(NotFoundError, ConflictError):
             await self._call(self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"]))
 
