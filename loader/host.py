@@ -51,7 +51,6 @@ import contextlib
 import json
 import logging
 import random
-import shutil
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -69,8 +68,7 @@ from common.hosted import (
 )
 from common.modelpod import STORAGE_SECRET_DIR
 from loader.agentclient import Hosted, HostedList, LoadFailure, ModelState
-from loader.credentials import StorageCredential, storage_credential
-from loader.deadline import DEFAULT_FETCH_SECONDS, deadline_passed
+from loader.deadline import DEFAULT_FETCH_SECONDS
 from loader.errors import (
     FetchError,
     HostMemoryError,
@@ -82,7 +80,7 @@ from loader.errors import (
     TransientError,
     TritonRejectedError,
 )
-from loader.fetch import check_uri, fetch
+from loader.hostfiles import Fetch, HostFiles, fetch_off_loop
 from loader.loading import Agent, Loading, Outcome, Timing
 from loader.manifest import build_manifest
 from loader.retry import Backoff
@@ -91,10 +89,6 @@ from loader.validate import validate_model_directory
 
 log = logging.getLogger(__name__)
 
-SOURCES = ".sources"
-"""ROOT/.sources/<model> holds the storage URI ROOT/<model> was fetched from (no model id starts
-with a dot)."""
-_FETCHING = ".fetching"
 # A replica that keeps failing is tried again at most this far apart.
 _RETRY_MAX_SECONDS = 60.0
 
@@ -107,32 +101,6 @@ class HostAgent(Agent, Protocol):
     async def list_hosted(
         self, time_limit: float, failures: tuple[LoadFailure, ...] = ()
     ) -> HostedList: ...
-
-
-Fetch = Callable[[str, Path, int, threading.Event, StorageCredential, float], Awaitable[str]]
-"""Fetch a URI into a directory: its bytes at most, the stop event, the credential, and the
-seconds it may take in all."""
-
-
-async def fetch_off_loop(
-    uri: str,
-    directory: Path,
-    max_bytes: int,
-    stop: threading.Event,
-    credential: StorageCredential,
-    seconds: float,
-) -> str:
-    """loader.fetch.fetch in a thread, so the other replicas go on meanwhile."""
-    return await asyncio.to_thread(
-        fetch,
-        uri,
-        directory,
-        max_bytes=max_bytes,
-        stop=stop,
-        headers=credential.headers,
-        bucket=credential.bucket,
-        deadline_seconds=seconds,
-    )
 
 
 @dataclass(frozen=True)
@@ -224,9 +192,6 @@ class Host:
         self._timing = timing
         self._slots = Slots(parallel)
         self._max_bytes = max_bytes
-        self._fetch = fetcher
-        self._secret_dir = secret_dir
-        """Where the host's storage Secrets are mounted (loader/credentials.py)."""
         self._proxy_holds = proxy_holds
         """Whether the host's proxy still serves a model (None: it cannot tell)."""
         self._clock = clock
@@ -239,6 +204,14 @@ class Host:
         self._unparked: dict[str, float] = {}
         """Models unparked with no replica here: listed parked until then (`_still_parked`)."""
         self._stop_fetching = threading.Event()
+        self._files = HostFiles(
+            root,
+            secret_dir=secret_dir,
+            max_bytes=max_bytes,
+            fetch_seconds=timing.fetch_seconds,
+            fetcher=fetcher,
+            stop=self._stop_fetching,
+        )
         self._said: set[str] = set()
         self._agent_problem = ""
         self._node_stopping = False
@@ -473,28 +446,7 @@ class Host:
 
     async def _load(self, model: str, replica: Hosted) -> Outcome:
         """Fetch (into ROOT/`model`, the replica's own name) and load the replica."""
-        directory = self._root / model
-        uri, secret = replica.storage_uri, replica.storage_secret
-        if not self._fetched(model, uri):
-            check_uri(uri)
-            credential = storage_credential(
-                self._secret_dir, secret, uri, dict(replica.storage_options)
-            )
-            staging = self._root / _FETCHING / model
-            shutil.rmtree(staging, ignore_errors=True)
-            log.info(
-                "Fetching model %s from %s%s.",
-                model,
-                uri,
-                f" with the credential of Secret {secret}" if secret else "",
-            )
-            said = await self._fetched_in_time(uri, staging, credential)
-            (self._root / SOURCES / model).unlink(missing_ok=True)
-            shutil.rmtree(directory, ignore_errors=True)
-            staging.rename(directory)
-            (self._root / SOURCES).mkdir(exist_ok=True)
-            (self._root / SOURCES / model).write_text(uri, encoding="utf-8")
-            log.info("Model %s: %s.", model, said)
+        directory = await self._files.fetched(model, replica)
         checked = await asyncio.to_thread(
             validate_model_directory, directory, replica.model_id, self._max_bytes
         )
@@ -502,28 +454,6 @@ class Host:
         agent = self._agent.for_replica(replica.replica)
         loading = Loading(agent, checked, manifest, self._timing.load, clock=self._clock)
         return await loading.run()
-
-    async def _fetched_in_time(self, uri: str, staging: Path, credential: StorageCredential) -> str:
-        """The fetch, given up at its deadline even when its thread is still in a read: the
-        thread sees the same deadline at its next read and ends."""
-        seconds = self._timing.fetch_seconds
-        fetching = self._fetch(
-            uri, staging, self._max_bytes, self._stop_fetching, credential, seconds
-        )
-        try:
-            async with asyncio.timeout(seconds) as limit:
-                return await fetching
-        except TimeoutError as e:
-            if limit.expired():
-                raise deadline_passed(uri, seconds) from e
-            raise
-
-    def _fetched(self, model: str, uri: str) -> bool:
-        source = self._root / SOURCES / model
-        try:
-            return (self._root / model).is_dir() and source.read_text(encoding="utf-8") == uri
-        except OSError:
-            return False
 
     def _failed(self, tracked: _Tracked, reason: str, cause: str) -> None:
         tracked.failures += 1
@@ -596,8 +526,7 @@ class Host:
             log.info("Unloaded model %s: it left this host.", model)
         if all(tracked.model != parked for parked, _ in self._parked):
             # A model parked here keeps its files: its wake fetches nothing again.
-            shutil.rmtree(self._root / model, ignore_errors=True)
-            (self._root / SOURCES / model).unlink(missing_ok=True)
+            self._files.remove(model)
         del self._tracked[tracked.key]
 
     def _adopt_published(self) -> None:
@@ -623,33 +552,8 @@ class Host:
         self._publish()
 
     def _publish(self) -> None:
-        """Write the models file: one entry per model with a replica ready here (its line; the
-        replicas of a model share the model's settings). The node gateway reaches one replica
-        of a model at a time, so the model's limit is one replica's `maxConcurrency`."""
-        merged: dict[str, dict[str, object]] = {}
-        staying: set[str] = set()
-        for _, t in sorted(self._tracked.items(), key=_order):
-            if t.published:
-                merged.setdefault(t.model, t.entry)
-                if not t.leaving and not self._node_stopping:
-                    staying.add(t.model)
-        held = dict(self._parked)
-        for t in self._tracked.values():
-            if t.loading and t.model not in held:
-                limit = t.entry.get("maxConcurrency")
-                held[t.model] = limit if isinstance(limit, int) else 0
-        for model, entry in merged.items():
-            if model not in staying and (model not in held or self._node_stopping):
-                # Every replica of it here drains, and none is parked or loading here, or the
-                # node pod stops: its Service no longer routes here, and the proxy sends its
-                # clients there (`leaving`: their connections close).
-                merged[model] = entry | {"leaving": True}
-        listed = list(merged.values())
-        listed += [
-            {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})
-            for m, c in sorted(held.items())
-            if m not in merged
-        ]
+        """Write the models file (`_listing`), when it changes."""
+        listed = _listing(self._tracked, self._parked, node_stopping=self._node_stopping)
         data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"
         if data == self._written:
             return
@@ -663,6 +567,43 @@ class Host:
         if key not in self._said:
             self._said.add(key)
             log.warning(message, *args)
+
+
+def _listing(
+    tracked: dict[tuple[str, int | None], _Tracked],
+    parked: tuple[tuple[str, int], ...],
+    *,
+    node_stopping: bool,
+) -> list[dict[str, object]]:
+    """The models file: one entry per model with a replica ready here (its line; the replicas
+    of a model share the model's settings), then the models parked or loading here. The node
+    gateway reaches one replica of a model at a time, so the model's limit is one replica's
+    `maxConcurrency`."""
+    merged: dict[str, dict[str, object]] = {}
+    staying: set[str] = set()
+    for _, t in sorted(tracked.items(), key=_order):
+        if t.published:
+            merged.setdefault(t.model, t.entry)
+            if not t.leaving and not node_stopping:
+                staying.add(t.model)
+    held = dict(parked)
+    for t in tracked.values():
+        if t.loading and t.model not in held:
+            limit = t.entry.get("maxConcurrency")
+            held[t.model] = limit if isinstance(limit, int) else 0
+    for model, entry in merged.items():
+        if model not in staying and (model not in held or node_stopping):
+            # Every replica of it here drains, and none is parked or loading here, or the
+            # node pod stops: its Service no longer routes here, and the proxy sends its
+            # clients there (`leaving`: their connections close).
+            merged[model] = entry | {"leaving": True}
+    listed = list(merged.values())
+    listed += [
+        {"model": m, "parked": True} | ({"maxConcurrency": c} if c else {})
+        for m, c in sorted(held.items())
+        if m not in merged
+    ]
+    return listed
 
 
 def _order(item: tuple[tuple[str, int | None], _Tracked]) -> tuple[str, int]:

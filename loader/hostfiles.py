@@ -1,0 +1,130 @@
+"""A model host's files: each replica's under ROOT/<model>.<ordinal>, fetched from its storage URI.
+
+A replica's files are fetched (loader/fetch.py: s3://, gs://, https://, with its storage Secret
+and s3-* settings: loader/credentials.py) into ROOT/.fetching/<model> and renamed into place once
+whole; ROOT/.sources/<model> records the URI they came from, so they are kept while the URI stays
+the same and a restarted loader fetches nothing again. A fetch runs in a thread (the other
+replicas go on meanwhile) and ends at its deadline, its thread at its next read. The host's
+loader (loader/host.py) decides when; this module only fetches and removes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from loader.agentclient import Hosted
+from loader.credentials import StorageCredential, storage_credential
+from loader.deadline import deadline_passed
+from loader.fetch import check_uri, fetch
+
+log = logging.getLogger(__name__)
+
+SOURCES = ".sources"
+"""ROOT/.sources/<model> holds the storage URI ROOT/<model> was fetched from (no model id starts
+with a dot)."""
+FETCHING = ".fetching"
+
+Fetch = Callable[[str, Path, int, threading.Event, StorageCredential, float], Awaitable[str]]
+"""Fetch a URI into a directory: its bytes at most, the stop event, the credential, and the
+seconds it may take in all."""
+
+
+async def fetch_off_loop(
+    uri: str,
+    directory: Path,
+    max_bytes: int,
+    stop: threading.Event,
+    credential: StorageCredential,
+    seconds: float,
+) -> str:
+    """loader.fetch.fetch in a thread, so the other replicas go on meanwhile."""
+    return await asyncio.to_thread(
+        fetch,
+        uri,
+        directory,
+        max_bytes=max_bytes,
+        stop=stop,
+        headers=credential.headers,
+        bucket=credential.bucket,
+        deadline_seconds=seconds,
+    )
+
+
+class HostFiles:
+    """The replicas' files under `root`; `stop` ends every fetch under way (the loader stops)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        secret_dir: Path,
+        max_bytes: int,
+        fetch_seconds: float,
+        fetcher: Fetch,
+        stop: threading.Event,
+    ) -> None:
+        self.root = root
+        self._secret_dir = secret_dir
+        """Where the host's storage Secrets are mounted (loader/credentials.py)."""
+        self._max_bytes = max_bytes
+        self._fetch_seconds = fetch_seconds
+        self._fetch = fetcher
+        self._stop = stop
+
+    async def fetched(self, model: str, replica: Hosted) -> Path:
+        """ROOT/`model` (the replica's own name) with the replica's files, fetched unless they
+        are there from its storage URI already."""
+        directory = self.root / model
+        uri, secret = replica.storage_uri, replica.storage_secret
+        if self._fetched(model, uri):
+            return directory
+        check_uri(uri)
+        credential = storage_credential(
+            self._secret_dir, secret, uri, dict(replica.storage_options)
+        )
+        staging = self.root / FETCHING / model
+        shutil.rmtree(staging, ignore_errors=True)
+        log.info(
+            "Fetching model %s from %s%s.",
+            model,
+            uri,
+            f" with the credential of Secret {secret}" if secret else "",
+        )
+        said = await self._fetched_in_time(uri, staging, credential)
+        (self.root / SOURCES / model).unlink(missing_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        staging.rename(directory)
+        (self.root / SOURCES).mkdir(exist_ok=True)
+        (self.root / SOURCES / model).write_text(uri, encoding="utf-8")
+        log.info("Model %s: %s.", model, said)
+        return directory
+
+    def remove(self, model: str) -> None:
+        """Delete `model`'s files and the record of where they came from."""
+        shutil.rmtree(self.root / model, ignore_errors=True)
+        (self.root / SOURCES / model).unlink(missing_ok=True)
+
+    async def _fetched_in_time(self, uri: str, staging: Path, credential: StorageCredential) -> str:
+        """The fetch, given up at its deadline even when its thread is still in a read: the
+        thread sees the same deadline at its next read and ends."""
+        seconds = self._fetch_seconds
+        fetching = self._fetch(uri, staging, self._max_bytes, self._stop, credential, seconds)
+        try:
+            async with asyncio.timeout(seconds) as limit:
+                return await fetching
+        except TimeoutError as e:
+            if limit.expired():
+                raise deadline_passed(uri, seconds) from e
+            raise
+
+    def _fetched(self, model: str, uri: str) -> bool:
+        source = self.root / SOURCES / model
+        try:
+            return (self.root / model).is_dir() and source.read_text(encoding="utf-8") == uri
+        except OSError:
+            return False
