@@ -38,8 +38,8 @@ however many versions or models they try at once. An exit a load in flight share
 requests is counted against neither (`explained`; the pods go on probation), until that load's
 files are counted for an exit alone: then it is counted against them too, and the probation it
 gave ends (`_forgive`; kept in memory only). `CrashLedger` stores and counts;
-`agent.models.nodemodels` writes the markers around its loads; `agent.models.reconcile` decides when
-a marker is a crash and what the pod is told.
+`agent.models.nodemodels` writes the markers around its loads; `agent.models.aftercrash` decides
+when a marker is a crash and what the pod is told.
 """
 
 from __future__ import annotations
