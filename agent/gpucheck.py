@@ -434,7 +434,7 @@ def measure(
 
 
 def _action(over: bool, sure: bool, enforcement: str) -> str:
-    """What the agent does about the figure (agent.models.reconcile: evict only on a sure
+    """What the agent does about the figure (agent.models.overrequest: evict only on a sure
     excess)."""
     if not over:
         return "none: the model is within its request and the tolerance"

@@ -40,7 +40,7 @@ files are counted for an exit alone: then it is counted against them too, and th
 gave ends (`agent.quarantine.callers.CallerCounts.forgive`; kept in memory only). `CrashLedger`
 stores and counts, with the marker files in `agent.quarantine.markers` and the counts of files,
 namespaces and pods in `agent.quarantine.filecounts`, `.namespaces` and `.callers`;
-`agent.models.nodemodels` writes the markers around its loads; `agent.models.reconcile` decides
+`agent.models.nodemodels` writes the markers around its loads; `agent.models.aftercrash` decides
 when a marker is a crash and what the pod is told.
 """
 

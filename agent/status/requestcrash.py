@@ -19,7 +19,7 @@ requests explain is not counted against a load. A pod that reaches `--crash-quar
 in a row it was alone at (`agent.quarantine.suspects`) gets a Warning Event (RequestsCrashedTriton),
 and the caller table the gateway follows says it is quarantined, so the gateway refuses its
 requests; its ModelLoaded condition says so too (`agent.status.conditions`). What it must not do:
-detect exits (`agent.models.reconcile`) or enforce the quarantine (the gateway does).
+detect exits (`agent.models.aftercrash`) or enforce the quarantine (the gateway does).
 """
 
 from __future__ import annotations

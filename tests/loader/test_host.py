@@ -32,7 +32,8 @@ from common.manifest import entries_from_proto, manifest_digest
 from loader.agentclient import AgentClient
 from loader.credentials import StorageCredential
 from loader.errors import FetchError
-from loader.host import Fetch, Host, HostTiming, fetch_off_loop
+from loader.host import Host, HostTiming
+from loader.hostfiles import Fetch, fetch_off_loop
 from loader.loading import Timing
 from loader.retry import Backoff
 from protos import agent_pb2, agent_pb2_grpc

@@ -215,7 +215,7 @@ async def test_a_quarantined_pod_is_told_and_failed_when_a_controller_replaces_i
     reconciler = Reconciler(
         models, cast(Any, None), AgentMetrics(), cast(Any, told), fail_pod=told.fail_pod
     )
-    await reconciler._crashed(marker(), proven(references))
+    await reconciler.after_crash.crashed(marker(), proven(references))
     assert told.events == [("team-a/resnet-0", "ModelCrashedTriton")]
     assert told.failed == ([("team-a", "resnet-0", "ModelCrashedTriton")] if failed else [])
     assert (
@@ -268,12 +268,12 @@ async def test_after_a_crash_suspects_load_last_and_one_at_a_time(tmp_path: Path
     reconciler = planner(models)
     plan = await reconciler.plan()
     assert sorted(plan) == ["c"], "the model under no suspicion loads first, alone"
-    assert reconciler._deferred, "and a pass follows it for the suspects"
+    assert reconciler.after_crash.deferred, "and a pass follows it for the suspects"
 
     models.repository.installed_models = lambda: ["a", "b"]  # c is served again
     plan = await reconciler.plan()
     assert sorted(plan) == ["a"], "then one suspect"
-    assert reconciler._deferred, "and a pass follows it for the next"
+    assert reconciler.after_crash.deferred, "and a pass follows it for the next"
 
     models._busy = {"c"}  # a load of another model under way (its pod's own)
     models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod"))
