@@ -12,12 +12,13 @@ and Kubernetes clients. Tests build an Agent in-process with a mock NVML module.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
 import types
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -30,7 +31,7 @@ from agent.errors import AgentError
 from agent.gpus.apart import ApartMemory
 from agent.gpus.foreign import ForeignWatch
 from agent.gpus.inventory import GpuSnapshot
-from agent.gpus.memory import MemoryLedger, describe
+from agent.gpus.memory import MemoryLedger
 from agent.gpus.nvml import GpuReader
 from agent.gpus.processes import TritonProcesses
 from agent.gpus.relayclient import RelayedNvml
@@ -56,6 +57,7 @@ from agent.quarantine.records import CrashLedger, CrashRecord
 from agent.quarantine.suspects import CallerRecord
 from agent.settings import Settings
 from agent.status.conditions import ModelConditions
+from agent.status.memoryreadings import MemoryReadings
 from agent.status.node import NodePublisher, NodeSettings
 from agent.status.requestcrash import RequestCrashes
 from agent.status.stopping import NodeStop
@@ -116,6 +118,18 @@ def _model_limits(settings: Settings) -> ModelLimits:
     )
 
 
+def _gpu_reader(settings: Settings, nvml: types.ModuleType | None) -> GpuReader:
+    """NVML in the agent's container (`nvml`: a stand-in module), or in Triton's through the
+    relay (`--gpu-source=triton`)."""
+    if settings.gpu_source == "nvml":
+        return GpuReader(nvml)
+    return GpuReader(
+        RelayedNvml(settings.nvml_relay_socket),
+        remedy=RELAY_REMEDY,
+        source="NVML in Triton's container",
+    )
+
+
 def _node_settings(settings: Settings) -> NodeSettings:
     return NodeSettings(
         node_name=settings.node_name,
@@ -145,7 +159,6 @@ class Agent:
         except PlacementKeyError as e:
             raise AgentError(str(e)) from e
         self.metrics = AgentMetrics()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
         # Outside systems: the Kubernetes API (with this node's pods, which the Events of a
         # model host's replicas are written on), Triton, the model files, NVML.
@@ -188,15 +201,7 @@ class Agent:
             expiry_seconds=settings.crash_quarantine_expiry_seconds,
         )
         self.hold = ProbationHold(settings.crash_hold_seconds)
-        self._gpu_reader = (
-            GpuReader(nvml)
-            if settings.gpu_source == "nvml"
-            else GpuReader(
-                RelayedNvml(settings.nvml_relay_socket),
-                remedy=RELAY_REMEDY,
-                source="NVML in Triton's container",
-            )
-        )
+        self._gpu_reader = _gpu_reader(settings, nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
         self.triton_processes = TritonProcesses(settings.triton_pid_file)
         self.apart = ApartMemory(self._gpu_reader, self.triton_processes, self._nvml_thread)
@@ -205,13 +210,14 @@ class Agent:
         self.ledger = MemoryLedger(tolerance_fraction=settings.gpu_mem_tolerance)
         self._reconcile_now = asyncio.Event()
         """Set to ask the reconciler for a pass now (a model uses more memory than it may)."""
+        self.readings = MemoryReadings(self.ledger, self.apart, self.metrics, self._reconcile_now)
         self.node = NodePublisher(
             self.kube,
             self._gpu_reader,
             self.metrics,
             _node_settings(settings),
             nvml_executor=self._nvml_thread,
-            on_snapshot=self._observe_memory,
+            on_snapshot=self.readings.observe,
             usage=self.ledger.annotation,
         )
         self.foreign = ForeignWatch(
@@ -268,7 +274,7 @@ class Agent:
             max_load_attempts=settings.max_load_attempts,
             triton_poll_seconds=settings.triton_poll_seconds,
             enforcement=settings.gpu_mem_enforcement,
-            fail_pod=self._fail_pod,
+            fail_pod=partial(_fail_pod, self.kube, self.pods, settings),
             wake=self._reconcile_now,
         )
         self.quarantine = NodeQuarantine(
@@ -282,18 +288,9 @@ class Agent:
             wanting=self.models.quarantine.wanting,
         )
         # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
-        self.request_crashes: RequestCrashes | None = None
-        if settings.gateway_table is not None:
-            self.request_crashes = RequestCrashes(
-                settings.triton_http_url,
-                self.crashes,
-                settings.crash_witness_file or path_beside(settings.gateway_table),
-                self.events,
-                self.metrics,
-                self._requests_quarantined,
-            )
-            # An exit the witnessed requests explain is not counted against a load.
-            self.crashes.witnessed = self.request_crashes.requests_at
+        self.request_crashes = _request_crashes(
+            settings, self.crashes, self.events, self.metrics, self._requests_quarantined
+        )
         self.load_failures = LoadFailures()
         self.conditions = ModelConditions(
             self.kube,
@@ -307,26 +304,15 @@ class Agent:
             remove=self.kube.remove_pod_condition,
             load_failure=self.load_failures.of,
         )
-        self.callers: CallerPublisher | None = None
-        self.caller_keys: CallerKeys | None = None
-        if settings.gateway_table is not None:
-            self.caller_keys = CallerKeys(secret_beside(settings.gateway_table))
-            self.callers = CallerPublisher(
-                settings.gateway_table,
-                settings.node_name,
-                self.reconciler.callers,
-                refresh_seconds=settings.gateway_table_refresh_seconds,
-                quarantine=self.request_crashes.quarantine_of if self.request_crashes else None,
-                probation=self.request_crashes.on_probation if self.request_crashes else None,
-                held=self.hold.holds,
-                trial=self.hold.trial,
-                key_of=self.caller_keys.digest,
-            )
+        self.caller_keys, self.callers = _caller_table(
+            settings, self.reconciler, self.request_crashes, self.hold
+        )
+        if self.callers is not None:
             # The one wiring after construction: the table is computed by the reconciler from
             # the owners and the pods, and is rewritten when either changes.
             self.reconciler.on_pods = self.owners.on_change = self.callers.changed
             self.hold.on_change = self.callers.publish
-            self.hold.drained = self._held_drained
+            self.hold.drained = partial(_held_drained, self.callers, settings.activity_path)
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
         self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.reports.loaded_per_gpu)
@@ -391,34 +377,6 @@ class Agent:
             unroute_seconds=settings.stop_unroute_seconds,
         )
 
-    def _held_drained(self, since: float) -> bool:
-        """Whether the gateway holds the probationers the caller table holds, with none of
-        their requests at Triton, as its activity table written since `since` says."""
-        held = self.callers.held_names() if self.callers is not None else []
-        path = self.settings.activity_path
-        try:
-            table = read_activity(path) if held and path is not None else None
-        except ActivityTableError:
-            table = None
-        return drained(held, table, since)
-
-    async def _fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
-        """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails
-        says so whatever its phase (a pod in its loader has no condition yet). A model host's
-        replica (`<model>/<ordinal>`) only says so: its host serves the others."""
-        known = self.pods.by_key.get(f"{namespace}/{name}")
-        was = known.model_loaded[0] or None if known is not None else None
-        model, replica, _ = name.rpartition("/")
-        if replica:
-            host = known.host if known is not None else host_name(self.settings.node_name)
-            kind = loaded_condition(self.settings.keys, model, int(replica))
-            condition = Condition(kind, "False", reason, message)
-            await self.kube.set_pod_condition(namespace, host, condition, was=was)
-            return
-        condition = Condition(self.settings.keys.model_loaded, "False", reason, message)
-        await self.kube.set_pod_condition(namespace, name, condition, was=was)
-        await self.kube.fail_pod(namespace, name, reason, message)
-
     def _requests_quarantined(self) -> None:
         if self.callers is not None:
             self.callers.changed()  # the gateway refuses the quarantined pods from now on
@@ -451,64 +409,17 @@ class Agent:
             reasons.append("this node's pods have not been listed yet")
         return reasons
 
-    def _observe_memory(self, snapshot: GpuSnapshot) -> None:
-        """Called where NVML was read (its own thread): the ledger belongs to the event loop,
-        which changes it around loads, so the reading is handed over rather than applied here."""
-        apart: dict[int, dict[str, int]] = {}
-        if self.apart.known:
-            # Read here with the snapshot: what models measured apart hold is theirs.
-            apart = self.apart.held_on([g.index for g in snapshot.gpus if g.healthy])
-        if self._loop is None:
-            self._apply_memory(snapshot, apart)
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closing at shutdown
-            self._loop.call_soon_threadsafe(self._apply_memory, snapshot, apart)
-
-    def _apply_memory(
-        self, snapshot: GpuSnapshot, apart: dict[int, dict[str, int]] | None = None
-    ) -> None:
-        for gpu in snapshot.gpus:
-            if apart and gpu.index in apart and gpu.uuid not in self.ledger.loading:
-                self.ledger.refresh_apart(gpu.uuid, apart[gpu.index])
-        for growth in self.ledger.observe(snapshot):
-            self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
-            log.warning("%s.", describe(growth))
-        if self.ledger.over():
-            self._reconcile_now.set()
-
-    def _prepare_cache(self) -> None:
-        """Check where kept files live (a rename away from the repository) and set the
-        namespace disk bound, which defaults to half the repository's volume."""
-        root = self.repository.root
-        check_apart(root, self.cache.root, "kept-files directory", "--model-cache-dir")
-        kept = self.cache.root.resolve()
-        for other, flag in (
-            (self.repository.staging_root, "--staging-dir"),
-            (self.owners.directory.resolve(), "--state-dir"),
-        ):
-            if kept == other or other in kept.parents or kept in other.parents:
-                raise AgentError(
-                    f"the kept-files directory {kept} overlaps the directory of {flag} ({other}); "
-                    f"the agent empties each of them of what it does not know, set "
-                    f"--model-cache-dir to a directory of its own"
-                )
-        self.cache.prepare()
-        if self.cache.root.stat().st_dev != root.stat().st_dev:
-            raise AgentError(
-                f"the kept-files directory {self.cache.root} is on another filesystem than the "
-                f"model repository {root}; keeping files would copy them, put both on one"
-            )
-        limit = self.settings.max_installed_bytes_per_namespace
-        self.models.installer.namespace_disk = NamespaceDisk(
-            limit or shutil.disk_usage(root).total // 2
-        )
-
     async def start(self, lifecycle: Lifecycle) -> None:
         settings = self.settings
-        self._loop = asyncio.get_running_loop()
+        self.readings.loop = asyncio.get_running_loop()
         check_apart(self.repository.root, self.owners.directory, "state directory", "--state-dir")
         self.repository.prepare()
-        self._prepare_cache()
+        self.models.installer.namespace_disk = _prepare_cache(
+            self.repository,
+            self.cache,
+            self.owners,
+            self.settings.max_installed_bytes_per_namespace,
+        )
         self.owners.load()
         self.crashes.load()
         lifecycle.on_shutdown("the Kubernetes client", self.kube.close)
@@ -526,7 +437,10 @@ class Agent:
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
         if settings.gpu_source == "triton":
-            await self._wait_for_relay()
+            # Triton's container starts the NVML relay as the agent starts: give it a while.
+            await self.node.wait_for_gpus(
+                RELAY_START_SECONDS, RELAY_RETRY_SECONDS, "the NVML relay in Triton's container"
+            )
         await self.node.check_gpu_count()
         # So do the quarantines a replaced node pod left on the Node: no load may precede them.
         try:
@@ -554,36 +468,10 @@ class Agent:
         lifecycle.on_shutdown("the gRPC server", self._stop_grpc)
         # First of all at a stop, while the gRPC server still answers the hosts' loaders.
         lifecycle.on_shutdown("the model hosts' drain", self.stopping.drain)
-        self._grpc = grpc.aio.server(
-            interceptors=[self.gate],
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_SEND_BYTES),
-                # BDP probing grows a connection's stream windows to megabytes, which grpc then
-                # fills for calls the gate has not admitted; installs read their messages as they
-                # come, so the 64 KiB window grows per message instead (benchmarks/agent_install).
-                ("grpc.http2.bdp_probe", 0),
-                # grpc's server bounds no connection count; idle connections go, so holding one
-                # open costs a caller a call in progress, which the gate bounds.
-                ("grpc.max_connection_idle_ms", int(settings.idle_connection_seconds * 1000)),
-            ],
+        self._grpc, self.grpc_address = _grpc_server(
+            self.service, self.gate, settings.listen_grpc, settings.idle_connection_seconds
         )
-        add_to_server(self.service, self._grpc)
-        host, _ = _split(settings.listen_grpc)
-        try:
-            port = self._grpc.add_insecure_port(settings.listen_grpc)
-        except RuntimeError as e:
-            port = 0
-            cause: Exception | None = e
-        else:
-            cause = None
-        if port == 0:
-            raise OSError(
-                f"cannot listen for gRPC on {settings.listen_grpc} (the port is taken or the "
-                f"address is not local); choose another --listen-grpc"
-            ) from cause
         await self._grpc.start()
-        self.grpc_address = f"{host}:{port}"
         await self._http.start()
         self.http_address = f"{http_host}:{self._http.port}"
 
@@ -636,22 +524,6 @@ class Agent:
             await self._grpc.stop(GRPC_GRACE_SECONDS)
             self._grpc = None
 
-    async def _wait_for_relay(self) -> None:
-        """Triton's container starts the NVML relay as the agent starts: give it a while."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + RELAY_START_SECONDS
-        said = ""
-        while not self.node.gpus_read and loop.time() < deadline:
-            if self.node.nvml_error != said:
-                said = self.node.nvml_error
-                log.info(
-                    "Waiting up to %g s for the NVML relay in Triton's container: %s",
-                    RELAY_START_SECONDS,
-                    said,
-                )
-            await asyncio.sleep(RELAY_RETRY_SECONDS)
-            await self.node.refresh_gpus()
-
     async def _close_nvml(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._nvml_thread, self._gpu_reader.close)
         self._nvml_thread.shutdown(wait=True)
@@ -660,6 +532,155 @@ class Agent:
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
+
+
+async def _fail_pod(
+    kube: KubeClient,
+    pods: NodePods,
+    settings: Settings,
+    namespace: str,
+    name: str,
+    reason: str,
+    message: str,
+) -> None:
+    """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails
+    says so whatever its phase (a pod in its loader has no condition yet). A model host's
+    replica (`<model>/<ordinal>`) only says so: its host serves the others."""
+    known = pods.by_key.get(f"{namespace}/{name}")
+    was = known.model_loaded[0] or None if known is not None else None
+    model, replica, _ = name.rpartition("/")
+    if replica:
+        host = known.host if known is not None else host_name(settings.node_name)
+        kind = loaded_condition(settings.keys, model, int(replica))
+        condition = Condition(kind, "False", reason, message)
+        await kube.set_pod_condition(namespace, host, condition, was=was)
+        return
+    condition = Condition(settings.keys.model_loaded, "False", reason, message)
+    await kube.set_pod_condition(namespace, name, condition, was=was)
+    await kube.fail_pod(namespace, name, reason, message)
+
+
+def _request_crashes(
+    settings: Settings,
+    crashes: CrashLedger,
+    events: PodEvents,
+    metrics: AgentMetrics,
+    quarantined: Callable[[], None],
+) -> RequestCrashes | None:
+    """The pods whose requests were at Triton when it exited, from the node gateway's witness
+    file (None without the gateway's table: no witnesses)."""
+    if settings.gateway_table is None:
+        return None
+    found = RequestCrashes(
+        settings.triton_http_url,
+        crashes,
+        settings.crash_witness_file or path_beside(settings.gateway_table),
+        events,
+        metrics,
+        quarantined,
+    )
+    # An exit the witnessed requests explain is not counted against a load.
+    crashes.witnessed = found.requests_at
+    return found
+
+
+def _caller_table(
+    settings: Settings,
+    reconciler: Reconciler,
+    requests: RequestCrashes | None,
+    hold: ProbationHold,
+) -> tuple[CallerKeys | None, CallerPublisher | None]:
+    """The caller keys and the table the node gateway knows the pods by (none without
+    `--gateway-table`)."""
+    if settings.gateway_table is None:
+        return None, None
+    keys = CallerKeys(secret_beside(settings.gateway_table))
+    table = CallerPublisher(
+        settings.gateway_table,
+        settings.node_name,
+        reconciler.callers,
+        refresh_seconds=settings.gateway_table_refresh_seconds,
+        quarantine=requests.quarantine_of if requests else None,
+        probation=requests.on_probation if requests else None,
+        held=hold.holds,
+        trial=hold.trial,
+        key_of=keys.digest,
+    )
+    return keys, table
+
+
+def _held_drained(callers: CallerPublisher, activity: Path | None, since: float) -> bool:
+    """Whether the gateway holds the probationers the caller table holds, with none of their
+    requests at Triton, as its activity table written since `since` says."""
+    held = callers.held_names()
+    try:
+        table = read_activity(activity) if held and activity is not None else None
+    except ActivityTableError:
+        table = None
+    return drained(held, table, since)
+
+
+def _prepare_cache(
+    repository: Repository, cache: FileCache, owners: OwnerStore, limit: int
+) -> NamespaceDisk:
+    """Check where kept files live (a rename away from the repository) and make the namespace
+    disk bound, which defaults (`limit` 0) to half the repository's volume."""
+    root = repository.root
+    check_apart(root, cache.root, "kept-files directory", "--model-cache-dir")
+    kept = cache.root.resolve()
+    for other, flag in (
+        (repository.staging_root, "--staging-dir"),
+        (owners.directory.resolve(), "--state-dir"),
+    ):
+        if kept == other or other in kept.parents or kept in other.parents:
+            raise AgentError(
+                f"the kept-files directory {kept} overlaps the directory of {flag} ({other}); "
+                f"the agent empties each of them of what it does not know, set "
+                f"--model-cache-dir to a directory of its own"
+            )
+    cache.prepare()
+    if cache.root.stat().st_dev != root.stat().st_dev:
+        raise AgentError(
+            f"the kept-files directory {cache.root} is on another filesystem than the "
+            f"model repository {root}; keeping files would copy them, put both on one"
+        )
+    return NamespaceDisk(limit or shutil.disk_usage(root).total // 2)
+
+
+def _grpc_server(
+    service: AgentService, gate: Gate, listen: str, idle_seconds: float
+) -> tuple[grpc.aio.Server, str]:
+    """The agent's gRPC server bound to `listen` (not started), and the address it listens on;
+    OSError saying what to do when it cannot listen there."""
+    server = grpc.aio.server(
+        interceptors=[gate],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_SEND_BYTES),
+            # BDP probing grows a connection's stream windows to megabytes, which grpc then
+            # fills for calls the gate has not admitted; installs read their messages as they
+            # come, so the 64 KiB window grows per message instead (benchmarks/agent_install).
+            ("grpc.http2.bdp_probe", 0),
+            # grpc's server bounds no connection count; idle connections go, so holding one
+            # open costs a caller a call in progress, which the gate bounds.
+            ("grpc.max_connection_idle_ms", int(idle_seconds * 1000)),
+        ],
+    )
+    add_to_server(service, server)
+    host, _ = _split(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as e:
+        port = 0
+        cause: Exception | None = e
+    else:
+        cause = None
+    if port == 0:
+        raise OSError(
+            f"cannot listen for gRPC on {listen} (the port is taken or the "
+            f"address is not local); choose another --listen-grpc"
+        ) from cause
+    return server, f"{host}:{port}"
 
 
 def _write_ports(path: Path, grpc_address: str, http_address: str) -> None:

@@ -173,6 +173,19 @@ class NodePublisher:
             self._on_snapshot(snapshot)
         return snapshot
 
+    async def wait_for_gpus(self, seconds: float, retry: float, source: str) -> None:
+        """Read the GPUs again every `retry` seconds until they are read, `seconds` at most:
+        `source` (a relay, say) may start as the agent does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        said = ""
+        while not self.gpus_read and loop.time() < deadline:
+            if self.nvml_error != said:
+                said = self.nvml_error
+                log.info("Waiting up to %g s for %s: %s", seconds, source, said)
+            await asyncio.sleep(retry)
+            await self.refresh_gpus()
+
     async def refresh_gpus(self) -> GpuSnapshot | None:
         """`read_gpus` on the NVML executor when there is one."""
         if self._nvml_executor is None:
