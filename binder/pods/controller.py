@@ -8,15 +8,17 @@ failures drop it and retry the pod with backoff. A pod that fits nowhere gets a 
 Event and PodScheduled=False (only when the message changes, so a pod waiting for hours does not
 flood the API) and waits out its backoff, or less if the cluster changes in a way that helps. A pod
 whose preemption made room holds it (the nomination annotation says where, signed) from equal and
-lower priorities until it is placed, across a change of leader too.
+lower priorities until it is placed, across a change of leader too (binder.pods.preemptions); one
+kept out only by split free memory may have smaller pods moved for it (binder.pods.roommaking).
+The cache's unproven pods are reported here too (binder.pods.unprovenreports).
 
-Owns the decisions and the API writes they cause; reads the cluster only through the cache.
+Owns the decisions and the API writes they cause, all run through one handover of at most
+`bind_workers` writers; reads the cluster only through the cache.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -33,22 +35,14 @@ from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo
 from binder.cluster.proofs import Unproven, sign
 from binder.errors import ApiError, ConflictError, NotFoundError
-from binder.framework.consolidation import Cooldowns, plan
-from binder.framework.moves import carry_out, carry_out_preemption
-from binder.framework.placement import (
-    Placement,
-    Policy,
-    Unschedulable,
-    choose_gpu,
-    fit_message,
-    place,
-    resolvable_nodes,
-)
-from binder.framework.preemption import NoPreemption, lower_holds, preempt, stale_room
+from binder.framework.placement import Placement, Policy, Unschedulable, place
+from binder.framework.preemption import lower_holds
 from binder.framework.queue import SchedulingQueue
 from binder.framework.quota import check_for
-from binder.framework.replicapreemption import held_uid
 from binder.metrics import Metrics
+from binder.pods.preemptions import Preemptions
+from binder.pods.roommaking import RoomMaking
+from binder.pods.unprovenreports import UnprovenReports
 from common.contract import Keys
 from common.logs import subject
 from common.proofs import KeyRing
@@ -62,9 +56,6 @@ takes the next at once. Writes in flight stay at most `bind_workers`."""
 
 REPORT_INTERVAL_SECONDS = 10.0
 """Shortest time between two FailedScheduling writes for one pod whose reason changed."""
-
-UNPROVEN_REMEMBERED = 10_000
-"""(pod, reason) pairs remembered as reported; past it the record starts again (as the agent's)."""
 
 
 class PodController:
@@ -112,30 +103,50 @@ class PodController:
         self.state = ledger.state
         self.pending = ledger.pending
         self._ledger = ledger
-        self.unproven = ledger.unproven
-        """The cache's unproven pods (the same dict), to skip reports that went stale."""
-        self._leading = leading
-        self._unproven_reported: set[tuple[str, str]] = set()
-        self._unproven_waiting: dict[str, Unproven] = {}
-        """Reports not yet written, oldest first; one is written at a time."""
-        self._unproven_writing = False
         self._in_flight: set[str] = set()
         self._reported: dict[str, tuple[str, float]] = {}
         """Per pod: the last message written and when (monotonic seconds)."""
         self._report_interval = report_interval
         self._monotonic = monotonic
-        self._consolidate_moves = consolidate_moves
-        self._preemption = preemption
-        self._preempt_replica = preempt_replica
-        self._budgets = ledger.all_budgets
-        self._nominations: dict[str, tuple[str, str]] = {}
-        """Pods whose preemption this replica started: (node, GPU uuid) of the room held."""
-        self._cooldowns = Cooldowns()
         self.bound = 0
         self._writes = Handover(executor, bind_workers, inbox)
         """The API writes decided here, run on at most `bind_workers` threads."""
         self._calls: dict[str, Any] = {}
         self._scheduled = metrics.attempts.labels("scheduled")
+        self._preemptions = Preemptions(
+            kube,
+            ledger,
+            leading=leading,
+            keys=keys,
+            policy=policy,
+            queue=queue,
+            writes=self._writes,
+            count=self._count,
+            identity=identity,
+            placement_keys=placement_keys,
+            clock=clock,
+            enabled=preemption,
+            preempt_replica=preempt_replica,
+        )
+        self._room = RoomMaking(
+            kube,
+            ledger.state,
+            leading=leading,
+            writes=self._writes,
+            count=self._count,
+            identity=identity,
+            clock=clock,
+            monotonic=monotonic,
+            max_moves=consolidate_moves,
+        )
+        self._unproven = UnprovenReports(
+            kube,
+            ledger.unproven,
+            leading=leading,
+            writes=self._writes,
+            count=self._count,
+            identity=identity,
+        )
 
     # ---- listener of the cache -------------------------------------------------------------------
 
@@ -147,105 +158,25 @@ class PodController:
             self.queue.add(pod.uid, pod.namespace)
 
     def pending_gone(self, uid: str) -> None:
-        self._nominations.pop(uid, None)
-        self.state.release_nomination(uid)
+        self._preemptions.release(uid)
         self.queue.remove(uid)
         self._reported.pop(uid, None)
         self._metrics.pending.set(len(self.pending))
-
-    def restore_nominations(self) -> None:
-        """On taking the lead, before anything is placed: every pending pod whose preemption
-        made room (its status.nominatedNodeName, and the binder's nomination annotation naming
-        the GPU) holds that room again, so that nothing placed meanwhile takes it; what this
-        replica held when it led before is forgotten. One without the annotation, or whose
-        node or GPU is gone or whose proof is not the binder's for that pod's hold, holds
-        nothing (the pod is placed anew): a tenant can write both fields on its own pod."""
-        for uid in list(self._nominations):
-            self.state.release_nomination(uid)
-        self._nominations.clear()
-        if not self._preemption:
-            return
-        ring = self._placement_keys()
-        for uid, pod in self.pending.items():
-            if not pod.nominated_node or self.state.is_accounted(uid):
-                continue
-            node, gpu, proof = pod.nomination or (pod.nominated_node, "", "")
-            why = (
-                f"its nomination annotation names node {node}"
-                if node != pod.nominated_node
-                else stale_room(self.state, _held(pod), node, gpu, proof, ring)
-            )
-            if why:
-                log.info(
-                    "Pod %s does not hold room on node %s, its nominated node (%s): it is "
-                    "placed anew.",
-                    pod.key,
-                    pod.nominated_node,
-                    why,
-                    extra=subject(pod=pod.key, node=pod.nominated_node),
-                )
-                continue
-            self.state.nominate(pod, node, gpu)
-            self._nominations[uid] = (node, gpu)
-            log.info(
-                "Pod %s holds its room on node %s (GPU %s), which its preemption made: it waits "
-                "there for its victims.",
-                pod.key,
-                node,
-                gpu,
-                extra=subject(pod=pod.key, node=node),
-            )
 
     def cluster_changed(self, why: str) -> None:
         moved = self.queue.move_all_to_active()
         if moved:
             log.debug("%s: retrying %d unschedulable pods now.", why, moved)
 
+    def restore_nominations(self) -> None:
+        """On taking the lead, before anything is placed: the rooms pending pods' preemptions
+        made are held again (`Preemptions.restore`)."""
+        self._preemptions.restore()
+
     def unproven_seen(self, verdict: Unproven) -> None:
-        """Report an unproven pod with a Warning Event, once per pod and reason. One such Event
-        is written at a time, so however many pods a tenant creates, they hold at most one of
-        the `bind_workers` writers; the others keep binding."""
-        key = (verdict.pod.uid, verdict.reason)
-        if not self._leading.is_set() or key in self._unproven_reported:
-            return
-        self._unproven_waiting[verdict.pod.uid] = verdict
-        self._write_unproven()
-
-    def _write_unproven(self) -> None:
-        while self._unproven_waiting and not self._unproven_writing:
-            uid = next(iter(self._unproven_waiting))
-            verdict = self._unproven_waiting.pop(uid)
-            current = self.unproven.get(uid)
-            if current is None or current.reason != verdict.reason or not self._leading.is_set():
-                continue  # gone, proven, changed reason (reported as such), or no longer ours
-            if len(self._unproven_reported) >= UNPROVEN_REMEMBERED:
-                self._unproven_reported.clear()
-            self._unproven_reported.add((uid, verdict.reason))
-            pod = verdict.pod
-
-            def write(pod: PodInfo = pod, verdict: Unproven = verdict) -> None:
-                self._kube.record_event(
-                    pod.namespace,
-                    pod.name,
-                    pod.uid,
-                    reason=verdict.reason,
-                    message=verdict.message,
-                    reporting_instance=self._identity,
-                )
-                self._count("event")
-
-            self._unproven_writing = True
-            self._hand_over(write, partial(self._unproven_written, verdict))
-
-    def _unproven_written(self, verdict: Unproven, error: Exception | None) -> None:
-        self._unproven_writing = False
-        if error is not None and not isinstance(error, NotFoundError):
-            # Reported again at the next sight (a change of the pod, or of leadership).
-            self._unproven_reported.discard((verdict.pod.uid, verdict.reason))
-            log.warning(
-                "Recording that pod %s is not charged has failed: %s.", verdict.pod.key, error
-            )
-        self._write_unproven()
+        """Report an unproven pod with a Warning Event, once per pod and reason
+        (`UnprovenReports.seen`)."""
+        self._unproven.seen(verdict)
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -266,7 +197,8 @@ class PodController:
         if pod is None or state.is_accounted(uid) or uid in self._in_flight:
             self._slots.release()
             return
-        nominated = self._nominations.get(uid)
+        preemptions = self._preemptions
+        nominated = preemptions.held(uid)
         if nominated is not None and pod.nominated_node != nominated[0]:
             pod = replace(pod, nominated_node=nominated[0])
         # The namespace's pods and replicas together within its quotas: no room helps.
@@ -281,17 +213,18 @@ class PodController:
                 else place(state, pod, now=self._clock(), policy=self._policy)
             )
             if isinstance(placed, Placement):
-                self._nominations.pop(uid, None)
+                preemptions.forget(uid)
                 proof = self._sign(pod, placed)
                 state.assume(pod, placed.node, placed.gpu.uuid, proof)
                 self._bind(pod, placed, proof)
             else:
-                result = placed if exceeded else self._preempt(pod, placed)
+                result = placed if exceeded else preemptions.preempt(pod, placed)
         landed = placed.node if isinstance(placed, Placement) else None
-        if landed is None and self._nominations.get(uid, nominated) != nominated:
-            landed = self._nominations[uid][0]
+        held = preemptions.held(uid)
+        if landed is None and held is not None and held != nominated:
+            landed = held[0]  # its own preemption made room there just now
         if landed is not None:
-            self._displace(lower, landed)
+            preemptions.displace(lower, landed)
         if isinstance(placed, Placement):
             return
         self._metrics.attempts.labels(result.attempt_result).inc()
@@ -307,8 +240,8 @@ class PodController:
             delay,
             extra=subject(pod=pod.key, model=pod.model_id),
         )
-        if self._consolidate_moves and result.condition_reason == "Unschedulable" and not exceeded:
-            self._make_room(pod)
+        if self._room.max_moves and result.condition_reason == "Unschedulable" and not exceeded:
+            self._room.make(pod)
         if self._should_report(uid, result.message):
             # Reported before and not failed since: PodScheduled is False already.
             was = "False" if uid in self._reported else None
@@ -326,170 +259,6 @@ class PodController:
             self._ledger, self._keys, pod.namespace, pod.priority_class, pod=pod.asked
         )
         return check.refusal(pod.request, pod.allowance) if check is not None else ""
-
-    def _displace(self, lower: list[str], node: str) -> None:
-        """A higher-priority pod took room on `node`: the lower-priority pods holding room there
-        give it up and are tried again (kube-scheduler clears their nomination likewise)."""
-        for uid in lower:
-            if self.state.nominated.get(uid) != node:
-                continue
-            self._nominations.pop(uid, None)
-            self.state.release_nomination(uid)
-            held = self.pending.get(uid)
-            if held is not None:
-                log.info(
-                    "Pod %s gives up the room held for it on node %s: a pod of higher priority "
-                    "takes it.",
-                    held.key,
-                    node,
-                    extra=subject(pod=held.key, node=node),
-                )
-                self.queue.add(uid, held.namespace)
-
-    def _preempt(self, pod: PodInfo, result: Unschedulable) -> Unschedulable:
-        """Have lower-priority tritonshare pods evicted where that lets the pod in, and hold the
-        room for it (binder.framework.preemption); returns the result to report, with
-        kube-scheduler's `preemption: ...` counts when preemption cannot help."""
-        state = self.state
-        if (
-            not self._preemption
-            or result.condition_reason != "Unschedulable"
-            or not self._leading.is_set()
-            or not state.tallies.has_lower_priority(pod.priority)
-        ):
-            return result
-        now = self._clock()
-        held = self._nominations.get(pod.uid)
-        outcome = preempt(
-            state,
-            pod,
-            resolvable_nodes(state, pod, now),
-            now=now,
-            budgets=self._budgets(),
-        )
-        if isinstance(outcome, NoPreemption):
-            if outcome.waiting and held is not None and held[0] in state.nodes:
-                state.nominate(pod, *held)  # its victims are still leaving: keep the room
-                return result
-            self._nominations.pop(pod.uid, None)
-            if not outcome.reasons:
-                return result
-            counts = fit_message(len(state.names), outcome.reasons)
-            return replace(result, message=f"{result.message} preemption: {counts}")
-        victims = outcome.victims
-        replicas = [v for v in victims if v.host is not None]
-        drain = self._preempt_replica
-        if replicas and drain is None:
-            return result
-        with state.without([v.uid for v in victims]):
-            gpu = choose_gpu(
-                state, outcome.node, pod.request, self._policy, on_demand=pod.on_demand
-            )
-        if gpu is None:  # fits_on said a GPU fits with the victims gone
-            return result
-        state.nominate(pod, outcome.node, gpu.uuid)
-        self._nominations[pod.uid] = (outcome.node, gpu.uuid)
-        room = {
-            "node": outcome.node,
-            "gpu": gpu.uuid,
-            "proof": sign(self._placement_keys(), _held(pod), outcome.node, gpu.uuid),
-        }
-        nomination = {self._keys.nomination: json.dumps(room, separators=(",", ":"))}
-        log.info(
-            "Pod %s (priority %d) fits nowhere: preempting %d lower-priority pod(s) on node %s "
-            "(%s); GPU %s is held for it.",
-            pod.key,
-            pod.priority,
-            len(victims),
-            outcome.node,
-            ", ".join(v.key for v in victims),
-            gpu.uuid,
-            extra=subject(pod=pod.key, node=outcome.node, model=pod.model_id),
-        )
-
-        if drain is not None:
-            for victim in replicas:
-                drain(victim, f"pod {pod.uid}", outcome.node)
-        drained = [v.key for v in replicas]
-
-        def work() -> None:
-            # The GPU and proof first: a new leader holds the room only with both.
-            self._kube.patch_pod_annotations(pod.namespace, pod.name, nomination)
-            self._count("annotate")
-            carry_out_preemption(
-                self._kube, pod, outcome, self._identity, self._count, drained=drained
-            )
-
-        self._hand_over(work, partial(self._preempted, pod))
-        return result
-
-    def _preempted(self, pod: PodInfo, error: Exception | None) -> None:
-        if error is None:
-            return
-        self._nominations.pop(pod.uid, None)
-        self.state.release_nomination(pod.uid)
-        log.warning(
-            "Preempting pods for pod %s has failed (%s): its held room is released; it is "
-            "retried with backoff.",
-            pod.key,
-            error,
-            extra=subject(pod=pod.key),
-        )
-
-    def _make_room(self, pod: PodInfo) -> None:
-        """Plan to move a few smaller pods when only split free memory keeps the pod out
-        (binder.framework.consolidation), and carry the plan out off the loop
-        (binder.framework.moves). Once per pod per cooldown, whatever the answer, so a waiting pod's
-        retries do not plan again."""
-        state = self.state
-        now = self._monotonic()
-        recent = self._cooldowns.pods(now)
-        if not self._leading.is_set() or pod.uid in recent:
-            return
-        made = plan(
-            state,
-            pod,
-            now=self._clock(),
-            max_moves=self._consolidate_moves,
-            exempt=recent,
-            cold_nodes=self._cooldowns.nodes(now),
-        )
-        self._cooldowns.planned(pod, made, now)
-        if made is None:
-            return
-        log.info(
-            "Pod %s waits only because its nodes' free GPU memory is split: moving %d smaller "
-            "pod(s) off GPU %s on node %s gives it a block of %s.",
-            pod.key,
-            len(made.moves),
-            made.gpu.uuid,
-            made.node,
-            format_bytes(made.freed),
-            extra=subject(pod=pod.key, node=made.node, model=pod.model_id),
-        )
-
-        def work() -> None:
-            carry_out(self._kube, made, pod, self._identity, self._count)
-
-        self._hand_over(work, partial(self._moved, pod))
-
-    def _moved(self, pod: PodInfo, error: Exception | None) -> None:
-        if error is None:
-            return
-        if isinstance(error, ApiError | OSError):
-            log.warning(
-                "Moving pods to make room for pod %s has failed: %s. It waits for room.",
-                pod.key,
-                error,
-                extra=subject(pod=pod.key),
-            )
-        else:
-            log.error(
-                "Moving pods to make room for pod %s has failed: its work is abandoned.",
-                pod.key,
-                exc_info=error,
-                extra=subject(pod=pod.key),
-            )
 
     def _should_report(self, uid: str, message: str) -> bool:
         """Write a pod's first reason at once; a changed reason at most once per interval (the
@@ -581,7 +350,7 @@ class PodController:
 
     def _bound_well(self, pod: PodInfo, placement: Placement) -> None:
         self.bound += 1
-        self._nominations.pop(pod.uid, None)
+        self._preemptions.forget(pod.uid)
         self._scheduled.inc()
         if pod.created:
             self._metrics.latency.observe(max(0.0, self._clock() - pod.created))
@@ -647,9 +416,3 @@ class PodController:
         """Let in-flight API writes finish (bounded), then abandon what is left: a write already
         on a worker thread ends there, its outcome ignored; a waiting one is never sent."""
         await self._writes.drain(grace_seconds)
-
-
-def _held(pod: PodInfo) -> PodInfo:
-    """The pod as the room its preemption made is signed and checked: under `held_uid`, so the
-    proof never proves a placement."""
-    return replace(pod, uid=held_uid(pod.uid))

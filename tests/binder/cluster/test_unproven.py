@@ -351,8 +351,8 @@ async def test_only_the_leader_reports_and_a_new_leader_reports_what_it_finds(
     assert event.reporting_instance == leader.settings.identity
     await eventually(lambda: "hog" in {v.pod.name for v in follower.cache.unproven.values()})
     # The follower saw it too, and queued nothing: only the leader writes.
-    assert not follower.controller._unproven_reported
-    assert not follower.controller._unproven_waiting
+    assert not follower.controller._unproven._reported
+    assert not follower.controller._unproven._waiting
     await make_binder.stop(leader)  # a clean stop releases the lease: the follower leads at once
     await eventually(lambda: follower.elector.is_leader, what="the takeover")
     events = await eventually(
