@@ -228,11 +228,11 @@ class Settings:
         "host-parallel",
         "with --host: replicas fetched and loaded at once",
         whole(minimum=1),
-        default="8",
+        default="4",
     )
     """With --host: how many replicas are fetched and loaded at the same time. A model holds one
     of them at most (its replicas take turns), and models retrying after a failure hold one
-    fewer than this at most (loader/slots.py). Default 8: the agent's --parallel-loads, the
+    fewer than this at most (loader/slots.py). Default 4: the agent's --parallel-loads, the
     loads of Python models that share one GPU at once."""
     fetch_timeout_seconds: float = setting(
         "fetch-timeout",
