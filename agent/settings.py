@@ -122,8 +122,9 @@ def gpu_mem_tolerance_flag() -> Any:
 
 
 @declared
-class Settings:
-    """Everything the agent can be told."""
+class ConnectionSettings:
+    """Where the agent runs and what it talks to: its node, Triton and its host memory, the model
+    repository, its listeners and the names it goes by."""
 
     node_name: str = setting(
         "node-name",
@@ -275,6 +276,13 @@ class Settings:
         default=",".join(DEFAULT_PLATFORM_ACCOUNTS),
     )
     """Each as system:serviceaccount:NS:NAME; the calls are ListModels, ListGpus and GetModel."""
+
+
+@declared
+class LoopSettings:
+    """The agent's loops: how often it looks, how long loads, unloads and stops may take, and how
+    Triton's exits are counted."""
+
     gpu_poll_seconds: float = setting(
         "gpu-poll-seconds", "seconds between NVML reads", seconds(positive=True), default="10"
     )
@@ -466,6 +474,13 @@ class Settings:
     )
     """The binder places nothing on a node whose agent has been dead that long, and fails the pods
     it had placed there that were never served."""
+
+
+@declared
+class Settings(LoopSettings, ConnectionSettings):
+    """Everything the agent can be told: its connections and loops (the bases, whose fields come
+    first in that order), then its files, bounds and limits."""
+
     placement_key_dir: Path | None = setting(
         "placement-key-dir",
         "directory of the placement-key Secret (files current, previous)",
