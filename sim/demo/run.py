@@ -37,6 +37,7 @@ from common.quantity import format_bytes
 from common.tritonname import private_triton_name
 from sim.cluster import EXAMPLE_NAMESPACE_MANIFEST, SimCluster, apply_namespace
 from sim.demo import autoscale, gpucheck, rollout
+from sim.demo.agentreads import read_pod
 from sim.demo.gpuburst import BURST
 from sim.demo.report import (
     ALL_PODS,
@@ -66,18 +67,9 @@ from sim.triton import PARALLEL_LOADS, free_port
 KEYS = Keys()
 
 
-def _pod(cluster: SimCluster, name: str) -> dict[str, Any] | None:
-    try:
-        response = cluster.core.read_namespaced_pod(name, NAMESPACE, _preload_content=False)
-    except Exception:
-        return None
-    pod: dict[str, Any] = json.loads(response.data)
-    return pod
-
-
 def _address(cluster: SimCluster, name: str) -> str:
     """The pod's own IP, where its proxy listens."""
-    return str((_pod(cluster, name) or {}).get("status", {}).get("podIP", ""))
+    return str((read_pod(cluster, name) or {}).get("status", {}).get("podIP", ""))
 
 
 def _condition(pod: dict[str, Any] | None, kind: str) -> dict[str, Any]:
@@ -119,7 +111,7 @@ def _create_short_form(cluster: SimCluster, pod: ModelPod, result: DemoResult, s
     uri = cluster.model_store.publish(pod.model_id, MODELS_DIR / pod.source)
     manifest = short_form_manifest(pod, uri)
     cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
-    created = _pod(cluster, pod.name) or {}
+    created = read_pod(cluster, pod.name) or {}
     spec = created.get("spec", {})
     result.short_form[pod.name] = {
         "annotations": dict(created.get("metadata", {}).get("annotations", {})),
@@ -144,7 +136,7 @@ def _create_short_form(cluster: SimCluster, pod: ModelPod, result: DemoResult, s
 def _wait_for_placement(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     def decided() -> bool:
         for pod in PODS:
-            current = _pod(cluster, pod.name)
+            current = read_pod(cluster, pod.name)
             node = (current or {}).get("spec", {}).get("nodeName")
             scheduled = _condition(current, "PodScheduled")
             if node:
@@ -171,7 +163,7 @@ def _wait_for_ready(cluster: SimCluster, result: DemoResult, say: Say) -> None:
 
     def ready() -> bool:
         for name in local:
-            pod = _pod(cluster, name)
+            pod = read_pod(cluster, name)
             failed = [
                 s
                 for s in (pod or {}).get("status", {}).get("initContainerStatuses", []) or []
@@ -188,7 +180,7 @@ def _wait_for_ready(cluster: SimCluster, result: DemoResult, say: Say) -> None:
         wait_until("the model pods on the real node becoming Ready", ready, 120)
     except ClusterError as e:
         unready = [
-            n for n in local if _condition(_pod(cluster, n), "Ready").get("status") != "True"
+            n for n in local if _condition(read_pod(cluster, n), "Ready").get("status") != "True"
         ]
         name = (unready or local)[0]
         assert cluster.kubelet is not None
@@ -218,13 +210,17 @@ def _fail_over(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
 
     def bound() -> str:
-        pod = _pod(cluster, LATE_POD.name)
+        pod = read_pod(cluster, LATE_POD.name)
         return str((pod or {}).get("spec", {}).get("nodeName") or "")
 
     node = wait_until(f"the new leader binding {LATE_POD.name}", bound, 60)
     result.new_leader = cluster.binder_leader()
     result.failover_seconds = time.monotonic() - crashed_at
-    gpu = (_pod(cluster, LATE_POD.name) or {})["metadata"].get("annotations", {}).get(KEYS.gpu, "")
+    gpu = (
+        (read_pod(cluster, LATE_POD.name) or {})["metadata"]
+        .get("annotations", {})
+        .get(KEYS.gpu, "")
+    )
     result.placements[LATE_POD.name] = (node, gpu)
     say(
         f"{result.new_leader} took over and bound {LATE_POD.name} to {node} "
@@ -430,7 +426,7 @@ def _gateway(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     cluster.core.delete_namespaced_pod(
         "stranger", SQUATTER_NAMESPACE, grace_period_seconds=0, _preload_content=False
     )
-    pod = _pod(cluster, tenant.name) or {}
+    pod = read_pod(cluster, tenant.name) or {}
     address = str(pod.get("status", {}).get("podIP", ""))
     own = _knock_from(address, f"127.0.0.1:{gateway.http}", tenant.model_id)
     result.gateway_neighbour = _knock_from(address, f"127.0.0.1:{gateway.http}", neighbour.model_id)
@@ -713,7 +709,7 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         wait_until(
             f"{', '.join(retired) or 'the retired pods'} and the model host to be gone",
             lambda: (
-                all(_pod(cluster, name) is None for name in retired)
+                all(read_pod(cluster, name) is None for name in retired)
                 and not any(
                     cluster.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
                     for selector in (rollout.SELECTOR, autoscale.SELECTOR)
@@ -732,7 +728,7 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         say("")
         say("Deleting the model pods: each proxy drains, asks its agent to unload, and exits.")
         addresses = {
-            p.name: str((_pod(cluster, p.name) or {}).get("status", {}).get("podIP", ""))
+            p.name: str((read_pod(cluster, p.name) or {}).get("status", {}).get("podIP", ""))
             for p in PODS
             if p.name in result.served
         }
@@ -741,7 +737,7 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
                 cluster.core.delete_namespaced_pod(pod.name, NAMESPACE, _preload_content=False)
         wait_until(
             "the model pods to be gone",
-            lambda: all(_pod(cluster, p.name) is None for p in ALL_PODS),
+            lambda: all(read_pod(cluster, p.name) is None for p in ALL_PODS),
             90,
         )
         if cluster.gateway is not None and addresses:
