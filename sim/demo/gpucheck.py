@@ -10,11 +10,12 @@ model is alone on its GPU and measured exactly) it serves a model that holds a k
 memory (`sim.gpu.cudamodel`), waits until the pod is Ready, asks it through its proxy, deletes it,
 and prints: the agent's measured figure against the request and the booking, the agent's load and
 unload times (its own histograms), the first answer's time, and the GPU's memory before the load
-and after the unload (the agent's NVML gauges). Every figure is read from the agent's metrics.
+and after the unload (the agent's NVML gauges). Then a burst of pods created at once
+(`sim.demo.gpuburst`). Every figure is read from the agent's metrics.
 
 `run_gpu_check(..., real=False)` runs the same with the mock NVML standing in for the GPU (an H200
-whose Python models also hold a stub's CUDA context, `sim.gpu.load`) and Triton on the CPU: what
-the tests run where no GPU is at hand.
+whose Python models also hold a stub's CUDA context and the driver's share of it, `sim.gpu.load`)
+and Triton on the CPU: what the tests run where no GPU is at hand.
 """
 
 from __future__ import annotations
