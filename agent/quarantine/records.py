@@ -155,7 +155,12 @@ class CrashLedger:
             self._files.read(document["records"])
         except FileNotFoundError:
             return
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            # Nothing of it is kept: the quarantines come back from the Node (`restore`).
+            self._files.reset()
+            self._callers.reset()
+            self._namespaces.reset()
+            self._held = None
             aside = path.with_name(path.name + ".unreadable")
             with contextlib.suppress(OSError):
                 path.replace(aside)

@@ -93,6 +93,41 @@ def test_unreadable_counts_are_kept_aside_and_counting_starts_afresh(tmp_path: P
     assert not (tmp_path / "m-1.loading").exists()
 
 
+@pytest.mark.parametrize(
+    "document",
+    [
+        [],  # not an object at all
+        # Namespaces and pods read, then a file's record without its digest: none is kept.
+        {
+            "namespaces": [
+                {"namespace": "team-a", "pod": "team-a/p", "crashes": 5, "quarantined": True}
+            ],
+            "callers": [
+                {
+                    "pod": "team-a/p",
+                    "model_id": "m",
+                    "uid": "u",
+                    "crashes": 3,
+                    "quarantined": True,
+                }
+            ],
+            "records": [{"model_id": "m", "pod": "team-a/p", "crashes": 1, "quarantined": False}],
+        },
+    ],
+)
+def test_counts_unreadable_in_part_or_in_shape_start_afresh_whole(
+    tmp_path: Path, document: object
+) -> None:
+    """Whatever part of the file could not be read, nothing of it is kept (the log says
+    counting starts afresh; the quarantines come back from the Node), and the agent starts."""
+    (tmp_path / COUNTS_FILE).write_text(json.dumps(document))
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    assert (ledger.records(), ledger.callers(), ledger.namespaces()) == ([], [], [])
+    assert not ledger.held("team-a")
+    assert (tmp_path / f"{COUNTS_FILE}.unreadable").exists()
+
+
 class FakeNode:
     """The Node's annotations, as the API server would keep them under merge patches."""
 
