@@ -48,11 +48,9 @@ BURST = burst_of(12)
 class BurstModel:
     name: str
     allocated: int
-    gpu: str = ""
     ready_seconds: float = 0.0
     """From the pod's creation until it was seen Ready."""
     measured: int = 0
-    booked: int = 0
 
     @property
     def beyond_allocation(self) -> int:
@@ -199,13 +197,9 @@ def run_burst(
         if pod is None:
             raise ClusterError(f"pod {model.name} is gone before it was asked")
         model.ready_seconds = ready[model.name]
-        model.gpu = pod["metadata"]["annotations"].get(KEYS.gpu, "")
         triton_name = private_triton_name(NAMESPACE, model.name, pod["metadata"]["uid"])
         model.measured = int(
             sample(after, "tritonshare_agent_model_gpu_memory_bytes", model=triton_name)
-        )
-        model.booked = int(
-            sample(after, "tritonshare_agent_model_gpu_memory_request_bytes", model=triton_name)
         )
         answer, _ = ask(f"{pod['status']['podIP']}:{ports[model.name].http}", model.name)
         if answer != ANSWER:
