@@ -289,7 +289,12 @@ class Agent:
         )
         # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
         self.request_crashes = _request_crashes(
-            settings, self.crashes, self.events, self.metrics, self._requests_quarantined
+            settings,
+            self.crashes,
+            self.events,
+            self.metrics,
+            self._requests_quarantined,
+            self.reconciler.trigger,
         )
         self.load_failures = LoadFailures()
         self.conditions = ModelConditions(
@@ -566,9 +571,11 @@ def _request_crashes(
     events: PodEvents,
     metrics: AgentMetrics,
     quarantined: Callable[[], None],
+    back: Callable[[], None],
 ) -> RequestCrashes | None:
     """The pods whose requests were at Triton when it exited, from the node gateway's witness
-    file (None without the gateway's table: no witnesses)."""
+    file (None without the gateway's table: no witnesses); `back` is told the moment Triton
+    is back."""
     if settings.gateway_table is None:
         return None
     found = RequestCrashes(
@@ -578,6 +585,7 @@ def _request_crashes(
         events,
         metrics,
         quarantined,
+        on_back=back,
     )
     # An exit the witnessed requests explain is not counted against a load.
     crashes.witnessed = found.requests_at

@@ -788,20 +788,24 @@ CAUSES_SHOWN = 8
 """The most distinct failures listed per kind of change."""
 
 
-def causes(failed: list[Request]) -> list[tuple[tuple[str, str, str], tuple[int, float]]]:
+def causes(
+    failed: list[Request],
+) -> list[tuple[tuple[str, str, str], tuple[int, float, float]]]:
     """Failed requests counted by model, protocol and answer (addresses and numbers in the
-    answer made alike), most frequent first, with the slowest of each."""
-    counted: dict[tuple[str, str, str], tuple[int, float]] = {}
+    answer made alike), most frequent first, with the slowest of each and when the first of
+    them was sent (`time.monotonic`)."""
+    counted: dict[tuple[str, str, str], tuple[int, float, float]] = {}
     for r in failed:
         key = (r.model, r.protocol, re.sub(r"[0-9]+(\.[0-9]+)*", "N", r.detail)[:160])
-        count, slowest = counted.get(key, (0, 0.0))
-        counted[key] = (count + 1, max(slowest, r.end - r.start))
+        count, slowest, first = counted.get(key, (0, 0.0, r.start))
+        counted[key] = (count + 1, max(slowest, r.end - r.start), min(first, r.start))
     return sorted(counted.items(), key=lambda item: -item[1][0])
 
 
 def report(
     rows: dict[str, Row], done: list[Change], exits: list[Exit], seed: int, minutes: float
 ) -> int:
+    origin = done[0].start if done else 0.0  # the schedule's times count from its first change
     print("\nper kind of change (failed requests: of models it did not touch / it touched / of")
     print("the two-replica models; requests sent during it; worst latency):")
     print(
@@ -815,10 +819,12 @@ def report(
     for kind, row in rows.items():
         if row.untouched or row.touched:
             print(f"failures during {kind}, by model, protocol and answer:")
-            for (model, protocol, detail), (count, slowest) in causes(row.untouched + row.touched)[
-                :CAUSES_SHOWN
-            ]:
-                print(f"  {count:>4} x {model} {protocol} (slowest {slowest:.2f} s): {detail}")
+            shown = causes(row.untouched + row.touched)[:CAUSES_SHOWN]
+            for (model, protocol, detail), (count, slowest, first) in shown:
+                print(
+                    f"  {count:>4} x {model} {protocol} (first sent at {first - origin:.1f} s, "
+                    f"slowest {slowest:.2f} s): {detail}"
+                )
     print(f"process exits ({len(exits)}):")
     for e in exits:
         lines = f"; last lines: {e.last_lines}" if e.last_lines else ""

@@ -86,3 +86,43 @@ async def test_a_neighbours_requests_wait_for_its_model_while_triton_restarts(
         assert gateway.gateway.restore.restores >= 1
         state = await running.agent.triton.state(names["good"])
         assert state is not None, "the model was loaded again meanwhile"
+
+
+async def test_the_agent_loads_the_models_again_the_moment_triton_is_back(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The agent's own connection to Triton sees it back (`common.sentinel`) and asks for a
+    reconciliation pass at once, rather than at its next liveness poll or resync (a minute
+    apart here): the neighbour's held requests are answered within seconds of the restart, not
+    at the restore hold's bound."""
+    table = tmp_path / "gateway" / "callers.json"
+    running = await start_custom_agent(
+        gateway_table=table,
+        gateway_table_refresh_seconds=0.5,
+        crash_settle_seconds=0.0,
+        triton_poll_seconds=60.0,
+        resync_seconds=60.0,
+    )
+    killer = copy_model("add_one", tmp_path / "src", as_name="killer")
+    (killer / "1" / "model.py").write_text(KILLER)
+    good = copy_model("add_one", tmp_path / "src", as_name="good")
+    await attacker_and_neighbour(running, apiserver, kube_api, killer, ("good", good))
+    with running_gateway(gateway_settings(triton, table)) as gateway:
+        url = gateway.http_url
+
+        async def served() -> bool:
+            return (await asyncio.to_thread(infer, url, NEIGHBOUR, "good", 1.0))[0] == 200
+
+        await eventually(served, what="the neighbour served")
+        async with kubelet_restarts(triton) as restarts:
+            await asyncio.to_thread(infer, url, ATTACKER, "killer", MAGIC)
+            await eventually(lambda: len(restarts) == 1, what="Triton's exit")
+            sent = time.monotonic()
+            status, body = await asyncio.to_thread(infer, url, NEIGHBOUR, "good", 1.0)
+            took = time.monotonic() - sent
+        assert status == 200, body
+        assert took < 15, f"answered {took:.1f} s after the exit: the reload waited for a poll"
