@@ -364,6 +364,7 @@ class Agent:
             max_calls=settings.max_calls,
             max_calls_per_namespace=settings.max_calls_per_namespace,
             max_calls_per_pod=settings.max_calls_per_pod,
+            is_host=self.pods.is_host,
         )
         self.grpc_address = ""
         self.http_address = ""

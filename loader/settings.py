@@ -228,13 +228,14 @@ class Settings:
         "host-parallel",
         "with --host: replicas fetched and loaded at once",
         whole(minimum=1),
-        default="4",
+        default="8",
     )
     """With --host: how many replicas are fetched and loaded at the same time. A model holds one
     of them at most (its replicas take turns), and models retrying after a failure hold one
-    fewer than this at most (loader/slots.py). Default 4: each load holds one of the calls the
-    agent lets one pod have at once (its --max-calls-per-pod, 8), and the loader's polls
-    (ListHosted), keys and drains need the rest; at 8, a burst of wakes had its polls refused."""
+    fewer than this at most (loader/slots.py). Default 8, the agent's --parallel-loads: each load
+    holds one of the calls the agent lets a model host have at once (its namespace's,
+    --max-calls-per-namespace, 16), and the loader's polls (ListHosted), keys and drains need a
+    few more."""
     fetch_timeout_seconds: float = setting(
         "fetch-timeout",
         "with --host: seconds one replica's fetch may take in all (listing, downloads, unpacking)",

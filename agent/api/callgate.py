@@ -8,8 +8,10 @@ the token (`agent.api.auth`: cached, a bounded number of TokenReviews in flight,
 `max_calls` callers waiting for one), and refuses a caller without a valid one with a handler
 that never asks grpc for a message. Every method is served as a
 request stream, so the gate, not grpc, decides when the first message is read: after the call has
-taken a slot at the agent (`max_calls`), in its namespace and in its pod. Each message is then
-checked against its method's limit; grpc itself reads no message over MAX_MESSAGE_BYTES.
+taken a slot at the agent (`max_calls`), in its namespace and in its pod (a model host, which
+loads and polls for its namespace's models on the node, may hold as many as its namespace). Each
+message is then checked against its method's limit; grpc itself reads no message over
+MAX_MESSAGE_BYTES.
 
 The slots are shared out by namespace (`namespace_bound`): the last `reserve` of them (an eighth,
 at least one) are kept for namespaces with no call in progress, so a team calling for the first
@@ -74,12 +76,16 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         max_calls: int = 32,
         max_calls_per_namespace: int = 16,
         max_calls_per_pod: int = 8,
+        is_host: Callable[[str], bool] = lambda pod: False,
     ) -> None:
+        """`is_host(namespace/name)`: whether the pod is a model host of this node, which
+        stands for its namespace's models here and may hold as many calls as its namespace."""
         self.authorizer = authorizer
         self.metrics = metrics
         self.max_calls = max_calls
         self.max_calls_per_namespace = max_calls_per_namespace
         self.max_calls_per_pod = max_calls_per_pod
+        self._is_host = is_host
         self._counts: dict[str, int] = {}
         """Calls "in progress" and calls "waiting for a TokenReview" now."""
         self._in_progress: dict[str, int] = {}
@@ -149,12 +155,14 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         # namespace is busy may be an honest loader beside a noisy one: UNAVAILABLE, which
         # loaders retry.
         namespace_bound, namespace_flag = self.namespace_bound(caller.namespace)
+        # A model host loads and polls for every model of its namespace on the node.
+        host = bool(caller.pod_key) and self._is_host(caller.pod_key)
         bounds: tuple[tuple[str, int, str, str, type[AgentError]], ...] = (
             (
                 caller.pod_uid or caller.username,
-                self.max_calls_per_pod,
-                f"pod {pod}",
-                "",
+                self.max_calls_per_namespace if host else self.max_calls_per_pod,
+                f"{'model host' if host else 'pod'} {pod}",
+                " (--max-calls-per-namespace)" if host else "",
                 ResourceExhaustedError,
             ),
             (

@@ -107,6 +107,11 @@ class NodePods:
             self._host_objects[owner.key] = obj
         return None
 
+    def is_host(self, key: str) -> bool:
+        """Whether the pod `namespace/name` is a model host of this node (only the binder may
+        create one: an admission policy)."""
+        return key in self._hosts
+
     def watched_host(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The model host `namespace/name` as the pod watch last showed it; None when the watch
         has not listed yet or shows no such host (the caller reads it fresh then)."""

@@ -24,11 +24,13 @@ import tritonclient.http as triton_http
 from agent.errors import TritonError
 from agent.installs.repository import Staging
 from agent.triton import IndexEntry
+from common.hosted import host_name
 from common.tritonname import private_triton_name
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer
 from tests.agent.conftest import (
+    NODE,
     RunningAgent,
     StartAgent,
     bearer,
@@ -38,7 +40,9 @@ from tests.agent.conftest import (
     make_pod,
     manifest_of,
 )
+from tests.agent.hosts import make_host, replica
 from tests.conftest import copy_model
+from tests.fixtures_sim import core_v1
 
 pytestmark = pytest.mark.triton
 
@@ -397,6 +401,60 @@ async def test_a_pod_cannot_pile_up_calls_and_take_the_agent_from_others(
         agent_pb2.GetModelRequest(model_id="hog"), metadata=bearer(hog)
     )
     assert status.model_id == "hog"
+
+
+async def test_a_model_host_may_hold_as_many_calls_as_its_namespace(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+) -> None:
+    """A model host loads and polls for every model of its namespace on the node: its calls are
+    bounded by its namespace's bound, not a pod's (the namespace's bound, which a namespace's
+    pods share, is unchanged). A plain pod of the namespace keeps the pod's bound."""
+    running = await start_custom_agent(
+        max_calls=8, max_calls_per_pod=2, max_calls_per_namespace=4, install_idle_seconds=30.0
+    )
+    core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
+    gpu = running.mock.gpus[0].uuid
+    make_host(kube_api, "team-a", [replica("team-a", "one", gpu)])
+    host = host_name(NODE)
+    await eventually(lambda: running.agent.pods.is_host(f"team-a/{host}"), what="the host seen")
+    token = apiserver.mint_token("team-a", host)
+    uid = str(core_v1(kube_api).read_namespaced_pod(host, "team-a").metadata.uid)
+
+    async def silent() -> AsyncIterator[Any]:
+        await running.lifecycle.stop_event.wait()  # holds its slot, sends nothing
+        yield agent_pb2.InstallModelRequest()
+
+    calls = [running.stub.InstallModel(silent(), metadata=bearer(token)) for _ in range(4)]
+    await eventually(
+        lambda: running.agent.gate._in_progress.get(uid) == 4, what="four calls of the host"
+    )
+    error = await refused(
+        running.stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
+    )
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "model host" in (error.details() or "")
+    assert "--max-calls-per-namespace" in (error.details() or "")
+    for call in calls:
+        call.cancel()
+    await eventually(lambda: not running.agent.gate._in_progress, what="the host's slots freed")
+
+    make_pod(kube_api, "plain", "plain", namespace="team-a")
+    plain = apiserver.mint_token("team-a", "plain")
+    plain_uid = str(core_v1(kube_api).read_namespaced_pod("plain", "team-a").metadata.uid)
+    pod_calls = [running.stub.InstallModel(silent(), metadata=bearer(plain)) for _ in range(2)]
+    await eventually(
+        lambda: running.agent.gate._in_progress.get(plain_uid) == 2,
+        what="two calls of the plain pod",
+    )
+    error = await refused(
+        running.stub.GetModel(agent_pb2.GetModelRequest(model_id="plain"), metadata=bearer(plain))
+    )
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "pod team-a/plain" in (error.details() or "")
+    for call in pod_calls:
+        call.cancel()
 
 
 def running_uid(api: kubernetes.client.ApiClient, name: str) -> str:

@@ -115,7 +115,7 @@ def test_a_host_s_loader_takes_its_models_from_the_agent() -> None:
     assert (settings.host_poll_seconds, settings.drain_seconds, settings.host_parallel) == (
         0.25,
         30.0,
-        4,
+        8,
     )
     with pytest.raises(SettingsError, match="--model-root is required with --host"):
         parse_settings(host, {})
