@@ -59,6 +59,7 @@ COMPILED = (
     "proxy/http2/streamstates.py",
     "proxy/grpc/__init__.py",
     "proxy/grpc/channel.py",
+    "proxy/grpc/connection.py",
     "proxy/grpc/framing.py",
     "proxy/grpc/gate.py",
     "proxy/grpc/intake.py",
