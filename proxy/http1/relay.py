@@ -20,7 +20,6 @@ cancellation. What it must not do: decide isolation itself, or buffer whole bodi
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any, Final
 
@@ -35,8 +34,6 @@ from proxy.policy import refusals
 from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body, health_body
 from proxy.reconnect import connect_retrying
 from proxy.table import Served
-
-log = logging.getLogger(__name__)
 
 LOCAL_ANSWERS_PER_TURN: Final = 16
 """Pipelined requests a connection answers itself (refusals, errors) in one event-loop turn; the
@@ -170,66 +167,62 @@ class ClientConnection(Exchange):
             self._route = decision.route
             # Below, `self._buffer` keeps what follows the head whenever the request does not go
             # to Triton at once: `_send` takes the buffer as it is.
-            served: Served | None = None
-            if isinstance(decision, Forward):
-                # The model's own limiter and metrics: one look-up, whatever the table's size.
-                served = relay.models.get(decision.model) if decision.model else None
-                if (
-                    served is not None
-                    and served.replicas is not None
-                    and served.draining_since is None
-                ):
-                    # One of several replicas (the node gateway's host), named once picked.
-                    served = served.replicas.pick()
-                    self._upstream_head = _renamed_head(self._upstream_head, served)
-                    verbatim = False
-                self._served = served
-                if served is not None and served.draining_since is None:
-                    self._limiter = served.limiter
-                    self._metrics = served.metrics
-                elif decision.model:
-                    # Its model left the table since this head was prepared: as for any other
-                    # name.
-                    gone = relay.router.decide(head.method, head.target)
-                    if isinstance(gone, Answer):
-                        decision = gone
-                else:
-                    self._limiter = relay.limiter
-                    self._metrics = relay.metrics
-            if isinstance(decision, Answer):  # the router's own
+            if isinstance(decision, Answer):  # the router's own: a model not in the table
                 self._metrics = relay.metrics
-                here: Answer | tuple[refusals.ProxyError, bool] = decision
-            else:
-                verdict = admit(
-                    head, decision, served, self._limiter.refusal, relay.max_body, relay.state
-                )
-                if isinstance(verdict, int):  # to Triton
-                    if verdict == SLOT_FIRST:
-                        if not self._limiter.try_acquire():
-                            self._buffer = buffer[body:]
-                            self._wait(self._acquire_then_send())
-                            return
-                        self._holding = True
-                    health = decision if verdict == HEALTH else None
-                    upstream = self._pool.take()
-                    if upstream is None:
-                        self._buffer = buffer[body:]
-                        self._wait(self._connect_then_send(health))
-                        return
-                    self._send(upstream, buffer, body, verbatim)
-                    if health is not None:
-                        self._give_health_body(upstream, health)
-                    return  # the request is on its way: the state is no longer IDLE
-                here = verdict
-            # Answered here: an answer, or a refusal.
-            if isinstance(here, Answer):
                 self._buffer = buffer[body:]
-                if here.close:
-                    self._keep_alive = False
-                self._answer_locally(here.status, here.content_type, here.body)
+                self._answer_here(decision)
                 answered += 1
                 continue
-            error, close = here
+            # The model's own limiter and metrics: one look-up, whatever the table's size.
+            served = relay.models.get(decision.model) if decision.model else None
+            if served is not None and served.replicas is not None and served.draining_since is None:
+                # One of several replicas (the node gateway's host), named once picked.
+                served = served.replicas.pick()
+                self._upstream_head = _renamed_head(self._upstream_head, served)
+                verbatim = False
+            self._served = served
+            if served is not None and served.draining_since is None:
+                self._limiter = served.limiter
+                self._metrics = served.metrics
+            elif decision.model:
+                # Its model left the table since this head was prepared: as for any other name.
+                gone = relay.router.decide(head.method, head.target)
+                if isinstance(gone, Answer):
+                    self._metrics = relay.metrics
+                    self._buffer = buffer[body:]
+                    self._answer_here(gone)
+                    answered += 1
+                    continue
+            else:
+                self._limiter = relay.limiter
+                self._metrics = relay.metrics
+            # What becomes of it: to Triton (a slot first, or as a health call), an answer here,
+            # or a refusal.
+            verdict = admit(
+                head, decision, served, self._limiter.refusal, relay.max_body, relay.state
+            )
+            if isinstance(verdict, int):
+                if verdict == SLOT_FIRST:
+                    if not self._limiter.try_acquire():
+                        self._buffer = buffer[body:]
+                        self._wait(self._acquire_then_send())
+                        return
+                    self._holding = True
+                upstream = self._pool.take()
+                if upstream is None:
+                    self._buffer = buffer[body:]
+                    self._wait(self._connect_then_send(decision if verdict == HEALTH else None))
+                    return
+                self._send(upstream, buffer, body, verbatim)
+                if verdict == HEALTH:
+                    self._give_health_body(upstream, decision)
+                return  # the request is on its way: the state is no longer IDLE
+            if isinstance(verdict, Answer):
+                self._buffer = buffer[body:]
+                self._answer_here(verdict)
+                answered += 1
+                continue
+            error, close = verdict
             if close:
                 self._refuse(error)
                 return
@@ -239,6 +232,12 @@ class ClientConnection(Exchange):
             answered += 1
         if self._reading_paused and self._state == IDLE and not self._write_blocked:
             self.resume_reading()  # what was pipelined past PIPELINE_LIMIT has been answered
+
+    def _answer_here(self, answer: Answer) -> None:
+        """Give `answer` (the router's, or `gate.admit`'s), closing after it if it says so."""
+        if answer.close:
+            self._keep_alive = False
+        self._answer_locally(answer.status, answer.content_type, answer.body)
 
     def _give_health_body(self, upstream: Upstream, decision: Forward) -> None:
         """Have Triton's answer to the health call just sent on `upstream` reach the tenant
