@@ -241,7 +241,7 @@ class Connection(ReplyHooks, asyncio.Protocol):
                 self._preface_timer = None
             pos = 24
         try:
-            self._reader.feed(data[pos:] if pos else data)  # frames come back to on_* below
+            self._reader.feed(data[pos:] if pos else data)  # frames come back to the on_* methods
         except ConnectionBrokenError as e:
             self._error(e.code, str(e))
         except FlowControlError as flow:  # a name per type: compiled (mypyc), `e` has one type
