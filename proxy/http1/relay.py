@@ -60,6 +60,10 @@ class ClientConnection(Exchange):
         self._known = b""
         self._known_prepared = _NOTHING_KNOWN
         self._known_verbatim = False
+        # What `gate.admit` reads of the listener for every request, bound once (as
+        # `Connection`'s parts of it): --max-body, and the proxy's state (draining, asleep).
+        self._max_body = relay.max_body
+        self._proxy_state = relay.state
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._relay.connections.discard(self)
@@ -199,7 +203,7 @@ class ClientConnection(Exchange):
             # What becomes of it: to Triton (a slot first, or as a health call), an answer here,
             # or a refusal.
             verdict = admit(
-                head, decision, served, self._limiter.refusal, relay.max_body, relay.state
+                head, decision, served, self._limiter.refusal, self._max_body, self._proxy_state
             )
             if isinstance(verdict, int):
                 if verdict == SLOT_FIRST:
