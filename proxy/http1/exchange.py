@@ -12,8 +12,9 @@ nesting and inputs' shapes are checked by `gate` (whole, or as it passes), its l
 on only once they passed. Triton's response comes back through the `upstream.ResponseSink` calls,
 passed through as it arrives (server-sent events stream), and ends the exchange: the connection's
 slot is released, the request counted, the upstream connection pooled again. An exchange whose
-connection ends after it passes Triton's answer through a `ClosingAnswer`.
-`relay.ClientConnection` reads and decides the requests that become exchanges.
+connection ends after it passes Triton's answer through a `ClosingAnswer`; one answered here
+(`_answer_locally`) never reaches Triton, its body read and dropped. `relay.ClientConnection`
+reads and decides the requests that become exchanges.
 
 What it must not do: decide whether a request goes to Triton, or buffer whole bodies.
 """
@@ -112,6 +113,29 @@ class Exchange(Connection):
             upstream.client = ClosingAnswer(self)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
+
+    def _answer_locally(
+        self, status: int, content_type: str, body: bytes, retry_after: int = 0
+    ) -> None:
+        """Answer without Triton, then skip the request's body (if any)."""
+        self._metrics.observe("http", self._route, str(status), _clock() - self._started)
+        self._response_done = True
+        self._sink = None
+        self._write_answer(status, content_type, body, retry_after)
+        if self._state == CLOSED:
+            return
+        head = self._head
+        if head is not None and (head.content_length or head.chunked):
+            self._state = BODY
+            buffer = self._buffer
+            self._buffer = b""
+            self._relay_body(buffer, 0)
+            if self._state == BODY:
+                self.resume_reading()
+        else:
+            self._state = IDLE
+            if not self._keep_alive:
+                self._close()
 
     def _relay_body(self, data: bytes, start: int) -> None:
         if self._inflation is not None:

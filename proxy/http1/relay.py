@@ -311,29 +311,6 @@ class ClientConnection(Exchange):
             self.resume_reading()
             self._next_request()
 
-    def _answer_locally(
-        self, status: int, content_type: str, body: bytes, retry_after: int = 0
-    ) -> None:
-        """Answer without Triton, then skip the request's body (if any)."""
-        self._metrics.observe("http", self._route, str(status), _clock() - self._started)
-        self._response_done = True
-        self._sink = None
-        self._write_answer(status, content_type, body, retry_after)
-        if self._state == CLOSED:
-            return
-        head = self._head
-        if head is not None and (head.content_length or head.chunked):
-            self._state = BODY
-            buffer = self._buffer
-            self._buffer = b""
-            self._relay_body(buffer, 0)
-            if self._state == BODY:
-                self.resume_reading()
-        else:
-            self._state = IDLE
-            if not self._keep_alive:
-                self._close()
-
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._state == IDLE and self._buffer:
