@@ -21,8 +21,8 @@ from typing import Final
 
 from proxy.gateway.settings import GatewaySettings
 from proxy.grpc.channel import RESPONSE_WINDOW
+from proxy.grpc.connection import MAX_HEADER_BLOCK, MAX_STREAMS
 from proxy.grpc.intake import HOLD_LIMIT, PREFIX_HOLD, SMALL_INFLATE
-from proxy.grpc.relay import MAX_HEADER_BLOCK, MAX_STREAMS
 from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http1.connection import PIPELINE_LIMIT
 from proxy.http1.framing import MAX_HEAD_BYTES

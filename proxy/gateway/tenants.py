@@ -30,7 +30,7 @@ from dataclasses import replace
 from functools import partial
 
 from common.callers import Caller
-from proxy.grpc.relay import H2Connection
+from proxy.grpc.connection import Connection as GrpcConnection
 from proxy.grpc.server import GrpcRelay
 from proxy.http1.connection import Connection as RestConnection
 from proxy.http1.listener import RestRelay
@@ -373,7 +373,7 @@ class Tenant:
     def shed(self, excess: int, error: ProxyError) -> tuple[int, int]:
         """Answer `error` on and close this pod's largest connections until they held `excess`
         bytes or more; how many connections, and the bytes they held."""
-        connections: list[tuple[int, RestConnection | H2Connection]] = [
+        connections: list[tuple[int, RestConnection | GrpcConnection]] = [
             (c.held_bytes(), c) for c in self.rest.connections
         ]
         connections += [(c.held_bytes(), c) for c in self.grpc.connections]

@@ -113,7 +113,7 @@ class TritonChannel(Channel, asyncio.Protocol):
             frames.window_update(0, _CONNECTION_WINDOW - frames.DEFAULT_WINDOW),
         ]
         self.out = Outbox(relay, hello)  # leaves once connected; the listener marks it
-        # The listener's hold and flush around each read, bound once (see relay.H2Connection).
+        # The listener's hold and flush around each read, bound once (see connection.Connection).
         self._hold = relay.hold
         self._flush = relay.flush
         # In the gateway, the pod's share: what Triton sends for it counts against the node's

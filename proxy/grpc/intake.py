@@ -9,7 +9,7 @@ goes on only once the whole message passed: Triton cannot act on it, or inflate 
 message is never held whole: what the relay holds of it is what the stream's window lets the tenant
 send ahead. Bytes the relay drops are credited back to the tenant's stream at once.
 
-One `StreamIntake` per tenant connection, composed by `relay.H2Connection`: it owns the
+One `StreamIntake` per tenant connection, composed by `connection.Connection`: it owns the
 connection's `gate.StreamGate`, which reaches back to it through `gate.GateHooks`. What it must not
 do: hand Triton a byte of a message its prefix did not clear, or the last byte of one not checked.
 """

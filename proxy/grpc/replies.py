@@ -9,7 +9,7 @@ relay's memory. Header blocks are encoded by the tenant connection's own HPACK e
 moment they are written, so the tenant's decoder follows them in order.
 
 It also gives the tenant its credit back as its request bytes leave for Triton (`forwarded`).
-One `Replies` per tenant connection, composed by `relay.H2Connection`; it is the `TenantSide` the
+One `Replies` per tenant connection, composed by `connection.Connection`; it is the `TenantSide` the
 channel delivers Triton's frames to (`stream.Stream.replies`), and reaches the connection's stream
 bookkeeping and the gate only through `ReplyHooks`. What it must not do: send a tenant more than
 its windows allow, or encode a header block that is not then written.
@@ -45,7 +45,7 @@ class ReplyHooks(FrameSink):
         raise NotImplementedError
 
     def closed(self, sid: int, strict: bool) -> None:
-        """Stream `sid` closed (see `relay.H2Connection.closed`)."""
+        """Stream `sid` closed (see `connection.Connection.closed`)."""
         raise NotImplementedError
 
     def finish(self, stream: Stream, code: str) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from common.lifecycle import spawn
 from proxy.grpc.channel import PerModelRenamingChannel, RenamingChannel, TritonChannel
+from proxy.grpc.connection import Connection
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.relay import H2Connection
 from proxy.idle import IdleSweeper
@@ -62,7 +63,7 @@ class GrpcRelay:
         self.state = state
         self.max_message = settings.max_body_bytes
         self.max_inflated = settings.max_inflated_bytes
-        self.connections: set[H2Connection] = set()
+        self.connections: set[Connection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
         metrics.listener("grpc", self.idle)
         self.channels: list[TritonChannel] = []

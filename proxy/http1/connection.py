@@ -5,8 +5,8 @@ paused and resumed (a pipeline past its limit, the exchange's back-pressure, a t
 not read its answers, the pod over its share of the gateway's loop: `throttle`); the relay's
 own refusals written and the connection closed; and what the listener and the gateway ask of a
 connection (`held_bytes` for the node's byte budget, `shed`, the idle sweep). Its states and the
-`Listener` Protocol it reaches the listener through are the REST relay's. `relay.ClientConnection`
-builds the HTTP/1.1 exchanges on it.
+`Listener` Protocol it reaches the listener through are the REST relay's. `exchange.Exchange`
+builds one exchange with Triton on it, and `relay.ClientConnection` the HTTP/1.1 requests on that.
 
 What it must not do: read a request, or decide anything about one.
 """

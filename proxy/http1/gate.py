@@ -1,17 +1,20 @@
 """What a REST request must pass on its way to Triton: its head's admission, its body's checks.
 
-Admission (`head_refusal`) decides from a prepared head alone whether the request may be read
-and relayed: a body over --max-body, a non-inference request larger than
-`refusals.SMALL_REQUEST` or chunked, a compressed chunked body, and an inference body whose JSON
-part cannot be checked (over `shapes.MAX_JSON_BYTES`) are refused before a byte of the body is
-read. The body checks follow what Triton's parsers would do with the body: its JSON nesting
-(`policy.nesting`; Triton's parser recurses) and its inputs' shapes against what it carries
-(`policy.shapes`; Triton allocates by the declared shape), for a body that arrived whole
-(`check_whole`) or as it passes in pieces (`BodyChecks`, one per connection, fed by
-`relay.ClientConnection`), so that the last piece goes on only once the body passed.
+Admission (`admit`) decides what becomes of a request the router forwards, from its prepared head
+and the proxy's state alone: relayed now, relayed once the model's limiter gives a slot, relayed
+as a health call, answered here (readiness while draining or asleep, a parked model's), or
+refused. `head_refusal`, its part that reads the head only: a body over --max-body, a
+non-inference request larger than `refusals.SMALL_REQUEST` or chunked, a compressed chunked
+body, and an inference body whose JSON part cannot be checked (over `shapes.MAX_JSON_BYTES`) are
+refused before a byte of the body is read. The body checks follow what Triton's parsers would
+do with the body: its JSON nesting (`policy.nesting`; Triton's parser recurses) and its inputs'
+shapes against what it carries (`policy.shapes`; Triton allocates by the declared shape), for a
+body that arrived whole (`check_whole`) or as it passes in pieces (`BodyChecks`, one per
+connection, fed by `exchange.Exchange`), so that the last piece goes on only once the body
+passed.
 
-What it must not do: hold more of a body than its JSON part, or write anything: refusals are
-raised, and the connection answers them.
+What it must not do: hold more of a body than its JSON part, take a slot, or write anything:
+verdicts are returned and refusals raised, and the connection acts on them.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from proxy.http1.framing import RequestHead
 from proxy.policy import refusals
 from proxy.policy.inflation import Sink
 from proxy.policy.nesting import MAX_NESTING, Nesting
-from proxy.policy.routing import Forward
+from proxy.policy.routing import JSON, Answer, Forward, error_body, health_body, parked_message
 from proxy.policy.shapes import MAX_JSON_BYTES, Shapes, check_json, json_too_large
+from proxy.processflags import ProxyState
+from proxy.table import Served
 
 ADMITTED: Final = min(refusals.SMALL_REQUEST, MAX_JSON_BYTES)
 """A body of at most this many bytes, not chunked and within --max-body, is never refused by
@@ -69,6 +74,63 @@ def head_refusal(
             True,
         )
     return None
+
+
+FORWARD: Final = 0
+"""`admit`'s verdict: relay the request to Triton now."""
+SLOT_FIRST: Final = 1
+"""`admit`'s verdict: relay the request once its limiter gives a slot (an inference call, or
+any call of a parked model: it waits for the model's wake)."""
+HEALTH: Final = 2
+"""`admit`'s verdict: relay the health or readiness call; Triton's answer gets the protocol's
+JSON body (`relay.HealthBody`)."""
+
+
+def admit(
+    head: RequestHead,
+    decision: Forward,
+    served: Served | None,
+    quarantined: refusals.ProxyError | None,
+    max_body: int,
+    state: ProxyState,
+) -> int | Answer | tuple[refusals.ProxyError, bool]:
+    """What becomes of the request of `head`, which `decision` forwards to `served` (the table's
+    entry of its model, as picked; None: a server-wide route), while its limiter's refusal is
+    `quarantined` (None: none): `FORWARD`, `SLOT_FIRST` or `HEALTH`; an `Answer` to give here;
+    or a refusal and whether the connection closes after it (as `head_refusal`)."""
+    length = head.content_length or 0
+    # Most requests are none of these: nothing `head_refusal` could refuse.
+    if length > ADMITTED or length > max_body or head.chunked:
+        refused = head_refusal(head, decision, max_body)
+        if refused is not None:
+            return refused
+    if quarantined is not None:
+        # A pod the node quarantined: every request, its readiness too, so that its pod is not
+        # ready and its Service sends elsewhere.
+        return quarantined, False
+    parked = served is not None and served.entry.parked
+    if decision.health:
+        # A health or readiness call: answered here when the proxy knows the answer.
+        if decision.readiness and state.draining:
+            return Answer(
+                decision.route,
+                503,
+                JSON,
+                error_body("the model proxy is shutting down: use another replica"),
+            )
+        if decision.readiness and state.model_asleep:
+            # Triton no longer has the on-demand model loaded; its next request wakes it, so
+            # the pod stays ready for its Service.
+            return Answer(
+                decision.route, 200, JSON, health_body(decision.route, decision.model, True)
+            )
+        if parked and decision.route == "ready":
+            assert served is not None
+            return Answer(decision.route, 400, JSON, error_body(parked_message(served.model_id)))
+        return HEALTH
+    if decision.limited or parked:  # a parked model's calls wait for its wake
+        return SLOT_FIRST
+    return FORWARD
 
 
 def check_whole(buffer: bytes, start: int, end: int, head: RequestHead, route: str) -> None:

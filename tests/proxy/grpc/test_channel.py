@@ -16,8 +16,9 @@ from hpack import Decoder
 
 from proxy.grpc import framing
 from proxy.grpc.channel import RESPONSE_WINDOW
+from proxy.grpc.connection import _CLOSED_KEPT, _RESETS, MAX_HEADER_BLOCK
 from proxy.grpc.gate import StreamGate
-from proxy.grpc.relay import _CLOSED_KEPT, _RESETS, MAX_HEADER_BLOCK, H2Connection
+from proxy.grpc.relay import H2Connection
 from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http2 import frames as f
 from proxy.http2.streamstates import StreamStateError

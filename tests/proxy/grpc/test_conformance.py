@@ -27,7 +27,8 @@ import h2.events
 import pytest
 
 from proxy.grpc import framing
-from proxy.grpc.relay import MAX_STREAMS, H2Connection
+from proxy.grpc.connection import MAX_STREAMS
+from proxy.grpc.relay import H2Connection
 from proxy.http2 import frames as f
 from tests.proxy.grpc.h2spec import (
     ALIVE,
