@@ -445,16 +445,15 @@ class GpuAdmission:
             self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
             log.warning("%s.", describe(growth))
 
-    async def unload_measured(self, name: str, work: Work, namespace: str = "") -> None:
+    async def unload_measured(self, name: str, work: Work) -> None:
         """Unload and wait until Triton has; on a measured GPU, in a window (a load may share
-        it), read before and after so that what it did not free stays unexplained. The turn is
-        `namespace`'s, the model's (its loads and wakes measured apart pass it: `gpuqueue`)."""
+        it), read before and after so that what it did not free stays unexplained."""
         entry = self.ledger.models.get(name)
         if entry is None:
             await self.triton.unload(name)
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
             return
-        async with self.window(entry.gpu_uuid, work, name, namespace) as (window, _, _):
+        async with self.window(entry.gpu_uuid, work, name) as (window, _, _):
             # Measured apart, it was never in the GPU's net used memory the window reads.
             figure = 0 if entry.source == "process" else entry.bytes
             await self.triton.unload(name)

@@ -393,9 +393,7 @@ class Models:
         try:
             entry = await self.triton.state(name)
             if entry is not None and entry.state in (READY, LOADING, UNLOADING):
-                owned = self.owners.get(name)
-                namespace = owned.namespace if owned is not None else ""
-                await self.admission.unload_measured(name, work, namespace)
+                await self.admission.unload_measured(name, work)
             if not keep_files and self.repository.model_dir(name).exists():
                 await self._in_thread(self._remove_or_keep, name)
         except BaseException as e:

@@ -13,8 +13,6 @@ import pytest
 from agent.gpus.gpuqueue import Work
 from agent.gpus.inventory import GpuInfo, GpuSnapshot
 from agent.models.nodemodels import Models
-from agent.pods.ownership import OwnerRecord
-from agent.triton import READY, IndexEntry
 from tests.agent.gpus.test_gpu_turns import until
 from tests.agent.pods.test_ownership import owner_models, proven
 
@@ -151,27 +149,5 @@ async def test_a_wake_granted_as_an_unload_is_billed_waits_and_is_billed_alone(
         await asyncio.gather(sleep, waking)
         assert models.ledger.measured("b") == 2 * GI and models.ledger.uncertainty("b") == 0
         assert models.ledger.loading == set() and models.admission._windows == {}
-    finally:
-        await models.close()
-
-
-async def test_an_unload_takes_its_turn_as_its_model_s_namespace(tmp_path: Path) -> None:
-    """An unload the agent decides (an orphan's, a scale to zero's) waits in line as its model's
-    namespace, so that the namespace's wakes measured apart pass it (`agent.gpus.gpuqueue`)
-    rather than taking turns with it as another namespace's."""
-    models, triton = await gpu_models(tmp_path, 16 * GI, {"a": 4 * GI})
-    try:
-        models.owners.put("a", OwnerRecord("uid-a", "team-a/a-pod", "a"))
-
-        async def ready(name: str) -> IndexEntry:
-            return IndexEntry(name, READY)
-
-        models.triton.state = ready  # type: ignore[method-assign]
-        unloading = asyncio.create_task(models.unload("a", reason="no pod wants it"))
-        await until(lambda: triton.started == ["unload a"], "a's unload under way")
-        holder = models.admission.queue.holder(GPU)
-        assert holder is not None and holder.namespace == "team-a"
-        triton.finish["a"].set()
-        await unloading
     finally:
         await models.close()
