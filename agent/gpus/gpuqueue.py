@@ -3,21 +3,21 @@
 Everything that changes what a GPU holds (loads, unloads, wakes, evictions) takes the GPU's one
 slot, so that the GPU's memory change over the turn is the turn's own (`agent.gpus.memory` bills
 it). One overlap is allowed: a load or wake may be granted beside an unload or eviction holding the
-slot (one per such turn, and only when no turn waits before it), so that a wake does not wait for
-an unrelated model's unload (1-2 s in Triton); Triton runs a load and an unload of two models at
-once, and `agent.models.nodemodels` measures the pair as one window and sends a load that does not
-fit without the unloading model's memory back to wait for it. Two loads measured by their GPU's
-used memory never overlap; loads and wakes measured **apart** (a model whose backend runs in
-processes of its own, billed its own processes' memory as NVML lists it per process) need no window
-of the GPU's: up to `parallel` of them share the slot, beside each other but never beside any other
-turn. Turns of different GPUs never wait for each other. This module decides the order and each
-turn's time budget. The slot goes round the namespaces waiting: the next turn is the oldest of the
-namespace served least recently (one that has not been served while it waited goes first), so a
-namespace with many loads queued delays another's one by at most one turn, however many pods it
-has. Within a namespace, turns keep the order asked, except that loads and wakes measured apart
-pass the unloads of other models (`_head`). A turn's budget (`Budget`; `load_budget` grows with the
-model's size) runs from its grant. It is pure: time is passed in, nothing waits here;
-`agent.models.nodemodels` turns its decisions into waits, timeouts and I/O.
+slot (one per such turn, and only when no turn waits before it), so that a wake does not wait
+for an unrelated model's unload (1-2 s in Triton); Triton runs a load and an unload of two
+models at once, and `agent.models.nodemodels` measures the pair as one window and sends a load that
+does not fit without the unloading model's memory back to wait for it. Two loads measured by
+their GPU's used memory never overlap; loads and wakes measured **apart** (a model whose backend
+runs in processes of its own, billed its own processes' memory as NVML lists it per process) need
+no window of the GPU's: up to `parallel` of them share the slot, beside each other but never
+beside any other turn. Turns of different GPUs never wait for each other.
+This module decides the order and each turn's time budget. The slot goes round the namespaces
+waiting: the next turn is the oldest of the namespace served least recently (one that has not
+been served while it waited goes first), so a namespace with many loads queued delays another's
+one by at most one turn, however many pods it has. Within a namespace, turns keep the order
+asked. A turn's budget (`Budget`; `load_budget` grows with the model's size) runs from its grant.
+It is pure: time is passed in, nothing waits here; `agent.models.nodemodels` turns its decisions
+into waits, timeouts and I/O.
 """
 
 from __future__ import annotations
@@ -307,33 +307,16 @@ class GpuQueue:
 
     @staticmethod
     def _next(slot: _Slot, eligible: Callable[[Turn], bool]) -> Turn | None:
-        """The next turn of the namespace served least recently (never: first), if `eligible`;
-        ties, between namespaces never served, go to the one that has waited longest. A
-        namespace's next turn is its oldest (`_head`)."""
-        waiting: dict[str, list[Turn]] = {}
+        """The oldest turn of the namespace served least recently (never: first), if
+        `eligible`; ties, between namespaces never served, go to the one that has waited
+        longest."""
+        oldest: dict[str, Turn] = {}
         for turn in slot.waiting:
-            waiting.setdefault(turn.namespace, []).append(turn)
-        if not waiting:
+            oldest.setdefault(turn.namespace, turn)
+        if not oldest:
             return None
-        heads = [_head(turns) for turns in waiting.values()]
-        chosen = min(heads, key=lambda t: (slot.served.get(t.namespace, 0), t.number))
+        chosen = min(oldest.values(), key=lambda t: (slot.served.get(t.namespace, 0), t.number))
         if not eligible(chosen):
             return None
         slot.waiting.remove(chosen)
         return chosen
-
-
-def _head(turns: list[Turn]) -> Turn:
-    """A namespace's next turn, of `turns` in the order asked: the oldest, except that a load or
-    wake measured apart passes the unloads and evictions of other models asked before it. They
-    cannot share the slot with it, so in turn with them a burst of wakes behind a burst of unloads
-    (a scale to zero just before) would load one at a time; loads measured apart ask no window of
-    the GPU's, and one that does not fit beside the others comes back `alone`, which passes
-    nothing."""
-    first = turns[0]
-    passed: set[str] = set()
-    for turn in turns:
-        if turn.work.adds:
-            return turn if turn.apart and turn.name not in passed else first
-        passed.add(turn.name)
-    return first

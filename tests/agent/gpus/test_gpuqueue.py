@@ -215,30 +215,3 @@ def test_unloads_and_wakes_beside_them_are_not_shared_by_loads_measured_apart() 
     assert queue.done_all(unload, 1.0) == [apart]
     other_gpu = queue.ask("GPU-b", Work.LOAD, "x", "ns", 1.0)
     assert queue.granted(other_gpu), "turns of different GPUs never wait for each other"
-
-
-def test_wakes_measured_apart_pass_their_namespace_s_unloads_of_other_models() -> None:
-    """A burst of wakes right after a scale to zero: each wake's namespace still has unloads
-    queued. The wakes share the slot at once instead of taking turns with the unloads one at a
-    time; an unload of the same model, and a load that came back alone, keep their order."""
-    queue = GpuQueue(parallel=4)
-    holder = queue.ask("GPU-a", Work.UNLOAD, "u0", "ns", 0.0)
-    queued: list[Turn] = []
-    for i in range(1, 4):
-        queued.append(queue.ask("GPU-a", Work.UNLOAD, f"u{i}", "ns", float(i)))
-        queued.append(queue.ask("GPU-a", Work.WAKE, f"w{i}", "ns", float(i), apart=True))
-    unloads, wakes = queued[0::2], queued[1::2]
-    assert queue.done_all(holder, 5.0) == wakes and queue.shared("GPU-a") == wakes
-    assert queue.waiting("GPU-a") == unloads
-    for wake in wakes[:-1]:
-        assert queue.done_all(wake, 6.0) == []
-    assert queue.done_all(wakes[-1], 7.0) == [unloads[0]]
-
-    same = GpuQueue(parallel=4)
-    first = same.ask("GPU-a", Work.LOAD, "x", "ns", 0.0)
-    gone = same.ask("GPU-a", Work.UNLOAD, "m", "ns", 1.0)
-    again = same.ask("GPU-a", Work.LOAD, "m", "ns", 2.0, apart=True)
-    alone = same.ask("GPU-a", Work.LOAD, "n", "ns", 3.0, apart=True, alone=True)
-    assert same.done_all(first, 4.0) == [gone], "the same model's load waits for its unload"
-    assert same.done_all(gone, 5.0) == [again]
-    assert same.done_all(again, 6.0) == [alone]
