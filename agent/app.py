@@ -289,12 +289,7 @@ class Agent:
         )
         # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
         self.request_crashes = _request_crashes(
-            settings,
-            self.crashes,
-            self.events,
-            self.metrics,
-            self._requests_quarantined,
-            self.reconciler.trigger,
+            settings, self.crashes, self.events, self.metrics, self._requests_quarantined
         )
         self.load_failures = LoadFailures()
         self.conditions = ModelConditions(
@@ -572,11 +567,9 @@ def _request_crashes(
     events: PodEvents,
     metrics: AgentMetrics,
     quarantined: Callable[[], None],
-    back: Callable[[], None],
 ) -> RequestCrashes | None:
     """The pods whose requests were at Triton when it exited, from the node gateway's witness
-    file (None without the gateway's table: no witnesses); `back` is told the moment Triton
-    is back."""
+    file (None without the gateway's table: no witnesses)."""
     if settings.gateway_table is None:
         return None
     found = RequestCrashes(
@@ -586,7 +579,6 @@ def _request_crashes(
         events,
         metrics,
         quarantined,
-        on_back=back,
     )
     # An exit the witnessed requests explain is not counted against a load.
     crashes.witnessed = found.requests_at

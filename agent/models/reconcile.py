@@ -24,8 +24,7 @@ On every change of this node's pods (the watch) and every resync period:
   last and one at a time (`agent.models.aftercrash`).
 A pass first plans (`Reconciler.plan`: one `agent.models.passplan.Action` per model), then
 carries the plan out through `agent.models.nodemodels` and the parts above.
-The Triton exit watch (`agent.status.requestcrash`) asks for a pass the moment Triton accepts
-connections again; a liveness poll here covers a node without it, and a restart between two polls.
+It also polls Triton's liveness, so a Triton that comes back triggers a reconciliation at once.
 Nothing happens before the first pod list: an empty cache must not read as "nothing is wanted".
 """
 

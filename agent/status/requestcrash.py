@@ -3,25 +3,23 @@
 The agent holds an idle connection of its own to Triton (`common.sentinel`): Triton's death closes
 it, and a new connection is refused until Triton is started again, which tells an exit of Triton
 apart from one dropped connection (the agent never restarts Triton itself, so every exit is
-unexpected to it). The moment Triton accepts connections again the reconciler is asked for a pass
-(`on_back`), which loads the node's models again. Once Triton is back, the node gateway has written
-what it saw at that moment (`common.crashwitness`; on a busy node the agent waits for it up to
-`witness_wait_seconds`, whichever of the two saw the exit first); the records between the
-sentinel's close and the refusal, widened by `slack_seconds` for the two processes' clocks, name
-the suspects, which the ledger counts (`agent.quarantine.suspects`,
-`agent.quarantine.records.CrashLedger`). A window with no record counts nothing: the gateway saw no
-death (it was down too, or Triton was only unreachable for the agent), and the agent blames no pod
-without a witness. A sentinel whose loop stalled past Triton's restart sees only a drop (its new
-connection accepted by the new Triton): a gateway record of a death since that connection was
-accepted counts it then (the gateway writes one only when Triton refused its new connection, and a
-record is counted once). The loads the ledger saw in flight or settling at that moment come first
-(`agent.quarantine.suspects.at_exit`), and in turn the ledger asks which pods' requests were at
-Triton when a load's marker is left over (`requests_at`): an exit requests explain is not counted
-against a load. A pod that reaches `--crash-quarantine-after` exits in a row it was alone at
-(`agent.quarantine.suspects`) gets a Warning Event (RequestsCrashedTriton), and the caller table
-the gateway follows says it is quarantined, so the gateway refuses its requests; its ModelLoaded
-condition says so too (`agent.status.conditions`). What it must not do: detect exits
-(`agent.models.aftercrash`) or enforce the quarantine (the gateway does).
+unexpected to it). Once Triton is back, the node gateway has written what it saw at that moment
+(`common.crashwitness`; on a busy node the agent waits for it up to `witness_wait_seconds`,
+whichever of the two saw the exit first); the records between the sentinel's close and the refusal,
+widened by `slack_seconds` for the two processes' clocks, name the suspects, which the ledger counts
+(`agent.quarantine.suspects`, `agent.quarantine.records.CrashLedger`). A window with no record
+counts nothing: the gateway saw no death (it was down too, or Triton was only unreachable for the
+agent), and the agent blames no pod without a witness. A sentinel whose loop stalled past Triton's
+restart sees only a drop (its new connection accepted by the new Triton): a gateway record of a
+death since that connection was accepted counts it then (the gateway writes one only when Triton
+refused its new connection, and a record is counted once). The loads the ledger saw in flight or
+settling at that moment come first (`agent.quarantine.suspects.at_exit`), and in turn the ledger
+asks which pods' requests were at Triton when a load's marker is left over (`requests_at`): an exit
+requests explain is not counted against a load. A pod that reaches `--crash-quarantine-after` exits
+in a row it was alone at (`agent.quarantine.suspects`) gets a Warning Event (RequestsCrashedTriton),
+and the caller table the gateway follows says it is quarantined, so the gateway refuses its
+requests; its ModelLoaded condition says so too (`agent.status.conditions`). What it must not do:
+detect exits (`agent.models.aftercrash`) or enforce the quarantine (the gateway does).
 """
 
 from __future__ import annotations
@@ -63,7 +61,6 @@ class RequestCrashes:
         metrics: AgentMetrics,
         on_quarantined: Callable[[], None],
         *,
-        on_back: Callable[[], None] = lambda: None,
         slack_seconds: float = SLACK_SECONDS,
         witness_wait_seconds: float = WITNESS_WAIT_SECONDS,
         wall: Callable[[], float] = time.time,
@@ -81,9 +78,6 @@ class RequestCrashes:
         self._events = events
         self._metrics = metrics
         self._on_quarantined = on_quarantined
-        self._on_back = on_back
-        """Told the moment Triton accepts connections again after an exit (the reconciler
-        loads the node's models again at once, rather than at its next liveness poll)."""
         self.slack_seconds = slack_seconds
         self.witness_wait_seconds = witness_wait_seconds
         self._counted_until = 0.0
@@ -112,7 +106,6 @@ class RequestCrashes:
         self._away = (lost_at, self._wall())
 
     def _back(self) -> None:
-        self._on_back()
         if self._away is not None:
             away, self._away = self._away, None
             self._count(away, self._wall() + self.witness_wait_seconds)
@@ -124,7 +117,6 @@ class RequestCrashes:
         # The connection accepted at `_up_at` closed, and Triton accepted a new one at once: a
         # dropped connection, or an exit this loop, stalled, saw only after Triton was back.
         # The gateway's record of a death in between tells them apart.
-        self._on_back()  # a pass finds what a new Triton lacks; after a drop, nothing
         if self._up_at:
             self._count((self._up_at, lost_at), self._wall() + self.witness_wait_seconds, True)
 
