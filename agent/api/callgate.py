@@ -156,7 +156,7 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         # loaders retry.
         namespace_bound, namespace_flag = self.namespace_bound(caller.namespace)
         # A model host loads and polls for every model of its namespace on the node.
-        host = bool(caller.pod_key) and self._is_host(caller.pod_key)
+        host = self._is_host(caller.pod_key)
         bounds: tuple[tuple[str, int, str, str, type[AgentError]], ...] = (
             (
                 caller.pod_uid or caller.username,

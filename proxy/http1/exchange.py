@@ -325,17 +325,37 @@ class Exchange(Connection):
             self._next_request()
 
 
-class ClosingAnswer:
+class AnswerFilter:
+    """Between an upstream connection and the tenant connection for one exchange whose answer the
+    proxy changes on its way (each subclass's `relay_response` and `response_complete`); a
+    failure and back-pressure pass to the tenant connection as they are."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: Exchange) -> None:
+        self._client = client
+
+    def upstream_failed(self, upstream: Upstream, reason: str) -> None:
+        self._client.upstream_failed(upstream, reason)
+
+    def pause_reading(self) -> None:
+        self._client.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._client.resume_reading()
+
+
+class ClosingAnswer(AnswerFilter):
     """Between an upstream connection and the tenant connection for one exchange whose
     connection ends after it (the model leaves the host, or the proxy stops): Triton's answer
     passes as it comes, with `Connection: close` added to its final head, so that the tenant's
     client opens a new connection for its next request instead of sending it on one about to
     close."""
 
-    __slots__ = ("_client", "_said")
+    __slots__ = ("_said",)
 
     def __init__(self, client: Exchange) -> None:
-        self._client = client
+        super().__init__(client)
         self._said = False
 
     def _told(self, data: bytes) -> bytes:
@@ -353,15 +373,6 @@ class ClosingAnswer:
 
     def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
         self._client.response_complete(upstream, self._told(data) if data else data, reusable)
-
-    def upstream_failed(self, upstream: Upstream, reason: str) -> None:
-        self._client.upstream_failed(upstream, reason)
-
-    def pause_reading(self) -> None:
-        self._client.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._client.resume_reading()
 
 
 def _leaving(served: Served | None) -> bool:

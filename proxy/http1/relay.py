@@ -26,7 +26,7 @@ from typing import Any, Final
 from common.lifecycle import spawn
 from proxy.http1.answers import with_health_body
 from proxy.http1.connection import AWAIT, BODY, CLOSED, IDLE, PENDING, Listener, Prepared
-from proxy.http1.exchange import Exchange
+from proxy.http1.exchange import AnswerFilter, Exchange
 from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead
 from proxy.http1.gate import HEALTH, SLOT_FIRST, admit
 from proxy.http1.upstream import Upstream
@@ -330,15 +330,15 @@ class ClientConnection(Exchange):
         )
 
 
-class HealthBody:
+class HealthBody(AnswerFilter):
     """Between an upstream connection and the tenant connection for one health or readiness
     call: holds Triton's answer (a few bytes) and passes it on whole with the protocol's JSON
     body (`answers.with_health_body`). An answer past MAX_HEAD_BYTES passes as it comes."""
 
-    __slots__ = ("_client", "_held", "_not_ready", "_ready")
+    __slots__ = ("_held", "_not_ready", "_ready")
 
     def __init__(self, client: ClientConnection, ready: bytes, not_ready: bytes) -> None:
-        self._client = client
+        super().__init__(client)
         self._ready = ready
         self._not_ready = not_ready
         self._held: bytes | None = b""
@@ -359,15 +359,6 @@ class HealthBody:
         if held is not None:
             data = with_health_body(held + data, self._ready, self._not_ready)
         self._client.response_complete(upstream, data, reusable)
-
-    def upstream_failed(self, upstream: Upstream, reason: str) -> None:
-        self._client.upstream_failed(upstream, reason)
-
-    def pause_reading(self) -> None:
-        self._client.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._client.resume_reading()
 
 
 def _renamed_head(head: bytes, served: Served) -> bytes:
