@@ -376,6 +376,8 @@ class Agent:
             pod_name=settings.pod_name,
             drain_seconds=settings.stop_drain_seconds,
             unroute_seconds=settings.stop_unroute_seconds,
+            list_pods=self.kube.list_pods,
+            leave_services=self.callers.leave_services if self.callers is not None else None,
         )
 
     def _requests_quarantined(self) -> None:

@@ -80,11 +80,24 @@ class Caller:
     key: str = ""
     """The SHA-256 (hex) of the pod's caller key (`common.callerkeys.digest`), the same on each
     of a pod's rows; empty: the pod is known by its address alone (tables of agents before keys)."""
+    stopping: str = ""
+    """Why the pod leaves its Service (the node pod stops, and its model has a ready replica on
+    another node: `agent.status.stopping`), in words for the pod; empty: it stays. The gateway
+    answers its readiness calls not ready, and serves all its other calls as before."""
 
     def alike(self, other: Caller) -> bool:
-        """Whether `other` is this row but for its probation and hold (what the agent's crash
-        blame changes, with no effect on the pod's connections)."""
-        return replace(self, probation=other.probation, held=other.held, trial=other.trial) == other
+        """Whether `other` is this row but for its probation, hold and stop (what the agent's
+        crash blame and the node pod's stop change, with no effect on the pod's connections)."""
+        return (
+            replace(
+                self,
+                probation=other.probation,
+                held=other.held,
+                trial=other.trial,
+                stopping=other.stopping,
+            )
+            == other
+        )
 
     @property
     def namespace(self) -> str:
@@ -149,6 +162,7 @@ def encode(table: CallerTable) -> bytes:
                     else {}
                 ),
                 **({"key": c.key} if c.key else {}),
+                **({"stopping": c.stopping} if c.stopping else {}),
             }
             for c in sorted(table.callers, key=lambda c: (c.address, c.model_id))
         ],
@@ -208,6 +222,10 @@ def _caller(entry: Any) -> Caller:
     key = entry.get("key", "")
     if not isinstance(key, str) or (key and not _KEY_RE.fullmatch(key)):
         raise CallerTableError(f"caller key {key!r} is not a SHA-256 digest in hex")
+    # Absent in tables of agents before the node pod's stop drained model pods: it stays.
+    stopping = entry.get("stopping", "")
+    if not isinstance(stopping, str):
+        raise CallerTableError(f"caller stopping {stopping!r} is not a string")
     model_id = validate_model_id(str(entry["modelId"]))
     return Caller(
         address,
@@ -222,6 +240,7 @@ def _caller(entry: Any) -> Caller:
         trial,
         _spread(entry.get("spread", []), triton_name or model_id),
         key,
+        stopping,
     )
 
 

@@ -80,7 +80,8 @@ class Proxy:
                 on_remove=self.removed,
                 on_retune=self.retuned,
             )
-        self.own_model = OwnModel(settings, self.state)
+        self.own_model = OwnModel(settings, self.state, self.node_stop)
+        self._leaving_node = False
         self.rest = RestRelay(settings, self.limiter, self.metrics, self.state, self.table)
         self.grpc: GrpcProxy | GrpcRelay
         if settings.grpc_mode == "relay":
@@ -339,6 +340,15 @@ class Proxy:
                 self.settings.idle_seconds,
                 self.settings.wake_timeout_seconds,
             )
+        if self.reinstaller is None and self.settings.models_file is None:
+            # Without a reinstall watch (no --model-dir), its look alone: whether the node
+            # gateway says the node pod stops and takes this pod out of its Service.
+            self._watch_task = lifecycle.spawn(
+                "the model's readiness watch",
+                self.own_model.watch(lifecycle.stop_event, self.settings.model_check_seconds),
+                consequence="a node pod's stop no longer closes this pod's clients' connections",
+                vital=False,
+            )
         if self.reinstaller is not None:
             self._watch_task = lifecycle.spawn(
                 "the model's reinstall watch",
@@ -353,6 +363,30 @@ class Proxy:
                 self.settings.model_check_seconds,
                 self.settings.model_dir,
             )
+
+    def node_stop(self, why: str) -> None:
+        """The node gateway says the node pod stops and takes this pod out of its Service
+        (`why`), or no longer says so (''): meanwhile the relays close their clients'
+        connections after their answers, so that the clients' next requests go through the
+        Service to the model's replicas on other nodes."""
+        leaving = bool(why)
+        if leaving == self._leaving_node:
+            return
+        self._leaving_node = leaving
+        if leaving:
+            log.warning(
+                "Leaving the Service of model %s (%s): closing each client's connection after "
+                "its answer.",
+                self.settings.model_id,
+                why,
+            )
+        else:
+            log.info(
+                "The node serves model %s again: connections kept alive.", self.settings.model_id
+            )
+        self.rest.leave(leaving)
+        if isinstance(self.grpc, GrpcRelay):  # grpc.aio (--grpc-mode grpcio) keeps its own
+            self.grpc.leave(leaving)
 
     def model_ids(self) -> list[str]:
         """The models this proxy serves: the pod's, or the host's table's."""

@@ -12,11 +12,14 @@ refused it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import Callable, Collection
 from typing import Any
 
 import aiohttp
 
+from proxy.policy.routing import NODE_STOPPING
 from proxy.processflags import ProxyState
 from proxy.settings import Settings
 from proxy.sockets import local_address
@@ -41,13 +44,23 @@ class _KeyedConnector(aiohttp.TCPConnector):
 
 class OwnModel:
     """Asks Triton whether the pod's model is ready, over one client session held for the
-    process (opened at start, closed at stop)."""
+    process (opened at start, closed at stop).
 
-    def __init__(self, settings: Settings, state: ProxyState) -> None:
+    While the node pod stops, the node gateway answers a model pod it takes out of its Service
+    not ready, saying so (`routing.NODE_STOPPING`): each answer about the pod's own model tells
+    `on_node_stop` why the pod leaves ('' once an answer no longer says so)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        state: ProxyState,
+        on_node_stop: Callable[[str], None] = lambda why: None,
+    ) -> None:
         self._models = f"http://{settings.triton_http_url}/v2/models/"
         self._model_id = settings.model_id
         self._source = settings.source_address
         self._state = state
+        self._on_node_stop = on_node_stop
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -62,6 +75,14 @@ class OwnModel:
             await self._session.close()
             self._session = None
 
+    async def watch(self, stopping: asyncio.Event, period: float) -> None:
+        """Ask about the pod's model every `period` seconds until `stopping` (what the reinstall
+        watch does where there is none)."""
+        while not stopping.is_set():
+            await self.ready()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), period)
+
     async def ready(self) -> bool:
         """True when Triton reports the pod's model ready."""
         return await self.is_ready(self._model_id)
@@ -72,9 +93,25 @@ class OwnModel:
             return False
         try:
             async with self._session.get(f"{self._models}{model_id}/ready") as response:
+                if model_id == self._model_id:
+                    self._on_node_stop(await _node_stop(response))
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
+
+
+async def _node_stop(response: aiohttp.ClientResponse) -> str:
+    """Why the gateway's answer says the pod leaves its Service as its node pod stops; '' when
+    it does not say so."""
+    if response.status != 503:
+        return ""
+    try:
+        said = json.loads(await response.read())
+    except ValueError:
+        return ""
+    if not isinstance(said, dict) or said.get(NODE_STOPPING) is not True:
+        return ""
+    return str(said.get("error") or "the node pod is stopping")
 
 
 class Readiness:

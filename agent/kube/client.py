@@ -275,6 +275,14 @@ class KubeClient:
         )
         return result
 
+    async def list_pods(self, namespace: str) -> list[JsonObject]:
+        """Every pod of `namespace`."""
+        result = await self._call(
+            f"list the pods of namespace {namespace}", self.core.list_namespaced_pod, namespace
+        )
+        items: list[JsonObject] = (result or {}).get("items") or []
+        return items
+
     def watch_pods(
         self,
         node_name: str,

@@ -140,6 +140,14 @@ class CallerPublisher:
         self._last: tuple[Caller, ...] | None = None
         self._reported: frozenset[str] = frozenset()
         self._pending = False
+        self._stopping: dict[str, str] = {}
+        """Model pods leaving their Services as the node pod stops, by namespace/name: why."""
+
+    def leave_services(self, pods: Mapping[str, str]) -> None:
+        """The model pods `pods` (namespace/name: why) leave their Services as the node pod
+        stops: their rows say so (`Caller.stopping`) from the next write, which is now."""
+        self._stopping = dict(pods)
+        self.publish()
 
     def held_names(self) -> list[str]:
         """The names in Triton of the rows last written held, each replica of a row's spread
@@ -171,6 +179,8 @@ class CallerPublisher:
             callers = [replace(c, probation=self._probation(c.pod)) for c in callers]
         if self._held is not None:
             callers = [replace(c, held=c.probation and self._held(c.pod)) for c in callers]
+        if self._stopping:
+            callers = [replace(c, stopping=self._stopping.get(c.pod, "")) for c in callers]
         if self._trial is not None and self._trial():
             callers = [replace(c, trial=c.held) for c in callers]
         reported = frozenset(left_out)

@@ -130,6 +130,20 @@ PENDING_REASON = "ModelPending"
 """A replica's condition reason until its host's loader first makes it READY (no Event)."""
 
 
+def pod_ready(obj: Mapping[str, Any]) -> bool:
+    """Whether the pod's Ready condition is True (its Services' endpoints route to it)."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str:
+    """The uid of the controller that owns the pod (its ReplicaSet, StatefulSet...); '' none."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return str(ref.get("uid") or "")
+    return ""
+
+
 def is_host(obj: Mapping[str, Any], keys: Keys) -> bool:
     """Whether the pod carries the model-host label (which proves nothing by itself)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}

@@ -13,11 +13,19 @@ It does no I/O of its own: the fresh read of one pod is the Kubernetes client's,
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from agent.errors import NotPlacedError
-from agent.pods.modelpods import PodInfo, is_host, pod_from_dict, pods_from_dict, stale_conditions
+from agent.pods.modelpods import (
+    PodInfo,
+    controller_uid,
+    is_host,
+    pod_from_dict,
+    pod_ready,
+    pods_from_dict,
+    stale_conditions,
+)
 from agent.pods.ownership import OwnerRecord
 from agent.pods.proofs import PlacementVerifier, Proven
 from common.contract import Keys
@@ -58,6 +66,8 @@ class NodePods:
         longer in its annotation."""
         self._host_objects: dict[str, dict[str, Any]] = {}
         """A model host's namespace/name -> the host as the watch last showed it."""
+        self._pod_objects: dict[str, dict[str, Any]] = {}
+        """A model pod's namespace/name -> the pod as the watch last showed it."""
         self.synced = False
         """Whether the pods have been listed: before, an empty map does not mean "no pods"."""
 
@@ -74,6 +84,7 @@ class NodePods:
         """The watch listed the node's pods; returns the hosts that stand for no replica and
         why (a malformed annotation)."""
         self.by_key, self._stands_for, self._hosts, self._host_objects = {}, {}, {}, {}
+        self._pod_objects = {}
         problems = [self._put(obj) for obj in items]
         self.synced = True
         return [p for p in problems if p is not None]
@@ -85,6 +96,7 @@ class NodePods:
             self.by_key.pop(key, None)
         self._hosts.pop(pod.key, None)
         self._host_objects.pop(pod.key, None)
+        self._pod_objects.pop(pod.key, None)
         if kind == "DELETED":
             return []
         problem = self._put(obj)
@@ -105,6 +117,8 @@ class NodePods:
         if is_host(obj, self._keys):
             self._hosts[owner.key] = (owner, stale_conditions(obj, self._keys, pods))
             self._host_objects[owner.key] = obj
+        elif self._ours(owner):
+            self._pod_objects[owner.key] = obj
         return None
 
     def is_host(self, key: str) -> bool:
@@ -133,6 +147,21 @@ class NodePods:
             if any(labels.get(serves_label(self._keys, model)) == "true" for model in models):
                 routed.append(key)
         return sorted(routed)
+
+    def served_model_pods(self) -> list[tuple[PodInfo, str]]:
+        """This node's live model pods that are Ready (in their Services) and owned by a
+        controller, each with its controller's uid, by namespace/name."""
+        served = []
+        for key, obj in sorted(self._pod_objects.items()):
+            pod = self.by_key.get(key)
+            controller = controller_uid(obj)
+            if pod is not None and not pod.deleting and controller and pod_ready(obj):
+                served.append((pod, controller))
+        return served
+
+    def ready(self, keys: Iterable[str]) -> list[str]:
+        """Which of the model pods `keys` (namespace/name) the watch last showed Ready."""
+        return [k for k in keys if (obj := self._pod_objects.get(k)) is not None and pod_ready(obj)]
 
     def _ours(self, pod: PodInfo) -> bool:
         return pod.scheduler_name == self._scheduler_name and not pod.terminated

@@ -1,17 +1,22 @@
 """The node pod's stop: before the agent stops on SIGTERM with its node pod deleted (a DaemonSet
-update, `kubectl delete pod`), the node's model hosts leave their Services while Triton and the
-gateway still answer (the chart's preStop pauses keep them up as long).
+update, `kubectl delete pod`), the node's model hosts and model pods leave their Services while
+Triton and the gateway still answer (the chart's preStop pauses keep them up as long).
 
 `drain` marks every host replica's loaded condition False, NodePodStopping (`ModelConditions.
 stopping`), which the binder's `serves-` labels follow (a model's last served replica keeps its
 label: nothing else would answer); `on_stopping` tells the hosts' loaders (ListHosted's
 `node_stopping`), which list every model leaving, so their proxies close each client's
 connection after its next answer and the client reconnects through its Service to another node.
-It waits until no host of the node is labelled to serve a replica (`NodePods.routed_hosts`), at
-most --stop-drain-seconds, then --stop-unroute-seconds for the endpoints to catch up. SIGINT
-never drains, nor does a SIGTERM while the node pod stays (the kubelet restarting the agent's
-container alone): the agent reads its own Pod (--pod-name); unnamed or unreadable, it drains.
-What it must not do: stop anything itself (the lifecycle's cleanups after it do).
+A model pod leaves only when its controller (a Deployment's ReplicaSet...) has another pod Ready
+on another node: `leave_services` has the node gateway answer its readiness not ready
+(`common.callers.Caller.stopping`), so its proxy closes each client's connection after its
+answer and the kubelet marks it unready; a lone replica stays in its Service to the end (nothing
+else would answer). It waits until no host of the node is labelled to serve a replica
+(`NodePods.routed_hosts`) and no leaving model pod is Ready, at most --stop-drain-seconds, then
+--stop-unroute-seconds for the endpoints to catch up. SIGINT never drains, nor does a SIGTERM
+while the node pod stays (the kubelet restarting the agent's container alone): the agent reads
+its own Pod (--pod-name); unnamed or unreadable, it drains. What it must not do: stop anything
+itself (the lifecycle's cleanups after it do).
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agent.errors import AgentError
+from agent.pods.modelpods import PodInfo, controller_uid, pod_ready
 from agent.pods.nodepods import NodePods
 from agent.pods.proofs import Proven
 from agent.status.conditions import ModelConditions
@@ -37,6 +43,11 @@ MESSAGE = (
     "serve its requests until this node serves it again"
 )
 """What each host replica's loaded condition says meanwhile."""
+LEAVING = (
+    "the node pod is stopping (deleted or replaced): this pod leaves its Service while the "
+    "model's replicas on other nodes serve its requests"
+)
+"""What the node gateway answers a leaving model pod's readiness calls with."""
 
 
 class NodeStop:
@@ -50,18 +61,24 @@ class NodeStop:
         on_stopping: Callable[[], None],
         triton_live: Callable[[], bool],
         *,
+        list_pods: Callable[[str], Awaitable[list[dict[str, Any]]]] | None = None,
+        leave_services: Callable[[Mapping[str, str]], None] | None = None,
         namespace: str,
         pod_name: str,
         drain_seconds: float,
         unroute_seconds: float,
     ) -> None:
         """`read_pod(namespace, name)`: the node pod as the API server has it (None: gone);
-        `on_stopping()`: tells the hosts' loaders; `namespace`/`pod_name`: the node pod's."""
+        `on_stopping()`: tells the hosts' loaders; `namespace`/`pod_name`: the node pod's;
+        `list_pods(namespace)`: every pod of a namespace (the model pods' replicas elsewhere);
+        `leave_services(pods)`: the gateway's caller table (None: no gateway, model pods stay)."""
         self._pods = pods
         self._conditions = conditions
         self._read_pod = read_pod
         self._on_stopping = on_stopping
         self._triton_live = triton_live
+        self._list_pods = list_pods
+        self._leave_services = leave_services
         self._namespace = namespace
         self._pod_name = pod_name
         self._drain_seconds = drain_seconds
@@ -100,30 +117,68 @@ class NodeStop:
         if not self.drains or self._drain_seconds <= 0 or not self._pods.synced:
             return
         routed = self._pods.routed_hosts()
-        if not routed or not await self.pod_deleted():
+        served = self._pods.served_model_pods() if self._leave_services is not None else []
+        if not (routed or served) or not await self.pod_deleted():
+            return
+        leaving = await self._replicated(served)
+        if not (routed or leaving):
             return
         log.info(
-            "Stopping: taking model hosts %s out of their Services first (at most %g s, then "
-            "%g s more).",
-            ", ".join(routed),
+            "Stopping: taking model hosts %s and model pods %s out of their Services first (at "
+            "most %g s, then %g s more).",
+            ", ".join(routed) or "(none)",
+            ", ".join(leaving) or "(none)",
             self._drain_seconds,
             self._unroute_seconds,
         )
-        self._conditions.stopping = MESSAGE
-        self._on_stopping()
+        if routed:
+            self._conditions.stopping = MESSAGE
+            self._on_stopping()
+        if leaving and self._leave_services is not None:
+            self._leave_services(dict.fromkeys(leaving, LEAVING))
         deadline = time.monotonic() + self._drain_seconds
-        while routed and time.monotonic() < deadline:
-            await self._conditions.sync(self._proven(), self._triton_live())
+        ready = self._pods.ready(leaving)
+        while (routed or ready) and time.monotonic() < deadline:
+            if routed:
+                await self._conditions.sync(self._proven(), self._triton_live())
             await asyncio.sleep(POLL_SECONDS)
             routed = self._pods.routed_hosts()
-        if routed:
+            ready = self._pods.ready(leaving)
+        if routed or ready:
             log.warning(
-                "Model hosts %s are still in their Services after %g s (is the binder "
-                "running?): stopping anyway.",
-                ", ".join(routed),
+                "%s still in their Services after %g s (is the binder running? are the pods' "
+                "readiness probes slower?): stopping anyway.",
+                ", ".join(routed + ready),
                 self._drain_seconds,
             )
         await asyncio.sleep(self._unroute_seconds)
+
+    async def _replicated(self, served: list[tuple[PodInfo, str]]) -> list[str]:
+        """The model pods of `served` (each with its controller's uid) whose controller has
+        another pod Ready on another node, by namespace/name: they may leave their Services."""
+        if not served or self._list_pods is None:
+            return []
+        node = served[0][0].node_name
+        elsewhere: set[str] = set()
+        for namespace in sorted({pod.namespace for pod, _ in served}):
+            try:
+                pods = await self._list_pods(namespace)
+            except AgentError as e:
+                log.warning(
+                    "Cannot list the pods of namespace %s (%s): its model pods on this node stay "
+                    "in their Services to the end.",
+                    namespace,
+                    e,
+                )
+                continue
+            elsewhere.update(
+                controller_uid(obj)
+                for obj in pods
+                if (obj.get("spec") or {}).get("nodeName") not in (None, "", node)
+                and not (obj.get("metadata") or {}).get("deletionTimestamp")
+                and pod_ready(obj)
+            )
+        return [pod.key for pod, controller in served if controller in elsewhere]
 
     def _proven(self) -> list[Proven]:
         return self._pods.all_proven()

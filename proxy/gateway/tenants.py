@@ -71,7 +71,8 @@ class Member:
     def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
         """Follow `caller`'s probation (it is this member's row in all else): its requests take
         turns in `lane` with other probationers' while it is on probation, unless it left the
-        lane after its clean turns, and wait while it is held."""
+        lane after its clean turns, and wait while it is held; and its stop (its readiness
+        calls answered not ready while it is `stopping`)."""
         self.caller = caller
         if not caller.probation:
             self._cleared = False
@@ -81,6 +82,7 @@ class Member:
         elif not caller.probation and self.limiter.probation is not None:
             self._leave(lane)
         self.limiter.hold(caller.held, trial=caller.trial)
+        self.limiter.unready = caller.stopping
 
     def present_at_exit(self, lane: ProbationLane) -> None:
         """The gateway's witness named this pod at Triton's death: its clean turns start

@@ -68,6 +68,9 @@ class Listener(GateContext, Scheduler, Protocol):
     settings: Settings
     state: ProxyState
     connections: set[Connection]
+    closing: bool
+    """Each call's end sends its connection GOAWAY (the relay stops, or the pod leaves its
+    Service)."""
 
     def channel(self) -> Channel:
         """The connection to Triton a new stream goes on."""

@@ -38,6 +38,8 @@ from proxy.table import Served
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static."""
 READY_PATH: Final = f"/{GRPC_SERVICE}/ModelReady".encode()
+_READINESS: Final = frozenset({"ModelReady", "ServerReady"})
+"""The calls a model pod leaving its Service gets answered not ready (an empty message)."""
 UNIMPLEMENTED: Final = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
 FORWARDED: Final = frozenset(
     {"ServerLive", "ServerMetadata", "ServerReady", "ModelReady", "ModelMetadata", "ModelConfig",
@@ -312,6 +314,10 @@ class StreamGate:
         parked = now_served is not None and now_served.entry.parked
         if parked and decision.route == "ModelReady":
             self.refuse(stream, "OK", "", b"")  # ready: false (`routing.parked_message`)
+            return False
+        if self._limiter.unready and decision.route in _READINESS:
+            # A model pod leaving its Service while its node pod stops (the node gateway's).
+            self.refuse(stream, "OK", "", b"")  # ready: false
             return False
         stream.passed = True
         # A parked model's calls, inference or not, wait for its wake (`proxy.parking`).

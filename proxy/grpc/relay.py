@@ -80,9 +80,9 @@ class H2Connection(Connection):
     def finish(self, stream: Stream, code: str) -> None:
         self.gate.finish(stream, code)
         served = stream.served
-        if served is not None and served.entry.leaving:
-            # Its model leaves the host: the client opens a new connection (through its
-            # Service, which no longer routes here) for its next call.
+        if (served is not None and served.entry.leaving) or self.relay.closing:
+            # Its model leaves the host, or the pod its Service: the client opens a new
+            # connection (through its Service, which no longer routes here) for its next call.
             self.go_away()
 
     def refuse(self, stream: Stream, code: str, details: str, response: bytes | None) -> None:

@@ -69,6 +69,8 @@ class GrpcRelay:
         self.channels: list[TritonChannel] = []
         self.tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
+        self.closing = False
+        """Each call's end sends its connection GOAWAY (the relay stops, or `leave`)."""
         self._dirty: list[Outbox] = []
         self._flush_soon = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -180,6 +182,18 @@ class GrpcRelay:
                 held += transport.get_write_buffer_size()
         return held
 
+    def leave(self, leaving: bool) -> None:
+        """While the node pod stops and its gateway takes this pod out of its Service
+        (`leaving`): GOAWAY to every tenant now, and to each later one after its call, so that
+        clients open their next connection through their Service to another replica; after:
+        connections kept again (unless the relay stops)."""
+        if leaving:
+            self.closing = True
+            for connection in list(self.connections):
+                connection.go_away()
+        elif self._server is not None and self._server.is_serving():
+            self.closing = False
+
     def abort_all(self) -> None:
         """Drop every tenant connection now, open streams or not (the caller lost its right)."""
         for connection in list(self.connections):
@@ -188,6 +202,7 @@ class GrpcRelay:
 
     async def stop(self, grace: float | None = None) -> None:
         """GOAWAY to every tenant, let open streams finish (up to `grace` s), close."""
+        self.closing = True
         self.idle.stop()
         if self._server is not None:
             self._server.close()

@@ -25,7 +25,15 @@ from proxy.http1.framing import RequestHead
 from proxy.policy import refusals
 from proxy.policy.inflation import Sink
 from proxy.policy.nesting import MAX_NESTING, Nesting
-from proxy.policy.routing import JSON, Answer, Forward, error_body, health_body, parked_message
+from proxy.policy.routing import (
+    JSON,
+    Answer,
+    Forward,
+    error_body,
+    health_body,
+    parked_message,
+    stopping_body,
+)
 from proxy.policy.shapes import MAX_JSON_BYTES, Shapes, check_json, json_too_large
 from proxy.processflags import ProxyState
 from proxy.table import Served
@@ -93,11 +101,13 @@ def admit(
     quarantined: refusals.ProxyError | None,
     max_body: int,
     state: ProxyState,
+    unready: str = "",
 ) -> int | Answer | tuple[refusals.ProxyError, bool]:
     """What becomes of the request of `head`, which `decision` forwards to `served` (the table's
     entry of its model, as picked; None: a server-wide route), while its limiter's refusal is
-    `quarantined` (None: none): `FORWARD`, `SLOT_FIRST` or `HEALTH`; an `Answer` to give here;
-    or a refusal and whether the connection closes after it (as `head_refusal`)."""
+    `quarantined` (None: none) and its readiness is answered not ready saying `unready` ('':
+    asked of Triton): `FORWARD`, `SLOT_FIRST` or `HEALTH`; an `Answer` to give here; or a
+    refusal and whether the connection closes after it (as `head_refusal`)."""
     length = head.content_length or 0
     # Most requests are none of these: nothing `head_refusal` could refuse.
     if length > ADMITTED or length > max_body or head.chunked:
@@ -118,6 +128,9 @@ def admit(
                 JSON,
                 error_body("the model proxy is shutting down: use another replica"),
             )
+        if unready and (decision.readiness or decision.route == "ready"):
+            # A model pod leaving its Service while its node pod stops (the node gateway's).
+            return Answer(decision.route, 503, JSON, stopping_body(unready))
         if decision.readiness and state.model_asleep:
             # Triton no longer has the on-demand model loaded; its next request wakes it, so
             # the pod stays ready for its Service.

@@ -146,6 +146,17 @@ class RestRelay:
         never per request)."""
         return sum(connection.held_bytes() for connection in self.connections)
 
+    def leave(self, leaving: bool) -> None:
+        """While the node pod stops and its gateway takes this pod out of its Service
+        (`leaving`): each answer says `Connection: close`, so that clients open their next
+        connection through their Service to another replica (an idle connection stays open: a
+        close could cross a request already on its way); after: connections kept alive again
+        (unless the relay stops)."""
+        if leaving:
+            self.closing = True
+        elif self._server is not None and self._server.is_serving():
+            self.closing = False
+
     def abort_all(self) -> None:
         """Drop every tenant connection now, mid-request or not (the caller lost its right)."""
         self.closing = True

@@ -202,8 +202,15 @@ class ClientConnection(Exchange):
                 self._metrics = relay.metrics
             # What becomes of it: to Triton (a slot first, or as a health call), an answer here,
             # or a refusal.
+            limiter = self._limiter
             verdict = admit(
-                head, decision, served, self._limiter.refusal, self._max_body, self._proxy_state
+                head,
+                decision,
+                served,
+                limiter.refusal,
+                self._max_body,
+                self._proxy_state,
+                limiter.unready,
             )
             if isinstance(verdict, int):
                 if verdict == SLOT_FIRST:

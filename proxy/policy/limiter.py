@@ -96,6 +96,10 @@ class Limiter:
         self.refusal: ProxyError | None = None
         """Set: every request is refused with it, none takes a slot (a quarantined pod at the
         node gateway)."""
+        self.unready = ""
+        """Set: the pod's readiness calls are answered not ready, saying this, and its other
+        calls are served (a model pod the node gateway takes out of its Service while the node
+        pod stops, `common.callers.Caller.stopping`)."""
         self.probation: ProbationLane | None = None
         """Set: the pod is on probation at the node gateway, and a request of it goes to Triton
         only in the pod's turn in this lane (`policy.probation`)."""

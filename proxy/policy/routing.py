@@ -116,6 +116,23 @@ def health_body(route: str, model: str, ready: bool) -> bytes:
     return b'{"ready":' + value + b"}"
 
 
+NODE_STOPPING: Final = "nodeStopping"
+"""The field of the node gateway's not-ready answer to a model pod it takes out of its Service
+while the node pod stops (`stopping_body`): the pod's proxy closes its clients' connections
+after their answers, so that their next requests go through the Service to another replica."""
+
+
+def stopping_body(message: str) -> bytes:
+    """The REST body of that answer: Triton's error body, and `"nodeStopping": true`."""
+    return (
+        b'{"error":'
+        + json.dumps(message, ensure_ascii=False).encode()
+        + b',"'
+        + NODE_STOPPING.encode()
+        + b'":true}'
+    )
+
+
 def parked_message(model_id: str) -> str:
     """The answer to a readiness call for a model parked at zero replicas (`proxy.parking`):
     not ready, as the KServe v2 protocol has a model that cannot infer now; asking wakes

@@ -1,12 +1,16 @@
 """A node pod replaced as a DaemonSet update replaces it, one node at a time, under a TritonModel
-with two replicas on two nodes: clients that keep their connections through the model's Service
-(REST keep-alive and a gRPC channel, as the churn benchmark's do) get every request answered.
+with two replicas on two nodes, and under a Deployment of two model pods on two nodes: clients
+that keep their connections through the model's Service (REST keep-alive and a gRPC channel, as
+the churn benchmark's do) get every request answered.
 
 The replaced node pod's agent (SIGTERM) first takes the node's hosts out of their Services while
 its Triton and gateway still answer: each replica there reads NodePodStopping, the binder removes
 its host's `serves-` label, and the host's loader lists the model leaving, so its proxy closes
 each client's connection after its next answer and the client reconnects to the other node. A
 neighbour with one replica keeps its host in its Service meanwhile: nothing else would answer.
+A model pod whose Deployment has a pod Ready on another node leaves too: the gateway answers its
+readiness not ready, its proxy closes each client's connection after its answer, and the kubelet
+marks it unready.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pytest
 from benchmarks.churn import Client, Request
 from common.hosted import host_name, loaded_prefix, serves_label
 from sim.cluster import SimCluster
+from sim.demo.rollout import deployment_manifest
 from sim.demo.scenario import MODELS_DIR
 from sim.processes import wait_until
 from sim.service import ServiceProxy
@@ -39,6 +44,7 @@ from tests.e2e.test_host_eviction import (
 
 __all__ = ["cluster"]  # two real nodes and the namespace, as the eviction test's
 SOLO = "solo"
+HOSTNAME = "kubernetes.io/hostname"
 
 
 def _ready(custom: Any, model: str = MODEL) -> int:
@@ -140,3 +146,98 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_replica_mod
     assert any(model == "" for model, _ in stopping), stopping
     assert ("", "true") in stopping, f"the neighbour's node: {stopping}"
     assert all(solo in ("true", "-") for _, solo in stopping), stopping
+
+
+def _ready_pods(core: Any, app: str) -> dict[str, str]:
+    """The Deployment's pods Ready now, by name: each one's node."""
+    pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app={app}").items
+    return {
+        p.metadata.name: p.spec.node_name
+        for p in pods
+        if not p.metadata.deletion_timestamp
+        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_pod_deployment(
+    cluster: SimCluster,
+) -> None:
+    """A Deployment of two model pods, one a node: the replaced node pod's agent has the gateway
+    answer its pod's readiness not ready, so the pod's proxy closes each client's connection
+    after its answer and the pod leaves the Service before its node's Triton and gateway go; a
+    Deployment of one pod would keep it there (nothing else would answer)."""
+    assert cluster.model_store is not None and cluster.kube is not None
+    core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+    apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
+    name = "pods"
+    manifest = deployment_manifest(
+        cluster.model_store.publish(name, MODELS_DIR / "add_one"), replicas=2, name=name
+    )
+    manifest["spec"]["template"]["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": name}}, "topologyKey": HOSTNAME}
+            ]
+        }
+    }
+    apps.create_namespaced_deployment(NAMESPACE, manifest)
+    ports = [
+        {"name": "http", "port": 9000, "targetPort": "http"},
+        {"name": "grpc", "port": 9001, "targetPort": "grpc"},
+    ]
+    service = {"metadata": {"name": name}, "spec": {"selector": {"app": name}, "ports": ports}}
+    core.create_namespaced_service(NAMESPACE, service)
+    wait_until(
+        "both pods Ready on two nodes",
+        lambda: len(set(_ready_pods(core, name).values())) == 2,
+        180,
+        lambda: str(core.list_namespaced_pod(NAMESPACE, label_selector=f"app={name}")),
+    )
+    address = core.read_namespaced_service(name, NAMESPACE).spec.cluster_ip
+    services = ServiceProxy(cluster.kube, period=0.2)
+    services.start()
+    wait_until("the Service listening", lambda: _listening(address), 30)
+    requests: list[Request] = []
+    clients = [Client(MODEL, protocol, address, requests) for protocol in ("rest", "grpc")]
+    for client in clients:
+        client.model = name
+    # The pods seen Ready while each node pod was replaced, by node.
+    seen_ready: list[set[str]] = []
+    try:
+        for client in clients:
+            client.start()
+        for client in clients:
+            wait_until(f"a first {client.protocol} answer", client.answered.is_set, 60)
+        for node in NODES:
+            done = threading.Event()
+
+            def watch(done: threading.Event = done) -> None:
+                while not done.wait(0.1):
+                    with contextlib.suppress(kubernetes.client.ApiException):
+                        seen_ready.append(set(_ready_pods(core, name).values()))
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            cluster.replace_node_pod(node.name)
+            done.set()
+            watcher.join(5)
+            wait_until(
+                f"both pods Ready after {node.name}",
+                lambda: len(set(_ready_pods(core, name).values())) == 2,
+                150,
+            )
+            wait_until("answers after it", partial(_more_than, requests, len(requests) + 20), 30)
+    finally:
+        for client in clients:
+            client.stop()
+        services.stop()
+    failed = [r for r in requests if not r.ok]
+    assert failed == [], f"{len(failed)} of {len(requests)} failed, the first: {failed[:3]}"
+    assert sum(r.ok for r in requests) > 100
+    # Each replaced node's pod left the Service while its node pod stopped: the other alone
+    # was Ready for a while, for each node.
+    for node in NODES:
+        others = {n.name for n in NODES} - {node.name}
+        assert others in seen_ready, f"{node.name}'s pod never left the Service: {seen_ready}"

@@ -422,3 +422,27 @@ def test_a_hosts_rows_with_different_keys_are_refused() -> None:
     )
     with pytest.raises(CallerTableError, match="different keys"):
         decode(encode(CallerTable("node-1", 1.0, rows)))
+
+
+def test_a_stop_survives_the_round_trip_and_changes_no_connection(tmp_path: Path) -> None:
+    """A model pod leaving its Service as the node pod stops keeps its connections (its
+    requests are served to the end): the book tells the gateway as for probation; old tables
+    (no field) mean it stays; anything but a string is refused."""
+    leaving = replace(A, stopping="the node pod is stopping")
+    assert decode(encode(CallerTable("n", 1.0, (leaving, B)))).callers == (leaving, B)
+    assert b'"stopping"' not in encode(CallerTable("n", 1.0, (A,)))
+    entry = {"address": "10.0.0.1", "modelId": "m", "pod": "p", "uid": "u", "stopping": True}
+    document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1}
+    with pytest.raises(CallerTableError, match="stopping True is not a string"):
+        decode(json.dumps({**document, "callers": [entry]}).encode())
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    changed: list[Caller] = []
+    book = CallerBook(
+        path, max_age=60, on_revoke=revoked.append, on_probation=changed.append, clock=clock
+    )
+    for rows in ((A, B), (leaving, B), (A, B)):
+        write_table(path, CallerTable("n", clock.now, rows))
+        book.check()
+        clock.now += 1
+    assert (revoked, changed) == ([], [leaving, A])

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -392,3 +393,67 @@ def test_a_pod_cannot_take_every_connection_of_the_gateway(
             lambda: fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200,
             "a connection slot freed",
         )
+
+
+def _keep_alive_answer(connection: http.client.HTTPConnection) -> tuple[int, str]:
+    """One inference on a kept connection: its status and its Connection header."""
+    connection.request("POST", "/v2/models/add_one/infer", body=INFER)
+    response = connection.getresponse()
+    response.read()
+    return response.status, (response.getheader("Connection") or "").lower()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_pod_leaving_its_service_is_not_ready_and_its_clients_reconnect(
+    gateway: RunningGateway, served_triton: TritonServer, table: Path
+) -> None:
+    """While the node pod stops, the agent's table says a model pod leaves its Service: the
+    gateway answers its readiness not ready, saying why, and serves its inference; its proxy
+    (its next look, every --model-check-seconds) turns each answer's connection `close` and its
+    gRPC connections GOAWAY, until the table no longer says so."""
+    why = "the node pod is stopping (deleted or replaced): this pod leaves its Service"
+    settings = replace(through(gateway, served_triton, ADD_ONE_POD), model_check_seconds=0.1)
+    tensor = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+    tensor.set_data_from_numpy(np.array([[1.0, 2.0, 3.0]], dtype=np.float32))
+    with running_proxy(settings) as proxy:
+        host, port = proxy.http_url.split(":")
+        ready_url = f"http://{proxy.http_url}/v2/health/ready"
+        kept = http.client.HTTPConnection(host, int(port), timeout=10)
+        grpc = grpcclient.InferenceServerClient(proxy.grpc_url)
+        try:
+            assert _keep_alive_answer(kept) == (200, "")
+            assert grpc.is_server_ready()
+            leaving = replace(caller(ADD_ONE_POD, "add_one"), stopping=why)
+            publish(table, leaving, caller(IDENTITY_POD, "identity"))
+            poll(
+                lambda: fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 503,
+                "the gateway rereading its table",
+            )
+            _, body = fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")
+            assert json.loads(body) == {"error": why, "nodeStopping": True}
+            # Its inference is served; the neighbour's readiness is Triton's.
+            assert fetch(gateway, ADD_ONE_POD, "POST", "/v2/models/add_one/infer", INFER)[0] == 200
+            assert fetch(gateway, IDENTITY_POD, "GET", "/v2/models/identity/ready")[0] == 200
+            # Through the pod's proxy: its readiness probe fails, and each answer closes.
+            poll(lambda: _keep_alive_answer(kept) == (200, "close"), "the proxy's next look")
+            kept.close()
+            assert _status(ready_url) == 503
+            assert not grpc.is_server_ready()
+            # A gRPC call is answered, and its channel reconnects for the next one.
+            assert grpc.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[2, 3, 4]]
+            assert grpc.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[2, 3, 4]]
+            # The node serves it again (a new gateway's table): kept alive again.
+            publish(table, caller(ADD_ONE_POD, "add_one"), caller(IDENTITY_POD, "identity"))
+            poll(lambda: _keep_alive_answer(kept) == (200, ""), "the proxy's next look")
+            assert _status(ready_url) == 200
+            assert grpc.is_server_ready()
+        finally:
+            kept.close()
+            grpc.close()

@@ -75,6 +75,27 @@ def test_readiness_is_answered_here_while_draining_or_asleep() -> None:
     assert admit(live_head, live, None, None, MAX_BODY, draining) == HEALTH
 
 
+def test_a_pod_leaving_its_service_is_not_ready_and_its_other_calls_go_on() -> None:
+    """The node gateway's answer to a model pod it takes out of its Service as the node pod
+    stops: its readiness calls (the server's, as its proxy asks for its kubelet's probe, and its
+    model's) 503 saying why and that the node stops; inference and the rest as before."""
+    why = "the node pod is stopping"
+    for path in ("/v2/health/ready", "/v2/models/m/ready"):
+        head, decision = _request("GET", path)
+        answer = admit(head, decision, _served(), None, MAX_BODY, ProxyState(), why)
+        assert isinstance(answer, Answer)
+        assert (answer.status, answer.close) == (503, False)
+        assert json.loads(answer.body) == {"error": why, "nodeStopping": True}
+        assert admit(head, decision, _served(), None, MAX_BODY, ProxyState()) == HEALTH
+    for method, path, verdict in [
+        ("POST", "/v2/models/m/infer", SLOT_FIRST),
+        ("GET", "/v2/models/m", FORWARD),
+        ("GET", "/v2/health/live", HEALTH),
+    ]:
+        head, decision = _request(method, path)
+        assert admit(head, decision, _served(), None, MAX_BODY, ProxyState(), why) == verdict
+
+
 def test_a_parked_model_is_not_ready_and_its_other_calls_wait_for_a_slot() -> None:
     parked = _served(parked=True)
     head, ready = _request("GET", "/v2/models/m/ready")
