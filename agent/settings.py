@@ -426,14 +426,16 @@ class LoopSettings:
     once on an H200 were all Ready 1.91x one model's time at 8, 2.31x at 4 (docs/results.md)."""
     stop_drain_seconds: float = setting(
         "stop-drain-seconds",
-        "on SIGTERM, the longest wait for this node's model hosts to leave their Services",
+        "on SIGTERM, the longest wait for this node's model hosts and pods to leave their Services",
         seconds(),
         default="10",
     )
     """SIGTERM: the node pod deleted or replaced. Before stopping, the agent marks every model host
     replica on the node not served (reason NodePodStopping) and tells the hosts' loaders the node
     stops (they list every model leaving: their proxies close their clients' connections after each
-    answer), then waits for the binder to take the hosts out of their Services, and
+    answer); the model pods whose controller has a pod Ready on another node leave too (the
+    gateway answers their readiness not ready: `agent.status.stopping`). It waits for the binder to
+    take the hosts out of their Services and for those pods to turn unready, then
     --stop-unroute-seconds more. 0: no drain. SIGINT never drains. Triton and the gateway must
     outlive it (the chart's preStop pauses)."""
     pod_name: str = setting(
