@@ -138,6 +138,9 @@ async def _start_site(core: ApiServerCore, host: str, port: int) -> tuple[web.Ap
     return runner, bound
 
 
+_SETUP_TURNS = 10
+"""Turns of the event loop an accepted connection's setup takes, with room to spare (three)."""
+
 class RunningApiServer:
     """A simulated API server serving on its own thread and event loop."""
 
@@ -189,9 +192,13 @@ class RunningApiServer:
             for site in list(runner.sites):
                 await site.stop()
             # A connection accepted just before the listener closed is set up over a few turns
-            # of the loop: let it register, so that the cleanup closes it too (else it is left
-            # open, a transport nobody closes).
+            # of the loop (its accept task, then its transport's connection_made): let it
+            # register, so that the cleanup closes it too (else it is left open, a transport
+            # nobody closes). Counted in turns, not time: on a busy machine 50 ms may pass
+            # before the loop's thread runs again, with the turns still to come.
             await asyncio.sleep(0.05)
+            for _ in range(_SETUP_TURNS):
+                await asyncio.sleep(0)
             await runner.cleanup()
 
         self.run(close())
