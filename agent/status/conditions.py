@@ -32,7 +32,8 @@ cannot load it (`agent.pods.loadfailures`), the loader's reason (FetchFailed, Mo
 its message and an Event: the loader names the cause as a model pod's loader does, Triton's refusal
 included, so the agent's own ModelFailed waits for its word; the pass runs at once when a
 host's report changes. Once a draining replica is not served it reads ModelDrained (no Event).
-While the node pod stops (`stopping`), every host replica reads NodePodStopping (no Event).
+While the node pod stops (`stopping`), every host replica reads NodePodStopping (no Event), as
+does each model pod the stop takes out of its Service (`leaving`).
 A replica whose proof fails reads False with the prover's reason (NotPlacedByBinder,
 PlacementChanged); the condition of a replica that left the host is taken off.
 The write is a strategic-merge patch of pods/status (one condition, merged by type), which the
@@ -224,6 +225,9 @@ class ModelConditions:
         self.stopping = ""
         """Set when the node pod stops: every host replica's condition says this (False,
         NODE_STOPPING_REASON) whatever the node has of it."""
+        self.leaving: dict[str, str] = {}
+        """The model pods (namespace/name) the node pod's stop takes out of their Services: each
+        one's condition says why (False, NODE_STOPPING_REASON) whatever the node has of it."""
 
     def reinstalling(self, proven: Proven) -> None:
         """A Running pod (its loader long done) installs its model again: the node had lost it.
@@ -300,8 +304,9 @@ class ModelConditions:
             )
         for proven, status in zip(judged, statuses, strict=True):
             pod = proven.pod
-            if self.stopping and pod.host:
-                leaving = Verdict("False", NODE_STOPPING_REASON, self.stopping)
+            why = self.stopping if pod.host else self.leaving.get(pod.key, "")
+            if why:
+                leaving = Verdict("False", NODE_STOPPING_REASON, why)
                 if (leaving.status, leaving.reason) != pod.model_loaded:
                     await self._write(proven, leaving)
                 continue

@@ -7,16 +7,16 @@ stopping`), which the binder's `serves-` labels follow (a model's last served re
 label: nothing else would answer); `on_stopping` tells the hosts' loaders (ListHosted's
 `node_stopping`), which list every model leaving, so their proxies close each client's
 connection after its next answer and the client reconnects through its Service to another node.
-A model pod leaves only when its controller (a Deployment's ReplicaSet...) has another pod Ready
-on another node: `leave_services` has the node gateway answer its readiness not ready
-(`common.callers.Caller.stopping`), so its proxy closes each client's connection after its
-answer and the kubelet marks it unready; a lone replica stays in its Service to the end (nothing
-else would answer). It waits until no host of the node is labelled to serve a replica
-(`NodePods.routed_hosts`) and no leaving model pod is Ready, at most --stop-drain-seconds, then
---stop-unroute-seconds for the endpoints to catch up. SIGINT never drains, nor does a SIGTERM
-while the node pod stays (the kubelet restarting the agent's container alone): the agent reads
-its own Pod (--pod-name); unnamed or unreadable, it drains. What it must not do: stop anything
-itself (the lifecycle's cleanups after it do).
+A model pod leaves only when its controller (a Deployment's ReplicaSet...) has another pod Ready on
+another node: its condition reads NodePodStopping too, and `leave_services` has the node gateway
+answer its readiness not ready (`common.callers.Caller.stopping`), so its proxy closes each
+client's connection after its answer and the kubelet marks it unready; a lone replica stays in its
+Service to the end (nothing else would answer). It waits until no host of the node is labelled to
+serve a replica (`NodePods.routed_hosts`) and no leaving model pod is Ready, at most
+--stop-drain-seconds, then --stop-unroute-seconds for the endpoints to catch up. SIGINT never
+drains, nor does a SIGTERM while the node pod stays (the kubelet restarting the agent's container
+alone): the agent reads its own Pod (--pod-name); unnamed or unreadable, it drains. What it must
+not do: stop anything itself (the lifecycle's cleanups after it do).
 """
 
 from __future__ import annotations
@@ -135,12 +135,12 @@ class NodeStop:
             self._conditions.stopping = MESSAGE
             self._on_stopping()
         if leaving and self._leave_services is not None:
-            self._leave_services(dict.fromkeys(leaving, LEAVING))
+            self._conditions.leaving = dict.fromkeys(leaving, LEAVING)
+            self._leave_services(self._conditions.leaving)
         deadline = time.monotonic() + self._drain_seconds
         ready = self._pods.ready(leaving)
         while (routed or ready) and time.monotonic() < deadline:
-            if routed:
-                await self._conditions.sync(self._proven(), self._triton_live())
+            await self._conditions.sync(self._proven(), self._triton_live())
             await asyncio.sleep(POLL_SECONDS)
             routed = self._pods.routed_hosts()
             ready = self._pods.ready(leaving)

@@ -141,6 +141,7 @@ async def _start_site(core: ApiServerCore, host: str, port: int) -> tuple[web.Ap
 _SETUP_TURNS = 10
 """Turns of the event loop an accepted connection's setup takes, with room to spare (three)."""
 
+
 class RunningApiServer:
     """A simulated API server serving on its own thread and event loop."""
 

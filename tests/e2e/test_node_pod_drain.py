@@ -148,6 +148,17 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_replica_mod
     assert all(solo in ("true", "-") for _, solo in stopping), stopping
 
 
+def _loaded_reasons(core: Any, app: str) -> set[str]:
+    """The reasons of the Deployment's pods' ModelLoaded conditions now."""
+    pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app={app}").items
+    return {
+        str(c.reason)
+        for p in pods
+        for c in p.status.conditions or []
+        if c.type == KEYS.model_loaded
+    }
+
+
 def _ready_pods(core: Any, app: str) -> dict[str, str]:
     """The Deployment's pods Ready now, by name: each one's node."""
     pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app={app}").items
@@ -205,6 +216,7 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_pod_deploym
         client.model = name
     # The pods seen Ready while each node pod was replaced, by node.
     seen_ready: list[set[str]] = []
+    reasons: set[str] = set()
     try:
         for client in clients:
             client.start()
@@ -217,6 +229,7 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_pod_deploym
                 while not done.wait(0.1):
                     with contextlib.suppress(kubernetes.client.ApiException):
                         seen_ready.append(set(_ready_pods(core, name).values()))
+                        reasons.update(_loaded_reasons(core, name))
 
             watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
@@ -241,3 +254,5 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_pod_deploym
     for node in NODES:
         others = {n.name for n in NODES} - {node.name}
         assert others in seen_ready, f"{node.name}'s pod never left the Service: {seen_ready}"
+    # And each said why while it left.
+    assert "NodePodStopping" in reasons, reasons

@@ -315,7 +315,7 @@ async def test_each_write_says_the_status_it_replaces_so_its_transition_time_can
 async def test_while_the_node_pod_stops_every_host_replica_reads_node_pod_stopping() -> None:
     """The replicas of model hosts read False NodePodStopping whatever Triton has of them (the
     binder takes their hosts out of their Services), with no Event; a model pod is judged as
-    before (its readiness is its own proxy's)."""
+    before (its readiness is its own proxy's) unless the stop takes it out of its Service."""
     writer, events = Writer(), Events()
     ready = ModelStatus("model_m", ModelState.READY)
     states = {"m/0": ready, "pod": ready}
@@ -331,4 +331,9 @@ async def test_while_the_node_pod_stops_every_host_replica_reads_node_pod_stoppi
     watcher.stopping = "the node pod is stopping"
     await watcher.sync([Proven(replica, 1024), pod], triton_live=True)
     assert writer.written == [("tritonshare-host-1", "False", "NodePodStopping")]
+    assert events.warned == []
+    # A model pod the stop takes out of its Service says so too.
+    watcher.leaving = {pod.pod.key: "this pod leaves its Service"}
+    await watcher.sync([Proven(replica, 1024), pod], triton_live=True)
+    assert writer.written[-1] == (pod.pod.name, "False", "NodePodStopping")
     assert events.warned == []

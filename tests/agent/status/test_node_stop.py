@@ -42,8 +42,23 @@ def pod(name: str, node: str, controller: str, *, ready: bool = True) -> dict[st
     }
 
 
+class Conditions:
+    """What the drain asks of `ModelConditions`: passes, and which pods read NodePodStopping."""
+
+    def __init__(self) -> None:
+        self.stopping = ""
+        self.leaving: dict[str, str] = {}
+        self.passes = 0
+
+    async def sync(self, pods: object, triton_live: bool) -> None:
+        self.passes += 1
+
+
 def node_stop(
-    pods: NodePods, listed: list[dict[str, Any]], left: list[Mapping[str, str]]
+    pods: NodePods,
+    listed: list[dict[str, Any]],
+    left: list[Mapping[str, str]],
+    conditions: Conditions | None = None,
 ) -> NodeStop:
     async def list_pods(namespace: str) -> list[dict[str, Any]]:
         if not listed:
@@ -55,7 +70,7 @@ def node_stop(
 
     stop = NodeStop(
         pods,
-        cast(ModelConditions, None),  # no host here: never asked
+        cast(ModelConditions, conditions or Conditions()),
         read_pod,
         lambda: None,
         lambda: True,
@@ -70,9 +85,16 @@ def node_stop(
     return stop
 
 
+class Unproven:
+    """No pod here has a proof: the drain's passes judge none."""
+
+    def proven(self, pod: object) -> None:
+        return None
+
+
 def node_pods(*objs: dict[str, Any]) -> NodePods:
     pods = NodePods(
-        cast(PlacementVerifier, None), read_pod_never, scheduler_name="tritonshare", keys=KEYS
+        cast(PlacementVerifier, Unproven()), read_pod_never, scheduler_name="tritonshare", keys=KEYS
     )
     pods.replace(list(objs))
     return pods
@@ -93,7 +115,8 @@ async def test_only_a_pod_with_a_ready_replica_elsewhere_leaves_and_the_drain_en
     ]
     pods = node_pods(*here)
     left: list[Mapping[str, str]] = []
-    stop = node_stop(pods, here + elsewhere, left)
+    conditions = Conditions()
+    stop = node_stop(pods, here + elsewhere, left, conditions)
 
     async def unready_later() -> None:
         await asyncio.sleep(0.5)
@@ -102,6 +125,9 @@ async def test_only_a_pod_with_a_ready_replica_elsewhere_leaves_and_the_drain_en
     began = time.monotonic()
     await asyncio.gather(stop.drain(), unready_later())
     assert left == [{"team/a-1": LEAVING}]
+    # Its condition says why, from the first pass; no host's does (none is routed).
+    assert conditions.leaving == {"team/a-1": LEAVING}
+    assert conditions.passes >= 1 and conditions.stopping == ""
     # It waited for the pod to turn unready, and no longer.
     assert 0.4 < time.monotonic() - began < 3.0
 
