@@ -136,6 +136,14 @@ def pod_ready(obj: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def condition_reason(obj: Mapping[str, Any], condition_type: str) -> str:
+    """The reason of the pod's `condition_type` condition; '' when it has none."""
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == condition_type:
+            return str(condition.get("reason") or "")
+    return ""
+
+
 def controller_uid(obj: Mapping[str, Any]) -> str:
     """The uid of the controller that owns the pod (its ReplicaSet, StatefulSet...); '' none."""
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:

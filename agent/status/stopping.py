@@ -29,10 +29,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agent.errors import AgentError
-from agent.pods.modelpods import PodInfo, controller_uid, pod_ready
+from agent.pods.modelpods import PodInfo, condition_reason, controller_uid, pod_ready
 from agent.pods.nodepods import NodePods
 from agent.pods.proofs import Proven
 from agent.status.conditions import ModelConditions
+from common.hosted import NODE_STOPPING_REASON
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,8 @@ class NodeStop:
         on_stopping: Callable[[], None],
         triton_live: Callable[[], bool],
         *,
-        list_pods: Callable[[str], Awaitable[list[dict[str, Any]]]] | None = None,
-        leave_services: Callable[[Mapping[str, str]], None] | None = None,
+        list_pods: Callable[[str], Awaitable[list[dict[str, Any]]]],
+        leave_services: Callable[[Mapping[str, str]], None] | None,
         namespace: str,
         pod_name: str,
         drain_seconds: float,
@@ -155,10 +156,14 @@ class NodeStop:
 
     async def _replicated(self, served: list[tuple[PodInfo, str]]) -> list[str]:
         """The model pods of `served` (each with its controller's uid) whose controller has
-        another pod Ready on another node, by namespace/name: they may leave their Services."""
-        if not served or self._list_pods is None:
+        another pod Ready on another node, not itself leaving (its condition NodePodStopping),
+        by namespace/name: they may leave their Services. Two node pods stopping at the same
+        moment may each see the other's pod before it says so: their nodes are replaced one at
+        a time (docs/upgrade.md)."""
+        if not served:
             return []
         node = served[0][0].node_name
+        loaded = self._pods.keys.model_loaded
         elsewhere: set[str] = set()
         for namespace in sorted({pod.namespace for pod, _ in served}):
             try:
@@ -177,6 +182,7 @@ class NodeStop:
                 if (obj.get("spec") or {}).get("nodeName") not in (None, "", node)
                 and not (obj.get("metadata") or {}).get("deletionTimestamp")
                 and pod_ready(obj)
+                and condition_reason(obj, loaded) != NODE_STOPPING_REASON
             )
         return [pod.key for pod, controller in served if controller in elsewhere]
 

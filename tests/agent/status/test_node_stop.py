@@ -132,13 +132,22 @@ async def test_only_a_pod_with_a_ready_replica_elsewhere_leaves_and_the_drain_en
     assert 0.4 < time.monotonic() - began < 3.0
 
 
-async def test_a_replica_elsewhere_being_deleted_or_on_this_node_does_not_count() -> None:
+async def test_a_replica_elsewhere_being_deleted_leaving_or_on_this_node_does_not_count() -> None:
     here = [pod("a-1", NODE, "rs-a"), pod("a-2", NODE, "rs-a")]
     going = pod("a-3", OTHER, "rs-a")
     going["metadata"]["deletionTimestamp"] = "2026-11-27T12:00:00Z"
+    # Its own node pod stops too, and it said so first: the other Ready replica is leaving.
+    leaving = pod("a-4", OTHER, "rs-a")
+    leaving["status"]["conditions"].append(
+        {"type": KEYS.model_loaded, "status": "False", "reason": "NodePodStopping"}
+    )
     left: list[Mapping[str, str]] = []
-    await node_stop(node_pods(*here), [*here, going], left).drain()
+    await node_stop(node_pods(*here), [*here, going, leaving], left).drain()
     assert left == []
+    # Once it serves again, it counts.
+    leaving["status"]["conditions"][-1].update(status="True", reason="ModelReady")
+    await node_stop(node_pods(*here), [*here, going, leaving], left).drain()
+    assert left == [{"team/a-1": LEAVING, "team/a-2": LEAVING}]
 
 
 async def test_pods_that_cannot_be_listed_stay_in_their_services() -> None:
