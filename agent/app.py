@@ -257,6 +257,8 @@ class Agent:
             metrics=self.metrics,
             ledger=self.ledger,
             cache=self.cache,
+            # No bound until `start` measures the repository's volume (`_prepare_cache`).
+            namespace_disk=NamespaceDisk(0),
             crashes=self.crashes,
             evictor=self.evictor,
             host=self.host_memory,

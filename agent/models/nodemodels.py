@@ -103,17 +103,21 @@ class Models:
         gpus: Gpus,
         pods: Pods,
         metrics: AgentMetrics,
-        ledger: MemoryLedger | None = None,
-        cache: FileCache | None = None,
-        namespace_disk: NamespaceDisk | None = None,
-        crashes: CrashLedger | None = None,
-        evictor: Evictor | None = None,
-        host: HostMemory | None = None,
-        hold: ProbationHold | None = None,
-        apart: ApartMemory | None = None,
+        ledger: MemoryLedger,
+        cache: FileCache | None,
+        namespace_disk: NamespaceDisk,
+        crashes: CrashLedger,
+        evictor: Evictor | None,
+        host: HostMemory | None,
+        hold: ProbationHold | None,
+        apart: ApartMemory | None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        """Where a collaborator may be None, None is a choice the parts below (`Installer`,
+        `Loads`, `RoomMaker`, `GpuAdmission`) act on: `cache`, nothing kept; `evictor`, no model
+        put to sleep for room (such a load is refused); `host`, loads not admitted on Triton's
+        host memory; `hold`, probationers never held; `apart`, no model measured apart."""
         self.repository = repository
         self.cache = cache
         """Files kept after their last pod left (`agent.installs.filecache`); None keeps nothing."""
@@ -123,10 +127,11 @@ class Models:
         self.limits = limits
         self._gpus = gpus
         self.metrics = metrics
-        disk = namespace_disk or NamespaceDisk(0)
-        self.installer = Installer(repository, owners, limits, metrics, cache, disk, clock)
-        self.ledger = ledger or MemoryLedger()
-        self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
+        self.installer = Installer(
+            repository, owners, limits, metrics, cache, namespace_disk, clock
+        )
+        self.ledger = ledger
+        self.crashes = crashes
         self.host = host
         """Admits loads on Triton's host memory (`agent.models.tritonram`); None: not admitted."""
         self.records = ModelRecords(

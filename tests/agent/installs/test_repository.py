@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import DigestMismatchError, InvalidRequestError, ResourceExhaustedError
+from agent.gpus.memory import MemoryLedger
+from agent.installs.filecache import NamespaceDisk
 from agent.installs.modelconfig import ModelPolicy
 from agent.installs.repository import (
     DISK_HEADROOM_BYTES,
@@ -20,9 +22,11 @@ from agent.installs.repository import (
 )
 from agent.metrics import AgentMetrics
 from agent.models.nodemodels import ModelLimits, Models
+from agent.phases import Rules
 from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerStore
 from agent.pods.proofs import Proven
+from agent.quarantine.records import CrashLedger
 from agent.triton import TritonClient
 from common.manifest import Manifest, ManifestEntry
 from tests.agent.nodeview import NoGpus, OwnersAlive
@@ -244,6 +248,14 @@ async def test_a_full_disk_mid_install_is_reported_and_leaves_nothing(
         gpus=NoGpus(),
         pods=OwnersAlive(False),  # nobody else
         metrics=AgentMetrics(),
+        ledger=MemoryLedger(),
+        cache=None,
+        namespace_disk=NamespaceDisk(0),
+        crashes=CrashLedger(owners.directory, Rules().quarantine_after),
+        evictor=None,
+        host=None,
+        hold=None,
+        apart=None,
     )
     monkeypatch.setattr(models.triton, "state", not_in_triton)
     manifest = build_manifest("m", [entry("config.pbtxt", CONFIG)])

@@ -11,14 +11,18 @@ from pathlib import Path
 import pytest
 
 from agent.errors import OwnedByAnotherPodError
+from agent.gpus.memory import MemoryLedger
+from agent.installs.filecache import NamespaceDisk
 from agent.installs.modelconfig import ModelPolicy
 from agent.installs.repository import Repository, build_manifest
 from agent.metrics import AgentMetrics
 from agent.models.gpuadmission import Gpus
 from agent.models.nodemodels import ModelLimits, Models
+from agent.phases import Rules
 from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerRecord, OwnerStore
 from agent.pods.proofs import Proven
+from agent.quarantine.records import CrashLedger
 from agent.triton import TritonClient
 from common.manifest import ManifestEntry
 from common.tritonname import private_triton_name
@@ -70,6 +74,14 @@ async def owner_models(tmp_path: Path, alive: bool, gpus: Gpus | None = None) ->
         gpus=gpus or NoGpus(),
         pods=OwnersAlive(alive),
         metrics=AgentMetrics(),
+        ledger=MemoryLedger(),
+        cache=None,
+        namespace_disk=NamespaceDisk(0),
+        crashes=CrashLedger(owners.directory, Rules().quarantine_after),
+        evictor=None,
+        host=None,
+        hold=None,
+        apart=None,
     )
 
     async def not_in_triton(name: str) -> None:
