@@ -112,12 +112,12 @@ class CallerPublisher:
         owners: Callable[[], Mapping[str, Proven] | None],
         *,
         refresh_seconds: float = 5.0,
-        quarantine: Callable[[str], str] | None = None,
-        probation: Callable[[str], bool] | None = None,
-        held: Callable[[str], bool] | None = None,
-        trial: Callable[[], bool] | None = None,
+        quarantine: Callable[[str], str] | None,
+        probation: Callable[[str], bool] | None,
+        held: Callable[[str], bool] | None,
+        trial: Callable[[], bool] | None,
         clock: Callable[[], float] = time.time,
-        key_of: Callable[[str], str] | None = None,
+        key_of: Callable[[str], str] | None,
     ) -> None:
         """`key_of(pod uid)` is the digest of a pod's caller key (`agent.pods.callerkeys`); without
         it the rows carry none and the gateway knows the pods by address alone.
@@ -126,7 +126,11 @@ class CallerPublisher:
         `probation(pod)` says whether the gateway serializes its requests with other
         probationers' (`agent.quarantine.suspects`); `held(pod)` whether it holds the pod's new
         requests now, on probation (`agent.models.probationhold`); `trial()` whether the hold is a
-        suspect's trial (the gateway refuses held pods' requests)."""
+        suspect's trial (the gateway refuses held pods' requests).
+
+        Each may be None, a choice this class acts on: `key_of`, rows without a caller key;
+        `quarantine`, no pod's requests refused; `probation`, no pod on probation (so none
+        held); `held`, no probationer held; `trial`, no hold a trial."""
         self.path = path
         self._quarantine = quarantine
         self._probation = probation

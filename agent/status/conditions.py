@@ -191,12 +191,12 @@ class ModelConditions:
         condition_type: str,
         status_of: Callable[[Proven], Awaitable[ModelStatus]],
         *,
-        refused: Callable[[str], str] | None = None,
-        quarantine: Callable[[Proven], PodQuarantine | None] | None = None,
-        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
-        hosts: Hosts | None = None,
-        remove: Callable[[str, str, str], Awaitable[None]] | None = None,
-        load_failure: Callable[[PodInfo], LoadFailure | None] | None = None,
+        refused: Callable[[str], str] | None,
+        quarantine: Callable[[Proven], PodQuarantine | None] | None,
+        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None,
+        hosts: Hosts | None,
+        remove: Callable[[str, str, str], Awaitable[None]] | None,
+        load_failure: Callable[[PodInfo], LoadFailure | None] | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`refused(pod)`: why the node gateway refuses the pod's requests (empty: it does
@@ -204,7 +204,13 @@ class ModelConditions:
         `fail_pod(namespace, name, reason, message)` marks a pod Failed; `hosts`: the model
         hosts' replicas that are not proven, and their conditions left behind, which
         `remove(namespace, name, condition type)` takes off; `load_failure(replica)`: what
-        the replica's host's loader reports it cannot load (`agent.pods.loadfailures`)."""
+        the replica's host's loader reports it cannot load (`agent.pods.loadfailures`).
+
+        Each may be None, a choice this class acts on: `refused`, no pod's requests refused;
+        `quarantine`, no pod's files quarantined (so none marked Failed); `fail_pod`, no pod
+        marked Failed (only told); `hosts`, no model host's replicas judged; `remove`, a
+        host's conditions left behind stay; `load_failure`, a host's replica not yet loaded
+        reads pending, never its loader's reason."""
         self._writer = writer
         self._load_failure = load_failure
         self._hosts = hosts

@@ -36,7 +36,14 @@ async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
     table = tmp_path / "callers.json"
     hold = ProbationHold(0.3, drain_seconds=5.0)
     publisher = CallerPublisher(
-        table, "node-1", lambda: owners, probation=probation.__contains__, held=hold.holds
+        table,
+        "node-1",
+        lambda: owners,
+        quarantine=None,
+        probation=probation.__contains__,
+        held=hold.holds,
+        trial=None,
+        key_of=None,
     )
     hold.on_change = publisher.publish
     asked: list[list[str]] = []
@@ -151,9 +158,11 @@ async def test_the_caller_table_marks_held_rows_of_a_trial(tmp_path: Path) -> No
         table,
         "node-1",
         lambda: owners,
+        quarantine=None,
         probation={"team/a"}.__contains__,
         held=hold.holds,
         trial=hold.trial,
+        key_of=None,
     )
     hold.on_change = publisher.publish
     await hold.begin("team/b", trial=True)

@@ -138,7 +138,14 @@ def test_a_held_rows_spread_is_held_too(tmp_path: Path) -> None:
         for n in (1, 2)
     }
     publisher = CallerPublisher(
-        tmp_path / "callers.json", NODE, lambda: owners, probation=bool, held=bool
+        tmp_path / "callers.json",
+        NODE,
+        lambda: owners,
+        quarantine=None,
+        probation=bool,
+        held=bool,
+        trial=None,
+        key_of=None,
     )
     publisher.publish()
     assert publisher.held_names() == ["resnet.1.private", "resnet.2.private"]

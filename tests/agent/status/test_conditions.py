@@ -81,6 +81,12 @@ def conditions(
         events,  # type: ignore[arg-type]
         CONDITION,
         status_of,
+        refused=None,
+        quarantine=None,
+        fail_pod=None,
+        hosts=None,
+        remove=None,
+        load_failure=None,
         clock=clock or Clock(),
     )
 
@@ -184,7 +190,18 @@ async def test_a_pod_refused_its_model_id_is_told_why_without_the_owner() -> Non
             event_reason="ModelOwnedByAnotherPod",
         )
 
-    watcher = ModelConditions(writer, events, CONDITION, status_of)  # type: ignore[arg-type]
+    watcher = ModelConditions(
+        writer,
+        events,  # type: ignore[arg-type]
+        CONDITION,
+        status_of,
+        refused=None,
+        quarantine=None,
+        fail_pod=None,
+        hosts=None,
+        remove=None,
+        load_failure=None,
+    )
     await watcher.sync([proven("a")], triton_live=True)
     await watcher.sync([proven("a", loaded=("False", "ModelOwnedByAnotherPod"))], triton_live=True)
     assert writer.written == [("a", "False", "ModelOwnedByAnotherPod")]
@@ -203,7 +220,18 @@ async def test_one_call_triton_did_not_answer_changes_no_pods_condition() -> Non
     async def status_of(p: Proven) -> ModelStatus:
         raise TritonUnreachableError("Triton at http://127.0.0.1:8000 does not answer")
 
-    watcher = ModelConditions(writer, events, CONDITION, status_of)  # type: ignore[arg-type]
+    watcher = ModelConditions(
+        writer,
+        events,  # type: ignore[arg-type]
+        CONDITION,
+        status_of,
+        refused=None,
+        quarantine=None,
+        fail_pod=None,
+        hosts=None,
+        remove=None,
+        load_failure=None,
+    )
     await watcher.sync([proven("a", loaded=("True", "ModelReady")), proven("b")], triton_live=True)
     assert writer.written == [] and events.warned == []
 
@@ -239,6 +267,9 @@ async def test_a_quarantined_pod_is_told_in_its_loader_and_failed_once_when_cont
         refused=lambda key: "its requests crashed Triton" if key == "models/c" else "",
         quarantine=lambda p: held.get(p.pod.name),
         fail_pod=fail_pod,
+        hosts=None,
+        remove=None,
+        load_failure=None,
     )
 
     def owned(p: Proven) -> Proven:
@@ -273,6 +304,11 @@ async def test_a_replica_triton_refused_reads_its_loaders_reason_as_soon_as_repo
         events,  # type: ignore[arg-type]
         CONDITION,
         lambda p: asyncio.sleep(0, states[p.pod.name]),
+        refused=None,
+        quarantine=None,
+        fail_pod=None,
+        hosts=None,
+        remove=None,
         load_failure=lambda pod: reported.get(pod.uid),
         clock=Clock(),
     )
