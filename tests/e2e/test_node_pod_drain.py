@@ -77,6 +77,20 @@ def _more_than(requests: list[Request], count: int) -> bool:
     return len(requests) > count
 
 
+def _start(clients: list[Client]) -> None:
+    """Start each client and wait for its first answer."""
+    for client in clients:
+        client.start()
+    for client in clients:
+        wait_until(f"a first {client.protocol} answer", client.answered.is_set, 60)
+
+
+def _all_answered(requests: list[Request]) -> None:
+    failed = [r for r in requests if not r.ok]
+    assert failed == [], f"{len(failed)} of {len(requests)} failed, the first: {failed[:3]}"
+    assert sum(r.ok for r in requests) > 100
+
+
 def _listening(address: str) -> bool:
     try:
         socket.create_connection((address, 9000), timeout=1).close()
@@ -113,10 +127,7 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_replica_mod
     # While a node's replicas read NodePodStopping: (its serves labels of MODEL and SOLO).
     stopping: list[tuple[str, str]] = []
     try:
-        for client in clients:
-            client.start()
-        for client in clients:
-            wait_until(f"a first {client.protocol} answer", client.answered.is_set, 60)
+        _start(clients)
         for node in NODES:
             seen = threading.Event()
 
@@ -138,9 +149,7 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_replica_mod
         for client in clients:
             client.stop()
         services.stop()
-    failed = [r for r in requests if not r.ok]
-    assert failed == [], f"{len(failed)} of {len(requests)} failed, the first: {failed[:3]}"
-    assert sum(r.ok for r in requests) > 100
+    _all_answered(requests)
     # Each replaced node's replica read NodePodStopping, and its host left MODEL's Service; the
     # neighbour's only replica kept its host in SOLO's (where it was).
     assert any(model == "" for model, _ in stopping), stopping
@@ -211,17 +220,12 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_pod_deploym
     services.start()
     wait_until("the Service listening", lambda: _listening(address), 30)
     requests: list[Request] = []
-    clients = [Client(MODEL, protocol, address, requests) for protocol in ("rest", "grpc")]
-    for client in clients:
-        client.model = name
+    clients = [Client(name, protocol, address, requests) for protocol in ("rest", "grpc")]
     # The pods seen Ready while each node pod was replaced, by node.
     seen_ready: list[set[str]] = []
     reasons: set[str] = set()
     try:
-        for client in clients:
-            client.start()
-        for client in clients:
-            wait_until(f"a first {client.protocol} answer", client.answered.is_set, 60)
+        _start(clients)
         for node in NODES:
             done = threading.Event()
 
@@ -246,9 +250,7 @@ def test_replacing_node_pods_one_at_a_time_fails_no_request_of_a_two_pod_deploym
         for client in clients:
             client.stop()
         services.stop()
-    failed = [r for r in requests if not r.ok]
-    assert failed == [], f"{len(failed)} of {len(requests)} failed, the first: {failed[:3]}"
-    assert sum(r.ok for r in requests) > 100
+    _all_answered(requests)
     # Each replaced node's pod left the Service while its node pod stopped: the other alone
     # was Ready for a while, for each node.
     for node in NODES:

@@ -10,9 +10,6 @@ from pathlib import Path
 import pytest
 
 from agent.errors import DigestMismatchError, InvalidRequestError, ResourceExhaustedError
-from agent.gpus.memory import MemoryLedger
-from agent.installs.filecache import NamespaceDisk
-from agent.installs.modelconfig import ModelPolicy
 from agent.installs.repository import (
     DISK_HEADROOM_BYTES,
     MANIFEST_FILE,
@@ -20,16 +17,11 @@ from agent.installs.repository import (
     Staging,
     build_manifest,
 )
-from agent.metrics import AgentMetrics
-from agent.models.nodemodels import ModelLimits, Models
-from agent.phases import Rules
 from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerStore
 from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger
-from agent.triton import TritonClient
 from common.manifest import Manifest, ManifestEntry
-from tests.agent.nodeview import NoGpus, OwnersAlive
+from tests.agent.nodeview import NoGpus, OwnersAlive, bare_models
 
 CONFIG = b'name: "m"\nbackend: "python"\n'
 MODEL = b"print('hello')\n"
@@ -238,24 +230,8 @@ async def test_a_full_disk_mid_install_is_reported_and_leaves_nothing(
     async def not_in_triton(name: str) -> None:
         return None
 
-    models = Models(
-        repository,
-        TritonClient("127.0.0.1:1", "127.0.0.1:1"),
-        owners,
-        ModelLimits(
-            policy=ModelPolicy(tenant_code_namespaces=frozenset({"default"})), cpu_only=True
-        ),
-        gpus=NoGpus(),
-        pods=OwnersAlive(False),  # nobody else
-        metrics=AgentMetrics(),
-        ledger=MemoryLedger(),
-        cache=None,
-        namespace_disk=NamespaceDisk(0),
-        crashes=CrashLedger(owners.directory, Rules().quarantine_after),
-        evictor=None,
-        host=None,
-        hold=None,
-        apart=None,
+    models = bare_models(
+        repository, owners, frozenset({"default"}), gpus=NoGpus(), pods=OwnersAlive(False)
     )
     monkeypatch.setattr(models.triton, "state", not_in_triton)
     manifest = build_manifest("m", [entry("config.pbtxt", CONFIG)])

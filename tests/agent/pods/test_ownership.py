@@ -11,22 +11,15 @@ from pathlib import Path
 import pytest
 
 from agent.errors import OwnedByAnotherPodError
-from agent.gpus.memory import MemoryLedger
-from agent.installs.filecache import NamespaceDisk
-from agent.installs.modelconfig import ModelPolicy
 from agent.installs.repository import Repository, build_manifest
-from agent.metrics import AgentMetrics
 from agent.models.gpuadmission import Gpus
-from agent.models.nodemodels import ModelLimits, Models
-from agent.phases import Rules
+from agent.models.nodemodels import Models
 from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerRecord, OwnerStore
 from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger
-from agent.triton import TritonClient
 from common.manifest import ManifestEntry
 from common.tritonname import private_triton_name
-from tests.agent.nodeview import NoGpus, OwnersAlive
+from tests.agent.nodeview import NoGpus, OwnersAlive, bare_models
 
 CONFIG = b'backend: "python"\n'
 
@@ -63,25 +56,12 @@ async def owner_models(tmp_path: Path, alive: bool, gpus: Gpus | None = None) ->
     owners = OwnerStore(tmp_path / "state")
     owners.load()
 
-    models = Models(
+    models = bare_models(
         repository,
-        TritonClient("127.0.0.1:1", "127.0.0.1:1"),
         owners,
-        ModelLimits(
-            policy=ModelPolicy(tenant_code_namespaces=frozenset({"team-a", "team-b"})),
-            cpu_only=True,
-        ),
+        frozenset({"team-a", "team-b"}),
         gpus=gpus or NoGpus(),
         pods=OwnersAlive(alive),
-        metrics=AgentMetrics(),
-        ledger=MemoryLedger(),
-        cache=None,
-        namespace_disk=NamespaceDisk(0),
-        crashes=CrashLedger(owners.directory, Rules().quarantine_after),
-        evictor=None,
-        host=None,
-        hold=None,
-        apart=None,
     )
 
     async def not_in_triton(name: str) -> None:

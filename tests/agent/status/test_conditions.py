@@ -6,7 +6,9 @@ pod is told whatever its phase, and a controller's is marked Failed."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -71,22 +73,29 @@ class Clock:
 
 
 def conditions(
-    states: dict[str, ModelStatus], writer: Writer, events: Events, clock: Clock | None = None
+    states: dict[str, ModelStatus],
+    writer: Writer,
+    events: Events,
+    clock: Clock | None = None,
+    *,
+    status_of: Callable[[Proven], Awaitable[ModelStatus]] | None = None,
+    **collaborators: Any,
 ) -> ModelConditions:
-    async def status_of(p: Proven) -> ModelStatus:
+    """The conditions' watcher over `states` (or `status_of`), with none of its optional
+    collaborators but those given."""
+
+    async def from_states(p: Proven) -> ModelStatus:
         return states[p.pod.name]
 
+    given: dict[str, Any] = dict.fromkeys(
+        ("refused", "quarantine", "fail_pod", "hosts", "remove", "load_failure")
+    )
     return ModelConditions(
         writer,
         events,  # type: ignore[arg-type]
         CONDITION,
-        status_of,
-        refused=None,
-        quarantine=None,
-        fail_pod=None,
-        hosts=None,
-        remove=None,
-        load_failure=None,
+        status_of or from_states,
+        **(given | collaborators),
         clock=clock or Clock(),
     )
 
@@ -190,18 +199,7 @@ async def test_a_pod_refused_its_model_id_is_told_why_without_the_owner() -> Non
             event_reason="ModelOwnedByAnotherPod",
         )
 
-    watcher = ModelConditions(
-        writer,
-        events,  # type: ignore[arg-type]
-        CONDITION,
-        status_of,
-        refused=None,
-        quarantine=None,
-        fail_pod=None,
-        hosts=None,
-        remove=None,
-        load_failure=None,
-    )
+    watcher = conditions({}, writer, events, status_of=status_of)
     await watcher.sync([proven("a")], triton_live=True)
     await watcher.sync([proven("a", loaded=("False", "ModelOwnedByAnotherPod"))], triton_live=True)
     assert writer.written == [("a", "False", "ModelOwnedByAnotherPod")]
@@ -220,18 +218,7 @@ async def test_one_call_triton_did_not_answer_changes_no_pods_condition() -> Non
     async def status_of(p: Proven) -> ModelStatus:
         raise TritonUnreachableError("Triton at http://127.0.0.1:8000 does not answer")
 
-    watcher = ModelConditions(
-        writer,
-        events,  # type: ignore[arg-type]
-        CONDITION,
-        status_of,
-        refused=None,
-        quarantine=None,
-        fail_pod=None,
-        hosts=None,
-        remove=None,
-        load_failure=None,
-    )
+    watcher = conditions({}, writer, events, status_of=status_of)
     await watcher.sync([proven("a", loaded=("True", "ModelReady")), proven("b")], triton_live=True)
     assert writer.written == [] and events.warned == []
 
@@ -259,17 +246,14 @@ async def test_a_quarantined_pod_is_told_in_its_loader_and_failed_once_when_cont
     async def status_of(p: Proven) -> ModelStatus:
         raise AssertionError("a pod in its loader is not asked about")
 
-    watcher = ModelConditions(
+    watcher = conditions(
+        {},
         writer,
-        events,  # type: ignore[arg-type]
-        CONDITION,
-        status_of,
+        events,
+        status_of=status_of,
         refused=lambda key: "its requests crashed Triton" if key == "models/c" else "",
         quarantine=lambda p: held.get(p.pod.name),
         fail_pod=fail_pod,
-        hosts=None,
-        remove=None,
-        load_failure=None,
     )
 
     def owned(p: Proven) -> Proven:
@@ -299,18 +283,13 @@ async def test_a_replica_triton_refused_reads_its_loaders_reason_as_soon_as_repo
     writer, events = Writer(), Events()
     states = {"m/0": ModelStatus("model_m", ModelState.FAILED, reason="Triton refused it")}
     reported: dict[str, LoadFailure] = {}
-    watcher = ModelConditions(
+    watcher = conditions(
+        {},
         writer,
-        events,  # type: ignore[arg-type]
-        CONDITION,
-        lambda p: asyncio.sleep(0, states[p.pod.name]),
-        refused=None,
-        quarantine=None,
-        fail_pod=None,
-        hosts=None,
-        remove=None,
+        events,
+        Clock(),
+        status_of=lambda p: asyncio.sleep(0, states[p.pod.name]),
         load_failure=lambda pod: reported.get(pod.uid),
-        clock=Clock(),
     )
     replica = replace(
         proven("m/0", loaded=("False", "ModelPending")).pod,

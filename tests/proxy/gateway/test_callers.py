@@ -367,6 +367,22 @@ def test_a_stale_table_keeps_only_the_rows_it_still_has(tmp_path: Path) -> None:
     assert book.stale and book.lookup(HA.address) == {"a": HA}
 
 
+def _followed(tmp_path: Path, *tables: tuple[Caller, ...]) -> tuple[list[set[str]], list[Caller]]:
+    """What a book following `tables` (one a second) revoked, and the rows it told of as
+    changed but for their standing (probation, hold, stop)."""
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    changed: list[Caller] = []
+    book = CallerBook(
+        path, max_age=60, on_revoke=revoked.append, on_probation=changed.append, clock=clock
+    )
+    for rows in tables:
+        write_table(path, CallerTable("n", clock.now, rows))
+        book.check()
+        clock.now += 1
+    return revoked, changed
+
+
 def test_a_hold_survives_the_round_trip_and_changes_no_connection(tmp_path: Path) -> None:
     """A probationer held while a watched load settles keeps its connections: the book tells
     the gateway as for probation; old tables (no field) mean no hold; a non-boolean is refused."""
@@ -378,21 +394,12 @@ def test_a_hold_survives_the_round_trip_and_changes_no_connection(tmp_path: Path
     document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1}
     with pytest.raises(CallerTableError, match="held 1 is not true or false"):
         decode(json.dumps({**document, "callers": [entry]}).encode())
-    path, clock = tmp_path / "callers.json", Clock()
-    revoked: list[set[str]] = []
-    changed: list[Caller] = []
-    book = CallerBook(
-        path, max_age=60, on_revoke=revoked.append, on_probation=changed.append, clock=clock
-    )
     trial = Caller(A.address, A.model_id, A.pod, A.uid, probation=True, held=True, trial=True)
     assert decode(encode(CallerTable("n", 1.0, (trial,)))).callers == (trial,)
     with pytest.raises(CallerTableError, match="trial 1 is not true or false"):
         decode(json.dumps({**document, "callers": [{**entry, "held": True, "trial": 1}]}).encode())
-    for rows in ((on, B), (held, B), (trial, B), (on, B)):
-        write_table(path, CallerTable("n", clock.now, rows))
-        book.check()
-        clock.now += 1
-    assert (revoked, changed) == ([], [held, trial, on])
+    followed = _followed(tmp_path, (on, B), (held, B), (trial, B), (on, B))
+    assert followed == ([], [held, trial, on])
 
 
 def test_a_key_digest_survives_the_round_trip_and_names_its_address(tmp_path: Path) -> None:
@@ -435,14 +442,4 @@ def test_a_stop_survives_the_round_trip_and_changes_no_connection(tmp_path: Path
     document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1}
     with pytest.raises(CallerTableError, match="stopping True is not a string"):
         decode(json.dumps({**document, "callers": [entry]}).encode())
-    path, clock = tmp_path / "callers.json", Clock()
-    revoked: list[set[str]] = []
-    changed: list[Caller] = []
-    book = CallerBook(
-        path, max_age=60, on_revoke=revoked.append, on_probation=changed.append, clock=clock
-    )
-    for rows in ((A, B), (leaving, B), (A, B)):
-        write_table(path, CallerTable("n", clock.now, rows))
-        book.check()
-        clock.now += 1
-    assert (revoked, changed) == ([], [leaving, A])
+    assert _followed(tmp_path, (A, B), (leaving, B), (A, B)) == ([], [leaving, A])
