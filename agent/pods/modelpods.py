@@ -132,16 +132,12 @@ PENDING_REASON = "ModelPending"
 
 def pod_ready(obj: Mapping[str, Any]) -> bool:
     """Whether the pod's Ready condition is True (its Services' endpoints route to it)."""
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return _condition(obj.get("status") or {}, "Ready")[0] == "True"
 
 
 def condition_reason(obj: Mapping[str, Any], condition_type: str) -> str:
     """The reason of the pod's `condition_type` condition; '' when it has none."""
-    for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == condition_type:
-            return str(condition.get("reason") or "")
-    return ""
+    return _condition(obj.get("status") or {}, condition_type)[1]
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str:

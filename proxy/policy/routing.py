@@ -123,14 +123,9 @@ after their answers, so that their next requests go through the Service to anoth
 
 
 def stopping_body(message: str) -> bytes:
-    """The REST body of that answer: Triton's error body, and `"nodeStopping": true`."""
-    return (
-        b'{"error":'
-        + json.dumps(message, ensure_ascii=False).encode()
-        + b',"'
-        + NODE_STOPPING.encode()
-        + b'":true}'
-    )
+    """The REST body of that answer: Triton's error body (`error_body`), and
+    `"nodeStopping": true`."""
+    return error_body(message)[:-1] + b',"' + NODE_STOPPING.encode() + b'":true}'
 
 
 def parked_message(model_id: str) -> str:
