@@ -91,6 +91,11 @@ class TritonInstall:
         return root
 
 
+_PORTS = ("http_port", "grpc_port", "metrics_port")
+PORT_TRIES = 3
+"""Starts of a server whose own picked port another process took before Triton bound it."""
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -195,13 +200,29 @@ class TritonServer:
         return args
 
     def start(self) -> TritonServer:
-        """Start the server and wait until /v2/health/live answers."""
+        """Start the server and wait until /v2/health/live answers. A port this picks itself
+        (one left 0) that another process takes between the pick and Triton's bind (tests run
+        side by side) is picked again, at most `PORT_TRIES` times in all."""
+        picked = [name for name in _PORTS if getattr(self, name) == 0]
+        log_path = self.log_path
+        for tries_left in range(PORT_TRIES - 1, -1, -1):
+            try:
+                return self._launch()
+            except RuntimeError as e:
+                if not (picked and tries_left and "already in use" in str(e)):
+                    raise
+                for name in picked:
+                    setattr(self, name, 0)
+                self.log_path = log_path
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _launch(self) -> TritonServer:
         install = TritonInstall.find()
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonshare-triton-"))
         backend_dir = install.make_backend_dir(self._workdir / "backends")
         if self.onnx_standin:
             shutil.copytree(STANDIN_BACKENDS / "onnxruntime", backend_dir / "onnxruntime")
-        for name in ("http_port", "grpc_port", "metrics_port"):
+        for name in _PORTS:
             if getattr(self, name) == 0:
                 # Each a port of its own: two picks a moment apart may get the same free port.
                 taken = {self.http_port, self.grpc_port, self.metrics_port}
