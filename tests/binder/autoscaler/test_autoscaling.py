@@ -428,7 +428,10 @@ async def test_a_deployment_with_knative_s_annotations_is_scaled_on_its_model_po
         lambda: apps.read_namespaced_deployment("resnet", "default").spec.replicas == 3,
         what="scaled to 3",
     )
-    assert any(m.startswith("New size: 3;") for m in events("SuccessfulRescale"))
+    await eventually(
+        lambda: any(m.startswith("New size: 3;") for m in events("SuccessfulRescale")),
+        what="the SuccessfulRescale Event (written after the scale)",
+    )
 
     # KEDA's ScaledObject takes it over: said once, in an Event.
     keda = hpa("keda-hpa-resnet", "resnet", {"scaledobject.keda.sh/name": "resnet"})
