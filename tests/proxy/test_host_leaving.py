@@ -151,7 +151,12 @@ def test_a_leaving_model_s_grpc_clients_are_sent_goaway(host: RunningProxy, tabl
     request.raw_input_contents.append(tensor._get_content())
     try:
         stub.ModelInfer(request, timeout=10)
-        assert states[-1] == grpc.ChannelConnectivity.READY
+        # grpc's poller thread tells the subscriber of each state after the fact: wait for READY.
+        deadline = time.monotonic() + 10
+        while not states or states[-1] != grpc.ChannelConnectivity.READY:
+            assert time.monotonic() < deadline, f"the channel never read READY: {states}"
+            changed.clear()
+            changed.wait(0.05)
         mark = len(states)
         write_table(table, {"add_one"})
         deadline = time.monotonic() + 10
