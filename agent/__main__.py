@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from agent.app import Agent
 from agent.errors import AgentError
+from agent.gpus.nvml import PYNVML
 from agent.settings import Settings, SettingsError, parse_settings
 from common.lifecycle import serve
 from common.logs import configure_logging, subject
@@ -23,7 +24,7 @@ log = logging.getLogger("agent")
 
 async def run(settings: Settings) -> int:
     # Built on the running loop, as every part is: nothing of it outlives this run.
-    agent = Agent(settings)
+    agent = Agent(settings, nvml=PYNVML)
     drain = settings.stop_drain_seconds + settings.stop_unroute_seconds
     signalled = agent.stopping.signalled
     return await serve(agent, cleanup_timeout=max(30.0, drain + 5), on_signal=signalled)

@@ -1,12 +1,13 @@
 """Assembling the agent from its parts, starting it, and stopping it in a fixed order.
 
-The shape of every part (`common.lifecycle`): `Agent(settings)` builds everything, in the order
-the parts depend on each other, each from what is built before it; `start(lifecycle)` binds the
-servers, logs "Agent for node N is serving gRPC on HOST:PORT", writes the ports file, spawns the
-long-lived tasks and registers the cleanups. Shutdown (reverse order of registration): stop
-accepting gRPC calls (in-flight ones get a grace period), stop HTTP, let the loops finish their
-current step (then cut them off), release NVML, stop the pod watch, then close the Triton, file
-and Kubernetes clients. Tests build an Agent in-process with a mock NVML module.
+The shape of every part (`common.lifecycle`): `Agent(settings, nvml=...)` builds everything, in
+the order the parts depend on each other, each from what is built before it; `start(lifecycle)`
+binds the servers, logs "Agent for node N is serving gRPC on HOST:PORT", writes the ports file,
+spawns the long-lived tasks and registers the cleanups. Shutdown (reverse order of registration):
+stop accepting gRPC calls (in-flight ones get a grace period), stop HTTP, let the loops finish
+their current step (then cut them off), release NVML, stop the pod watch, then close the Triton,
+file and Kubernetes clients. `nvml` is `agent.gpus.nvml.PYNVML`; tests build an Agent in-process
+with a mock NVML module.
 """
 
 from __future__ import annotations
@@ -118,13 +119,13 @@ def _model_limits(settings: Settings) -> ModelLimits:
     )
 
 
-def _gpu_reader(settings: Settings, nvml: types.ModuleType | None) -> GpuReader:
+def _gpu_reader(settings: Settings, nvml: types.ModuleType) -> GpuReader:
     """NVML in the agent's container (`nvml`: a stand-in module), or in Triton's through the
     relay (`--gpu-source=triton`)."""
     if settings.gpu_source == "nvml":
-        return GpuReader(nvml)
+        return GpuReader(nvml=nvml)
     return GpuReader(
-        RelayedNvml(settings.nvml_relay_socket),
+        nvml=RelayedNvml(settings.nvml_relay_socket),
         remedy=RELAY_REMEDY,
         source="NVML in Triton's container",
     )
@@ -150,7 +151,7 @@ class Agent:
     clients of outside systems, the node's GPUs and pods, the models, then what drives and serves
     them. Each takes only what is built before it."""
 
-    def __init__(self, settings: Settings, *, nvml: types.ModuleType | None = None) -> None:
+    def __init__(self, settings: Settings, *, nvml: types.ModuleType) -> None:
         self.settings = settings
         if settings.placement_key_dir is None:
             raise AgentError("the agent needs --placement-key-dir to check placements")
@@ -204,7 +205,9 @@ class Agent:
         self._gpu_reader = _gpu_reader(settings, nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
         self.triton_processes = TritonProcesses(settings.triton_pid_file)
-        self.apart = ApartMemory(self._gpu_reader, self.triton_processes, self._nvml_thread)
+        self.apart = ApartMemory(
+            self._gpu_reader, self.triton_processes, executor=self._nvml_thread
+        )
 
         # The node: its GPUs (and the memory measured on them), its pods.
         self.ledger = MemoryLedger(tolerance_fraction=settings.gpu_mem_tolerance)

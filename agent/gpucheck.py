@@ -42,7 +42,7 @@ from agent.gpus.memory import (
     admission_problem,
     tolerance,
 )
-from agent.gpus.nvml import GpuDetails, GpuReader
+from agent.gpus.nvml import PYNVML, GpuDetails, GpuReader
 from agent.gpus.relayclient import RelayedNvml
 from agent.gpus.reserve import (
     BACKEND_ALLOWANCE,
@@ -614,9 +614,10 @@ def main(
         print(f"gpucheck: {e}", file=sys.stderr)
         return Outcome.USAGE
     # Where the agent reads NVML, the check does: in the node pod, Triton's container's relay.
-    reader = GpuReader(
-        RelayedNvml(settings.nvml_relay_socket) if settings.gpu_source == "triton" else nvml
-    )
+    if settings.gpu_source == "triton":
+        reader = GpuReader(nvml=RelayedNvml(settings.nvml_relay_socket))
+    else:
+        reader = GpuReader(nvml=PYNVML if nvml is None else nvml)
     try:
         report = run(settings, reader, stand_in, sleep=sleep)
     finally:

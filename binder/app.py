@@ -86,7 +86,7 @@ class Binder:
         )
         # Kept by the cache, read by the controller and the metrics.
         self.ledger = Ledger(ClusterState(reserve=settings.gpu_mem_reserve))
-        self.metrics = Metrics(self.ledger.state, self.ledger.unproven_reasons)
+        self.metrics = Metrics(state=self.ledger.state, unproven=self.ledger.unproven_reasons)
         # Pods and TritonModels wait in one queue, in turns by namespace; a model backs off
         # as kube-scheduler's pods do (capped), a pod is retried at any helpful change.
         self.queue = SchedulingQueue(

@@ -86,11 +86,13 @@ class Metrics:
 
     def __init__(
         self,
-        state: ClusterState | None = None,
+        *,
+        state: ClusterState | None,
         unproven: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         """`state` (the cache's, read at scrape time) and `unproven` (the reasons of the unproven
-        pods) feed the gauges of GPU memory and unproven pods; without them those are empty."""
+        pods) feed the gauges of GPU memory and unproven pods; without them (`state` None, the
+        default `unproven`) those are empty."""
         self.registry = CollectorRegistry()
         self.attempts = Counter(
             "tritonshare_binder_schedule_attempts",

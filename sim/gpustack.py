@@ -68,9 +68,9 @@ def nvml_gpus(node: str, nvml: object | None = None) -> NodeGpus:
     stand-in for the `pynvml` module). Where NVML cannot be read the node is labelled as having
     none: its agent, which reads NVML the same way, then fails to start and its log says why."""
     from agent.errors import NvmlUnavailableError
-    from agent.gpus.nvml import GpuReader
+    from agent.gpus.nvml import PYNVML, GpuReader
 
-    reader = GpuReader(nvml)
+    reader = GpuReader(nvml=PYNVML if nvml is None else nvml)
     try:
         gpus = reader.read().gpus
     except NvmlUnavailableError:

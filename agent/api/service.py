@@ -79,11 +79,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         node_name: str,
         events: PodEvents,
         *,
-        on_reinstall: Callable[[Proven], None] | None = None,
-        on_loaded: Callable[[], None] | None = None,
-        load_failures: LoadFailures | None = None,
-        on_failures_reported: Callable[[], None] | None = None,
-        caller_keys: CallerKeys | None = None,
+        on_reinstall: Callable[[Proven], None],
+        on_loaded: Callable[[], None],
+        load_failures: LoadFailures,
+        on_failures_reported: Callable[[], None],
+        caller_keys: CallerKeys | None,
     ) -> None:
         self.models = models
         self.caller_keys = caller_keys
@@ -152,7 +152,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             header = first.header
             manifest = build_manifest(header.model_id, entries_from_proto(header.manifest))
             pod = await self.authorizer.authorize_model(caller, header.model_id, _ordinal(header))
-            if pod.pod.running and self.on_reinstall is not None:
+            if pod.pod.running:
                 # Its loader is long done: its proxy reinstalls a model the node lost.
                 self.on_reinstall(pod)
             started = time.monotonic()
@@ -187,7 +187,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             caller = await self._caller(context)
             manifest = build_manifest(request.model_id, entries_from_proto(request.manifest))
             pod = await self.authorizer.authorize_model(caller, request.model_id, _ordinal(request))
-            if pod.pod.running and self.on_reinstall is not None:
+            if pod.pod.running:
                 self.on_reinstall(pod)
             result = await self.models.install_kept(request.model_id, manifest, pod)
         except AgentError as e:
@@ -217,8 +217,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             status = await self.models.load(request.model_id, pod)
         except AgentError as e:
             return self._fail(context, "LoadModel", e, caller)
-        if self.on_loaded is not None:
-            self.on_loaded()
+        self.on_loaded()
         self._ok("LoadModel")
         return status_to_proto(status)
 
@@ -288,12 +287,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             parked, problem = self.authorizer.parked(host)
             if problem:
                 refused.append(problem)
-            changed = self.load_failures is not None and self.load_failures.report(
+            changed = self.load_failures.report(
                 caller.pod_uid,
                 hosted,
                 ((f.model_id, f.replica, f.reason, f.message) for f in request.failures),
             )
-            if changed and self.on_failures_reported is not None:
+            if changed:
                 self.on_failures_reported()
             statuses = await asyncio.gather(
                 *(self.models.reports.status_for(proven) for _, proven in hosted),

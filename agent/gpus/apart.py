@@ -20,10 +20,11 @@ from agent.gpus.processes import TritonProcesses
 
 
 class ApartMemory:
-    """Reads, per GPU, what each model measured apart holds; `executor` runs the NVML calls."""
+    """Reads, per GPU, what each model measured apart holds; `executor` runs the NVML calls (None:
+    the loop's default executor)."""
 
     def __init__(
-        self, reader: GpuReader, processes: TritonProcesses, executor: Executor | None = None
+        self, reader: GpuReader, processes: TritonProcesses, *, executor: Executor | None
     ) -> None:
         self._reader = reader
         self._processes = processes

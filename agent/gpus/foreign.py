@@ -72,7 +72,8 @@ def describe(process: ForeignProcess) -> str:
 
 
 class ForeignWatch:
-    """Checks the GPUs' processes every period; `counts` feeds the metric."""
+    """Checks the GPUs' processes every period; `counts` feeds the metric. `executor` runs the
+    checks, which call NVML and read /proc (None: the loop's default executor)."""
 
     def __init__(
         self,
@@ -82,7 +83,7 @@ class ForeignWatch:
         node_name: str,
         *,
         period: float,
-        executor: Executor | None = None,
+        executor: Executor | None,
     ) -> None:
         self._reader = reader
         self._processes = processes

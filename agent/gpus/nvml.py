@@ -76,18 +76,24 @@ LOCAL_REMEDY = (
 )
 
 
+PYNVML: types.ModuleType = pynvml
+"""The `pynvml` module (the mock NVML where the simulator installed it as `pynvml`), for the
+callers of `GpuReader` that read this machine's GPUs: only this module imports `pynvml`."""
+
+
 class GpuReader:
-    """Reads snapshots; `nvml` is the `pynvml` module, or a stand-in with the same API (the mock
-    NVML, `agent.gpus.relayclient.RelayedNvml`), and `remedy` what to do when it is not usable."""
+    """Reads snapshots; `nvml` is the `pynvml` module (`PYNVML`), or a stand-in with the same API
+    (the mock NVML, `agent.gpus.relayclient.RelayedNvml`), and `remedy` what to do when it is not
+    usable."""
 
     def __init__(
         self,
-        nvml: types.ModuleType | object | None = None,
         *,
+        nvml: types.ModuleType | object,
         remedy: str = LOCAL_REMEDY,
         source: str = "NVML",
     ) -> None:
-        self._nvml: Any = nvml if nvml is not None else pynvml
+        self._nvml: Any = nvml
         self._remedy = remedy
         self.source = source
         """Where the GPUs are read, for messages: `NVML`, or NVML in Triton's container."""

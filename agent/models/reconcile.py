@@ -78,10 +78,10 @@ class Reconciler:
         load_backoff_max_seconds: float = 300.0,
         max_load_attempts: int = 5,
         triton_poll_seconds: float = 2.0,
-        wake: asyncio.Event | None = None,
+        wake: asyncio.Event,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`wake`, when given, is the event others set to ask for a pass now (as `trigger`)."""
+        """`wake` is the event others set to ask for a pass now (as `trigger`)."""
         self.models = models
         self.pods = pods
         self.metrics = metrics
@@ -90,7 +90,7 @@ class Reconciler:
         self.resync_seconds = resync_seconds
         self.triton_poll_seconds = triton_poll_seconds
         self._clock = clock
-        self._wake = wake or asyncio.Event()
+        self._wake = wake
         self.retries = LoadRetries(
             metrics,
             events,

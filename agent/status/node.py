@@ -100,14 +100,15 @@ class NodePublisher:
         settings: NodeSettings,
         *,
         clocks: Clocks = Clocks(),
-        nvml_executor: Executor | None = None,
-        on_snapshot: Callable[[GpuSnapshot], None] | None = None,
+        nvml_executor: Executor | None,
+        on_snapshot: Callable[[GpuSnapshot], None] | None,
         usage: Callable[[GpuSnapshot | None], str] | None = None,
     ) -> None:
         """`reader` None publishes no GPUs. NVML calls can block for seconds on a failing GPU:
-        with `nvml_executor` they run there, so health checks and the API keep answering.
-        `on_snapshot` sees each good reading (where NVML was read); `usage` gives the measured
-        memory annotation (None: not published)."""
+        with `nvml_executor` they run there, so health checks and the API keep answering (None:
+        they run on the loop's thread). `on_snapshot` sees each good reading (where NVML was
+        read; None: nothing does); `usage` gives the measured memory annotation (None: not
+        published)."""
         self._kube = kube
         self._reader = reader
         self._metrics = metrics

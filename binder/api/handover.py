@@ -30,12 +30,12 @@ _Job = tuple[Callable[[], None], Outcome]
 class Handover:
     """Jobs from the loop to at most `workers` runners on `executor`; outcomes back in order."""
 
-    def __init__(self, executor: Executor, workers: int, inbox: Inbox | None = None) -> None:
+    def __init__(self, executor: Executor, workers: int, *, inbox: Inbox | None) -> None:
         self._executor = executor
         self._workers = workers
         self.inbox = inbox
         """Where outcomes are handed back (one shared with other threads, so a burst costs the
-        loop one wake-up; or its own, made on first use)."""
+        loop one wake-up; None: its own, made on first use)."""
         self._lock = threading.Lock()
         self._jobs: deque[_Job] = deque()
         """Jobs handed over, waiting for a runner."""

@@ -33,7 +33,7 @@ class Kube:
         context: str | None = None,
         user_agent: str = USER_AGENT,
         pool_size: int = 32,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy,
         retry_while: Callable[[], bool] = lambda: True,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -63,7 +63,7 @@ class LeaderElector:
         lease_duration: float,
         renew_deadline: float,
         retry_period: float,
-        executor: Executor | None = None,
+        executor: Executor,
         on_change: Callable[[bool], None] = lambda leading: None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,

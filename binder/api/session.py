@@ -90,7 +90,7 @@ class Session:
         configuration: Any,
         transport: Transport,
         *,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy,
         retry_while: Callable[[], bool] = lambda: True,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -99,7 +99,7 @@ class Session:
         while `retry_while()` holds (the binder gives "this replica leads")."""
         self._configuration = configuration
         self._transport = transport
-        self.retry = retry or RetryPolicy()
+        self.retry = retry
         self.retry_while = retry_while
         self._monotonic = monotonic
         self._closing = threading.Event()

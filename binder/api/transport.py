@@ -69,14 +69,15 @@ class _Connection:
 
 
 class Connections:
-    """Keep-alive connections to one server, shared by threads (each request takes one)."""
+    """Keep-alive connections to one server, shared by threads (each request takes one); `tls`
+    wraps each connection (None: plain TCP)."""
 
     def __init__(
         self,
         host: str,
         port: int,
         *,
-        tls: ssl.SSLContext | None = None,
+        tls: ssl.SSLContext | None,
         server_hostname: str | None = None,
         connect_timeout: float = 10.0,
         keep: int = 32,

@@ -27,6 +27,7 @@ import yaml
 from binder.api.kube import Kube
 from binder.api.kubeconfig import kubeconfig_namespace
 from binder.api.listwatch import NODES, QUOTAS, TRITONMODELS, leases_in
+from binder.api.session import RetryPolicy
 from binder.cli import preflight, uninstall
 from binder.cli.quarantines import clear_quarantine, list_quarantines
 from binder.cli.report import (
@@ -341,7 +342,12 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         return 2
     try:
         context_namespace = kubeconfig_namespace(kubeconfig, context) if kubeconfig else None
-        kube = Kube(kubeconfig, context=context, user_agent=f"tritonshare-cli/{VERSION}")
+        kube = Kube(
+            kubeconfig,
+            context=context,
+            user_agent=f"tritonshare-cli/{VERSION}",
+            retry=RetryPolicy(),
+        )
     except BinderError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2

@@ -49,12 +49,12 @@ class Informer:
         on_list: Callable[[list[JsonObject]], None],
         on_event: Callable[[str, JsonObject], None],
         monotonic: Callable[[], float] = time.monotonic,
-        inbox: Inbox | None = None,
+        inbox: Inbox,
         optional: bool = False,
     ) -> None:
-        """`optional`: a kind the cluster may not serve (a CRD not installed): while the list
-        answers 404 the cache holds none of it, counts as filled, and asks again every
-        RETRY_MAX_SECONDS."""
+        """`inbox` (on `loop`) carries the lists and events to the loop. `optional`: a kind the
+        cluster may not serve (a CRD not installed): while the list answers 404 the cache
+        holds none of it, counts as filled, and asks again every RETRY_MAX_SECONDS."""
         self._kube = kube
         self._optional = optional
         self._absent = False
@@ -73,7 +73,7 @@ class Informer:
         self._failing_since: float | None = None
         self._logged_failure_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{kind.name}", daemon=True)
-        self._inbox = inbox or Inbox(loop)
+        self._inbox = inbox
 
     def start(self) -> None:
         self._thread.start()

@@ -80,7 +80,7 @@ class PodController:
         monotonic: Callable[[], float] = time.monotonic,
         consolidate_moves: int = 0,
         preemption: bool = True,
-        inbox: Inbox | None = None,
+        inbox: Inbox | None,
         preempt_replica: Callable[[PodInfo, str, str], None] | None = None,
     ) -> None:
         """`ledger` is the cache's (read here, changed there); `leading` is set while this
@@ -109,7 +109,7 @@ class PodController:
         self._report_interval = report_interval
         self._monotonic = monotonic
         self.bound = 0
-        self._writes = Handover(executor, bind_workers, inbox)
+        self._writes = Handover(executor, bind_workers, inbox=inbox)
         """The API writes decided here, run on at most `bind_workers` threads."""
         self._calls: dict[str, Any] = {}
         self._scheduled = metrics.attempts.labels("scheduled")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from agent.errors import NvmlUnavailableError
 from agent.gpus.memory import TOLERANCE_FRACTION, TOLERANCE_MIN_BYTES, tolerance
-from agent.gpus.nvml import GpuReader
+from agent.gpus.nvml import PYNVML, GpuReader
 from agent.gpus.reserve import DEFAULT_RESERVE
 from common.backends import PROCESS_ALLOWANCE
 from common.contract import Keys
@@ -194,7 +194,7 @@ def _say_figures(f: ModelFigures, say: Say) -> None:
 def machine_gpus() -> list[str]:
     """This machine's GPUs as the agent's NVML code reads them, or ClusterError saying why
     they cannot be read (before anything starts)."""
-    reader = GpuReader()
+    reader = GpuReader(nvml=PYNVML)
     try:
         snapshot = reader.read()
     except NvmlUnavailableError as e:

@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from agent.errors import TritonError, TritonUnreachableError
-from agent.gpus.nvml import GpuReader
+from agent.gpus.nvml import PYNVML, GpuReader
 from agent.kube.client import KubeClient
 from agent.metrics import AgentMetrics
 from agent.status.node import NodePublisher, NodeSettings
@@ -81,7 +81,7 @@ async def test_a_node_without_nvml(cpu_only: bool, kubeconfig: Path) -> None:
     try:
         node = NodePublisher(
             kube,
-            GpuReader(),
+            GpuReader(nvml=PYNVML),
             AgentMetrics(),
             NodeSettings(
                 node_name="cpu-node",
@@ -89,6 +89,8 @@ async def test_a_node_without_nvml(cpu_only: bool, kubeconfig: Path) -> None:
                 system_namespace="tritonshare-system",
                 cpu_only=cpu_only,
             ),
+            nvml_executor=None,
+            on_snapshot=None,
         )
         snapshot = node.read_gpus()
     finally:

@@ -78,7 +78,7 @@ def exported_families() -> set[str]:
     proxy.residency(residency(Clock(), FakeAgent())[0])  # an on-demand model's families
     registries = [
         agent.registry,
-        BinderMetrics().registry,
+        BinderMetrics(state=None).registry,
         proxy.registry,
         GatewayMetrics(
             CallerBook(Path("/nonexistent"), max_age=60),

@@ -185,7 +185,7 @@ def test_tritons_command_writes_the_pid_of_the_server_it_starts(
         wait_until(
             "a new relay", lambda: _relay_in(TritonProcesses(pid_file)) not in (0, first), 30
         )
-        reader = GpuReader(RelayedNvml(socket, timeout=10))
+        reader = GpuReader(nvml=RelayedNvml(socket, timeout=10))
         try:
             deadline = time.monotonic() + 30
             while True:

@@ -18,7 +18,7 @@ import pytest
 
 from agent.errors import NvmlUnavailableError
 from agent.gpus.inventory import GpuSnapshot
-from agent.gpus.nvml import GpuReader
+from agent.gpus.nvml import PYNVML, GpuReader
 
 REQUIRE_GPU = "TRITONSHARE_REQUIRE_GPU"
 
@@ -39,7 +39,7 @@ def require(available: bool, reason: str, environ: Mapping[str, str] | None = No
 
 def real_gpus() -> GpuSnapshot:
     """The machine's GPUs through the real pynvml, or skip/fail as `require` does."""
-    reader = GpuReader()
+    reader = GpuReader(nvml=PYNVML)
     try:
         snapshot = reader.read()
     except NvmlUnavailableError as e:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.gpus.memory import MemoryLedger
-from agent.gpus.nvml import GpuReader
+from agent.gpus.nvml import PYNVML, GpuReader
 from agent.installs.modelconfig import override_json, parse_config, pinned_config
 from agent.installs.repository import Repository, build_manifest
 from agent.triton import READY, TritonClient
@@ -169,7 +169,7 @@ def render(report: LoadReport, out: TextIO) -> None:
 async def _main(args: argparse.Namespace, nvml: Any) -> LoadReport:
     repository = Repository(args.repository)
     repository.prepare()
-    reader = GpuReader(nvml)
+    reader = GpuReader(nvml=PYNVML if nvml is None else nvml)
     triton = TritonClient(args.triton_http, args.triton_grpc)
     try:
         return await check(

@@ -160,7 +160,7 @@ def published_by_the_agent(gpus: Gpus, keys: Keys) -> dict[str, str]:
     node = RecordingNode()
     publisher = NodePublisher(
         node,
-        GpuReader(gpus.module),
+        GpuReader(nvml=gpus.module),
         AgentMetrics(),
         NodeSettings(
             node_name="gpu-node-1",
@@ -168,6 +168,8 @@ def published_by_the_agent(gpus: Gpus, keys: Keys) -> dict[str, str]:
             system_namespace="tritonshare-system",
             cpu_only=False,
         ),
+        nvml_executor=None,
+        on_snapshot=None,
         usage=MemoryLedger().annotation,
     )
     publisher.read_gpus()
@@ -435,7 +437,7 @@ def torch_missing() -> bool:
 @pytest.mark.skipif(not torch_missing(), reason="torch is installed: its absence cannot be seen")
 def test_without_torch_the_real_stand_in_says_what_to_install() -> None:
     gpus = Gpus()
-    gpu = GpuReader(gpus.module).read().gpus[0]
+    gpu = GpuReader(nvml=gpus.module).read().gpus[0]
     stand_in = TorchStandIn(gpu, MIB, 60)
     with pytest.raises(StandInError, match=r"torch cannot be imported .* install torch"):
         stand_in.start()
@@ -540,7 +542,7 @@ def fake_torch(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> GpuInfo:
     """The stand-in's child finds a fake torch first; returns the GPU it pins to."""
     (tmp_path / "torch.py").write_text(FAKE_TORCH)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{sys.path[0]}")
-    gpu = GpuReader(Gpus().module).read().gpus[0]
+    gpu = GpuReader(nvml=Gpus().module).read().gpus[0]
     monkeypatch.setenv("FAKE_UUID", gpu.uuid.removeprefix("GPU-"))
     return gpu
 

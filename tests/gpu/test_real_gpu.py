@@ -20,7 +20,7 @@ import pytest
 
 from agent.gpus.inventory import GpuSnapshot
 from agent.gpus.memory import TOLERANCE_MIN_BYTES, tolerance
-from agent.gpus.nvml import GpuReader
+from agent.gpus.nvml import PYNVML, GpuReader
 from tests.gpu.hardware import real_gpus, require
 
 MIB = 1024**2
@@ -54,7 +54,7 @@ def test_every_gpu_reads_as_nvidia_smi_shows_it(gpus: GpuSnapshot) -> None:
 
 
 def test_mig_mode_and_processes_read_without_an_nvml_error(gpus: GpuSnapshot) -> None:
-    reader = GpuReader()
+    reader = GpuReader(nvml=PYNVML)
     try:
         for gpu in gpus.gpus:
             details = reader.details(gpu.index)

@@ -45,7 +45,7 @@ def test_each_models_stubs_and_their_children_hold_what_nvml_lists_for_them(
     for pid, used in ((11, 600 * MI), (13, 100 * MI), (14, 700 * MI), (10, 900 * MI)):
         mock.add_process(0, pid, used)
     mock.add_process(1, 12, 50 * MI)
-    apart = ApartMemory(GpuReader(mock.as_module()), processes)
+    apart = ApartMemory(GpuReader(nvml=mock.as_module()), processes, executor=None)
     assert apart.held_now(0) == {"ns-a.m1-x": 700 * MI, "ns-b.m2-y": 700 * MI}
     assert apart.held_now(1) == {"ns-a.m1-x": 50 * MI}
     # How many of each model's processes are on each GPU: what the driver's share is split by.
@@ -53,5 +53,15 @@ def test_each_models_stubs_and_their_children_hold_what_nvml_lists_for_them(
     assert apart.listed_now(1) == {"ns-a.m1-x": 1}
     mock.add_process(0, 14, None)  # the driver does not say: the GPU cannot be told
     assert apart.held_now(0) is None
-    assert ApartMemory(GpuReader(mock.as_module()), TritonProcesses(None)).held_now(0) is None
-    assert ApartMemory(GpuReader(mock.as_module()), TritonProcesses(None)).listed_now(0) is None
+    assert (
+        ApartMemory(
+            GpuReader(nvml=mock.as_module()), TritonProcesses(None), executor=None
+        ).held_now(0)
+        is None
+    )
+    assert (
+        ApartMemory(
+            GpuReader(nvml=mock.as_module()), TritonProcesses(None), executor=None
+        ).listed_now(0)
+        is None
+    )

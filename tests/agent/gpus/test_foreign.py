@@ -66,7 +66,7 @@ async def test_a_process_that_is_not_triton_s_is_counted_and_reported_once(
     pid_file = tmp_path / "triton.pid"
     pid_file.write_text(str(triton.pid))
     mock = MockNvml(parse_spec("2xT4", seed=NODE))
-    reader = GpuReader(mock.as_module())
+    reader = GpuReader(nvml=mock.as_module())
     processes = TritonProcesses(pid_file)
     kube = KubeClient(str(kubeconfig))
     metrics = AgentMetrics()
@@ -78,7 +78,7 @@ async def test_a_process_that_is_not_triton_s_is_counted_and_reported_once(
             await asyncio.sleep(0.05)
             tree = processes.tree()
         child = max(tree.pids - {triton.pid})
-        watch = ForeignWatch(reader, processes, kube, NODE, period=1.0)
+        watch = ForeignWatch(reader, processes, kube, NODE, period=1.0, executor=None)
         metrics.watch_foreign(watch.counts)
         mock.add_process(0, triton.pid, 300 << 20)
         mock.add_process(1, child, 200 << 20)
@@ -111,7 +111,9 @@ async def test_a_process_that_is_not_triton_s_is_counted_and_reported_once(
 
         # Triton's PID unknown: nothing is checked (a guess would blame Triton itself).
         assert (
-            ForeignWatch(reader, TritonProcesses(None), kube, NODE, period=1.0).check(reader.read())
+            ForeignWatch(
+                reader, TritonProcesses(None), kube, NODE, period=1.0, executor=None
+            ).check(reader.read())
             is None
         )
     finally:

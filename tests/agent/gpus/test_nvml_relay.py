@@ -66,12 +66,12 @@ def relay(path: Path, mock: MockNvml | ModuleType) -> Iterator[Relay]:
 
 
 def relayed(path: Path) -> GpuReader:
-    return GpuReader(RelayedNvml(path, timeout=5), remedy="start the relay")
+    return GpuReader(nvml=RelayedNvml(path, timeout=5), remedy="start the relay")
 
 
 def test_the_relay_answers_what_nvml_answers(socket_path: Path) -> None:
     mock = MockNvml(parse_spec("2xT4", seed=NODE))
-    direct = GpuReader(mock.as_module())
+    direct = GpuReader(nvml=mock.as_module())
     with relay(socket_path, mock):
         assert oct(socket_path.stat().st_mode & 0o777) == oct(0o660), "the pod's group only"
         reader = relayed(socket_path)
@@ -133,7 +133,7 @@ def test_a_relay_that_is_gone_or_lies_is_nvml_that_cannot_be_used(socket_path: P
         listener.join(timeout=10)
     # One that never answers (NVML hung on a failing GPU): the reading fails when its time is up.
     listener = _lying_server(socket_path, b"")
-    waiting = GpuReader(RelayedNvml(socket_path, timeout=0.2))
+    waiting = GpuReader(nvml=RelayedNvml(socket_path, timeout=0.2))
     with pytest.raises(NvmlUnavailableError, match="timed out"):
         waiting.read()
     listener.join(timeout=10)

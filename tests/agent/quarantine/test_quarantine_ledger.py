@@ -4,6 +4,7 @@ reconciler tells a quarantined model's pod."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import replace
@@ -248,7 +249,12 @@ async def test_a_quarantined_pod_is_told_and_failed_when_a_controller_replaces_i
         crashes=ledger,
     )
     reconciler = Reconciler(
-        models, cast(Any, None), AgentMetrics(), cast(Any, told), fail_pod=told.fail_pod
+        models,
+        cast(Any, None),
+        AgentMetrics(),
+        cast(Any, told),
+        fail_pod=told.fail_pod,
+        wake=asyncio.Event(),
     )
     await reconciler.after_crash.crashed(marker(), proven(references))
     assert told.events == [("team-a/resnet-0", "ModelCrashedTriton")]
@@ -292,7 +298,9 @@ class PlanModels:
 
 
 def planner(models: PlanModels) -> Reconciler:
-    reconciler = Reconciler(cast(Any, models), cast(Any, None), AgentMetrics(), cast(Any, None))
+    reconciler = Reconciler(
+        cast(Any, models), cast(Any, None), AgentMetrics(), cast(Any, None), wake=asyncio.Event()
+    )
     wanted = {name: proven([]) for name in ("a", "b", "c")}
     reconciler.wanted = lambda: wanted  # type: ignore[method-assign]
     return reconciler

@@ -58,7 +58,7 @@ def publisher(
     """A publisher on fake time; `settings` are NodeSettings fields, `sleep` replaces the fake's."""
     return NodePublisher(
         kube,
-        GpuReader(mock.as_module()),
+        GpuReader(nvml=mock.as_module()),
         AgentMetrics(),
         NodeSettings(
             node_name=NODE,
@@ -68,6 +68,8 @@ def publisher(
             **settings,
         ),
         clocks=Clocks(monotonic=fake.clock, sleep=sleep or fake.sleep, wall=fake.wall),
+        nvml_executor=None,
+        on_snapshot=None,
     )
 
 
@@ -78,12 +80,12 @@ def node_view(kube_api: kubernetes.client.ApiClient) -> dict[str, str]:
 
 def test_mock_nvml_reports_presets_and_faults_with_pynvml_errors() -> None:
     mock = MockNvml(parse_spec("8xA100-80GB", seed="a"))
-    reader = GpuReader(mock.as_module())
+    reader = GpuReader(nvml=mock.as_module())
     snapshot = reader.read()
     assert len(snapshot.gpus) == 8
     assert {g.product for g in snapshot.gpus} == {"NVIDIA A100-SXM4-80GB"}
     assert len({g.uuid for g in snapshot.gpus}) == 8
-    other = GpuReader(MockNvml(parse_spec("8xA100-80GB", seed="b")).as_module()).read()
+    other = GpuReader(nvml=MockNvml(parse_spec("8xA100-80GB", seed="b")).as_module()).read()
     assert {g.uuid for g in other.gpus}.isdisjoint({g.uuid for g in snapshot.gpus})
 
     mock.set_used(2, 5 << 30)
@@ -119,7 +121,7 @@ def test_a_spec_file_with_a_timeline(tmp_path: Path) -> None:
     )
     now = [0.0]
     mock = MockNvml(parse_spec(str(spec_file), seed="n"), clock=lambda: now[0])
-    reader = GpuReader(mock.as_module())
+    reader = GpuReader(nvml=mock.as_module())
     first = reader.read()
     assert [g.memory_total for g in first.gpus] == [15 << 30, 22 << 30]
     assert first.gpus[0].memory_used == 1 << 30
@@ -131,7 +133,7 @@ def test_a_spec_file_with_a_timeline(tmp_path: Path) -> None:
 
 def test_annotations_are_stable_and_only_changes_are_patched() -> None:
     mock = MockNvml(parse_spec("2xT4", seed=NODE))
-    snapshot = GpuReader(mock.as_module()).read()
+    snapshot = GpuReader(nvml=mock.as_module()).read()
     keys = Keys()
     first = node_annotations(snapshot, keys)
     assert first[keys.gpu_mem_total] == str(2 * T4)

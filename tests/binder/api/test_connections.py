@@ -11,6 +11,7 @@ from typing import Any
 import kubernetes.client
 
 from binder.api.kube import Kube
+from binder.api.session import RetryPolicy
 from sim.apiserver import RunningApiServer
 from tests.binder.objects import GI, KEYS
 from tests.binder.simcluster import (
@@ -29,7 +30,7 @@ def test_a_hundred_writes_in_a_row_use_one_connection(
     apiserver: RunningApiServer, core: Any, kubeconfig: Path
 ) -> None:
     add_pod(core, "m", mem="1Gi")
-    kube = Kube(str(kubeconfig))
+    kube = Kube(str(kubeconfig), retry=RetryPolicy())
     try:
         for i in range(100):
             kube.patch_pod_annotations("default", "m", {KEYS.gpu: f"GPU-{i}"})

@@ -9,6 +9,7 @@ from typing import Any
 import kubernetes.client
 
 from binder.api.kube import Kube
+from binder.api.session import RetryPolicy
 from tests.fixtures_sim import core_v1
 
 
@@ -30,7 +31,7 @@ def _pending(kube: Kube, message: str) -> None:
 def test_a_repeated_binder_event_is_one_event_with_a_growing_count(
     kube_api: kubernetes.client.ApiClient, kubeconfig: Path
 ) -> None:
-    kube = Kube(str(kubeconfig))
+    kube = Kube(str(kubeconfig), retry=RetryPolicy())
     try:
         for _ in range(3):
             _pending(kube, "0/1 nodes fit")
@@ -64,7 +65,7 @@ def test_a_repeated_binder_event_is_one_event_with_a_growing_count(
 def test_a_repeat_of_a_deleted_event_records_it_again(
     kube_api: kubernetes.client.ApiClient, kubeconfig: Path
 ) -> None:
-    kube = Kube(str(kubeconfig))
+    kube = Kube(str(kubeconfig), retry=RetryPolicy())
     try:
         _pending(kube, "none fit")
         (event,) = _events(kube_api, "default")

@@ -9,6 +9,7 @@ from pathlib import Path
 import kubernetes.client
 
 from binder.api.kube import Kube
+from binder.api.session import RetryPolicy
 from tests.fixtures_sim import core_v1
 
 LONG_AGO = "2026-01-01T00:00:00Z"
@@ -33,7 +34,7 @@ def test_a_new_message_keeps_the_time_the_pod_became_unschedulable(
             "spec": {"schedulerName": "tritonshare", "containers": [{"name": "c", "image": "i"}]},
         },
     )
-    kube = Kube(str(kubeconfig))
+    kube = Kube(str(kubeconfig), retry=RetryPolicy())
     try:
         kube.set_unschedulable("default", "p", "0/1 nodes fit")
         first = _scheduled(kube_api)

@@ -114,7 +114,7 @@ def test_answers_of_every_framing_are_read_whole_on_one_kept_connection(
             b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3\r\nContent-Length: 0\r\n\r\n",
         ]
     )
-    wire = Connections("127.0.0.1", server.port)
+    wire = Connections("127.0.0.1", server.port, tls=None)
     first = wire.request(HEAD, b"{}", 5)
     second = wire.request(HEAD, b"{}", 5)
     third = wire.request(HEAD, b"{}", 5)
@@ -135,7 +135,7 @@ def test_a_close_delimited_answer_is_read_to_the_end_and_its_connection_not_reus
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
         ]
     )
-    wire = Connections("127.0.0.1", server.port)
+    wire = Connections("127.0.0.1", server.port, tls=None)
     assert wire.request(HEAD, b"{}", 5).body == b"all of it"
     assert wire.request(HEAD, b"{}", 5).body == b"ok"
     assert server.connections == 2
@@ -150,7 +150,7 @@ def test_an_idle_connection_the_server_closed_is_replaced_not_used(serve: type[S
             None,
         ]
     )
-    wire = Connections("127.0.0.1", server.port, idle_check_seconds=0)
+    wire = Connections("127.0.0.1", server.port, tls=None, idle_check_seconds=0)
     assert wire.request(HEAD, b"{}", 5).body == b"a"
     deadline = time.monotonic() + 5
     while server.connections == 1 and len(server.answers) == 2 and time.monotonic() < deadline:
@@ -169,10 +169,10 @@ def test_an_idle_connection_the_server_closed_is_replaced_not_used(serve: type[S
 def test_garbage_and_a_cut_answer_are_wire_errors(serve: type[Server]) -> None:
     server = serve([b"SSH-2.0-nope\r\n\r\n"])
     with pytest.raises(WireError, match="not HTTP"):
-        Connections("127.0.0.1", server.port).request(HEAD, b"{}", 5)
+        Connections("127.0.0.1", server.port, tls=None).request(HEAD, b"{}", 5)
     server = serve([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\nshort"])
     with pytest.raises(WireError, match="middle of an answer"):
-        Connections("127.0.0.1", server.port).request(HEAD, b"{}", 5)
+        Connections("127.0.0.1", server.port, tls=None).request(HEAD, b"{}", 5)
 
 
 def test_a_refused_connection_is_an_os_error() -> None:
@@ -180,7 +180,7 @@ def test_a_refused_connection_is_an_os_error() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(OSError):
-        Connections("127.0.0.1", port, connect_timeout=2).request(HEAD, b"{}", 5)
+        Connections("127.0.0.1", port, tls=None, connect_timeout=2).request(HEAD, b"{}", 5)
 
 
 def kubeconfig(path: Path, server: str, ca: Path | None) -> Path:
@@ -210,7 +210,7 @@ def test_kube_writes_go_over_tls_with_the_kubeconfig_ca_token_and_path_prefix(
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
     server = serve([ok, ok], tls)  # the second is never asked for
     url = f"https://127.0.0.1:{server.port}/prefix"
-    kube = Kube(str(kubeconfig(tmp_path / "trusting", url, cert)))
+    kube = Kube(str(kubeconfig(tmp_path / "trusting", url, cert)), retry=RetryPolicy())
     kube.patch_pod_annotations("models", "p", {"a": "b"})
     request = server.requests[0].decode()
     assert request.startswith("PATCH /prefix/api/v1/namespaces/models/pods/p HTTP/1.1\r\n")
@@ -236,6 +236,7 @@ def test_kube_writes_read_a_refreshed_token_within_a_second_not_on_every_write(
     now = [1000.0]
     kube = Kube(
         str(kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{server.port}", None)),
+        retry=RetryPolicy(),
         monotonic=lambda: now[0],
     )
     configuration = kube.session._configuration
@@ -278,7 +279,7 @@ def test_kube_watches_stream_events_split_across_chunks_with_the_token_and_prefi
     # One event cut in three chunks, the next sharing a chunk with the end of the first.
     server = serve([chunked(first[:10], first[10:30], first[30:] + second[:5], second[5:])])
     url = f"http://127.0.0.1:{server.port}/prefix"
-    kube = Kube(str(kubeconfig(tmp_path / "kubeconfig", url, None)))
+    kube = Kube(str(kubeconfig(tmp_path / "kubeconfig", url, None)), retry=RetryPolicy())
     opened: list[bool] = []
     events = list(kube.watch(PODS, "6", lambda: opened.append(True)))
     kube.close()
@@ -315,7 +316,7 @@ def test_with_a_proxy_url_lists_writes_and_watches_all_go_through_the_proxy(
             f"server: {server}", f"server: {server}, proxy-url: http://127.0.0.1:{proxy.port}"
         )
     )
-    kube = Kube(str(path))
+    kube = Kube(str(path), retry=RetryPolicy())
     items, version = kube.list_all(PODS)
     kube.patch_pod_annotations("models", "p", {"a": "b"})
     events = list(kube.watch(PODS, version))

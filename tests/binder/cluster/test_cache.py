@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from binder.api.inbox import Inbox
 from binder.api.kube import Kube
 from binder.api.listwatch import NODES, Kind
-from binder.api.session import JsonObject
+from binder.api.session import JsonObject, RetryPolicy
 from binder.cluster.cache import ClusterCache
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.informer import Informer
@@ -162,7 +163,7 @@ def test_a_watch_from_a_version_older_than_the_history_is_gone(
     short_history: tuple[RunningApiServer, Path],
 ) -> None:
     server, kubeconfig = short_history
-    kube = Kube(str(kubeconfig))
+    kube = Kube(str(kubeconfig), retry=RetryPolicy())
     client: Any = server.api_client()
     try:
         _, version = kube.list_all(NODES)
@@ -179,7 +180,7 @@ async def test_the_informer_relists_on_gone_and_catches_up(
     short_history: tuple[RunningApiServer, Path],
 ) -> None:
     server, kubeconfig = short_history
-    kube = Kube(str(kubeconfig))
+    kube = Kube(str(kubeconfig), retry=RetryPolicy())
     client: Any = server.api_client()
     real_watch = kube.watch
     watches: list[str] = []
@@ -202,6 +203,7 @@ async def test_the_informer_relists_on_gone_and_catches_up(
         loop,
         on_list=lambda items: lists.append([i["metadata"]["name"] for i in items]),
         on_event=lambda event, obj: seen.append(f"{event} {obj['metadata']['name']}"),
+        inbox=Inbox(loop),
     )
     informer.start()
     try:
