@@ -167,6 +167,9 @@ class Exchange(Connection):
                 self._upstream.abort()
                 self._upstream = None
             self._release_slot()
+            if self._response_done:  # answered before this part came: one answer a request
+                self._close()
+                return
             self._refuse(e)
             return
         stop = len(data) if end == -1 else end
@@ -198,6 +201,10 @@ class Exchange(Connection):
                 self._upstream.abort()  # Triton never gets the rest: it inflates nothing
                 self._upstream = None
             self._release_slot()
+            if self._response_done:  # answered before this part came: one answer a request
+                self._keep_alive = False
+                self._relay_body(data, start)
+                return
             # Answered now, the rest of the body read and dropped, then the connection closed:
             # closing on unread bytes would reset it, and the client might never read why.
             status = refusals.http_status(e)
@@ -221,13 +228,18 @@ class Exchange(Connection):
 
     def _count_stash(self) -> None:
         """The next event-loop turn: go on counting what was left."""
-        data = self._stash
-        self._stash = None
-        if data is None or self._state != BODY or self._inflation is None:
+        data = self._take_stash()
+        if data is None or self._state != BODY:
             return
         self._relay_body(data, 0)
-        if self._stash is None:
+        if self._stash is None:  # not left over again: the counting is caught up
             self.resume_reading()
+
+    def _take_stash(self) -> bytes | None:
+        # Apart from `_count_stash`, which must not see `_stash` narrowed to None by its own
+        # assignment: `_relay_body` may stash again, and a compiled build checks the narrowed type.
+        data, self._stash = self._stash, None
+        return data
 
     def _body_done(self, data: bytes, end: int) -> None:
         self._request_done = True
@@ -271,7 +283,10 @@ class Exchange(Connection):
         if not self._request_done:
             if upstream.transport is not None:
                 upstream.transport.close()
-            self._sink = None  # Triton answered early: read and drop the rest of the body
+            # Triton (or the gateway) answered early: the rest of the body is read and dropped,
+            # uncounted: nothing of it goes on, and the answer is given.
+            self._sink = None
+            self._inflation = None
             return
         if reusable:
             self._pool.put(upstream)

@@ -153,7 +153,8 @@ may take one meanwhile: the child is started again on other ports."""
 @contextlib.contextmanager
 def serving(module: str, flags: list[str]) -> Iterator[GatewayProcess]:
     """`python -m <module>` (the gateway or the proxy) from this tree, listening on free ports,
-    with the inflate cap CAP given by its variable; its log is written out when it stops."""
+    with the inflate cap CAP given by its variable; its log is written out when it stops, and
+    an exception it logged (none is expected under any attack here) fails the test."""
     env = {**os.environ, "TRITONSHARE_MAX_INFLATED": str(CAP)}
     with tempfile.TemporaryFile() as log:
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -177,10 +178,11 @@ def serving(module: str, flags: list[str]) -> Iterator[GatewayProcess]:
         try:
             yield GatewayProcess(process, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
         finally:
-            _stop(process, log)
+            output = _stop(process, log)
+        assert "Traceback" not in output, f"{module} logged an exception:\n{output[-4000:]}"
 
 
-def _stop(process: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+def _stop(process: subprocess.Popen[bytes], log: IO[bytes]) -> str:
     process.terminate()
     try:
         process.wait(30)
@@ -188,7 +190,9 @@ def _stop(process: subprocess.Popen[bytes], log: IO[bytes]) -> None:
         process.kill()
         process.wait(10)
     log.seek(0)
-    sys.stderr.write(log.read().decode(errors="replace"))
+    output = log.read().decode(errors="replace")
+    sys.stderr.write(output)
+    return output
 
 
 def gateway_process(
@@ -534,3 +538,30 @@ def test_the_pods_own_proxy_refuses_a_bomb_from_tritonclient_in_bounded_memory(
         finally:
             grpc_client.close()
             rest_client.close()
+
+
+def test_the_proxy_answers_once_when_the_gateway_refused_the_body_first(
+    gateway: GatewayProcess,
+) -> None:
+    """The gateway counts an inflating body too: with a lower cap than the pod's proxy it
+    refuses first (413, `Connection: close`), and the proxy passes that answer on, then reads and
+    drops the rest of the body. Its own count must not answer a second time: a client reading
+    after the first answer finds the connection ending there, not another response."""
+    flags = ["--model-id", "identity", "--source-address", ATTACKER, "--drain-seconds", "0"]
+    flags += ["--triton-http-url", gateway.http_url, "--triton-grpc-url", gateway.grpc_url]
+    flags += ["--max-inflated", str(4 * CAP)]
+    bomb = gzip_bomb(b'{"inputs": []}', 8 * CAP)
+    head = (
+        b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(bomb)
+    )
+    with serving("proxy", flags) as proxy:
+        host, port = proxy.http_url.split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head + bomb)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+    assert f"{CAP} bytes".encode() in answer, answer[:300]  # the gateway's cap: its answer
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
