@@ -72,7 +72,7 @@ class Reconciler:
         events: PodEvents,
         *,
         enforcement: str = "warn",
-        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None,
         orphan_grace_seconds: float = 30.0,
         resync_seconds: float = 60.0,
         load_backoff_max_seconds: float = 300.0,
@@ -81,7 +81,8 @@ class Reconciler:
         wake: asyncio.Event,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`wake` is the event others set to ask for a pass now (as `trigger`)."""
+        """`wake` is the event others set to ask for a pass now (as `trigger`); `fail_pod` marks
+        a controlled pod Failed, so its controller replaces it (None: pods are only told)."""
         self.models = models
         self.pods = pods
         self.metrics = metrics

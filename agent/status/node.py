@@ -102,7 +102,7 @@ class NodePublisher:
         clocks: Clocks = Clocks(),
         nvml_executor: Executor | None,
         on_snapshot: Callable[[GpuSnapshot], None] | None,
-        usage: Callable[[GpuSnapshot | None], str] | None = None,
+        usage: Callable[[GpuSnapshot | None], str] | None,
     ) -> None:
         """`reader` None publishes no GPUs. NVML calls can block for seconds on a failing GPU:
         with `nvml_executor` they run there, so health checks and the API keep answering (None:

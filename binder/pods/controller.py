@@ -81,7 +81,7 @@ class PodController:
         consolidate_moves: int = 0,
         preemption: bool = True,
         inbox: Inbox | None,
-        preempt_replica: Callable[[PodInfo, str, str], None] | None = None,
+        preempt_replica: Callable[[PodInfo, str, str], None] | None,
     ) -> None:
         """`ledger` is the cache's (read here, changed there); `leading` is set while this
         replica leads (only the leader schedules and writes); `inbox` is where the writers hand

@@ -91,6 +91,7 @@ async def test_a_node_without_nvml(cpu_only: bool, kubeconfig: Path) -> None:
             ),
             nvml_executor=None,
             on_snapshot=None,
+            usage=None,
         )
         snapshot = node.read_gpus()
     finally:

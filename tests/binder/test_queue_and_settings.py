@@ -301,6 +301,7 @@ def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_c
         report_interval=10.0,
         monotonic=clock,
         inbox=None,
+        preempt_replica=None,
     )
     assert controller._should_report("p", "0/1 nodes: largest free block 2Gi")
     controller._reported["p"] = ("0/1 nodes: largest free block 2Gi", clock.now)

@@ -299,7 +299,12 @@ class PlanModels:
 
 def planner(models: PlanModels) -> Reconciler:
     reconciler = Reconciler(
-        cast(Any, models), cast(Any, None), AgentMetrics(), cast(Any, None), wake=asyncio.Event()
+        cast(Any, models),
+        cast(Any, None),
+        AgentMetrics(),
+        cast(Any, None),
+        fail_pod=None,
+        wake=asyncio.Event(),
     )
     wanted = {name: proven([]) for name in ("a", "b", "c")}
     reconciler.wanted = lambda: wanted  # type: ignore[method-assign]

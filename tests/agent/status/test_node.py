@@ -70,6 +70,7 @@ def publisher(
         clocks=Clocks(monotonic=fake.clock, sleep=sleep or fake.sleep, wall=fake.wall),
         nvml_executor=None,
         on_snapshot=None,
+        usage=None,
     )
 
 
