@@ -7,9 +7,11 @@ again: Triton never saw it. `connect_retrying` tries again for up to the proxy's
 last refusal. At the node gateway a refusal while the request's model is restoring (Triton exited
 and the model is not READY in it again, `gateway.restore`) waits for the restore instead, at most
 its bound, then tries again as before: the request goes to the restarted Triton once its model is
-back rather than failing while Triton restarts. A connection that breaks once a request is on its
-way is never retried here: Triton may have run it (an inference is not idempotent), and the relays
-answer its failure instead. Owns only the retry schedule; it must not read or write a request.
+back rather than failing while Triton restarts. A restore that begins between a refusal and the
+next try (the gateway sees the exit a moment after Triton's sockets refuse) is waited for too. A
+connection that breaks once a request is on its way is never retried here: Triton may have run
+it (an inference is not idempotent), and the relays answer its failure instead. Owns only the
+retry schedule; it must not read or write a request.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ async def connect_retrying(
     """`connect()`, tried again while it is refused (nothing listens) for up to `seconds`;
     raises the last ConnectionRefusedError past them, and any other error at once. The first
     refusal during a restore (`restoring`) waits for its end, at most its bound, and the
-    `seconds` start again from there."""
+    `seconds` start again from there; so does a restore that began while it waited to try
+    again."""
     deadline = clock() + seconds
     wait = FIRST_WAIT
     waited = False
@@ -46,15 +49,27 @@ async def connect_retrying(
         try:
             return await connect()
         except ConnectionRefusedError:
-            restore = None if waited or restoring is None else restoring()
-            if restore is not None:
+            if not waited and await _restored(restoring):
                 waited = True
-                event, bound = restore
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), bound)
                 deadline = clock() + seconds
                 continue
             if clock() + wait > deadline:
                 raise
         await asyncio.sleep(wait)
         wait = min(wait * 2, LONGEST_WAIT)
+        # Refused before the gateway saw Triton's exit, the next try may find Triton listening
+        # again without the request's model: a restore that began meanwhile is waited for first.
+        if not waited and await _restored(restoring):
+            waited = True
+            deadline = clock() + seconds
+
+
+async def _restored(restoring: Restoring | None) -> bool:
+    """Wait for the restore under way, if any, at most its bound; whether there was one."""
+    restore = None if restoring is None else restoring()
+    if restore is None:
+        return False
+    event, bound = restore
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), bound)
+    return True

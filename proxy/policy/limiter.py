@@ -232,7 +232,8 @@ class Limiter:
     async def acquire(self) -> None:
         """Take a slot, waiting in the queue if needed; raise when refused. A request for a
         model Triton has not loaded again since an exit first waits for it (at most
-        `restore_seconds`), a request for an asleep model for its wake, and a held pod's for
+        `restore_seconds`; one queued for a slot when the exit came, once it has its slot), a
+        request for an asleep model for its wake, and a held pod's for
         the hold's end (at most `hold_seconds`), held (counted as concurrency) meanwhile."""
         restoring = self.restoring
         if restoring is not None and self.refusal is None:
@@ -289,6 +290,18 @@ class Limiter:
                     f"{self.limit} concurrency slots and timed out; retry later or scale out"
                 ) from None
             raise
+        restoring = self.restoring
+        if restoring is not None and self.refusal is None:
+            # Triton exited while it waited in the queue: it keeps its slot until its model is
+            # READY again (at most `restore_seconds`), not sent to a Triton without the model.
+            try:
+                async with asyncio.timeout(self.restore_seconds):
+                    await restoring.wait()
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                self.release()
+                raise
 
     def release(self) -> None:
         """Give a slot back, handing it to the oldest waiter if there is one (and the limit,

@@ -57,3 +57,31 @@ async def test_a_restore_is_waited_for_once_and_at_most_its_bound() -> None:
         await connect_retrying(refusing, 0.2, restoring=lambda: (never, 0.5))
     took = time.monotonic() - started
     assert 0.6 < took < 3, "the restore's bound, then --connect-retry again, then it fails"
+
+
+async def test_a_restore_seen_after_the_refusal_is_waited_for_before_the_next_try() -> None:
+    """Refused while Triton was down but before the gateway saw the exit (no restore yet): 10 ms
+    later Triton listens again without its models and the gateway sees the exit. The next try,
+    50 ms after the refusal, would reach Triton before it has the model (404 unknown model): the
+    restore that began meanwhile is waited for first."""
+    refusing = Refusing()
+    restored = asyncio.Event()
+    restore: list[tuple[asyncio.Event, float]] = []
+
+    def exit_seen() -> None:
+        refusing.listening.set()
+        restore.append((restored, 30.0))
+
+    async def connect() -> str:
+        if refusing.tries == 0:
+            asyncio.get_running_loop().call_later(0.01, exit_seen)
+        return await refusing()
+
+    task = asyncio.create_task(
+        connect_retrying(connect, 5.0, restoring=lambda: restore[0] if restore else None)
+    )
+    await asyncio.sleep(0.5)
+    assert not task.done() and refusing.tries == 1, "no try while the model restores"
+    restored.set()
+    assert await asyncio.wait_for(task, 5) == "connected"
+    assert refusing.tries == 2
