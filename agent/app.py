@@ -52,9 +52,9 @@ from agent.pods.callertable import CallerPublisher
 from agent.pods.loadfailures import LoadFailures
 from agent.pods.nodepods import NodePods
 from agent.pods.ownership import OwnerStore
-from agent.pods.proofs import PlacementVerifier, Proven
+from agent.pods.provenpods import PlacementVerifier, Proven
+from agent.quarantine.crashledger import CrashLedger, CrashRecord
 from agent.quarantine.published import NodeQuarantine
-from agent.quarantine.records import CrashLedger, CrashRecord
 from agent.quarantine.suspects import CallerRecord
 from agent.settings import Settings
 from agent.status.conditions import ModelConditions

@@ -29,8 +29,8 @@ from agent.gpus.inventory import GpuSnapshot
 from agent.gpus.memory import MemoryLedger
 from agent.installs.filecache import KeptCopy
 from agent.phases import Phase
-from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashRecord, NamespaceRecord
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import CrashRecord, NamespaceRecord
 from agent.quarantine.suspects import CallerRecord
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -189,8 +189,8 @@ class Life:
     failures: int = 0
     """Loads refused in a row."""
     crashes: int = 0
-    """Triton exits in a row this model's loads were suspected of (`agent.quarantine.records` keeps
-    the count that survives restarts)."""
+    """Triton exits in a row this model's loads were suspected of (`agent.quarantine.crashledger`
+    keeps the count that survives restarts)."""
     served: bool = False
     """READY when Triton last went, not loaded since but by reloads Triton never answered:
     its reload restores what Triton held (unwatched); a load that died never was."""

@@ -114,7 +114,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from agent.models.quarantines import CRASHED_REASON  # noqa: E402
+from agent.models.loadquarantine import CRASHED_REASON  # noqa: E402
 from benchmarks.crash_quarantine import KILLER  # noqa: E402
 from benchmarks.crash_quarantine import model_dir as crashing_model  # noqa: E402
 from benchmarks.namespace_share import Sender  # noqa: E402

@@ -2,7 +2,7 @@
 
 Pure core: `model` (API objects to immutable domain values), `rules` (Kubernetes' node rules),
 `classes` and `index` (those rules evaluated once per kind of pod, feasible nodes by free memory),
-`state` (the GPU memory ledger), `proofs` (which bound pods are charged), `placement` (filters,
+`state` (the GPU memory ledger), `chargedpods` (which bound pods are charged), `placement` (filters,
 scores, reasons), `consolidation` (which smaller pods to move to make room), `queue` (backoff),
 `settings` and `errors`.
 Edges: `kube` and `wire` (the only doors to the API server), `cache` (list+watch), `inbox` (work

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from binder.cluster.chargedpods import CHANGED, KEY_UNKNOWN, NOT_PLACED
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.proofs import CHANGED, KEY_UNKNOWN, NOT_PLACED
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 

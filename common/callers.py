@@ -60,7 +60,7 @@ class Caller:
     (models installed before private names, and tables of agents before the field)."""
     quarantined: str = ""
     """Why the pod's requests are refused (its requests coincided with too many of Triton's
-    unexpected exits, `agent.quarantine.records`), in words for the pod; empty: it is served."""
+    unexpected exits, `agent.quarantine.crashledger`), in words for the pod; empty: it is served."""
     probation: bool = False
     """Its requests were at Triton with another pod's when Triton exited
     (`agent.quarantine.suspects`): the gateway lets them reach Triton only while no other

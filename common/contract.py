@@ -127,8 +127,9 @@ class Keys:
 
     @property
     def quarantined(self) -> str:
-        """Node annotation written by the agent: JSON list of the models quarantined on the node
-        after Triton exited while loading them (`agent.quarantine.records`); absent when none."""
+        """Node annotation written by the agent: JSON list of the models quarantined on the
+        node after Triton exited while loading them (`agent.quarantine.crashledger`); absent
+        when none."""
         return f"{self.prefix}quarantined"
 
     @property

@@ -11,8 +11,8 @@ sent at once (the other callers wait, holding no message: `agent.api.callgate` a
 Authorization of a model call: the token's pod, read fresh, must still be the pod the token was
 bound to (same uid), bound to THIS node, scheduled by tritonshare, not terminated, name the model
 in its model-id annotation, and carry a placement proof that verifies for exactly that pod, node,
-GPU and model (`agent.pods.proofs`). A model host's token (the model-host label) may act on model X
-only as the host's replica of X: the host's annotation names it and its proof verifies here,
+GPU and model (`agent.pods.provenpods`). A model host's token (the model-host label) may act on
+model X only as the host's replica of X: the host's annotation names it and its proof verifies here,
 as the binder signed it for the host's namespace and node. Ownership of the model id among proven
 pods is decided by `agent.models.nodemodels`. Refusals say which check failed: UNAUTHENTICATED for a
 missing or rejected token, PERMISSION_DENIED for a valid token that may not do this.
@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from agent.errors import NotPlacedError, PermissionDeniedError, UnauthenticatedError
 from agent.kube.client import JsonObject, TokenReviewResult
 from agent.pods.modelpods import PodInfo, hosted_from_dict, is_host, pod_from_dict
-from agent.pods.proofs import PlacementVerifier, Proven
+from agent.pods.provenpods import PlacementVerifier, Proven
 from common.contract import Keys
 from common.hosted import (
     HostedReplica,

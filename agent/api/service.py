@@ -40,7 +40,7 @@ from agent.models.nodemodels import Chunk, Models
 from agent.models.statuses import ModelStatus
 from agent.pods.callerkeys import CallerKeys
 from agent.pods.loadfailures import LoadFailures
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.logs import subject
 from common.manifest import entries_from_proto
 from protos import agent_pb2, agent_pb2_grpc

@@ -1,7 +1,7 @@
 """What a reconciliation pass does after Triton exits: crash markers, suspects, reload order.
 
-A crash marker left over (`agent.quarantine.records`: a load Triton died under, or just after) is
-counted against its model's files, unless pods' requests were at Triton then (only suspected
+A crash marker left over (`agent.quarantine.crashledger`: a load Triton died under, or just after)
+is counted against its model's files, unless pods' requests were at Triton then (only suspected
 when they were other pods' and the load had finished); at the node's limit the model is
 quarantined (never loaded again here, its pod told by a Warning Event and, when a controller
 replaces it, marked Failed: ModelCrashedTriton).
@@ -23,17 +23,17 @@ from collections.abc import Awaitable, Callable
 from agent.errors import AgentError
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.models.nodemodels import Models
-from agent.models.passplan import Action
-from agent.models.quarantines import (
+from agent.models.loadquarantine import (
     CRASHED_REASON,
     NAMESPACE_CRASHED_REASON,
     crash_message,
     namespace_message,
 )
+from agent.models.nodemodels import Models
+from agent.models.passplan import Action
 from agent.phases import Event
-from agent.pods.proofs import Proven
-from agent.quarantine.records import Marker
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import Marker
 from agent.triton import LOADING, READY, IndexEntry
 from common.logs import subject
 
@@ -59,7 +59,7 @@ class AfterCrash:
         self.deferred = False
         """Suspects of a crash were left for a later pass (`order`)."""
         self.settling = False
-        """A load answered READY is in its settling window (`agent.quarantine.records`)."""
+        """A load answered READY is in its settling window (`agent.quarantine.crashledger`)."""
         self.loads_under_way = False
         """A load is in flight or settling: no suspect loads beside it (`blamed`)."""
         self._settle_pass: asyncio.TimerHandle | None = None

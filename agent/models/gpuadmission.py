@@ -26,7 +26,7 @@ from agent.gpus.memory import MemoryLedger, Unexplained, admission_problem, desc
 from agent.installs.limits import ModelLimits
 from agent.metrics import AgentMetrics
 from agent.models.apartgroups import ApartGroups
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from agent.triton import TritonClient
 
 __all__ = ["WAKE_FAILED_REASON", "GpuAdmission", "MakeRoom"]

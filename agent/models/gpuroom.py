@@ -23,8 +23,8 @@ from agent.models.records import ModelRecords
 from agent.models.tritonram import HostMemory
 from agent.phases import Event, Phase
 from agent.pods.owners import Owners
-from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import CrashLedger
 from agent.triton import TritonClient
 
 __all__ = ["Bookings", "RoomMaker"]

@@ -1,13 +1,13 @@
 """Loads of held namespaces go alone: last, with nothing else loading, then a quiet period.
 
-A namespace one of whose files was quarantined on this node is held (`agent.quarantine.records`):
-its next exit of Triton must be told apart from everyone else's loads, whatever new files it sends.
-So a held namespace's load begins only when no other load is under way on the node, and no load
-begins while it runs, nor for a quiet period after it is READY (during which an exit of Triton
-still counts against it, `CrashLedger.quiet_seconds`). Other loads go first: a held load waits
-while any other is under way or waits, so another namespace's load waits for one held load and
-its quiet period at most. What it must not do: decide who is held (the ledger does) or
-touch Triton.
+A namespace one of whose files was quarantined on this node is held
+(`agent.quarantine.crashledger`): its next exit of Triton must be told apart from everyone else's
+loads, whatever new files it sends. So a held namespace's load begins only when no other load is
+under way on the node, and no load begins while it runs, nor for a quiet period after it is READY
+(during which an exit of Triton still counts against it, `CrashLedger.quiet_seconds`). Other loads
+go first: a held load waits while any other is under way or waits, so another namespace's load waits
+for one held load and its quiet period at most. What it must not do: decide who is held (the ledger
+does) or touch Triton.
 """
 
 from __future__ import annotations

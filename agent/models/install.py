@@ -52,7 +52,7 @@ from agent.installs.onnxmodel import OnnxFormatError, external_locations
 from agent.installs.repository import DISK_HEADROOM_BYTES, Repository, Staging
 from agent.metrics import AgentMetrics
 from agent.pods.ownership import OwnerRecord, OwnerStore
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.manifest import Manifest
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import logging
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.phases import Life, RetryPolicy
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.logs import subject
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,13 @@
 """A model's load into Triton, and what stands around it on the node.
 
 A load is checked against the node's policy and pinned to its pod's GPU (or the CPU); a load Triton
-died under before is counted first, and quarantined files are refused (`agent.models.quarantines`).
-A held namespace's load goes alone (`agent.models.heldloads`), a suspect's is a trial for which
-probationers are held (`agent.models.probationhold`), and a marker on disk says whose load it was
-should Triton die under it (`agent.quarantine.records`). Triton's host memory admits it
-(`agent.models.tritonram`), its GPU admits and measures it (`agent.models.gpuadmission`), and its
-life is stepped on each outcome. The caller holds the model's lock and its claim (`Models.load`).
+died under before is counted first, and quarantined files are refused
+(`agent.models.loadquarantine`). A held namespace's load goes alone (`agent.models.heldloads`), a
+suspect's is a trial for which probationers are held (`agent.models.probationhold`), and a marker on
+disk says whose load it was should Triton die under it (`agent.quarantine.crashledger`). Triton's
+host memory admits it (`agent.models.tritonram`), its GPU admits and measures it
+(`agent.models.gpuadmission`), and its life is stepped on each outcome. The caller holds the model's
+lock and its claim (`Models.load`).
 """
 
 from __future__ import annotations
@@ -44,15 +45,15 @@ from agent.metrics import AgentMetrics
 from agent.models.gpuadmission import GpuAdmission, Gpus
 from agent.models.gpuroom import RoomMaker
 from agent.models.heldloads import HeldLoads
+from agent.models.loadquarantine import Quarantines
 from agent.models.probationhold import ProbationHold
-from agent.models.quarantines import Quarantines
 from agent.models.records import ModelRecords
 from agent.models.statuses import ModelReports, ModelStatus
 from agent.models.tritonram import Admitted, HostMemory
 from agent.phases import Event, Phase, given_up
 from agent.pods.ownership import OwnerRecord
-from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger, Marker
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import CrashLedger, Marker
 from agent.triton import LOADING, READY, TritonClient
 from common.backends import runs_in_own_process
 from common.logs import subject
@@ -112,7 +113,7 @@ class Loads:
         """Admits loads on Triton's host memory (`agent.models.tritonram`); None: not admitted."""
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load (one whose READY is
-        watched, `agent.quarantine.records`) is under way or just ended; None: never held."""
+        watched, `agent.quarantine.crashledger`) is under way or just ended; None: never held."""
         self.held_loads = HeldLoads()
         self._executor = executor
         self.clock = clock

@@ -9,7 +9,7 @@ public id; the agent finds its name in Triton from the caller's pod (`agent.pods
 `Models` composes the parts: each model's record and lock (`agent.models.records`); receiving and
 checking files (`agent.models.install`); each GPU's turns, admission and billing
 (`agent.models.gpuadmission`); what placements hold, and idle on-demand models put to sleep for a
-load that does not fit (`agent.models.gpuroom`); quarantined files (`agent.models.quarantines`);
+load that does not fit (`agent.models.gpuroom`); quarantined files (`agent.models.loadquarantine`);
 status (`agent.models.statuses`). Which moves a model's life may make is `agent.phases`'; who may
 call, `agent.api.auth`'s; which models are wanted, `agent.models.reconcile`'s.
 """
@@ -42,9 +42,9 @@ from agent.models.evictor import Evictor
 from agent.models.gpuadmission import GpuAdmission, Gpus
 from agent.models.gpuroom import Bookings, RoomMaker
 from agent.models.install import Installer, InstallResult, not_kept
+from agent.models.loadquarantine import Quarantines
 from agent.models.loads import Loads
 from agent.models.probationhold import ProbationHold
-from agent.models.quarantines import Quarantines
 from agent.models.records import ModelRecord, ModelRecords
 from agent.models.statuses import ModelReports, ModelStatus
 from agent.models.tritonram import HostMemory
@@ -56,8 +56,8 @@ from agent.phases import (
 )
 from agent.pods.owners import Owners
 from agent.pods.ownership import OwnerRecord, OwnerStore
-from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import CrashLedger
 from agent.triton import LOADING, READY, UNLOADING, TritonClient
 from common.logs import subject
 from common.manifest import Manifest
@@ -139,7 +139,7 @@ class Models:
         )
         """Every model's record and lock (`agent.models.records`)."""
         self.quarantine = Quarantines(self.crashes, self.ownership, self.records, pods.all_proven)
-        """What quarantined files refuse and report (`agent.models.quarantines`)."""
+        """What quarantined files refuse and report (`agent.models.loadquarantine`)."""
         self.reports = ModelReports(
             self.records,
             self.quarantine,
@@ -328,7 +328,7 @@ class Models:
         """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
         FAILED with Triton's reason. Without `settle` (a reload of what Triton held before it
         restarted), Triton's exits after READY do not count against it
-        (`agent.quarantine.records`)."""
+        (`agent.quarantine.crashledger`)."""
         self._name_check(model_id, owner)
         name = self.triton_name(owner)
         async with self.records.lock(name):

@@ -22,7 +22,7 @@ from agent.metrics import AgentMetrics
 from agent.models.nodemodels import Models
 from agent.models.passplan import Action
 from agent.phases import Event
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.logs import subject
 from common.quantity import format_bytes
 

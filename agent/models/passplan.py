@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from agent.gpus.memory import Excess
 from agent.phases import Event
-from agent.pods.proofs import Proven
-from agent.quarantine.records import Marker
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import Marker
 
 
 class Check(enum.Enum):
@@ -43,4 +43,4 @@ class Action:
     """For a crash: the marker's files were the most recent load there (else only suspected)."""
     restore: bool = False
     """A reload of a model Triton held before it restarted, under no suspicion: no change, so
-    its READY is not watched (`agent.quarantine.records`)."""
+    its READY is not watched (`agent.quarantine.crashledger`)."""

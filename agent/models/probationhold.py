@@ -1,8 +1,8 @@
 """Holding probationers' requests at the node gateway while a load the agent watches settles.
 
-A load or wake whose READY the agent watches (`agent.quarantine.records`: an exit of Triton while it
-is in flight or settling counts against it) shares an exit with any pod's request at Triton then
-(`agent.quarantine.suspects.at_exit`): the load is not counted and the pods go on probation. A
+A load or wake whose READY the agent watches (`agent.quarantine.crashledger`: an exit of Triton
+while it is in flight or settling counts against it) shares an exit with any pod's request at Triton
+then (`agent.quarantine.suspects.at_exit`): the load is not counted and the pods go on probation. A
 probationer was at such an exit before, so a busy one would share the next too, and a model that
 kills Triton as it loads, or seconds after, would cost one more exit each time. So while a watched
 load is in flight, and for `hold_seconds` after it ends (READY or not), the caller table marks each
@@ -11,7 +11,7 @@ each at most `proxy.policy.probation.HELD_REQUEST_SECONDS`: an exit then is the 
 probationer's own load holds it while in flight (its requests would explain the exit), not after:
 an exit with its requests beside its own settling load counts against its requests.
 
-A load of files the ledger suspects (or of a held namespace: `agent.quarantine.records`) is a
+A load of files the ledger suspects (or of a held namespace: `agent.quarantine.crashledger`) is a
 suspect's trial: the hold lasts its whole settling window, `TRIAL_MARGIN_SECONDS` more, and the
 caller table marks the held rows `trial`, so the gateway refuses their new requests instead of
 holding each for a bounded time. A model that kills Triton later than `hold_seconds` after its READY
@@ -28,7 +28,7 @@ A watched load waits first, at most `drain_seconds`, until the gateway's activit
 Triton (`drained`): a request sent before the gateway followed the table may take seconds there.
 Pods not on probation are never held, and with none nothing waits. What it must not do: decide
 who is on probation (`agent.quarantine.suspects`), which loads are watched
-(`agent.quarantine.records`), or write the table (`agent.pods.callertable`).
+(`agent.quarantine.crashledger`), or write the table (`agent.pods.callertable`).
 """
 
 from __future__ import annotations

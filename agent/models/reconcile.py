@@ -1,8 +1,8 @@
 """Keeping Triton and the repository in line with the pods bound to this node.
 
 A model is wanted when its owner (`agent.pods.ownership`) is a live pod on this node whose placement
-is proved (`agent.pods.proofs`) and whose model has that name in Triton (`Models.triton_name`: its
-private name, or a legacy model's public id); pods without a proof want nothing, whatever their
+is proved (`agent.pods.provenpods`) and whose model has that name in Triton (`Models.triton_name`:
+its private name, or a legacy model's public id); pods without a proof want nothing, whatever their
 annotations say. Models are keyed here by their names in Triton, never by public ids, which two
 pods may share.
 On every change of this node's pods (the watch) and every resync period:
@@ -49,7 +49,7 @@ from agent.models.vouching import Vouching
 from agent.phases import Event, Phase
 from agent.pods.modelpods import PodInfo, init_failure, pod_from_dict
 from agent.pods.nodepods import NodePods
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from agent.triton import LOADING, READY
 from common.lifecycle import spawn
 from common.logs import subject

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from agent.installs.repository import Repository
 from agent.phases import Event, Life, Phase, Rules, step
 from agent.pods.ownership import OwnerStore
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 
 __all__ = ["ModelRecord", "ModelRecords"]
 

@@ -2,7 +2,7 @@
 
 A model's status is read from its record (`agent.models.records`), what Triton holds and the
 files installed, as `agent.phases.reported` tells them, with its quarantine
-(`agent.models.quarantines`) and its pod's residency; a pod that does not own its name learns
+(`agent.models.loadquarantine`) and its pod's residency; a pod that does not own its name learns
 nothing. The node's figures (the models held loaded or asleep per GPU, and the bytes charged to
 them) are read for ListGpus and the metrics.
 """
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from agent.gpus.memory import MemoryLedger
 from agent.installs.limits import ModelLimits
 from agent.installs.repository import Repository
-from agent.models.quarantines import NAMESPACE_CRASHED_REASON, Quarantines, quarantine_message
+from agent.models.loadquarantine import NAMESPACE_CRASHED_REASON, Quarantines, quarantine_message
 from agent.models.records import ModelRecord, ModelRecords
 from agent.phases import ModelState, Phase, given_up, reported
 from agent.pods.owners import Owners
-from agent.pods.proofs import Proven
-from agent.quarantine.records import NamespaceRecord
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import NamespaceRecord
 from agent.triton import LOADING, READY, IndexEntry, TritonClient
 from common.manifest import Manifest
 
@@ -45,7 +45,7 @@ class ModelStatus:
     """Its loads failed --max-load-attempts times in a row: none is tried until it changes."""
     quarantined: bool = False
     """Its files coincided with too many of Triton's unexpected exits
-    (`agent.quarantine.records`)."""
+    (`agent.quarantine.crashledger`)."""
     quarantine_reason: str = ""
     """The condition's reason when it is not the files' own quarantine (its namespace's)."""
     residency: str = ""

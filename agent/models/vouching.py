@@ -22,7 +22,7 @@ from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models.nodemodels import Models
 from agent.phases import Event
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.logs import subject
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.pods.modelpods import PodInfo
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.callers import Caller, CallerTable, write_table
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.pods.modelpods import PodInfo
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.hosted import HostedReplica, load_failure
 
 REMEMBERED_HOSTS = 1_000

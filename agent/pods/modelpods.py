@@ -1,8 +1,8 @@
 """Model pods as the agent sees them: converted once from API objects, and which models are wanted.
 
 Pure: takes the JSON dicts `agent.kube.client` returns, gives frozen values. Nothing read here is
-proof of anything (`agent.pods.proofs` decides which pods the binder placed). A pod being deleted
-still wants its model: its proxy drains first, then asks to unload.
+proof of anything (`agent.pods.provenpods` decides which pods the binder placed). A pod being
+deleted still wants its model: its proxy drains first, then asks to unload.
 
 A model host (`common.hosted`: the model-host label, named as its node's host) stands for one
 `PodInfo` per entry of its hosted-models annotation: a replica, handled exactly as a model pod
@@ -49,7 +49,7 @@ class PodInfo:
     gpu_uuid: str
     deleting: bool = False
     placement: str = ""
-    """The binder's proof of placement (annotation), unverified: see `agent.pods.proofs`."""
+    """The binder's proof of placement (annotation), unverified: see `agent.pods.provenpods`."""
     pod_ip: str = ""
     """status.podIP: the address the node gateway knows the pod's connections by."""
     host_ip: str = ""
@@ -68,7 +68,7 @@ class PodInfo:
     """A controller (a ReplicaSet, a StatefulSet...) owns it and replaces it when it fails."""
     residency: str = RESIDENCY_ALWAYS
     """The residency annotation as a class (`on-demand`, else `always`), unverified: the proof
-    of placement binds it (`agent.pods.proofs`)."""
+    of placement binds it (`agent.pods.provenpods`)."""
     backend: str = ""
     """The backend the pod declares (`<prefix>backend`, "" when none), unverified: the binder
     booked the per-process allowance unless it names an in-process one (`common.backends`)."""

@@ -3,12 +3,13 @@
 The watch (`agent.kube.client.PodWatch`) hands its lists and events here; the reconciler reads the
 pods to decide which models are wanted, and model operations (`agent.models.nodemodels`) read the
 proven ones to see what else a GPU holds and whether a model's recorded owner still lives. A pod
-counts only with a proven placement (`agent.pods.proofs`) and while it is not terminated. A model
-host stands for its replicas (`agent.pods.modelpods.pods_from_dict`), each kept here as a pod of its
-own, so every reader sees replicas as pods. A host naming more replicas than the node can hold of
-one namespace (`max_hosted`: its GPUs' memory over the least a model may ask) stands for none, so a
-forged annotation of thousands of entries costs nothing past its reading (`agent.pods.modelpods`).
-It does no I/O of its own: the fresh read of one pod is the Kubernetes client's, handed in.
+counts only with a proven placement (`agent.pods.provenpods`) and while it is not terminated. A
+model host stands for its replicas (`agent.pods.modelpods.pods_from_dict`), each kept here as a pod
+of its own, so every reader sees replicas as pods. A host naming more replicas than the node can
+hold of one namespace (`max_hosted`: its GPUs' memory over the least a model may ask) stands for
+none, so a forged annotation of thousands of entries costs nothing past its reading
+(`agent.pods.modelpods`). It does no I/O of its own: the fresh read of one pod is the Kubernetes
+client's, handed in.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from agent.pods.modelpods import (
     stale_conditions,
 )
 from agent.pods.ownership import OwnerRecord
-from agent.pods.proofs import PlacementVerifier, Proven
+from agent.pods.provenpods import PlacementVerifier, Proven
 from common.contract import Keys
 from common.hosted import host_name, serves_label
 

@@ -9,7 +9,7 @@ says so). So two pods of one model id each have their own model, and a tenant's 
 id never names another's.
 
 A name belongs to one pod uid at a time (`agent.pods.ownership` stores the records). A pod with a
-proven placement (`agent.pods.proofs`) claims its free name, or one whose recorded owner is no
+proven placement (`agent.pods.provenpods`) claims its free name, or one whose recorded owner is no
 longer a live pod proven for that model id; any other pod is refused without learning who the
 owner is. The caller (`agent.models.nodemodels`) holds the name's lock, and removes whatever a
 previous owner left before it writes the claim.
@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from agent.errors import InvalidRequestError, OwnedByAnotherPodError
 from agent.pods.ownership import OwnerRecord, OwnerStore
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.logs import subject
 from common.tritonname import private_triton_name
 

@@ -9,7 +9,7 @@ stays one short of the limit, so one more crash in a row quarantines the files a
 `kept` counts are kept (the oldest unquarantined go first), so a tenant cannot fill the disk.
 
 `FileCounts` keeps the counts in memory and answers for them; the crash ledger
-(`agent.quarantine.records.CrashLedger`) decides how many crashes an exit adds, and saves the
+(`agent.quarantine.crashledger.CrashLedger`) decides how many crashes an exit adds, and saves the
 counts in `crashes.json` (its `records` list: `CrashRecord`'s fields, `quarantined_at` absent in
 the oldest files, read as the time they are read).
 """
@@ -54,7 +54,7 @@ class FileCounts:
     def __init__(self, quarantine_after: int, kept: int, wall: Callable[[], float]) -> None:
         self.quarantine_after = quarantine_after
         self.kept = kept
-        """Counts kept at most (`agent.quarantine.records.MAX_RECORDS`)."""
+        """Counts kept at most (`agent.quarantine.crashledger.MAX_RECORDS`)."""
         self._wall = wall
         self._records: dict[str, CrashRecord] = {}
 

@@ -4,7 +4,7 @@ A marker (`<name>.loading` in the state directory) says which files a load of th
 sends to Triton (their manifest digest), for which pod, when it was sent and when Triton answered
 it READY. `MarkerFiles` writes, rewrites (finished), removes and reads back the files, and only
 that: what a marker left over means, and what is counted for it, is decided by
-`agent.quarantine.records.CrashLedger`. A marker that cannot be read names no load to count, so
+`agent.quarantine.crashledger.CrashLedger`. A marker that cannot be read names no load to count, so
 it is removed with a warning. The file is the marker's fields as JSON; the fields added since
 the first have defaults, so an upgraded agent reads the markers an older one wrote.
 

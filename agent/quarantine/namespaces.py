@@ -1,7 +1,7 @@
 """The crashes of each namespace's loads on this node, whatever their files.
 
 Quarantine by digest alone is escaped by new files (the same model with one byte more), so the
-crash ledger (`agent.quarantine.records.CrashLedger`) also counts every crash of a namespace's
+crash ledger (`agent.quarantine.crashledger.CrashLedger`) also counts every crash of a namespace's
 loads against the namespace (`NamespaceRecord`), never reset by a good load. At
 `quarantine_after` of them the namespace is held (its models load as suspects); at
 `quarantine_after` + `namespace_quarantine_after` (`NamespaceCounts.bound`) the node loads none

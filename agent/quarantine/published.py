@@ -1,7 +1,7 @@
 """The node's quarantines on its Node: the `quarantined` annotation's format (what
 `tritonshare quarantine list` and `status` read), and `NodeQuarantine`, which keeps the annotation
-in step with the ledger (`agent.quarantine.records.CrashLedger`), takes the quarantines back from
-the Node after a node pod replacement, lifts those an operator names in `quarantine-clear`, and
+in step with the ledger (`agent.quarantine.crashledger.CrashLedger`), takes the quarantines back
+from the Node after a node pod replacement, lifts those an operator names in `quarantine-clear`, and
 carries out the ledger's expiry.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from agent.errors import AgentError
-from agent.quarantine.records import NAMESPACE, CrashLedger, CrashRecord, NamespaceRecord
+from agent.quarantine.crashledger import NAMESPACE, CrashLedger, CrashRecord, NamespaceRecord
 from agent.quarantine.suspects import CallerRecord
 from common.contract import Keys
 

@@ -11,14 +11,14 @@ pod is absent from ends its run, not its probation. So a busy neighbour present 
 attacker's is never quarantined with it: once serialized, the attacker's exits find it alone. A
 quarantine stays until an operator clears it.
 
-Loads are evidence too (`agent.quarantine.records`), and they come first (`at_exit`): with a load in
-flight at the exit, a pod whose last request was answered is no evidence, and pods whose requests
-were at Triton share the exit with the load (ambiguous: on probation, counted against none, and the
-load is not counted either, until it is counted alone for a later exit: `agent.quarantine.records`
-then counts this one against it too and ends the probation it gave); with a load that finished READY
-within the settling window and no request at Triton, the load is the suspect, not the pod that sent
-last; with requests of other pods at Triton too, they share the exit (the pods on probation, the
-load only suspected).
+Loads are evidence too (`agent.quarantine.crashledger`), and they come first (`at_exit`): with a
+load in flight at the exit, a pod whose last request was answered is no evidence, and pods whose
+requests were at Triton share the exit with the load (ambiguous: on probation, counted against none,
+and the load is not counted either, until it is counted alone for a later exit:
+`agent.quarantine.crashledger` then counts this one against it too and ends the probation it gave);
+with a load that finished READY within the settling window and no request at Triton, the load is the
+suspect, not the pod that sent last; with requests of other pods at Triton too, they share the exit
+(the pods on probation, the load only suspected).
 Pure: the clock is an argument, no I/O.
 """
 

@@ -9,10 +9,10 @@ repository lost; the pod's proxy reinstalls it), installed but not loaded (Model
 failed (ModelFailed, with Triton's reason; ModelLoadGivenUp once its loads are no longer tried),
 asleep (ModelSleeping: an on-demand model unloaded while idle; no Event, and the pod's readiness,
 the proxy's, stays True),
-quarantined after Triton exited under its loads (ModelCrashedTriton, `agent.quarantine.records`),
-the pod's requests quarantined after Triton exited with them at it (RequestsCrashedTriton,
-`agent.status.requestcrash`: the model stays loaded, the gateway refuses the pod), or Triton is down
-(TritonUnavailable). A change to False also records a Warning Event
+quarantined after Triton exited under its loads (ModelCrashedTriton,
+`agent.quarantine.crashledger`), the pod's requests quarantined after Triton exited with them at it
+(RequestsCrashedTriton, `agent.status.requestcrash`: the model stays loaded, the gateway refuses the
+pod), or Triton is down (TritonUnavailable). A change to False also records a Warning Event
 (ModelNotServed), deduplicated per pod and reason by `agent.kube.events`. LOADING and UNLOADING are
 passing states and change nothing.
 
@@ -52,12 +52,12 @@ from typing import Protocol
 
 from agent.errors import AgentError, KubeError, NotPlacedError, TritonUnreachableError
 from agent.kube.events import PodEvents
-from agent.models.quarantines import CRASHED_REASON, PodQuarantine, crash_message
+from agent.models.loadquarantine import CRASHED_REASON, PodQuarantine, crash_message
 from agent.models.statuses import ModelStatus
 from agent.phases import CONDITIONS, PASSING, ModelState
 from agent.pods.loadfailures import LoadFailure
 from agent.pods.modelpods import PENDING_REASON, PodInfo
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from agent.quarantine.suspects import REASON as REQUESTS_CRASHED_REASON
 from common.conditions import Condition
 from common.hosted import (

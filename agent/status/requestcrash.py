@@ -7,7 +7,7 @@ unexpected to it). Once Triton is back, the node gateway has written what it saw
 (`common.crashwitness`; on a busy node the agent waits for it up to `witness_wait_seconds`,
 whichever of the two saw the exit first); the records between the sentinel's close and the refusal,
 widened by `slack_seconds` for the two processes' clocks, name the suspects, which the ledger counts
-(`agent.quarantine.suspects`, `agent.quarantine.records.CrashLedger`). A window with no record
+(`agent.quarantine.suspects`, `agent.quarantine.crashledger.CrashLedger`). A window with no record
 counts nothing: the gateway saw no death (it was down too, or Triton was only unreachable for the
 agent), and the agent blames no pod without a witness. A sentinel whose loop stalled past Triton's
 restart sees only a drop (its new connection accepted by the new Triton): a gateway record of a
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.quarantine.records import CrashLedger, Marker
+from agent.quarantine.crashledger import CrashLedger, Marker
 from agent.quarantine.suspects import REASON, CallerRecord, at_exit, merged, message
 from common.crashwitness import Witness, WitnessError, read_witnesses
 from common.logs import subject

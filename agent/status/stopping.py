@@ -31,7 +31,7 @@ from typing import Any
 from agent.errors import AgentError
 from agent.pods.modelpods import PodInfo, condition_reason, controller_uid, pod_ready
 from agent.pods.nodepods import NodePods
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from agent.status.conditions import ModelConditions
 from common.hosted import NODE_STOPPING_REASON
 

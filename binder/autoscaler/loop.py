@@ -41,7 +41,7 @@ from binder.api.kube import Kube
 from binder.api.listwatch import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS
 from binder.autoscaler.kpa import Decider, Decision, Scaling
 from binder.autoscaler.loadcounts import Counts, answer_bound, parse_counts
-from binder.autoscaler.parking import parked_on
+from binder.autoscaler.parkedmodels import parked_on
 from binder.autoscaler.room import needs_room
 from binder.autoscaler.targets import (
     INVALID_SETTINGS,

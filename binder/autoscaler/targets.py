@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from binder.autoscaler.kpa import Scaling, ScalingError, scaling_from, scaling_from_annotations
-from binder.autoscaler.parking import parked_on
+from binder.autoscaler.parkedmodels import parked_on
 from binder.cluster.modelviews import ModelInfo
 from common.contract import Keys
 
@@ -77,8 +77,9 @@ def model_target(
     model: ModelInfo, hosts: Mapping[str, JsonObject], keys: Keys = DEFAULT_KEYS
 ) -> Target | None:
     """A TritonModel with spec.autoscaling (`hosts`: its namespace's host pods by node); None
-    without it. A host its model is parked on (`binder.autoscaler.parking`, at zero replicas) is a
-    source too: the requests it holds are the model's demand, which scales it up and keeps it up."""
+    without it. A host its model is parked on (`binder.autoscaler.parkedmodels`, at zero replicas)
+    is a source too: the requests it holds are the model's demand, which scales it up and keeps it
+    up."""
     if model.autoscaling is None:
         return None
     scaling, problem = None, ""

@@ -104,7 +104,7 @@ def _still_wanting(kube: Kube, row: Mapping[str, object]) -> list[str]:
 
 def _names(row: Mapping[str, object], selector: str) -> bool:
     """Whether `selector` names a quarantined model as the agent matches it
-    (`agent.quarantine.records.CrashRecord.matches`)."""
+    (`agent.quarantine.crashledger.CrashRecord.matches`)."""
     model, digest = str(row["model"]), str(row["digest"])
     return selector in (model, model.partition("/")[2], str(row["pod"])) or (
         len(selector) >= 12 and digest.startswith(selector)

@@ -40,10 +40,10 @@ from binder.cli.report import (
     write_document,
 )
 from binder.cluster.cache import ClusterCache
+from binder.cluster.chargedpods import Unproven
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo, pod_from_api
-from binder.cluster.proofs import Unproven
 from binder.errors import ApiError, NotFoundError, UnavailableError
 from binder.framework.placement import Placement, explain, place
 from binder.framework.quota import Usage

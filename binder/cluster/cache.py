@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 from binder.api.session import JsonObject
 from binder.cluster.budgets import budget_from_api
+from binder.cluster.chargedpods import Unproven, proven, same_proof
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelcache import ModelCache
 from binder.cluster.modelviews import is_replica
 from binder.cluster.objects import PodInfo, lease_expiry, node_from_api, pod_from_api
-from binder.cluster.proofs import Unproven, proven, same_proof
 from common.contract import AGENT_LEASE_PREFIX, MIN_GPU_MEM, Keys
 from common.proofs import KeyRing
 
@@ -75,7 +75,7 @@ class ClusterCache:
         `on_host(namespace, node)`: a model host's labels, hosted-models annotation or loaded
         conditions changed, or it was deleted.
         `placement_keys` gives the ring in force (reread as the Secret rotates); None checks
-        proofs for form only, for a CLI user who cannot read the key (`binder.cluster.proofs`).
+        proofs for form only, for a CLI user who cannot read the key (`binder.cluster.chargedpods`).
         `tenant_code`: the namespaces allowed to run their own code in Triton; `min_gpu_mem`:
         the least GPU memory a model may ask (`--min-gpu-mem`); `allowance`: the per-process
         allowance booked with a model's request (`common.backends`)."""

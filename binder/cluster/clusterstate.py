@@ -305,7 +305,7 @@ class ClusterState:
         return self._views.sizes()
 
     def view(self, on_demand: bool) -> MemoryView:
-        """The GPU memory a pod of that residency class sees (`binder.cluster.residency`)."""
+        """The GPU memory a pod of that residency class sees (`binder.cluster.residencyfit`)."""
         if on_demand and self._views.split:
             self.arrays()
         return self._views.of(on_demand)

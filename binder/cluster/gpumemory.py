@@ -4,7 +4,7 @@ A pod is charged to the GPU its annotation names (or, naming none, the one with 
 memory) and holds the larger of its request and what its model is measured to use on the node.
 A GPU offers its size minus the reserve, and never more than NVML says is free minus the reserve;
 on a node with on-demand pods or over-commit each GPU's ledger goes through the residency rules
-(binder.cluster.residency). `GpuMemory` keeps the sums per GPU; the cluster state
+(binder.cluster.residencyfit). `GpuMemory` keeps the sums per GPU; the cluster state
 (binder.cluster.clusterstate) owns the nodes and the accounts it reads, and alone charges and
 frees. Pure arithmetic: no I/O, no clock.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from binder.cluster.objects import Gpu, NodeInfo, PodInfo
-from binder.cluster.residency import GpuLedger, always_free, free_of_both, on_demand_free
+from binder.cluster.residencyfit import GpuLedger, always_free, free_of_both, on_demand_free
 
 
 @dataclass
@@ -65,7 +65,7 @@ class GpuMemory:
         self._od_alloc: dict[str, list[int]] = {}
         self._od_loaded: dict[str, list[int]] = {}
         """Per node with on-demand pods, per GPU: bytes they hold, and their loaded models'
-        measured bytes (`binder.cluster.residency`)."""
+        measured bytes (`binder.cluster.residencyfit`)."""
         self.on_demand_pods: Counter[str] = Counter()
         """Per node, how many on-demand pods are charged to it."""
         self._largest: int | None = None
@@ -103,7 +103,7 @@ class GpuMemory:
 
     def free(self, node: str, on_demand: bool = False) -> list[int]:
         """Free bytes per GPU for placement, as a pod of that residency class sees them (0 for
-        unhealthy GPUs; never negative; on-demand: `binder.cluster.residency.on_demand_free`)."""
+        unhealthy GPUs; never negative; on-demand: `binder.cluster.residencyfit.on_demand_free`)."""
         info = self._nodes.get(node)
         if info is None or not info.gpus:
             return []

@@ -5,7 +5,7 @@ largest free block, the total free memory, each GPU's (usable size, free block) 
 index of free blocks (binder.cluster.index) and the room to wake one on-demand model, and those
 blocks as matrices for binpack's vectorised scan, written only when read. `ResidencyViews`
 keeps one for `always` pods and, once needed, one for `on-demand` pods
-(binder.cluster.residency), each the same object for the cluster state's life
+(binder.cluster.residencyfit), each the same object for the cluster state's life
 (binder.cluster.clusterstate, which writes their rows and moves them as nodes join and leave).
 Pure: no I/O, no clock.
 """
@@ -35,7 +35,7 @@ class MemoryView:
         """Per GPU: (usable size, free block)."""
         self.wake: IntArray = np.zeros(0, np.int64)
         """The most room any GPU leaves to wake one on-demand model
-        (`binder.cluster.residency.wake_room`; -1 without GPUs): for the unschedulable
+        (`binder.cluster.residencyfit.wake_room`; -1 without GPUs): for the unschedulable
         reasons. Where nothing is on-demand and nothing over-commits, the largest free block."""
         self._size: IntArray = np.zeros((0, 1), np.int64)
         self._room: IntArray = np.full((0, 1), -1, np.int64)

@@ -15,11 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from binder.api.session import JsonObject
+from binder.cluster.chargedpods import proven, same_proof
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, model_from_api
 from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import priority_class_from_api, resolve
-from binder.cluster.proofs import proven, same_proof
 from common.contract import Keys
 from common.hosted import (
     host_group,

@@ -197,7 +197,8 @@ class PodInfo:
     gpu_uuid: str = ""
     """The GPU the binder chose, from the pod's annotation; empty before binding."""
     placement: str = ""
-    """The pod's proof of placement annotation as written (checked by `binder.cluster.proofs`)."""
+    """The pod's proof of placement annotation as written (checked by
+    `binder.cluster.chargedpods`)."""
     constraints: Constraints = Constraints()
     problem: str = ""
     """Why the pod cannot be scheduled whatever the cluster looks like; empty when it can."""

@@ -34,8 +34,8 @@ nothing fits (the reasons need every node) or when PreScore fails, every node of
 at once. The two agree on the node, the GPU and the score;
 tests/binder/framework/test_placement_paths.py compares them on random clusters.
 
-An `on-demand` pod reads the state's on-demand view (`ClusterState.view`): the same filters,
-scores and index over its own free memory (`binder.cluster.residency`), and its own memory reasons.
+An `on-demand` pod reads the state's on-demand view (`ClusterState.view`): the same filters, scores
+and index over its own free memory (`binder.cluster.residencyfit`), and its own memory reasons.
 
 Pure: a function of the cluster state, the pod and the time passed in; no I/O, no clock.
 """
@@ -200,7 +200,7 @@ def choose_gpu(
 ) -> Gpu | None:
     """binpack: the GPU with the best memory score (`pack_score`), then the tightest block;
     spread: the emptiest. Ties go to the lower GPU index. `on_demand`: the pod's residency
-    class is `on-demand` (its blocks are `binder.cluster.residency.on_demand_free`)."""
+    class is `on-demand` (its blocks are `binder.cluster.residencyfit.on_demand_free`)."""
     view = state.view(on_demand)
     state.arrays()
     info = state.nodes[node]

@@ -30,9 +30,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from binder.cluster.budgets import Budget
+from binder.cluster.chargedpods import proven
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import PodInfo
-from binder.cluster.proofs import proven
 from binder.framework.placement import fits_on
 from common.proofs import KeyRing
 

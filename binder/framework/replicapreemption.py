@@ -20,10 +20,10 @@ import logging
 from collections.abc import Callable, Container
 from dataclasses import dataclass, replace
 
+from binder.cluster.chargedpods import sign
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
-from binder.cluster.proofs import sign
 from binder.framework.placement import (
     Policy,
     Unschedulable,

@@ -31,9 +31,9 @@ from typing import Any
 from binder.api.handover import Handover, Outcome
 from binder.api.inbox import Inbox
 from binder.api.kube import Kube
+from binder.cluster.chargedpods import Unproven, sign
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo
-from binder.cluster.proofs import Unproven, sign
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.framework.placement import Placement, Policy, Unschedulable, place
 from binder.framework.preemption import lower_holds

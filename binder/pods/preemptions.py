@@ -23,9 +23,9 @@ from functools import partial
 
 from binder.api.handover import Handover
 from binder.api.kube import Kube
+from binder.cluster.chargedpods import sign
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo
-from binder.cluster.proofs import sign
 from binder.framework.moves import carry_out_preemption
 from binder.framework.placement import (
     Policy,

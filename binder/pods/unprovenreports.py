@@ -1,6 +1,6 @@
 """Warning Events for unproven pods: bound pods the binder does not charge, told why.
 
-The cache judges the bound pods (binder.cluster.proofs): one whose proof of placement does not
+The cache judges the bound pods (binder.cluster.chargedpods): one whose proof of placement does not
 verify is unproven, never charged, and handed here through the pod controller (`seen`). While this
 replica leads, each such pod gets one Warning Event per reason (`NotPlacedByBinder`,
 `PlacementKeyUnknown`, ...), so its owner learns why its GPU memory is not counted. A follower
@@ -24,8 +24,8 @@ from functools import partial
 
 from binder.api.handover import Handover
 from binder.api.kube import Kube
+from binder.cluster.chargedpods import Unproven
 from binder.cluster.objects import PodInfo
-from binder.cluster.proofs import Unproven
 from binder.errors import NotFoundError
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,8 @@ gets, and the API writes that keep it so.
 
 `reconcile(namespace, nodes)` makes the hosts on `nodes` what the binder's ledger says: one pod
 per node and storage Secret (none is one) with a replica of the namespace's placed (or a model of
-it parked there at zero replicas, `binder.autoscaler.parking`), named `tritonshare-host-<hash of
-the node and the Secret>` and mounting that Secret alone, so a model that needs a new Secret gets
+it parked there at zero replicas, `binder.autoscaler.parkedmodels`), named `tritonshare-host-<hash
+of the node and the Secret>` and mounting that Secret alone, so a model that needs a new Secret gets
 a host of its own and its neighbours' hosts are never replaced for it; created on its node
 (`spec.nodeName`) as a model pod that serves many models (`binder.tritonmodels.hostpod`), owned
 by every TritonModel with a replica there, naming its replicas in `<prefix>hosted-models` and

@@ -6,12 +6,13 @@ ordinals) leave: one loaded on its host drains (out of its Service, still charge
 no longer has it loaded, or for the drain's bound; one wanted again meanwhile on the same files is
 taken back where it is. Each missing replica is placed at the lowest free ordinal, while the
 namespace's ResourceQuotas allow it (`binder.framework.quota`), by the binder's own `place`, charged
-at once and signed (`binder.cluster.proofs.sign`), at most PLACEMENTS_PER_TURN a turn: placing stops
-at the first refusal, the rest only counted (`Missing`). A replica that fits nowhere may preempt
-lower-priority pods and replicas (`binder.framework.replicapreemption`); one preempted drains as
-one scaled away does. A new spec.storageUri rolls a step per turn (`binder.tritonmodels.rolling`).
-A model at zero replicas is parked on a host of its namespace (`binder.autoscaler.parking`).
-Changes the ledger's charges, drains and parkings only; the controller writes what it decides.
+at once and signed (`binder.cluster.chargedpods.sign`), at most PLACEMENTS_PER_TURN a turn: placing
+stops at the first refusal, the rest only counted (`Missing`). A replica that fits nowhere may
+preempt lower-priority pods and replicas (`binder.framework.replicapreemption`); one preempted
+drains as one scaled away does. A new spec.storageUri rolls a step per turn
+(`binder.tritonmodels.rolling`). A model at zero replicas is parked on a host of its namespace
+(`binder.autoscaler.parkedmodels`). Changes the ledger's charges, drains and parkings only; the
+controller writes what it decides.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import replace
 from typing import NamedTuple
 
-from binder.autoscaler.parking import park_node
+from binder.autoscaler.parkedmodels import park_node
+from binder.cluster.chargedpods import proven, sign
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
-from binder.cluster.proofs import proven, sign
 from binder.framework.moves import PREEMPTED
 from binder.framework.placement import Placement, Policy, place
 from binder.framework.quota import EXCEEDED_QUOTA, QuotaCheck, check_for, replica_class
@@ -133,7 +134,7 @@ class ReplicaPlacer:
         longer has it loaded; changed here alone, read by `serving` and the hosts' writer, and
         mirrored in the ledger's `draining`, which keeps the cache from freeing it. `parked`:
         model uid -> the node of the host it is parked on at zero replicas
-        (`binder.autoscaler.parking`), read by the hosts' writer.
+        (`binder.autoscaler.parkedmodels`), read by the hosts' writer.
         `changed(uid)`: a model whose replicas changed outside its turn (a replica preempted,
         a drain recovered) is reconciled again."""
         self._ledger = ledger
@@ -198,7 +199,7 @@ class ReplicaPlacer:
 
     def park(self, model: ModelInfo) -> None:
         """Park `model` at zero replicas on a host of its namespace, or unpark it once a
-        replica of it is served (`binder.autoscaler.parking`)."""
+        replica of it is served (`binder.autoscaler.parkedmodels`)."""
         nodes, served = [], False
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)

@@ -1,14 +1,14 @@
 """The node gateway: the one way from model pods to the node's Triton, which listens on loopback.
 
 Triton binds the node pod's loopback, so nothing outside the node pod reaches it; the gateway, in
-the node pod too, listens for the model pods' proxies. The agent's caller table (`gateway.callers`)
-maps each proven model pod of this node that owns its model to that model, and each model host to
-its replicas' models. A connection names its pod by the caller key it sends first, or by its
-source address where it sends none (`gateway.identity`); its first bytes are read once, apart from
-the accept loop when they are not there yet, bounded in time and number. A connection that names
-no caller is closed before a byte of its protocol is read; one from a caller is handed to that
-pod's relays (`gateway.tenants`), which are the proxy's own, bound to the pod's model. When a pod
-leaves the table its connections are dropped at once.
+the node pod too, listens for the model pods' proxies. The agent's caller table
+(`gateway.callerbook`) maps each proven model pod of this node that owns its model to that model,
+and each model host to its replicas' models. A connection names its pod by the caller key it sends
+first, or by its source address where it sends none (`gateway.identity`); its first bytes are read
+once, apart from the accept loop when they are not there yet, bounded in time and number. A
+connection that names no caller is closed before a byte of its protocol is read; one from a caller
+is handed to that pod's relays (`gateway.tenants`), which are the proxy's own, bound to the pod's
+model. When a pod leaves the table its connections are dropped at once.
 
 Start: read the caller table, listen on the metrics, REST and gRPC ports, follow the table, and
 write the activity table (`gateway.activity`) the agent's evictions read. Stop (SIGTERM): stop
@@ -30,7 +30,7 @@ from common.crashwitness import path_beside
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
 from proxy.gateway.activity import ActivityWriter
-from proxy.gateway.callers import CallerBook
+from proxy.gateway.callerbook import CallerBook
 from proxy.gateway.identity import MAX_WAITING, ClosedError, KeyReader, identify
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.restore import Restore

@@ -20,7 +20,7 @@ import socket
 from typing import Final
 
 from common.callerkeys import MAGIC, PREAMBLE_BYTES, CallerKeyError, digest, key_in
-from proxy.gateway.callers import CallerBook, Rows
+from proxy.gateway.callerbook import CallerBook, Rows
 
 NO_KEY: Final = b""
 """What `KeyReader.step` returns for a connection that presents no key."""

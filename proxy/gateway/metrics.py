@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.gateway.callers import CallerBook
+from proxy.gateway.callerbook import CallerBook
 from proxy.gateway.tenants import Tenant
 from proxy.policy.holdings import ByteBudget
 from proxy.policy.inflight import InFlightShares

@@ -14,7 +14,7 @@ or slow reader never holds another's; and each has its share of the one event lo
 while it is over it and other pods are active, its connections stop reading until the round ends, so
 its flood waits in its own socket buffers. `Tenants` makes them on a pod's first connection and
 drops them, with every open connection, the moment the pod loses its place in the caller table (a
-host, its last row). What it must not do: decide who a caller is (`gateway.callers`) or accept
+host, its last row). What it must not do: decide who a caller is (`gateway.callerbook`) or accept
 sockets.
 """
 

@@ -1,7 +1,7 @@
 """Model hosts for the agent's tests, written as the binder writes them
 (`binder.tritonmodels.controller`): a pod named as its node's host, labelled, annotated with its
 replicas, each with a proof signed with the tests' key for the claim the binder signs
-(`binder.cluster.proofs.sign` of `ModelInfo.replica`)."""
+(`binder.cluster.chargedpods.sign` of `ModelInfo.replica`)."""
 
 from __future__ import annotations
 

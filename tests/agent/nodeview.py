@@ -14,8 +14,8 @@ from agent.models.gpuadmission import Gpus
 from agent.models.nodemodels import ModelLimits, Models, Pods
 from agent.phases import Rules
 from agent.pods.ownership import OwnerRecord, OwnerStore
-from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import CrashLedger
 from agent.triton import TritonClient
 
 

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from agent.gpus.inventory import GpuInfo, GpuSnapshot
 from agent.metrics import AgentMetrics
 from agent.pods.modelpods import PodInfo
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.tritonname import private_triton_name
 from tests.conftest import require_executable
 

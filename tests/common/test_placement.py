@@ -12,7 +12,7 @@ import pytest
 
 from agent.errors import NotPlacedError
 from agent.pods.modelpods import PodInfo
-from agent.pods.proofs import PlacementVerifier
+from agent.pods.provenpods import PlacementVerifier
 from common.proofs import Claim, KeyRing, ProofError
 
 KEY = b"k" * 32

@@ -20,7 +20,7 @@ import yaml
 from agent.gpus.memory import MemoryLedger
 from agent.metrics import AgentMetrics
 from binder.metrics import Metrics as BinderMetrics
-from proxy.gateway.callers import CallerBook
+from proxy.gateway.callerbook import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.metrics import ProxyMetrics
 from proxy.policy.holdings import ByteBudget

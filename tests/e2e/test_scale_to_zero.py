@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from binder.autoscaler.parking import parked_on
+from binder.autoscaler.parkedmodels import parked_on
 from common.contract import Keys
 from common.hosted import loaded_condition, serves_label
 from sim.cluster import SimCluster

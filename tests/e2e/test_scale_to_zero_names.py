@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from binder.autoscaler.parking import parked_on
+from binder.autoscaler.parkedmodels import parked_on
 from common.contract import PROXY_AUTOSCALING_PATH
 from common.hosted import serves_label
 from sim.cluster import SimCluster

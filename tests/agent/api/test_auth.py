@@ -10,7 +10,7 @@ import pytest
 from agent.api.auth import Authorizer, token_expiry
 from agent.errors import UnauthenticatedError
 from agent.kube.client import JsonObject, KubeClient, TokenReviewResult
-from agent.pods.proofs import PlacementVerifier
+from agent.pods.provenpods import PlacementVerifier
 from common.contract import Keys
 from sim.apiserver import RunningApiServer
 from tests.agent.conftest import NODE, bearer, make_pod

@@ -18,7 +18,7 @@ from agent.errors import NotPlacedError, PermissionDeniedError
 from agent.kube.client import KubeClient
 from agent.pods.nodepods import REFUSED_PER_HOST, NodePods
 from agent.pods.ownership import OwnerRecord
-from agent.pods.proofs import PlacementVerifier
+from agent.pods.provenpods import PlacementVerifier
 from common.contract import RESIDENCY_ON_DEMAND, Keys
 from common.hosted import encode_hosted, host_name
 from common.tritonname import private_triton_name

@@ -19,7 +19,7 @@ from agent.installs.repository import (
 )
 from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerStore
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.manifest import Manifest, ManifestEntry
 from tests.agent.nodeview import NoGpus, OwnersAlive, bare_models
 

@@ -16,7 +16,7 @@ import pytest
 
 from agent.pods.callertable import CallerPublisher, callers_of
 from agent.pods.modelpods import PodInfo, pod_from_dict
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.callers import CallerTable, read_table
 from common.contract import Keys
 from sim.apiserver import RunningApiServer

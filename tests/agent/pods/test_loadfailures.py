@@ -10,7 +10,7 @@ from dataclasses import replace
 from agent.pods import loadfailures
 from agent.pods.loadfailures import LoadFailure, LoadFailures
 from agent.pods.modelpods import PodInfo
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.hosted import HostedReplica
 
 Hosted = tuple[HostedReplica, Proven]

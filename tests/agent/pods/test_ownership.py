@@ -16,7 +16,7 @@ from agent.models.gpuadmission import Gpus
 from agent.models.nodemodels import Models
 from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerRecord, OwnerStore
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
 from common.manifest import ManifestEntry
 from common.tritonname import private_triton_name
 from tests.agent.nodeview import NoGpus, OwnersAlive, bare_models

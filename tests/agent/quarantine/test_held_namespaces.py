@@ -1,9 +1,9 @@
-"""The namespace count of the crash ledger (agent/quarantine/records.py) and the held loads' turns
-(agent/models/heldloads.py): a namespace whose files were quarantined is held, its further crashes
-count against it, at the limit its new loads are quarantined on the node; the record survives a
-restart and a new node pod (through the Node's annotation) and is cleared by `NAMESPACE/*`. A
-held namespace's load begins alone and keeps the node quiet after. The whole path through a real
-Triton is tests/agent/quarantine/test_namespace_quarantine.py."""
+"""The namespace count of the crash ledger (agent/quarantine/crashledger.py) and the held loads'
+turns (agent/models/heldloads.py): a namespace whose files were quarantined is held, its further
+crashes count against it, at the limit its new loads are quarantined on the node; the record
+survives a restart and a new node pod (through the Node's annotation) and is cleared by
+`NAMESPACE/*`. A held namespace's load begins alone and keeps the node quiet after. The whole path
+through a real Triton is tests/agent/quarantine/test_namespace_quarantine.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.models.heldloads import HeldLoads
+from agent.quarantine.crashledger import CrashLedger, Marker, NamespaceRecord
 from agent.quarantine.published import annotation, from_annotation, namespaces_from_annotation
-from agent.quarantine.records import CrashLedger, Marker, NamespaceRecord
 
 
 def marker(version: int, namespace: str = "team-a") -> Marker:

@@ -25,7 +25,7 @@ import grpc
 import kubernetes.client
 import pytest
 
-from agent.quarantine.records import Marker
+from agent.quarantine.crashledger import Marker
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer

@@ -18,7 +18,7 @@ import grpc
 import kubernetes.client
 import pytest
 
-from agent.quarantine.records import Marker
+from agent.quarantine.crashledger import Marker
 from agent.triton import READY
 from binder.cli.main import main as cli
 from protos import agent_pb2

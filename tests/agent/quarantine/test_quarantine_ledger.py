@@ -1,4 +1,4 @@
-"""The crash ledger (agent/quarantine/records.py): markers, crashes in a row, quarantine, what
+"""The crash ledger (agent/quarantine/crashledger.py): markers, crashes in a row, quarantine, what
 survives a restart, clearing, the Node annotations an operator clears through, and what the
 reconciler tells a quarantined model's pod."""
 
@@ -17,9 +17,9 @@ import pytest
 from agent.metrics import AgentMetrics
 from agent.models.reconcile import Reconciler
 from agent.pods.modelpods import pod_from_dict
-from agent.pods.proofs import Proven
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import COUNTS_FILE, CrashLedger, CrashRecord, Marker
 from agent.quarantine.published import NodeQuarantine
-from agent.quarantine.records import COUNTS_FILE, CrashLedger, CrashRecord, Marker
 from common.contract import Keys
 from common.crashwitness import Suspect
 

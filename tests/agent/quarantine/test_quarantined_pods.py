@@ -16,7 +16,7 @@ import grpc
 import kubernetes.client
 import pytest
 
-from agent.quarantine.records import Marker
+from agent.quarantine.crashledger import Marker
 from loader.errors import INSTALL, LOAD, classify
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
+from agent.quarantine.crashledger import CrashLedger, CrashRecord, Marker
 from agent.quarantine.published import annotation, from_annotation
-from agent.quarantine.records import CrashLedger, CrashRecord, Marker
 from agent.quarantine.suspects import CallerRecord, at_exit, counted, merged, message
 from agent.status.requestcrash import RequestCrashes
 from common.crashwitness import (

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from agent.errors import KubeError
+from agent.models.loadquarantine import PodQuarantine
 from agent.models.nodemodels import ModelState
-from agent.models.quarantines import PodQuarantine
 from agent.models.statuses import ModelStatus
 from agent.pods.loadfailures import LoadFailure
 from agent.pods.modelpods import PodInfo
-from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashRecord
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import CrashRecord
 from agent.status.conditions import REINSTALL_WRITE_SECONDS, ModelConditions, verdict
 from common.conditions import Condition
 from tests.agent.conftest import eventually

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from agent.errors import AgentError
 from agent.pods.nodepods import NodePods
-from agent.pods.proofs import PlacementVerifier
+from agent.pods.provenpods import PlacementVerifier
 from agent.status.conditions import ModelConditions
 from agent.status.stopping import LEAVING, NodeStop
 from common.contract import Keys

@@ -24,7 +24,7 @@ from aiohttp import web
 from binder.app import Binder
 from binder.autoscaler.loadcounts import answer_bound
 from binder.autoscaler.loop import read_counts
-from binder.autoscaler.parking import parked_on
+from binder.autoscaler.parkedmodels import parked_on
 from binder.autoscaler.room import ROOM_SECONDS
 from common.contract import DEFAULT_PROXY_METRICS_PORT, PROXY_AUTOSCALING_PATH, Keys
 from common.hosted import host_name

@@ -1,5 +1,5 @@
 """Scale to zero's pure parts in the binder: where a TritonModel at zero replicas is parked
-(binder/autoscaler/parking.py), the parking host as the autoscaler's source of its demand
+(binder/autoscaler/parkedmodels.py), the parking host as the autoscaler's source of its demand
 (binder/autoscaler/targets.py), and the decision on fake time: requests held at zero scale the model
 to one and keep it from zero while they wait."""
 
@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from binder.autoscaler.kpa import Decider, Scaling
 from binder.autoscaler.loop import Autoscaling
-from binder.autoscaler.parking import park_node, parked_on
+from binder.autoscaler.parkedmodels import park_node, parked_on
 from binder.autoscaler.targets import Index, model_target
 from binder.cluster.modelviews import ModelInfo, model_from_api
 from common.contract import Keys

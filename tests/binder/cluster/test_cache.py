@@ -16,12 +16,12 @@ from binder.api.kube import Kube
 from binder.api.listwatch import NODES, Kind
 from binder.api.session import JsonObject, RetryPolicy
 from binder.cluster.cache import ClusterCache
+from binder.cluster.chargedpods import Unproven, sign
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.informer import Informer
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import model_from_api
 from binder.cluster.objects import ModelKey, PodInfo, pod_from_api
-from binder.cluster.proofs import Unproven, sign
 from binder.errors import GoneError
 from common.hosted import host_label, host_name
 from common.proofs import Claim, KeyRing, Proof

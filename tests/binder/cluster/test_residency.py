@@ -15,7 +15,13 @@ import pytest
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.index import FreeIndex
 from binder.cluster.objects import PodInfo, node_from_api, pod_from_api
-from binder.cluster.residency import GpuLedger, always_free, free_of_both, on_demand_free, wake_room
+from binder.cluster.residencyfit import (
+    GpuLedger,
+    always_free,
+    free_of_both,
+    on_demand_free,
+    wake_room,
+)
 from binder.framework.placement import POLICIES, Placement, Policy, Unschedulable, explain, place
 from common.contract import RESIDENCY_ON_DEMAND
 from common.tritonname import private_triton_name

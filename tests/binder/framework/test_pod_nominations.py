@@ -15,8 +15,8 @@ from typing import Any
 
 import kubernetes.client
 
+from binder.cluster.chargedpods import sign
 from binder.cluster.objects import pod_from_api
-from binder.cluster.proofs import sign
 from binder.framework.preemption import stale_room
 from binder.framework.replicapreemption import held_uid
 from common.proofs import KeyRing

@@ -17,11 +17,11 @@ from typing import Any
 import kubernetes.client
 
 from binder.app import Binder
+from binder.cluster.chargedpods import sign
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, model_from_api
 from binder.cluster.objects import node_from_api
-from binder.cluster.proofs import sign
 from binder.framework.placement import Unschedulable, place
 from binder.framework.replicapreemption import ReplicaPreemption, held_uid
 from common.proofs import KeyRing

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.callers import Caller, CallerTable, CallerTableError, decode, encode, write_table
-from proxy.gateway.callers import CallerBook
+from proxy.gateway.callerbook import CallerBook
 
 A = Caller("10.1.0.5", "add_one", "team-a/add-one", "uid-a")
 B = Caller("10.1.0.6", "identity", "team-b/identity", "uid-b")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from common.callers import Caller, CallerTable, CallerTableError, decode, encode, write_table
-from proxy.gateway.callers import CallerBook
+from proxy.gateway.callerbook import CallerBook
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.table import Replicas, Served

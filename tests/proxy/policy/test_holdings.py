@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from proxy.gateway.callers import CallerBook
+from proxy.gateway.callerbook import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.policy.holdings import GRACE, ByteBudget
 from proxy.policy.share import UNLIMITED, LoopShare, LoopShares

@@ -1,7 +1,7 @@
 """The quarantine of model files around their loads: what is refused, and what it reports.
 
 The ledger of Triton's unexpected exits decides which files, and which namespaces' new loads, are
-quarantined on the node (`agent.quarantine.records`). This is the models' side of it: an install
+quarantined on the node (`agent.quarantine.crashledger`). This is the models' side of it: an install
 or a load of quarantined files is refused with the error a pod is told (`Quarantines.refuse`);
 the pods refused at install are remembered, so that their condition says why; the pods that want
 some files are found for the Events of a quarantine; a load Triton died under is counted and the
@@ -17,8 +17,8 @@ from agent.errors import AgentError, ConflictError
 from agent.models.records import ModelRecords
 from agent.phases import TRANSITIONS, Event, Phase
 from agent.pods.owners import Owners
-from agent.pods.proofs import Proven
-from agent.quarantine.records import CrashLedger, CrashRecord, Marker, NamespaceRecord
+from agent.pods.provenpods import Proven
+from agent.quarantine.crashledger import CrashLedger, CrashRecord, Marker, NamespaceRecord
 
 __all__ = [
     "CRASHED_REASON",

@@ -8,7 +8,7 @@ them, put them on probation for `probation_seconds`). An exit a load in flight s
 requests is counted against neither: the probations it gave are owed by the load's files (by
 digest), with the exits they shared (`shared_exit`), until those files are counted for an exit
 alone; then those exits were theirs too, the probations they gave end (`forgive`), and
-`agent.quarantine.records.CrashLedger.crashed` counts the exits against them. A good load of the
+`agent.quarantine.crashledger.CrashLedger.crashed` counts the exits against them. A good load of the
 files clears what they owe (`loaded`). What is owed is kept in memory only; the ledger saves the
 records in `crashes.json` (its `callers` list: `CallerRecord`'s fields).
 """
@@ -36,7 +36,7 @@ class CallerCounts:
         self.quarantine_after = quarantine_after
         self.probation_seconds = probation_seconds
         self.kept = kept
-        """Records kept at most, and loads' debts (`agent.quarantine.records.MAX_RECORDS`)."""
+        """Records kept at most, and loads' debts (`agent.quarantine.crashledger.MAX_RECORDS`)."""
         self._wall = wall
         self._records: dict[str, CallerRecord] = {}
         self._owed: dict[str, dict[str, tuple[float, float]]] = {}

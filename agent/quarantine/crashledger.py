@@ -37,7 +37,7 @@ loads none of the namespace's models (those installed before too), until an oper
 however many versions or models they try at once. An exit a load in flight shared with pods'
 requests is counted against neither (`explained`; the pods go on probation), until that load's
 files are counted for an exit alone: then it is counted against them too, and the probation it
-gave ends (`agent.quarantine.callers.CallerCounts.forgive`; kept in memory only). `CrashLedger`
+gave ends (`agent.quarantine.callercounts.CallerCounts.forgive`; kept in memory only). `CrashLedger`
 stores and counts, with the marker files in `agent.quarantine.markers` and the counts of files,
 namespaces and pods in `agent.quarantine.filecounts`, `.namespaces` and `.callers`;
 `agent.models.nodemodels` writes the markers around its loads; `agent.models.aftercrash` decides
@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from agent.quarantine.callers import CallerCounts
+from agent.quarantine.callercounts import CallerCounts
 from agent.quarantine.filecounts import CrashRecord, FileCounts
 from agent.quarantine.markers import MARKER_SUFFIX, Marker, MarkerFiles, write_durably
 from agent.quarantine.namespaces import NamespaceCounts, NamespaceRecord
