@@ -4,7 +4,7 @@ own log line: a spec.modelName that is not the name in its files' config.pbtxt r
 naming both names; a config.pbtxt Triton refuses reads ModelInvalid with Triton's message; a
 storageUri that is a 404 reads FetchFailed (`test_tritonmodel_hosts`). Each is the Ready
 condition's reason with the node and the cause, the replica's message in status.placements, a
-Warning Event on the TritonModel, a line of `kubectl get tm -o wide`, of `tritonshare status`
+Warning Event on the TritonModel, a line of `kubectl get tm`, of `tritonshare status`
 and of `tritonshare explain tm/NAME`."""
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def test_a_replica_its_host_cannot_load_says_why_on_its_tritonmodel_at_once(
         assert placement["ready"] is False and words in placement["message"], placement
 
     table = subprocess.run(
-        [require_executable("kubectl"), "get", "tm", "-n", NAMESPACE, "-o", "wide"],
+        [require_executable("kubectl"), "get", "tm", "-n", NAMESPACE],
         env=dict(os.environ, KUBECONFIG=str(cluster.kubeconfig)),
         capture_output=True,
         text=True,

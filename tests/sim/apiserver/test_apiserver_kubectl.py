@@ -144,14 +144,22 @@ def _kubectl_refused(kubeconfig: Path, *args: str) -> str:
 
 
 def test_kubectl_get_tritonmodels_prints_the_crd_columns(kubeconfig: Path) -> None:
-    for name in ("tritonmodels", "tm"):
-        header, row = _kubectl(kubeconfig, "get", name)
-        assert header == ["NAME", "READY", "REPLICAS", "GPU-MEM", "RESIDENCY", "REASON", "AGE"]
-        assert row[:6] == ["resnet", "2", "3", "2Gi", "always", "ModelInvalid"]
-    # -o wide adds the Ready condition's message.
-    header, row = _kubectl(kubeconfig, "get", "tm", "-o", "wide")
     message = "2 of 3 replicas ready; replica 2 on gpu-1: ModelInvalid"
-    assert header[-1] == "MESSAGE" and " ".join(row[7:]) == message
+    for args in (["tritonmodels"], ["tm"], ["tm", "-o", "wide"]):
+        # The Ready condition's message is a column of its own, wide or not.
+        header, row = _kubectl(kubeconfig, "get", *args)
+        assert header == [
+            "NAME",
+            "READY",
+            "REPLICAS",
+            "GPU-MEM",
+            "RESIDENCY",
+            "REASON",
+            "AGE",
+            "MESSAGE",
+        ]
+        assert row[:6] == ["resnet", "2", "3", "2Gi", "always", "ModelInvalid"]
+        assert " ".join(row[7:]) == message
 
 
 def test_kubectl_get_pods_wide_prints_the_pod_columns(kubeconfig: Path) -> None:
