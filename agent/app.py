@@ -201,7 +201,9 @@ class Agent:
             namespace_quarantine_after=settings.crash_namespace_quarantine_after,
             expiry_seconds=settings.crash_quarantine_expiry_seconds,
         )
-        self.hold = ProbationHold(settings.crash_hold_seconds)
+        self.hold = ProbationHold(
+            settings.crash_hold_seconds, node_holds_per_file=settings.crash_quarantine_after
+        )
         self._gpu_reader = _gpu_reader(settings, nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
         self.triton_processes = TritonProcesses(settings.triton_pid_file)

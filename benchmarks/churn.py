@@ -862,7 +862,9 @@ def run(minutes: float, seed: int, kinds: list[str]) -> int:
     logging.basicConfig(
         level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", handlers=[handler]
     )
-    plan = schedule(kinds, seed, rounds=max(1, int(minutes * 60 // (45 * len(kinds))) + 1))
+    # Enough rounds for --minutes of the shortest changes (each lasts SETTLE at least): the run
+    # stops drawing from the plan once the time is up, never before.
+    plan = schedule(kinds, seed, rounds=int(minutes * 60 // (SETTLE * len(kinds))) + 1)
     command = shlex.join(["python", "-m", "benchmarks.churn", *sys.argv[1:]])
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, `{command}`")
     print(f"seed {seed}; schedule (taken in order while --minutes {minutes:g} last; every kind at")

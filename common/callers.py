@@ -66,13 +66,13 @@ class Caller:
     (`agent.quarantine.suspects`): the gateway lets them reach Triton only while no other
     probationer's are there."""
     held: bool = False
-    """On probation while a load the agent watches is in flight or just ended
-    (`agent.models.probationhold`): the gateway holds its new requests (each a bounded time), so
-    that an exit of Triton then is the load's alone."""
+    """On probation while a load the agent watches is in flight or just ended, or any pod while
+    a suspected file's trial is in flight (`agent.models.probationhold`): the gateway holds its
+    new requests (each a bounded time), so that an exit of Triton then is the load's alone."""
     trial: bool = False
-    """Held while the load of a model under suspicion is in flight or settles (its trial,
-    `agent.models.probationhold`): the gateway refuses the pod's new requests instead of holding
-    them, so that an exit then is the suspect's alone, however late it comes."""
+    """Held on probation while the load of a model under suspicion is in flight or settles (its
+    trial, `agent.models.probationhold`): the gateway refuses the pod's new requests instead of
+    holding them, so that an exit then is the suspect's alone, however late it comes."""
     spread: tuple[Spare, ...] = ()
     """A model host's other replicas of the model, loaded and not draining, as (name in Triton,
     uid), when this row's own (the preferred) is loaded and not draining too: the gateway sends

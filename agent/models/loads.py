@@ -220,7 +220,9 @@ class Loads:
         try:
             if hold is not None:
                 # Before the marker: a load cancelled meanwhile never reached Triton.
-                await hold.begin(owner.pod.object_key, trial=trial)
+                # Files counted for an exit alone hold every pod through their trial.
+                suspect = owned.digest if trial and self.crashes.suspected(owned.digest) else ""
+                await hold.begin(owner.pod.object_key, trial=trial, suspect=suspect)
             waking = record.life.phase is Phase.IDLE_UNLOADED
             self.records.step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
             record.gpu_uuid, record.gpu_index = uuid, index

@@ -23,12 +23,23 @@ once the time since its last one's refusal ended is as long as that refusal was 
 so a held namespace that loads one new model after another (each a trial) delays its own loads,
 not a neighbour's answers. Trials go one at a time.
 
+A trial of files counted for an exit alone (`agent.quarantine.crashledger.CrashLedger.suspected`)
+holds **every** pod's new requests on the node while it is in flight, not only the
+probationers': a pod not on probation whose requests were at Triton when such a load killed it
+would share the exit (`agent.quarantine.suspects.at_exit`), go on probation, and have its
+requests refused through every later trial, while the files need one exit more. The hold of the
+whole node is bounded: each request at most `proxy.policy.probation.HELD_REQUEST_SECONDS`, each
+trial at most `hold_seconds` from its begin, and each file's trials `node_holds_per_file` times
+(`--crash-quarantine-after`); since files are suspected only once an exit was counted against
+them alone, a namespace holds the node at most that many times for each exit of Triton its
+files caused, within its trials' half of the time.
+
 A watched load waits first, at most `drain_seconds`, until the gateway's activity table
 (`common.activity`), written since the hold began, shows every held model held with no request at
 Triton (`drained`): a request sent before the gateway followed the table may take seconds there.
-Pods not on probation are never held, and with none nothing waits. What it must not do: decide
-who is on probation (`agent.quarantine.suspects`), which loads are watched
-(`agent.quarantine.crashledger`), or write the table (`agent.pods.callertable`).
+Pods not on probation are held only through such a trial, and with none held nothing waits.
+What it must not do: decide who is on probation (`agent.quarantine.suspects`), which loads are
+watched (`agent.quarantine.crashledger`), or write the table (`agent.pods.callertable`).
 """
 
 from __future__ import annotations
@@ -46,6 +57,10 @@ answered."""
 
 POLL_SECONDS = 0.1
 """How often the activity table is read meanwhile."""
+
+MAX_FILES = 10_000
+"""Suspected files whose node holds are counted at most (the oldest forgotten first): a tenant
+cannot fill the agent's memory."""
 
 TRIAL_MARGIN_SECONDS = 2.0
 """How long a suspect's trial outlasts its settling window (the agent's and the gateway's clocks,
@@ -73,13 +88,22 @@ class ProbationHold:
         self,
         hold_seconds: float,
         *,
+        node_holds_per_file: int = 0,
         drain_seconds: float = DRAIN_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.hold_seconds = hold_seconds
         """How long the hold lasts after a watched load ends; 0: no hold."""
+        self.node_holds_per_file = node_holds_per_file
+        """How many trials of one suspected file's hold every pod's requests (0: none)."""
         self.drain_seconds = drain_seconds
+        self._node_holds: dict[str, int] = {}
+        """By suspected file (manifest digest), its trials that held every pod."""
+        self._node_trials: dict[str, int] = {}
+        """The pods (namespace/name) whose trial in flight holds every pod, with how many."""
+        self._node_until = 0.0
+        """Until when the node's hold of the last such trial lasts at most (`clock` seconds)."""
         self._clock = clock
         self._wall = wall
         self.loads = 0
@@ -113,13 +137,21 @@ class ProbationHold:
         """Whether probationers' requests are held now."""
         return self.hold_seconds > 0 and (self.loads > 0 or self._clock() < self.until)
 
-    def holds(self, pod: str) -> bool:
-        """Whether the requests of `pod` (namespace/name), on probation, are held now: while any
-        watched load is in flight, or another pod's ended less than `hold_seconds` ago."""
+    def holds(self, pod: str, probation: bool = True) -> bool:
+        """Whether the requests of `pod` (namespace/name) are held now: on `probation`, while
+        any watched load is in flight, or another pod's ended less than `hold_seconds` ago;
+        not on probation, while a suspected file's trial holds the node (`holds_node`)."""
+        if not probation:
+            return self.holds_node()
         if not self.holding():
             return False
         now = self._clock()
         return self.loads > 0 or any(p != pod and now < t for p, t in self._ended.items())
+
+    def holds_node(self) -> bool:
+        """Whether every pod's new requests are held now, on probation or not: a suspected
+        file's trial is in flight, for at most `hold_seconds` from its begin."""
+        return bool(self._node_trials) and self._clock() < self._node_until
 
     def trial(self) -> bool:
         """Whether the hold is a suspect's trial now: held pods' requests are refused."""
@@ -149,19 +181,28 @@ class ProbationHold:
         self._turn.set()
         self._turn = asyncio.Event()
 
-    async def begin(self, pod: str, *, trial: bool = False) -> None:
+    async def begin(self, pod: str, *, trial: bool = False, suspect: str = "") -> None:
         """A watched load of `pod` (a suspect's: `trial`) is about to reach Triton: hold
-        probationers from now on, and wait (at most `drain_seconds`) for the gateway to have
-        drained them. Every `begin` is followed by one `end`, whatever happens."""
+        probationers from now on (every pod, for a trial of the files `suspect` counted for an
+        exit alone, while its allowance lasts), and wait (at most `drain_seconds`) for the
+        gateway to have drained them. Every `begin` is followed by one `end`, whatever
+        happens."""
         if self.hold_seconds <= 0:
             return
-        if self.loads == 0:
-            # Pods whose own load had ended were not held: only a newer word of the gateway's.
+        node = bool(trial and suspect and self._hold_node(suspect))
+        if self.loads == 0 or node:
+            # Pods whose own load had ended, or not on probation, were not held: only a newer
+            # word of the gateway's.
             self._since = self._wall()
         self.loads += 1
         if trial:
             self._trial_began[pod.partition("/")[0]] = self._clock()
         self.trials += 1 if trial else 0
+        if node:
+            self._node_trials[pod] = self._node_trials.get(pod, 0) + 1
+            self._node_until = self._clock() + self.hold_seconds
+            # The node's hold lapses then even with the load still in flight.
+            asyncio.get_running_loop().call_later(self.hold_seconds, self._node_lapsed)
         if self.on_change is not None:
             self.on_change()  # a probationer's row may have come since the hold began
         deadline = self._clock() + self.drain_seconds
@@ -169,6 +210,20 @@ class ProbationHold:
             if self._clock() >= deadline:
                 return  # the gateway did not answer: the load goes on, unheld as before
             await asyncio.sleep(POLL_SECONDS)
+
+    def _hold_node(self, suspect: str) -> bool:
+        """Whether a trial of the files `suspect` may hold every pod's requests, counting it."""
+        held = self._node_holds.get(suspect, 0)
+        if held >= self.node_holds_per_file:
+            return False
+        if suspect not in self._node_holds and len(self._node_holds) >= MAX_FILES:
+            self._node_holds.pop(next(iter(self._node_holds)))  # the oldest first
+        self._node_holds[suspect] = held + 1
+        return True
+
+    def _node_lapsed(self) -> None:
+        if self.on_change is not None and self._node_trials and not self.holds_node():
+            self.on_change()  # the pods not on probation go now
 
     def end(self, pod: str, *, trial: bool = False, settle_seconds: float = 0.0) -> None:
         """A watched load of `pod` has ended: the hold lasts `hold_seconds` more (an exit of
@@ -179,6 +234,10 @@ class ProbationHold:
             return
         self.loads -= 1
         self.trials -= 1 if trial else 0
+        if pod in self._node_trials:
+            self._node_trials[pod] -= 1
+            if not self._node_trials[pod]:
+                del self._node_trials[pod]
         now = self._clock()
         lasts = self.hold_seconds
         refused_until = now

@@ -114,7 +114,7 @@ class CallerPublisher:
         refresh_seconds: float = 5.0,
         quarantine: Callable[[str], str] | None,
         probation: Callable[[str], bool] | None,
-        held: Callable[[str], bool] | None,
+        held: Callable[[str, bool], bool] | None,
         trial: Callable[[], bool] | None,
         clock: Callable[[], float] = time.time,
         key_of: Callable[[str], str] | None,
@@ -124,9 +124,10 @@ class CallerPublisher:
         `quarantine(pod)` says why a pod's requests are refused (`agent.status.requestcrash`);
         the entry of such a pod carries it, and the gateway refuses its requests with it.
         `probation(pod)` says whether the gateway serializes its requests with other
-        probationers' (`agent.quarantine.suspects`); `held(pod)` whether it holds the pod's new
-        requests now, on probation (`agent.models.probationhold`); `trial()` whether the hold is a
-        suspect's trial (the gateway refuses held pods' requests).
+        probationers' (`agent.quarantine.suspects`); `held(pod, probation)` whether it holds the
+        pod's new requests now, given whether it is on probation (`agent.models.probationhold`);
+        `trial()` whether the hold is a suspect's trial (the gateway refuses held probationers'
+        requests; a pod not on probation held through it is only held).
 
         Each may be None, a choice this class acts on: `key_of`, rows without a caller key;
         `quarantine`, no pod's requests refused; `probation`, no pod on probation (so none
@@ -182,11 +183,11 @@ class CallerPublisher:
         if self._probation is not None:
             callers = [replace(c, probation=self._probation(c.pod)) for c in callers]
         if self._held is not None:
-            callers = [replace(c, held=c.probation and self._held(c.pod)) for c in callers]
+            callers = [replace(c, held=self._held(c.pod, c.probation)) for c in callers]
         if self._stopping:
             callers = [replace(c, stopping=self._stopping.get(c.pod, "")) for c in callers]
         if self._trial is not None and self._trial():
-            callers = [replace(c, trial=c.held) for c in callers]
+            callers = [replace(c, trial=c.held and c.probation) for c in callers]
         reported = frozenset(left_out)
         for reason in sorted(reported - self._reported):
             log.warning("Not a gateway caller: %s.", reason)

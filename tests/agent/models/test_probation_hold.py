@@ -1,7 +1,8 @@
 """agent.models.probationhold with agent.pods.callertable: while a watched load is under way, and
-for a while after it ends, the caller table marks probationers held (and nobody else); a load that
-begins the hold waits until the gateway's activity table shows them held with nothing at Triton
-(bounded); with no probationer, nothing waits."""
+for a while after it ends, the caller table marks probationers held (and, through a suspected
+file's trial in flight, every pod, bounded); a load that begins the hold waits until the gateway's
+activity table shows them held with nothing at Triton (bounded); with no probationer, nothing
+waits."""
 
 from __future__ import annotations
 
@@ -171,3 +172,62 @@ async def test_the_caller_table_marks_held_rows_of_a_trial(tmp_path: Path) -> No
     hold.end("team/b", trial=True)
     rows = {c.pod: (c.held, c.trial) for c in read_table(table).callers}
     assert rows == {"team/a": (True, False), "team/b": (False, False)}, "held, no trial"
+
+
+async def test_a_suspected_files_trial_holds_every_pod_while_in_flight_within_its_bounds() -> None:
+    """A trial of files counted for an exit alone holds pods not on probation too, while it is
+    in flight and at most `hold_seconds` from its begin, and each file's trials only
+    `node_holds_per_file` times; a trial without such files, or any other load, holds only
+    probationers."""
+    now = [0.0]
+    hold = ProbationHold(1.0, node_holds_per_file=2, clock=lambda: now[0])
+    await hold.begin("team/a")
+    assert hold.holds("team/b") and not hold.holds("team/b", False), "a plain load"
+    hold.end("team/a")
+    await hold.begin("team/s", trial=True)
+    assert not hold.holds("team/b", False), "a held namespace's new files: probationers only"
+    hold.end("team/s", trial=True)
+    await hold.begin("team/s", trial=True, suspect="d1")
+    assert hold.holds_node() and hold.holds("team/b", False) and hold.holds("other/c", False)
+    now[0] = 0.9
+    assert hold.holds("team/b", False)
+    now[0] = 1.1
+    assert not hold.holds("team/b", False), "in flight still, past its bound"
+    assert hold.holds("team/b"), "probationers are held as before"
+    hold.end("team/s", trial=True)
+    await hold.begin("team/s", trial=True, suspect="d1")
+    assert hold.holds("team/b", False), "the file's second trial"
+    hold.end("team/s", trial=True)
+    assert not hold.holds("team/b", False), "not once it ended"
+    await hold.begin("team/s", trial=True, suspect="d1")
+    assert not hold.holds_node(), "the file's allowance is spent"
+    hold.end("team/s", trial=True)
+    await hold.begin("team/s", trial=True, suspect="d2")
+    assert hold.holds_node(), "another file's first"
+    hold.end("team/s", trial=True)
+
+
+async def test_the_caller_table_holds_every_row_through_a_suspected_files_trial_refusing_none(
+    tmp_path: Path,
+) -> None:
+    """Through a suspected file's trial every row is held; only probationers' are refused."""
+    owners = {"a-private": pod("a", "10.1.0.5"), "b-private": pod("b", "10.1.0.6")}
+    table = tmp_path / "callers.json"
+    hold = ProbationHold(5.0, node_holds_per_file=1)
+    publisher = CallerPublisher(
+        table,
+        "node-1",
+        lambda: owners,
+        quarantine=None,
+        probation={"team/a"}.__contains__,
+        held=hold.holds,
+        trial=hold.trial,
+        key_of=None,
+    )
+    hold.on_change = publisher.publish
+    await hold.begin("team/s", trial=True, suspect="d1")
+    rows = {c.pod: (c.held, c.trial) for c in read_table(table).callers}
+    assert rows == {"team/a": (True, True), "team/b": (True, False)}
+    hold.end("team/s", trial=True)
+    rows = {c.pod: (c.held, c.trial) for c in read_table(table).callers}
+    assert rows == {"team/a": (True, False), "team/b": (False, False)}, "only probationers after"

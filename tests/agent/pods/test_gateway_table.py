@@ -143,7 +143,7 @@ def test_a_held_rows_spread_is_held_too(tmp_path: Path) -> None:
         lambda: owners,
         quarantine=None,
         probation=bool,
-        held=bool,
+        held=lambda pod, probation: probation,
         trial=None,
         key_of=None,
     )

@@ -5,6 +5,11 @@ found guilty alone: its files are counted for it (quarantined after `--crash-qua
 exits in all, not one more) and the neighbour's probation from it ends. Before, the first shared
 exit was nobody's: one exit more, and the neighbour on probation for 600 s.
 
+A trial of files already counted for an exit alone holds every pod's requests while it loads, not
+only the probationers': a busy neighbour never on probation is not at Triton at the exit, so the
+exit is the files' own. Before, the neighbour's request at Triton shared it: one exit more, and
+the neighbour on probation (its requests refused through the files' next trial).
+
 A held namespace's trials take at most half of a probationer's time. A namespace one of whose files
 was quarantined loads one benign new model after another: each load is a suspect's trial, through
 which the gateway refuses the probationers' requests. Before, back-to-back trials refused a
@@ -95,6 +100,48 @@ async def test_an_exit_a_load_shared_with_a_busy_neighbour_is_the_loads_once_it_
             assert len(restarts) == agent.crashes.quarantine_after, "no exit past the limit"
             assert agent.crashes.caller_probation("team-b/busy-pod") is None
             assert all(r.crashes == 0 for r in agent.crashes.callers()), "no pod counted"
+
+
+async def test_a_suspected_files_trial_holds_a_busy_neighbour_not_on_probation_so_the_exit_is_its(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    node = await start_node(start_custom_agent, kube_api, tmp_path)  # quarantine after 2
+    agent = node.running.agent
+    await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
+    assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
+    await node.add(apiserver, tmp_path, "team-a", "crasher", ATTACKER, LOAD_KILLER)
+    owned = agent.owners.get(node.names["crasher"])
+    assert owned is not None
+    # Its files killed Triton once, alone, before the neighbour was busy: a suspect.
+    agent.crashes.crashed(Marker(node.names["crasher"], owned.digest, "crasher", "team-a/x"))
+    assert agent.crashes.suspected(owned.digest)
+    url: list[str] = []
+    with (
+        running_gateway(gateway_settings(triton, node.table)) as gateway,
+        sending(url, "busy") as served,
+        sending(url, "busy"),
+    ):
+        url.append(gateway.http_url)
+        await eventually(lambda: bool(served), what="the neighbour served")
+        async with kubelet_restarts(triton) as restarts:
+            # Two clients of 0.5 s requests: one of the neighbour's is at Triton at any moment,
+            # unless the trial holds it.
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await node.load("crasher")
+            await eventually(
+                lambda: node.files_quarantined("crasher"),
+                limit=120,
+                what="the crasher's files quarantined",
+            )
+            assert len(restarts) == 1, "the trial's exit was the files' own"
+            assert agent.crashes.caller_probation("team-b/busy-pod") is None
+            assert all(r.crashes == 0 for r in agent.crashes.callers()), "no pod counted"
+        served_before = len(served)
+        await eventually(lambda: len(served) > served_before, what="the neighbour served after")
 
 
 async def test_a_held_namespaces_back_to_back_trials_leave_a_probationer_served_between(
