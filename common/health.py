@@ -2,8 +2,9 @@
 /metrics), and the one HTTP server every part runs them on (the webhook adds its admission route
 and serves it over TLS).
 
-/healthz answers while the event loop runs. A part whose loop tenants may keep busy (the agent)
-serves them off its loop (`HttpServer(home=LoopBeat(loop))`): on a thread and loop of their own,
+/healthz answers while the event loop runs and `not_alive()` (the gateway's listeners), when
+the part gives one, has no reason. A part whose loop tenants may keep busy (the agent) serves them
+off its loop (`HttpServer(home=LoopBeat(loop))`): on a thread and loop of their own,
 /healthz answering at once while the part's loop has turned in the last `STALLED` seconds,
 /readyz and /metrics computed on the part's loop. /readyz answers 200 when `not_ready()` gives no
 reason, else 503 (or the part's own status) with the reasons; `not_ready` may be a coroutine
@@ -44,6 +45,10 @@ busy loop is alive, one stuck this long is not."""
 NotReady = Callable[[], list[str] | Awaitable[list[str]]]
 """Why the part is not ready (empty when it is), answered at once or awaited."""
 
+NotAlive = Callable[[], list[str]]
+"""Why the part is not alive (empty when it is): asked at each /healthz, on the server's loop, so
+it only reads what the part keeps."""
+
 
 def _ready() -> str:
     return "ready"
@@ -68,12 +73,15 @@ def build_health_app(
     not_ready_status: int = 503,
     home: LoopBeat | None = None,
     *,
+    not_alive: NotAlive | None = None,
     documents: Mapping[str, Callable[[], object]] | None = None,
 ) -> web.Application:
     """An app with only the health endpoints (see `add_health_routes`), and a JSON answer of
     `documents[path]()` at each of its paths (the proxy's /autoscaling)."""
     app = web.Application()
-    add_health_routes(app, registry, not_ready, ready_text, not_ready_status, home)
+    add_health_routes(
+        app, registry, not_ready, ready_text, not_ready_status, home, not_alive=not_alive
+    )
     for path, document in (documents or {}).items():
         app.router.add_get(path, _json_handler(document))
     return app
@@ -128,10 +136,13 @@ def add_health_routes(
     ready_text: Callable[[], str] | None = None,
     not_ready_status: int = 503,
     home: LoopBeat | None = None,
+    *,
+    not_alive: NotAlive | None = None,
 ) -> None:
     """Add /healthz, /readyz and /metrics to `app`. `not_ready()` says why the part is not ready
     (empty when it is); `ready_text()` is the /readyz body when ready (default "ready"), asked at
-    each request. `home`: the part's loop when the app is served off it (see the module)."""
+    each request. `home`: the part's loop when the app is served off it (see the module).
+    `not_alive()` says why the part is not alive beyond its loop (by default, never)."""
     ready_line = ready_text or _ready
     build = generate_latest(build_info())
 
@@ -140,6 +151,9 @@ def add_health_routes(
             return web.Response(
                 status=503, text=f"the event loop has not turned for {STALLED:g} s\n"
             )
+        reasons = not_alive() if not_alive is not None else []
+        if reasons:
+            return web.Response(status=503, text="; ".join(reasons) + "\n")
         return web.Response(text="ok\n")
 
     async def ready() -> tuple[list[str], str]:

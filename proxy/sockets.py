@@ -23,6 +23,15 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listens(sock: socket.socket) -> bool:
+    """Whether `sock` is open and still listening: a listening socket that was shut down or
+    closed refuses every connection to its port."""
+    try:
+        return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    except OSError:  # closed
+        return False
+
+
 def nodelay(transport: asyncio.BaseTransport) -> asyncio.Transport:
     """`transport` with TCP_NODELAY set, typed as the stream transport it is (uvloop's transports
     implement asyncio.Transport without subclassing it)."""

@@ -12,7 +12,9 @@ model. When a pod leaves the table its connections are dropped at once.
 
 Start: read the caller table, listen on the metrics, REST and gRPC ports, follow the table, and
 write the activity table (`gateway.activity`) the agent's evictions read. Stop (SIGTERM): stop
-accepting, let in-flight requests finish up to the finish timeout, close.
+accepting, let in-flight requests finish up to the finish timeout, close. A listener that stops
+accepting otherwise (its socket no longer listens, its accept loop ended) fails /healthz for good,
+so the kubelet restarts a gateway whose model port refuses every pod.
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ from proxy.policy.inflight import InFlightShares
 from proxy.policy.probation import ProbationLane
 from proxy.policy.share import LoopShares
 from proxy.processflags import ProxyState
-from proxy.sockets import bind
+from proxy.sockets import bind, listens
 
 log = logging.getLogger(__name__)
 
 _REFUSAL_LOG_SECONDS = 60.0
 """A refused address is logged once per this period, so a scan cannot flood the log."""
 _REMEMBERED_REFUSALS = 4096
+_LISTENERS = {"http": "REST", "grpc": "gRPC"}
 _KEY_REFUSALS = {
     "address_mismatch": "it presented the caller key of another pod than the one at its address",
     "bad_key": "its first bytes are no caller key of this version",
@@ -125,24 +128,69 @@ class Gateway:
         self._sockets: dict[str, socket.socket] = {}
         self._health: HttpServer | None = None
         self._refusals: dict[str, float] = {}
-        self._accepting: list[asyncio.Task[None]] = []
+        self._accepting: dict[str, asyncio.Task[None]] = {}
+        self._listeners: dict[str, str] = {}
+        """Each protocol's listener as a log line names it: "REST listener on host:port"."""
+        self._down: dict[str, str] = {}
+        """Why each listener that stopped accepting did; a listener never comes back."""
+        self._stopping: asyncio.Event | None = None
         self._waiting: dict[asyncio.Task[None], None] = {}
         """Connections waiting for their first bytes, oldest first."""
 
     def not_ready(self) -> list[str]:
         # Serving a stale table is not ready either, so `kubectl get pods` shows the node pod's
         # trouble; readiness gates no traffic here (proxies reach the gateway by hostPort, not
-        # through a Service) and the kubelet restarts only on /healthz, which stays 200.
+        # through a Service) and the kubelet restarts only on /healthz (`not_alive`).
         problem = self.book.problem or self.book.stale
         return [problem] if problem else []
+
+    def not_alive(self) -> list[str]:
+        """Why the gateway is not alive: each listener that stopped accepting (its accept loop
+        ended, its socket no longer listens) while the gateway is not stopping. Asked by /healthz
+        only, so no request pays for it."""
+        if self._stopping is None or self._stopping.is_set():
+            return []
+        for protocol, task in self._accepting.items():
+            if protocol in self._down:
+                continue
+            listening = self._sockets[protocol]
+            if task.cancelled():
+                self._stopped_accepting(protocol, "its accept loop was cancelled")
+            elif task.done():
+                error = task.exception()
+                self._stopped_accepting(protocol, repr(error), error)
+            elif listening.fileno() == -1:
+                self._stopped_accepting(protocol, "its listening socket is closed")
+            elif not listens(listening):
+                self._stopped_accepting(protocol, "its socket no longer listens")
+        return [
+            f"the {self._listeners[p]} stopped accepting: {why}" for p, why in self._down.items()
+        ]
+
+    def _stopped_accepting(
+        self, protocol: str, why: str, error: BaseException | None = None
+    ) -> None:
+        if protocol in self._down:
+            return
+        self._down[protocol] = why
+        log.error(
+            "The %s stopped accepting (%s): every connection to its port fails, and /healthz "
+            "answers 503 so that the kubelet restarts the gateway.",
+            self._listeners[protocol],
+            why,
+            exc_info=error,
+        )
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Read the table, listen, and spawn the accept loops and the table watch."""
         settings = self.settings
         self.book.check()
+        self._stopping = lifecycle.stop_event
         host, port = settings.listen_metrics
         self._health = HttpServer(
-            build_health_app(self.metrics.registry, self.not_ready), host, port
+            build_health_app(self.metrics.registry, self.not_ready, not_alive=self.not_alive),
+            host,
+            port,
         )
         await self._health.start()
         self.ports["metrics"] = self._health.port
@@ -156,8 +204,12 @@ class Gateway:
             sock.listen(1024)
             self._sockets[protocol] = sock
             self.ports[protocol] = sock.getsockname()[1]
-            self._accepting.append(
-                lifecycle.spawn(f"gateway {protocol} accept", self._accept(protocol, sock))
+            where = f"[{host}]" if ":" in host else host
+            self._listeners[protocol] = (
+                f"{_LISTENERS[protocol]} listener on {where}:{self.ports[protocol]}"
+            )
+            self._accepting[protocol] = lifecycle.spawn(
+                f"gateway {protocol} accept", self._accept(protocol, sock)
             )
         lifecycle.on_shutdown("the listening sockets", self._close_sockets)
         lifecycle.spawn(
@@ -187,6 +239,10 @@ class Gateway:
             try:
                 sock, peer = await loop.sock_accept(listening)
             except OSError as e:
+                if not listens(listening):
+                    if self._stopping is None or not self._stopping.is_set():
+                        self._stopped_accepting(protocol, str(e), e)
+                    return
                 log.warning("Accepting a %s connection failed (%s): retrying.", protocol, e)
                 await asyncio.sleep(0.1)
                 continue
@@ -339,9 +395,9 @@ class Gateway:
 
     async def _close_sockets(self) -> None:
         waiting = list(self._waiting)
-        for task in (*self._accepting, *waiting):
+        for task in (*self._accepting.values(), *waiting):
             task.cancel()
-        for task in (*self._accepting, *waiting):
+        for task in (*self._accepting.values(), *waiting):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for sock in self._sockets.values():

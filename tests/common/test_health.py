@@ -88,3 +88,18 @@ async def test_readiness_may_be_awaited() -> None:
         assert (await _get(server.port, "/nothing"))[0] == 404
     finally:
         await server.stop()
+
+
+async def test_liveness_fails_with_the_part_s_reasons() -> None:
+    reasons: list[str] = []
+    app = build_health_app(CollectorRegistry(), list, not_alive=lambda: list(reasons))
+    server = HttpServer(app, "127.0.0.1", 0)
+    await server.start()
+    try:
+        assert (await _get(server.port, "/healthz"))[::2] == (200, "ok\n")
+        reasons.extend(["the REST listener stopped", "the gRPC listener stopped"])
+        status, _, body = await _get(server.port, "/healthz")
+        assert (status, body) == (503, "the REST listener stopped; the gRPC listener stopped\n")
+        assert (await _get(server.port, "/readyz"))[::2] == (200, "ready\n")
+    finally:
+        await server.stop()
