@@ -193,7 +193,7 @@ class Binder:
         self.autoscaling = Autoscaling(
             self.kube,
             self.ledger,
-            Index(settings.keys.model_id),
+            Index(settings.keys),
             leading=leading,
             executor=self._executor,
             inbox=self._inbox,

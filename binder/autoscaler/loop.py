@@ -1,7 +1,8 @@
 """The built-in autoscaler's loop: reads the proxies' counts once a `period`, decides with
 `binder.autoscaler.kpa` (Knative's KPA) and writes each target's replicas through its `scale`
 subresource, on the leader only. Targets (`binder.autoscaler.targets`): TritonModels with
-spec.autoscaling, and Deployments of model pods with `autoscaling.knative.dev/target`.
+spec.autoscaling, and Deployments of model pods with `autoscaling.knative.dev/target` (never
+below one pod).
 
 Where the counts come from: every proxy (a model host's, a model pod's) serves, on its metrics
 port, the cumulative held request-seconds and answered requests of each model it serves
@@ -217,7 +218,8 @@ class Autoscaling:
             elif target.scaling is None:
                 wanted = ("False", target.reason, target.problem)
             else:
-                wanted = ("True", "BuiltIn", describe(target.scaling))
+                note = f"; {target.note}" if target.note else ""
+                wanted = ("True", "BuiltIn", describe(target.scaling) + note)
                 scaled.append((target, target.scaling))
             await self._report(target, wanted, writes)
         self._forget({target.uid for target, _ in scaled}, {t.uid for t in targets})

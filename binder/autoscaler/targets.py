@@ -6,19 +6,30 @@ who owns its `scale`. A source is read only for the models it serves: a host for
 namespace's replicas placed (or parked) on it, a Deployment's model pod (placed by the binder,
 its proof verified) for its own model id.
 
+A Deployment of model pods is never scaled below one pod (`deployment_floor`): with none, its
+Service has no endpoint and its next request nothing to wait on. At min-scale 0 its zero is one
+pod whose model sleeps while idle (residency on-demand, read from its pod template); for pods
+that keep their model loaded, min-scale 0 is refused.
+
 It converts API objects once, where they enter; it does no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from binder.autoscaler.kpa import Scaling, ScalingError, scaling_from, scaling_from_annotations
+from binder.autoscaler.kpa import (
+    KNATIVE,
+    Scaling,
+    ScalingError,
+    scaling_from,
+    scaling_from_annotations,
+)
 from binder.autoscaler.parkedmodels import parked_on
 from binder.cluster.modelviews import ModelInfo
-from common.contract import Keys
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 
 KEDA_LABEL = "scaledobject.keda.sh/name"
 TEMPLATE_HASH_LABEL = "pod-template-hash"
@@ -46,6 +57,8 @@ class Target:
     """Why its settings cannot be acted on ("" when they can)."""
     reason: str = INVALID_SETTINGS
     """The reason reported with `problem`."""
+    note: str = ""
+    """What the report adds to the description of its settings ("" for nothing)."""
     sources: tuple[tuple[str, str, str], ...] = ()
     """(source, address, model): the proxies to read and the model id (the one its clients
     send, spec.modelName) whose counts count there: a source answers only for its own
@@ -126,6 +139,31 @@ def _address(pod: Mapping[str, Any] | None) -> str:
     return str(((pod or {}).get("status") or {}).get("podIP") or "")
 
 
+KEEPS_ONE_POD = (
+    f"{KNATIVE}min-scale 0 on a Deployment of model pods keeps one pod: its model is unloaded "
+    "while idle (residency on-demand) and its next request wakes it"
+)
+
+
+def deployment_floor(scaling: Scaling, residency: str, residency_key: str) -> tuple[Scaling, str]:
+    """A Deployment's settings as the autoscaler acts on them, and what its report adds to
+    them. At min-scale 0 its pods' `residency` (the pod template's `residency_key` annotation)
+    decides: on-demand, one pod is kept, whose model is unloaded while idle and whose proxy
+    holds the next request while it wakes; any other, ScalingError saying what to do."""
+    if scaling.min_replicas > 0:
+        return scaling, ""
+    if residency == RESIDENCY_ON_DEMAND:
+        return replace(scaling, min_replicas=1), KEEPS_ONE_POD
+    raise ScalingError(
+        f"{KNATIVE}min-scale 0 would leave a Deployment of model pods no pod, its Service no "
+        "endpoint and its next request nothing to wait on; its pods keep their model loaded "
+        f"(residency {residency or RESIDENCY_ALWAYS}), holding its GPU memory all the time: set "
+        f"residency on-demand on its pods ({residency_key}: {RESIDENCY_ON_DEMAND} in its pod "
+        "template: the last pod stays and frees its GPU memory while idle), or use a "
+        "TritonModel with minReplicas 0"
+    )
+
+
 @dataclass(frozen=True)
 class _Deployment:
     uid: str
@@ -135,6 +173,8 @@ class _Deployment:
     replicas: int
     ready: int
     annotations: Mapping[str, str]
+    residency: str
+    """Its pod template's residency annotation ("" without one)."""
 
 
 @dataclass(frozen=True)
@@ -171,8 +211,9 @@ class Index:
     """The HPAs' targets, annotated Deployments and their running pods' addresses, kept from
     watch events (`apply_*`, `replace_*`) on the loop."""
 
-    def __init__(self, model_id_key: str) -> None:
-        self._model_id_key = model_id_key
+    def __init__(self, keys: Keys) -> None:
+        self._model_id_key = keys.model_id
+        self._residency_key = keys.residency
         self.owners: dict[tuple[str, str, str, str], Owner] = {}
         self._by_hpa: dict[str, tuple[str, str, str, str]] = {}
         self.deployments: dict[str, _Deployment] = {}
@@ -226,6 +267,8 @@ class Index:
             return
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
         replicas = spec.get("replicas", 1)
+        template = (spec.get("template") or {}).get("metadata") or {}
+        residency = (template.get("annotations") or {}).get(self._residency_key)
         self.deployments[uid] = _Deployment(
             uid=uid,
             namespace=str(meta.get("namespace", "")),
@@ -234,6 +277,7 @@ class Index:
             replicas=replicas if isinstance(replicas, int) else 1,
             ready=int(status.get("readyReplicas") or 0),
             annotations=annotations,
+            residency=residency if isinstance(residency, str) else "",
         )
 
     # ---- Deployments' pods ----
@@ -276,13 +320,17 @@ class Index:
         """The annotated Deployments; each reads its own running pods (`placed`: whether the
         binder placed the pod of a uid, its proof verified), each for its own model id only.
         One whose own pods are not all model pods the binder placed is not scaled: such a pod
-        may answer for anything."""
+        may answer for anything. None is scaled below one pod (`deployment_floor`)."""
         for deployment in list(self.deployments.values()):
-            scaling, problem, reason = None, "", INVALID_SETTINGS
+            scaling, problem, reason, note = None, "", INVALID_SETTINGS, ""
             try:
                 scaling = scaling_from_annotations(deployment.annotations)
+                if scaling is not None:
+                    scaling, note = deployment_floor(
+                        scaling, deployment.residency, self._residency_key
+                    )
             except ScalingError as e:
-                problem = str(e)
+                scaling, problem = None, str(e)
             if scaling is None and not problem:
                 continue  # Knative keys without a target: not ours
             pods = self._pods.get((deployment.namespace, deployment.name)) or {}
@@ -314,5 +362,6 @@ class Index:
                 scaling=scaling,
                 problem=problem,
                 reason=reason,
+                note=note,
                 sources=sources if scaling is not None else (),
             )

@@ -336,24 +336,35 @@ past a binder's 1,000, but this test process may run with more)."""
 TEMPLATE_HASH = "5d9c7b6f4"
 
 
-def deployment(name: str, *, target: str = "1", paused: bool = False) -> dict[str, Any]:
-    """A Deployment with Knative's annotations whose pods are labelled app=`name`."""
+def deployment(
+    name: str,
+    *,
+    target: str = "1",
+    paused: bool = False,
+    min_scale: str | None = None,
+    residency: str | None = None,
+) -> dict[str, Any]:
+    """A Deployment with Knative's annotations whose pods are labelled app=`name` (with
+    `residency`, its pod template says the pods' residency class)."""
     labels = {"app": name}
+    annotations = {
+        f"{KNATIVE}target": target,
+        f"{KNATIVE}max-scale": "3",
+        f"{KNATIVE}window": "6s",
+    }
+    if min_scale is not None:
+        annotations[f"{KNATIVE}min-scale"] = min_scale
+    template_meta: dict[str, Any] = {"labels": labels}
+    if residency is not None:
+        template_meta["annotations"] = {KEYS.residency: residency}
     return {
-        "metadata": {
-            "name": name,
-            "annotations": {
-                f"{KNATIVE}target": target,
-                f"{KNATIVE}max-scale": "3",
-                f"{KNATIVE}window": "6s",
-            },
-        },
+        "metadata": {"name": name, "annotations": annotations},
         "spec": {
             "replicas": 1,
             "paused": paused,
             "selector": {"matchLabels": labels},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": template_meta,
                 "spec": {"containers": [{"name": "proxy", "image": "x"}]},
             },
         },
@@ -460,6 +471,62 @@ async def test_a_deployment_whose_pods_the_binder_did_not_place_is_not_scaled(
     assert said[0].startswith("its pod default/resnet-0 is not a model pod placed by"), said
     counts.concurrency = 3.0
     # Three periods with a load that scales within seconds above: neither read nor scaled.
+    await asyncio.sleep(3 * binder.settings.autoscale_period_seconds)
+    assert counts.reads == 0
+    assert apps.read_namespaced_deployment("resnet", "default").spec.replicas == 1
+    assert not deployment_events(core, "default", "resnet", "BuiltIn")
+
+
+async def test_a_deployment_of_on_demand_model_pods_at_min_scale_0_keeps_one_pod(
+    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, counts: Counts
+) -> None:
+    """min-scale 0 on a Deployment of on-demand model pods: a whole window without a request
+    leaves it one pod (its model unloaded while idle), never none, and one Event says so."""
+    apps = apps_v1(kube_api)
+    apps.create_namespaced_deployment(
+        "default", deployment("resnet", min_scale="0", residency="on-demand")
+    )
+    await own_pod(core, "default", "resnet", "resnet-0", counts.address)
+    # One read a tick: ten reads span more than the 6 s window without a request, after
+    # which a Deployment at min-scale 0 would have been asked for zero.
+    period = binder.settings.autoscale_period_seconds
+    await eventually(lambda: counts.reads >= 10, within=20 * period, what="ten reads")
+    assert apps.read_namespaced_deployment("resnet", "default").spec.replicas == 1
+    assert deployment_events(core, "default", "resnet", "SuccessfulRescale") == []
+    [said] = deployment_events(core, "default", "resnet", "BuiltIn")
+    assert "1 to 3 replicas" in said, said
+    assert said.endswith(
+        "; autoscaling.knative.dev/min-scale 0 on a Deployment of model pods keeps one pod: "
+        "its model is unloaded while idle (residency on-demand) and its next request wakes it"
+    ), said
+
+
+async def test_min_scale_0_on_a_deployment_whose_pods_keep_their_model_is_refused(
+    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, counts: Counts
+) -> None:
+    """Its pods' model would hold GPU memory all the time, and no pod would leave its Service
+    with nothing to hold a request: the setting is refused with a Warning that says what to
+    do, and the Deployment is left as it is."""
+    apps = apps_v1(kube_api)
+    apps.create_namespaced_deployment("default", deployment("resnet", min_scale="0"))
+    await own_pod(core, "default", "resnet", "resnet-0", counts.address)
+    said = await eventually(
+        lambda: [
+            e
+            for e in core.list_namespaced_event(
+                "default", field_selector="involvedObject.kind=Deployment"
+            ).items
+            if e.reason == "InvalidSettings"
+        ],
+        what="the InvalidSettings Event",
+    )
+    assert said[0].type == "Warning"
+    assert "set residency on-demand on its pods (tritonshare.io/residency: on-demand" in (
+        said[0].message
+    ), said[0].message
+    assert said[0].message.endswith("or use a TritonModel with minReplicas 0"), said[0].message
+    # Three periods with a load that scales within seconds: neither read nor scaled.
+    counts.concurrency = 3.0
     await asyncio.sleep(3 * binder.settings.autoscale_period_seconds)
     assert counts.reads == 0
     assert apps.read_namespaced_deployment("resnet", "default").spec.replicas == 1

@@ -167,7 +167,7 @@ def test_another_namespace_s_host_naming_the_model_is_no_source_of_its_demand() 
     autoscaling = Autoscaling(
         cast(Any, None),
         cast(Any, ledger),
-        Index(KEYS.model_id),
+        Index(KEYS),
         leading=asyncio.Event(),
         executor=cast(Any, None),
         inbox=cast(Any, None),
