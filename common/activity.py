@@ -43,6 +43,9 @@ class Activity:
     """Of `in_flight`, the requests at Triton now (0 in tables of gateways before the field)."""
     held: bool = False
     """The gateway holds the model's new requests (`common.callers.Caller.held`)."""
+    restoring: bool = False
+    """The gateway holds the model's new requests until Triton has it again after an exit; what
+    such a hold lets go is not held again (`proxy.policy.limiter.Limiter.acquire`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,7 @@ def encode(table: ActivityTable) -> bytes:
                 "lastUsed": a.last_used,
                 "atTriton": a.at_triton,
                 **({"held": True} if a.held else {}),
+                **({"restoring": True} if a.restoring else {}),
             }
             for name, a in sorted(table.models.items())
         },
@@ -87,7 +91,14 @@ def decode(data: bytes) -> ActivityTable:
             held = entry.get("held", False)
             if not isinstance(held, bool):
                 raise ActivityTableError(f"held {held!r} of {name!r} is not true or false")
-            models[str(name)] = Activity(in_flight, float(entry["lastUsed"]), at_triton, held)
+            restoring = entry.get("restoring", False)
+            if not isinstance(restoring, bool):
+                raise ActivityTableError(
+                    f"restoring {restoring!r} of {name!r} is not true or false"
+                )
+            models[str(name)] = Activity(
+                in_flight, float(entry["lastUsed"]), at_triton, held, restoring
+            )
         return ActivityTable(float(document["writtenAt"]), models)
     except (ValueError, KeyError, TypeError) as e:
         if isinstance(e, ActivityTableError):

@@ -69,14 +69,15 @@ and the moment the agent sees an exit, may differ by that much)."""
 
 def drained(held: Collection[str], table: ActivityTable | None, since: float) -> bool:
     """Whether `table`, written at or after `since` (Unix seconds), shows each model of `held`
-    (names in Triton) held by the gateway with no request at Triton; True when none is held."""
+    (names in Triton) held by the gateway with no request at Triton, and none held for a restore
+    after an exit (what that hold lets go is not held again); True when none is held."""
     if not held:
         return True
     if table is None or table.written_at < since:
         return False
     for name in held:
         activity = table.models.get(name)
-        if activity is None or not activity.held or activity.at_triton:
+        if activity is None or not activity.held or activity.at_triton or activity.restoring:
             return False
     return True
 

@@ -36,6 +36,7 @@ def activity_of(
             wall_now - (monotonic_now - latest) if latest else 0.0,
             limiter.in_flight,
             limiter.holding,
+            limiter.restoring is not None,
         )
     return models
 

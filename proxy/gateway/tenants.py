@@ -81,7 +81,7 @@ class Member:
             self._join(lane)
         elif not caller.probation and self.limiter.probation is not None:
             self._leave(lane)
-        self.limiter.hold(caller.held, trial=caller.trial)
+        self.limiter.hold(caller.held, trial=caller.trial, after_restore=caller.probation)
         self.limiter.unready = caller.stopping
 
     def present_at_exit(self, lane: ProbationLane) -> None:

@@ -104,6 +104,7 @@ class Limiter:
         """Set: the pod is on probation at the node gateway, and a request of it goes to Triton
         only in the pod's turn in this lane (`policy.probation`)."""
         self._hold: asyncio.Event | None = None
+        self._hold_after_restore = True
         """Set while the pod is held (`hold`): a new request waits for the event first."""
         self.hold_seconds = HELD_REQUEST_SECONDS
         self.on_held: Callable[[str, float], None] | None = None
@@ -189,10 +190,13 @@ class Limiter:
         """Whether the pod's new requests are held (`hold`, `restoring`)."""
         return self._hold is not None or self.restoring is not None
 
-    def hold(self, on: bool, *, trial: bool = False) -> None:
+    def hold(self, on: bool, *, trial: bool = False, after_restore: bool = True) -> None:
         """Hold the pod's new requests (`on`) or let them go: a probationer's while a load
-        the agent watches is in flight or just ended (`policy.probation`); with `trial` (a
-        suspect's load in flight or settling), refuse them instead."""
+        the agent watches is in flight or just ended (`policy.probation`), any pod's through a
+        suspected file's trial; with `trial` (a suspect's load in flight or settling), refuse
+        them instead. Not `after_restore` (a pod not on probation), a request held until its
+        model is back after Triton's exit is not held again."""
+        self._hold_after_restore = after_restore
         self._trial = (
             HeldError(
                 "the pod is on probation on this node (its requests were at Triton when it "
@@ -243,7 +247,12 @@ class Limiter:
                 if self.on_held is not None:
                     self.on_held("refused", 0.0)
                 raise self._trial
-            await self._wait_held(self._hold, self.hold_seconds)
+            if restoring is None or self._hold_after_restore:
+                # A pod not on probation whose request waited out a restore goes on: a
+                # suspect's trial waits for the restores to end and for what they let go to be
+                # answered (`common.activity.Activity.restoring`), and two holds in a row would
+                # outlast its client's patience.
+                await self._wait_held(self._hold, self.hold_seconds)
         residency = self.residency
         if residency is not None and residency.asleep:
             self._starts += self._clock()

@@ -27,6 +27,8 @@ def test_drained_needs_a_table_written_since_the_hold_that_shows_each_held_model
     assert not drained(["a"], ActivityTable(11.0, {"a": unheld}), 10.0), "not held yet"
     assert not drained(["a", "b"], ActivityTable(11.0, {"a": empty}), 10.0), "b not shown"
     assert drained(["a"], ActivityTable(11.0, {"a": empty, "c": busy}), 10.0)
+    restoring = Activity(1, 5.0, 0, True, True)
+    assert not drained(["a"], ActivityTable(11.0, {"a": restoring}), 10.0), "what it lets go"
 
 
 async def test_probationers_are_held_through_a_watched_load_and_a_while_after(

@@ -3,6 +3,7 @@ which models are serving. Written by a timer from the relays' own counters, neve
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,11 +83,19 @@ def test_the_table_says_which_models_are_held_and_what_is_at_triton(tmp_path: Pa
     assert writer.write()
     activity = read_table(path).models["held-x"]
     assert (activity.in_flight, activity.at_triton, activity.held) == (1, 1, True)
+    assert not activity.restoring
+    held.limiter.restoring = asyncio.Event()  # Triton exited: held until the model is back
+    assert writer.write()
+    assert read_table(path).models["held-x"].restoring
     old = decode(
         b'{"format": "tritonshare.io/activity/v1", "writtenAt": 1, '
         b'"models": {"m": {"inFlight": 2, "lastUsed": 0}}}'
     )
-    assert (old.models["m"].at_triton, old.models["m"].held) == (0, False)
+    assert (old.models["m"].at_triton, old.models["m"].held, old.models["m"].restoring) == (
+        0,
+        False,
+        False,
+    )
     with pytest.raises(ActivityTableError, match="held 1 of 'm' is not true or false"):
         decode(
             b'{"format": "tritonshare.io/activity/v1", "writtenAt": 1, '
