@@ -27,13 +27,13 @@ A change touches the model it changes (the neighbour, secret and crasher changes
 model, which no client calls); node-pod and gateway touch every model served on that node when
 they begin; agent, binder and apiserver touch none (they are not on the requests' path).
 
-The simulated cluster runs the node pod's processes and the binders itself, without a kubelet:
-Triton's keeper starts Triton again as in the node pod (`agent/tritonkeeper.py`; each such exit is
-read from its log), and this script restarts any container that exits (Triton's keeper, agent,
-gateway, a binder) as the kubelet restarts a container of a `restartPolicy: Always` pod (at once,
-then with its back-off of 10 s doubling to 5 minutes), and records the exit. A change that does
-not complete within its limit is noted beside it, with the TritonModel's conditions where one is
-waited for, and the run goes on.
+The simulated cluster restarts the node pods' containers (Triton's keeper, agent, gateway) as the
+kubelet restarts those of a `restartPolicy: Always` pod (`sim.node.nodepods`: at once, then with its
+back-off of 10 s doubling to 5 minutes; also on a failed liveness probe), and Triton's keeper starts
+Triton again inside its container (`agent/tritonkeeper.py`; each such exit is read from its log).
+The binders run without a kubelet: this script restarts one that exits the same way. Every exit is
+recorded. A change that does not complete within its limit is noted beside it, with the
+TritonModel's conditions where one is waited for, and the run goes on.
 
 Printed: the seed and the schedule, then per kind of change the failed requests of the models it
 did not touch, of those it touched, of the two-replica models whatever the change, the requests
@@ -79,7 +79,8 @@ from sim.cluster import NodeSpec, SimCluster
 from sim.crashers import load_killer
 from sim.demo.rollout import deployment_manifest, new_release
 from sim.demo.scenario import MODELS_DIR
-from sim.processes import ClusterError, wait_until
+from sim.node.nodepods import ContainerExit, restart_delay
+from sim.processes import ClusterError, http_ok, wait_until
 from sim.service import ServiceProxy
 
 KEYS = Keys()
@@ -93,10 +94,6 @@ CLIENT_INTERVAL = 0.1
 SETTLE = 10.0
 """Seconds a change's window lasts after the change is complete."""
 LOG_LINES_PER_LOGGER = 5
-BACK_OFF_FIRST = 10.0
-BACK_OFF_MAX = 300.0
-"""The kubelet's container restart back-off: none for a first exit, then 10 s doubling to 5
-minutes (the restart count is kept for the whole run: none runs the 10 minutes that reset it)."""
 
 KEEPER_EXIT = re.compile(
     r"tritonshare-keeper: \S+ exited \((signal \w+|exit code -?\d+)\) after [0-9.]+ s;"
@@ -229,21 +226,24 @@ class Client:
 
 
 class Kubelet:
-    """The node pod's containers and the binders' restarts, as a kubelet would do them; every exit
-    of theirs and of the pods' containers recorded."""
+    """The binders' restarts, as a kubelet would do them (the cluster restarts the node pods'
+    containers itself); every exit of theirs, of the node pods' containers and of the pods'
+    containers recorded."""
 
     def __init__(self, cluster: SimCluster, began: float) -> None:
         self.cluster = cluster
         self.began = began
-        self.lock = threading.RLock()
-        """Held by a change that stops or starts node pod processes itself."""
         self.exits: list[Exit] = []
         self.causes: dict[str, str] = {}
         """What the benchmark did to a process it killed, by its name."""
         self._seen: set[tuple[str, int, str]] = set()
         self.list_failures = 0
         self._restarts: dict[str, tuple[int, float]] = {}
+        """Each binder's restarts (the count is kept for the whole run: none runs the 10
+        minutes that reset it) and when it last started."""
         self._down: set[str] = set()
+        self._node_pod_exits = 0
+        """The cluster's node pod container exits already recorded."""
         self._kept: dict[Path, int] = {}
         """Lines of each Triton log already read for its keeper's restarts."""
         self._stop = threading.Event()
@@ -261,7 +261,14 @@ class Kubelet:
         for thread in self._threads:
             thread.join(90)
 
-    def record(self, name: str, returncode: int | None, last_lines: str, cause: str = "") -> None:
+    def record(
+        self,
+        name: str,
+        returncode: int | None,
+        last_lines: str,
+        cause: str = "",
+        at: float | None = None,
+    ) -> None:
         if returncode is not None and returncode < 0:
             code = f"signal {signal.Signals(-returncode).name}"
         else:
@@ -270,20 +277,22 @@ class Kubelet:
         lines = " | ".join(
             line.strip()[:160] for line in last_lines.splitlines()[-3:] if line.strip()
         )
-        self.exits.append(Exit(time.monotonic() - self.began, name, code, cause, lines))
+        when = (time.monotonic() if at is None else at) - self.began
+        self.exits.append(Exit(when, name, code, cause, lines))
 
     def _watch_processes(self) -> None:
         while not self._stop.wait(0.5):
-            # A failed restart's exit is recorded by the next look.
-            with self.lock, contextlib.suppress(ClusterError):
-                self._restart_exited()
+            self._record_node_pod_exits()
+            for node in self.cluster.real_nodes:
+                triton = self.cluster.tritons.get(node.name)
+                if triton is not None and triton.kept and triton.log_path is not None:
+                    self._kept_exits(node.name, triton.log_path)
+            self._restart_binders()
 
     def _may_restart(self, name: str) -> bool:
-        """Whether the kubelet's back-off lets `name` start again now: at once after its first
-        exit, then 10 s doubling to 5 minutes, as for a container in CrashLoopBackOff."""
+        """Whether the kubelet's back-off lets `name` start again now (`restart_delay`)."""
         restarts, last = self._restarts.get(name, (0, 0.0))
-        delay = 0.0 if restarts == 0 else min(BACK_OFF_MAX, BACK_OFF_FIRST * 2 ** (restarts - 1))
-        if time.monotonic() - last < delay:
+        if time.monotonic() - last < restart_delay(restarts):
             return False
         self._restarts[name] = (restarts + 1, time.monotonic())
         return True
@@ -317,48 +326,34 @@ class Kubelet:
             if code is None:
                 code = int(words.rpartition(" ")[2])
             before = lines[max(0, i - 40) : i]
-            loading = [line for line in before if "loading: " in line]
-            cause = (
-                f"not this benchmark; it last loaded "
-                f"{loading[-1].rpartition('loading: ')[2].strip(chr(34) + ' ')}"
-                if loading
-                else ""
-            )
-            self.record(f"triton/{node}", code, "\n".join(before[-3:]), cause)
+            self.record(f"triton/{node}", code, "\n".join(before[-3:]), last_loaded(before))
 
-    def _restart_exited(self) -> None:
+    def _record_node_pod_exits(self) -> None:
+        """Record the node pods' containers' exits the cluster's kubelet has seen since the last
+        look (it starts them again itself)."""
+        exits = self.cluster.container_exits()
+        for ended in exits[self._node_pod_exits :]:
+            self.record(
+                f"{ended.container}/{ended.node}",
+                ended.returncode,
+                ended.last_lines,
+                self._cause(ended),
+                ended.at,
+            )
+        self._node_pod_exits = len(exits)
+
+    def _cause(self, ended: ContainerExit) -> str:
+        name = f"{ended.container}/{ended.node}"
+        if name in self.causes:
+            return self.causes.pop(name)
+        if ended.reason:
+            return f"the kubelet killed it: its {ended.reason}"
+        if ended.container == "triton":
+            return last_loaded(ended.last_lines.splitlines())
+        return ""
+
+    def _restart_binders(self) -> None:
         cluster = self.cluster
-        for node in cluster.real_nodes:
-            triton = cluster.tritons.get(node.name)
-            if triton is not None and triton.kept and triton.log_path is not None:
-                self._kept_exits(node.name, triton.log_path)
-            if triton is not None and triton.exited():
-                assert triton.process is not None
-                tail = triton.log_path.read_text(errors="replace") if triton.log_path else ""
-                loading = [line for line in tail.splitlines() if "loading: " in line]
-                if loading and f"triton/{node.name}" not in self._down:
-                    model = loading[-1].rpartition("loading: ")[2].strip('" ')
-                    self.causes[f"triton/{node.name}"] = (
-                        f"not this benchmark; it last loaded {model}"
-                    )
-                if not self._exited(f"triton/{node.name}", triton.process.returncode, tail):
-                    continue
-                triton.restart()
-                if triton.process is not None:
-                    pid_file = cluster.workdir / "nodes" / node.name / "triton.pid"
-                    pid_file.write_text(f"{triton.process.pid}\n")
-            agent = cluster.agents.get(node.name)
-            if agent is not None and not agent.process.alive():
-                assert agent.process.process is not None
-                code = agent.process.process.returncode
-                if self._exited(agent.process.name, code, agent.process.log_tail(5)):
-                    cluster.restart_node_container("agent", node.name)
-            gateway = cluster.gateways.get(node.name)
-            if gateway is not None and not gateway.process.alive():
-                assert gateway.process.process is not None
-                code = gateway.process.process.returncode
-                if self._exited(gateway.process.name, code, gateway.process.log_tail(5)):
-                    cluster.restart_node_container("gateway", node.name)
         for binder in cluster.binders:
             if not binder.process.alive():
                 assert binder.process.process is not None
@@ -415,6 +410,16 @@ class Kubelet:
                         ),
                     )
                 )
+
+
+def last_loaded(lines: list[str]) -> str:
+    """The cause of Triton's exit when it was loading a model other than this benchmark's (a
+    crasher's): the last model its log says it loaded; empty when it says none."""
+    loading = [line for line in lines if "loading: " in line]
+    if not loading:
+        return ""
+    model = loading[-1].rpartition("loading: ")[2].strip('" ')
+    return f"not this benchmark; it last loaded {model}"
 
 
 class Churn:
@@ -640,15 +645,12 @@ class Churn:
 
     def do_node_pod(self, change: Change) -> None:
         change.touched = self.models_on(change.node)
-        with self.kubelet.lock:
-            for process in ("agent", "gateway"):
-                self.kubelet.causes[f"{process}/{change.node}"] = "node pod replaced (SIGTERM)"
-            self.cluster.replace_node_pod(change.node)
-            for process in ("agent", "gateway"):
-                name = f"{process}/{change.node}"
-                self.kubelet.record(
-                    name, self.cluster.exit_codes.get(name), "", self.kubelet.causes.pop(name)
-                )
+        # No crash: the cluster's kubelet leaves a replaced node pod's containers to it.
+        self.cluster.replace_node_pod(change.node)
+        for process in ("agent", "gateway"):
+            name = f"{process}/{change.node}"
+            code = self.cluster.exit_codes.get(name)
+            self.kubelet.record(name, code, "", "node pod replaced (SIGTERM)")
 
     def _kill(self, name: str, pid: int, why: str) -> None:
         self.kubelet.causes[name] = why
@@ -673,7 +675,12 @@ class Churn:
 
         def running() -> bool:
             handle = self.cluster.gateways.get(change.node)
-            return handle is not None and handle is not gateway and handle.process.alive()
+            return (
+                handle is not None
+                and handle is not gateway
+                and handle.process.alive()
+                and http_ok(f"http://{handle.address}:{handle.metrics}/healthz")
+            )
 
         self._restarted(running, "the gateway")
 

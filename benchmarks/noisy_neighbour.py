@@ -39,16 +39,16 @@ runs each attack in turn, the network ones from its own pod's address in a proce
 
 The phases run alone first, then "control" (the victim's probes of 1, 2, 5, load-hog and
 disk-filler with no attacker: a replica placed, a new model installed and loaded), the attacks
-(those that can leave a process's memory grown late, the crash last), and "alone again". A keeper
-restarts Triton as soon as it exits, as the kubelet restarts a crashed container, and each phase
-counts its restarts. Each phase prints its restarts, peaks and outcomes as it ends; the table at
-the end has, per phase, the victim's p50/p99 latency and error count, the p99 as a multiple of
-alone's (the better p99 of "alone" and "alone again", so a stall of a shared box while alone
-flatters no attack), Triton's restarts, the victim's outcome beside the same probe alone, what
-the attacker saw, and the peak RSS of the gateway, the agent, Triton (its whole process tree: the
-server and its Python backend stubs) and the victim's proxy against their container memory
-limits (deploy/base/node/node-daemonset.yaml, and the proxy's in
-deploy/example/model-deployment.yaml).
+(those that can leave a process's memory grown late, the crash last), and "alone again". Triton's
+keeper restarts it inside its container, the simulated cluster restarts the container when the
+keeper gives up (as the kubelet does), and each phase counts both kinds of restart. Each phase
+prints its restarts, peaks and outcomes as it ends; the table at the end has, per phase, the
+victim's p50/p99 latency and error count, the p99 as a multiple of alone's (the better p99 of
+"alone" and "alone again", so a stall of a shared box while alone flatters no attack), Triton's
+restarts, the victim's outcome beside the same probe alone, what the attacker saw, and the peak
+RSS of the gateway, the agent, Triton (its whole process tree: the server and its Python backend
+stubs) and the victim's proxy against their container memory limits
+(deploy/base/node/node-daemonset.yaml, and the proxy's in deploy/example/model-deployment.yaml).
 Peaks are psutil samples every --sample-ms, and for the single processes also the kernel's
 high-water mark (VmHWM, reset at each phase's start).
 Then, per phase after alone and control, the target: the victim's p99 within 2x of alone, no victim
@@ -129,6 +129,7 @@ from common.quantity import parse_quantity  # noqa: E402
 from sim.cluster import TRITON_ADMIN_HEADER, NodeSpec, SimCluster  # noqa: E402
 from sim.demo.scenario import SERVICE_ACCOUNT, ModelPod, PodPorts, model_pod_manifest  # noqa: E402
 from sim.node.cpushares import millicpu  # noqa: E402
+from sim.processes import http_ok  # noqa: E402
 from sim.triton import free_port  # noqa: E402
 
 KEYS = Keys()
@@ -624,9 +625,9 @@ class Sampler:
 
 
 class Keeper:
-    """Restarts the node's Triton as soon as it exits, as the kubelet restarts a crashed
-    container, and remembers when (monotonic seconds, once it runs again); the sampler follows
-    the new process."""
+    """Follows the node's Triton's restarts, its keeper's inside its container and the cluster's
+    of the container (as the kubelet's), and remembers when (monotonic seconds; a container's
+    once it runs again); the sampler follows the new process."""
 
     def __init__(self, cluster: SimCluster, sampler: Sampler, period: float = 0.05) -> None:
         self.cluster = cluster
@@ -645,22 +646,24 @@ class Keeper:
 
     def _run(self) -> None:
         kept = 0
+        pid = 0
+        starting = False
         while not self._stop.wait(self.period):
             triton = self.cluster.triton
-            if triton is None:
+            if triton is None or triton.process is None:
                 continue
             # Triton's own keeper restarts it in its container (the node pod's); its container
-            # exits only when the keeper gives up.
+            # exits only when the keeper gives up, and the cluster starts it again.
+            if pid and triton.process.pid != pid:
+                kept, starting = 0, True
+                self.sampler.pids["triton"] = triton.process.pid
+            pid = triton.process.pid
+            if starting and http_ok(f"http://{triton.http_url}/v2/health/live"):
+                starting = False
+                self.restarts.append(time.monotonic())
             now_kept = triton.kept_exits()
             self.restarts += [time.monotonic()] * max(0, now_kept - kept)
             kept = now_kept
-            if not triton.exited():
-                continue
-            triton.restart()
-            kept = 0
-            assert triton.process is not None
-            self.sampler.pids["triton"] = triton.process.pid
-            self.restarts.append(time.monotonic())
 
 
 # ---- phases ----------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ below), the Node objects (as kubelets, GPU feature discovery and the device plug
 them: `sim.gpustack`), a real Triton on the CPU and a gateway for each node whose pods run for
 real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the binder replicas
 (`python -m binder`), the controller manager (`sim.controllers`: Deployments and ReplicaSets, in
-this process), a kubelet per real node and a hollow kubelet for the other nodes;
+this process), a kubelet per real node and a hollow kubelet for the other nodes, and the kubelets'
+part in the node pods it runs itself (`sim.node.nodepods`: their containers started again when they
+exit or fail their liveness probe);
 with `webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered as the
 chart registers it: `sim.admission_webhook`) and a model store serving model archives over HTTPS
 (`sim.modelstore`), so pods written in the short form run end to end. Every process
@@ -86,6 +88,7 @@ from sim.node.cpushares import (
     pod_millicpu,
 )
 from sim.node.kubelet import HollowKubelet, Kubelet
+from sim.node.nodepods import ContainerExit, NodePodKubelet, Running
 from sim.processes import (
     ClusterError,
     ManagedProcess,
@@ -389,6 +392,11 @@ class SimCluster:
         self.pod_addresses = PodAddresses()
         """The pod IPs of every real node's pods: one pool, so that no two pods share one."""
         self.hollow: HollowKubelet | None = None
+        self.node_pod_kubelet = NodePodKubelet(
+            self, [n.name for n in self.nodes], node_pod_template()
+        )
+        """Starts the node pods' containers again when they exit or fail their liveness probe, as
+        the nodes' kubelets would (from `start` on; `restarts`, `container_exits`)."""
         self._kubelet_clients: list[kubernetes.client.ApiClient] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": str(self.kubeconfig)}
 
@@ -613,16 +621,18 @@ class SimCluster:
                 "agent (python -m agent / sim.gpu.agent_node is not in the tree yet)"
             )
             return
-        assert self.ports is not None
         for node in self.nodes:
-            if node.real:
-                self._start_agent(node, f"{self.node_addresses[node.name]}:{self.ports.agent}")
-            else:
-                self._start_agent(node)
+            self._start_agent(node)
         self._wait_agents(list(self.agents))
         self.say(f"{len(self.agents)} agents are publishing their GPUs and renewing their leases.")
 
-    def _start_agent(self, node: NodeSpec, listen_grpc: str = "127.0.0.1:0") -> None:
+    def _start_agent(self, node: NodeSpec) -> None:
+        """The node's agent's process, which serves once it has written its ports file
+        (`_wait_agents`): a real node's on the node's agent port, another's on any port."""
+        listen_grpc = "127.0.0.1:0"
+        if node.real:
+            assert self.ports is not None
+            listen_grpc = f"{self.node_addresses[node.name]}:{self.ports.agent}"
         node_dir = self.workdir / "nodes" / node.name
         node_dir.mkdir(parents=True, exist_ok=True)
         ports_file = node_dir / "agent-ports.json"
@@ -667,11 +677,8 @@ class SimCluster:
         ]  # fmt: skip
         if node.real and gateway is not None:
             argv += ["--gateway-table", str(gateway.caller_table)]
-        if node.real and triton is not None and triton.process is not None:
-            # As the node pod's Triton container writes it: the agent tells Triton's processes
-            # from others on the GPUs and measures Triton's host memory.
-            pid_file = node_dir / "triton.pid"
-            pid_file.write_text(f"{triton.process.pid}\n")
+        pid_file = self._write_triton_pid(node)
+        if pid_file is not None:
             argv += ["--triton-pid-file", str(pid_file)]
         process = ManagedProcess(
             f"agent/{node.name}", argv, self.workdir / "logs" / f"agent-{node.name}.log"
@@ -681,13 +688,32 @@ class SimCluster:
             self._weigh(node, "agent", process.process)
         self.agents[node.name] = AgentHandle(node.name, process)
 
+    def _write_triton_pid(self, node: NodeSpec) -> Path | None:
+        """Write the PID of a real node's Triton (its keeper's) where its agent reads it, as the
+        node pod's Triton container writes it: the agent tells Triton's processes from others on
+        the GPUs and measures Triton's host memory. The file; None where no Triton runs."""
+        triton = self.tritons.get(node.name)
+        if not node.real or triton is None or triton.process is None:
+            return None
+        pid_file = self.workdir / "nodes" / node.name / "triton.pid"
+        pid_file.write_text(f"{triton.process.pid}\n")
+        return pid_file
+
+    def _read_agent_ports(self, handle: AgentHandle) -> bool:
+        """Fill in the agent's addresses from its ports file; whether it has written it yet."""
+        ports_file = self.workdir / "nodes" / handle.node / "agent-ports.json"
+        if not ports_file.exists():
+            return False
+        ports = json.loads(ports_file.read_text())
+        handle.grpc, handle.http = ports["grpc"], ports["http"]
+        return True
+
     def _wait_agents(self, names: Sequence[str]) -> None:
         for name in names:
             handle = self.agents[name]
-            ports_file = self.workdir / "nodes" / name / "agent-ports.json"
-            wait_started(handle.process, f"the agent of node {name}", ports_file.exists)
-            ports = json.loads(ports_file.read_text())
-            handle.grpc, handle.http = ports["grpc"], ports["http"]
+            wait_started(
+                handle.process, f"the agent of node {name}", partial(self._read_agent_ports, handle)
+            )
         for name in names:
             wait_until(
                 f"node {name}'s GPUs published by its agent",
@@ -718,9 +744,33 @@ class SimCluster:
     def _start_gateway(self, node: NodeSpec) -> None:
         """A real node's gateway, on the node's address, before its agent, which writes the
         caller table the gateway follows (until then the gateway refuses everyone)."""
+        handle = self._launch_gateway(node)
+        if handle is None:
+            return
+        address = handle.address
+        try:
+            wait_started(
+                handle.process,
+                f"the gateway of node {node.name}",
+                partial(http_ok, f"http://{address}:{handle.metrics}/healthz"),
+            )
+        except ClusterError as e:
+            handle.process.stop()
+            if "address already in use" in handle.process.log_tail(40).lower():
+                raise PortTakenError(str(e)) from e
+            raise
+        self.gateways[node.name] = handle
+        self.say(
+            f"Node {node.name}'s gateway is the model pods' one way to Triton (REST "
+            f"{address}:{handle.http}, gRPC {address}:{handle.grpc}): it knows each pod by its "
+            "address."
+        )
+
+    def _launch_gateway(self, node: NodeSpec) -> GatewayHandle | None:
+        """A real node's gateway's process, started; None where the node runs no Triton."""
         triton = self.tritons.get(node.name)
         if triton is None or self.ports is None:
-            return
+            return None
         node_dir = self.workdir / "nodes" / node.name
         node_dir.mkdir(parents=True, exist_ok=True)
         address = self.node_addresses[node.name]
@@ -746,23 +796,7 @@ class SimCluster:
         )
         handle.process.start(self.env)
         self._weigh(node, "gateway", handle.process.process)
-        try:
-            wait_started(
-                handle.process,
-                f"the gateway of node {node.name}",
-                partial(http_ok, f"http://{address}:{handle.metrics}/healthz"),
-            )
-        except ClusterError as e:
-            handle.process.stop()
-            if "address already in use" in handle.process.log_tail(40).lower():
-                raise PortTakenError(str(e)) from e
-            raise
-        self.gateways[node.name] = handle
-        self.say(
-            f"Node {node.name}'s gateway is the model pods' one way to Triton (REST "
-            f"{address}:{handle.http}, gRPC {address}:{handle.grpc}): it knows each pod by its "
-            "address."
-        )
+        return handle
 
     def _start_webhook(self) -> None:
         """The model store, and the webhook's process with the real node's ports (registered
@@ -884,6 +918,73 @@ class SimCluster:
             f"a hollow kubelet marks pods on {', '.join(hollow) or 'no node'} Running without "
             "running them."
         )
+        self.node_pod_kubelet.start()
+        self.say(
+            "The node pods' containers are started again when they exit or fail their liveness "
+            "probe, as the kubelet does."
+        )
+
+    def container_run(self, node: str, container: str) -> Running | None:
+        """The current run of `node`'s node pod's `container` (`triton`, `agent`, `gateway`), for
+        the node pod kubelet; None where the node runs none."""
+        spec = next(n for n in self.nodes if n.name == node)
+        address = self.node_addresses[node]
+        if container == "triton":
+            triton = self.tritons.get(node)
+            if triton is None or triton.process is None:
+                return None
+            return Running(triton.process, triton.log_path, {}, address)
+        if container == "agent":
+            agent = self.agents.get(node)
+            if agent is None or agent.process.process is None:
+                return None
+            # Its HTTP port is any free one, known once it has written its ports file.
+            known = agent.http or self._read_agent_ports(agent)
+            ports = {"agent-http": int(agent.http.rpartition(":")[2])} if known else {}
+            return Running(agent.process.process, agent.process.log_path, ports, address)
+        if container == "gateway" and spec.real:
+            gateway = self.gateways.get(node)
+            if gateway is None or gateway.process.process is None:
+                return None
+            ports = {
+                "gateway-http": gateway.http,
+                "gateway-grpc": gateway.grpc,
+                "gateway-metrics": gateway.metrics,
+            }
+            return Running(gateway.process.process, gateway.process.log_path, ports, address)
+        return None
+
+    def start_container_again(self, node: str, container: str) -> None:
+        """Start `node`'s node pod's `container` again after its run ended, as the kubelet does:
+        the others and every volume stay. Triton (its keeper) is live when this returns; the
+        agent and the gateway have only started (their liveness probe follows them)."""
+        spec = next(n for n in self.nodes if n.name == node)
+        if container == "triton":
+            triton = self.tritons[node]
+            try:
+                triton.restart()
+            except (TritonUnavailableError, RuntimeError, TimeoutError) as e:
+                raise ClusterError(f"the real Triton of node {node} did not start: {e}") from e
+            self._weigh(spec, "triton", triton.process)
+            self._write_triton_pid(spec)
+        elif container == "agent":
+            self._start_agent(spec)
+        elif container == "gateway":
+            gateway = self._launch_gateway(spec)
+            if gateway is not None:
+                self.gateways[node] = gateway
+        else:
+            raise ValueError(f"the node pod has no container {container!r} to start")
+
+    def restarts(self, node: str) -> dict[str, int]:
+        """How many times each container of `node`'s node pod was started again after it exited
+        or failed its liveness probe, since the cluster started."""
+        return self.node_pod_kubelet.restarts(node)
+
+    def container_exits(self) -> list[ContainerExit]:
+        """Every node pod container's run that ended other than by the cluster's will (a crash,
+        a kill from outside, a failed liveness probe), oldest first."""
+        return self.node_pod_kubelet.exits()
 
     def _has_gpus(self, name: str) -> bool:
         return KEYS.gpus in self._node(name)["metadata"].get("annotations", {})
@@ -926,20 +1027,20 @@ class SimCluster:
         gateway's caller table). Returns the monotonic time at which the new pod's agent,
         gateway and Triton all run."""
         real = self._real(node, "replace")
-        assert self.ports is not None
-        agent, gateway = self.agents[real.name], self.gateways.pop(real.name)
-        # The agent first: it takes the node's hosts out of their Services while the gateway
-        # and Triton still answer, as the chart's preStop pauses keep them.
-        self.exit_codes[agent.process.name] = agent.process.stop(grace=AGENT_STOP_GRACE)
-        self.exit_codes[gateway.process.name] = gateway.process.stop()
-        triton = self.tritons.pop(real.name)
-        triton.stop()
-        shutil.rmtree(triton.model_repository.parent)
-        shutil.rmtree(self.workdir / "nodes" / real.name / "gateway", ignore_errors=True)
-        self._start_triton(real, "tritonserver-2")
-        self._start_gateway(real)
-        self._start_agent(real, f"{self.node_addresses[real.name]}:{self.ports.agent}")
-        self._wait_agents([real.name])
+        with self.node_pod_kubelet.paused(real.name):
+            agent, gateway = self.agents[real.name], self.gateways.pop(real.name)
+            # The agent first: it takes the node's hosts out of their Services while the gateway
+            # and Triton still answer, as the chart's preStop pauses keep them.
+            self.exit_codes[agent.process.name] = agent.process.stop(grace=AGENT_STOP_GRACE)
+            self.exit_codes[gateway.process.name] = gateway.process.stop()
+            triton = self.tritons.pop(real.name)
+            triton.stop()
+            shutil.rmtree(triton.model_repository.parent)
+            shutil.rmtree(self.workdir / "nodes" / real.name / "gateway", ignore_errors=True)
+            self._start_triton(real, "tritonserver-2")
+            self._start_gateway(real)
+            self._start_agent(real)
+            self._wait_agents([real.name])
         self.say(f"Node {real.name}'s node pod was replaced; its repository starts empty.")
         return time.monotonic()
 
@@ -948,26 +1049,27 @@ class SimCluster:
         in place, as the kubelet does after an image change on the pod (`agent` or `gateway`):
         the others and every volume stay. Returns the monotonic time at which it runs again."""
         real = self._real(node, "restart a container of")
-        assert self.ports is not None
-        if container == "agent":
-            agent = self.agents[real.name]
-            # SIGINT: a real agent reads its own Pod, not being deleted, and does not drain the
-            # node's hosts; the simulated node pod has no Pod to read.
-            stopped = agent.process.stop(sig=signal.SIGINT)
-            self.exit_codes[agent.process.name] = stopped
-            self._start_agent(real, f"{self.node_addresses[real.name]}:{self.ports.agent}")
-            self._wait_agents([real.name])
-        elif container == "gateway":
-            gateway = self.gateways.pop(real.name)
-            self.exit_codes[gateway.process.name] = gateway.process.stop()
-            self._start_gateway(real)
-        else:
+        if container not in ("agent", "gateway"):
             raise ValueError(f"the node pod has no container {container!r} to restart here")
+        with self.node_pod_kubelet.paused(real.name):
+            if container == "agent":
+                agent = self.agents[real.name]
+                # SIGINT: a real agent reads its own Pod, not being deleted, and does not drain
+                # the node's hosts; the simulated node pod has no Pod to read.
+                stopped = agent.process.stop(sig=signal.SIGINT)
+                self.exit_codes[agent.process.name] = stopped
+                self._start_agent(real)
+                self._wait_agents([real.name])
+            else:
+                gateway = self.gateways.pop(real.name)
+                self.exit_codes[gateway.process.name] = gateway.process.stop()
+                self._start_gateway(real)
         return time.monotonic()
 
     def kill_agent(self, node: str) -> None:
-        """Kill a node's agent for good (SIGKILL): its Lease is left to expire; Triton and the
-        gateway keep running."""
+        """Kill a node's agent for good (SIGKILL): the node pod kubelet leaves it down, its Lease
+        is left to expire; Triton and the gateway keep running."""
+        self.node_pod_kubelet.leave_down(node, "agent")
         agent = self.agents[node]
         assert agent.process.process is not None
         with contextlib.suppress(ProcessLookupError):
@@ -992,6 +1094,7 @@ class SimCluster:
         audit log records their last calls, such as a leader releasing its lease). The end of a
         simulation is a node switched off: pods' containers and Triton are killed, not drained
         (replace_node_pod and deleting pods through the API show graceful termination)."""
+        self.node_pod_kubelet.stop()
         if self.controllers is not None:
             self.controllers.stop()
         if self.hollow is not None:

@@ -10,6 +10,7 @@ worker (`sim.node.podworker`) decides when to start, probe, restart and stop.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import subprocess
@@ -44,7 +45,7 @@ def http_get(action: Obj | None, ports: Obj, host: str, timeout: float) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
             return 200 <= int(response.status) < 400
-    except (OSError, urllib.error.URLError, ValueError):
+    except (OSError, urllib.error.URLError, ValueError, http.client.HTTPException):
         return False
 
 

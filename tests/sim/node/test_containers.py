@@ -5,6 +5,7 @@ its own period, never faster."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sim.node.containers import ContainerRun, Probe
+from sim.node.containers import ContainerRun, Probe, http_get
 
 
 class Site:
@@ -117,3 +118,27 @@ def test_a_failed_first_readiness_waits_its_period(site: Site) -> None:
     run.readiness.due = 0.0
     run.probe("127.0.0.1")
     assert state(run) == (True, True) and site.hits["/ready"] == 2
+
+
+def test_a_probe_of_a_port_not_listening_yet_or_not_http_fails() -> None:
+    """A failure the kubelet counts, not an error: a named port the container does not list (the
+    simulated cluster's agent before it has written its ports file), or an answer that is not
+    HTTP."""
+    probe = {"path": "/healthz", "port": "agent-http"}
+    assert not http_get(probe, {}, "127.0.0.1", 1)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        answer = threading.Thread(target=_answer_garbage, args=(server,), name="not-http")
+        answer.start()
+        try:
+            assert not http_get(probe, {"agent-http": server.getsockname()[1]}, "127.0.0.1", 5)
+        finally:
+            answer.join(10)
+
+
+def _answer_garbage(server: socket.socket) -> None:
+    connection, _ = server.accept()
+    with connection:
+        connection.recv(4096)
+        connection.sendall(b"SSH-2.0-OpenSSH\r\n\r\n")
