@@ -181,16 +181,18 @@ class _HeldCollector(Collector):
         # By namespace, never by pod: at most `MAX_HELD_NAMESPACES` series (others under "").
         requests = CounterMetricFamily(
             "tritonshare_gateway_probation_held_requests",
-            "Requests of probationers held while a load the agent watches was in flight or "
-            "settling, by namespace and how the hold ended: released (it ended), timed_out (the "
-            "request went on after its bound), refused (a suspect's trial: answered 503).",
+            "Requests held while a load the agent watches was in flight or settling "
+            "(probationers', and every pod's through a suspected file's trial), by namespace and "
+            "how the hold ended: released (it ended), timed_out (the request went on after its "
+            "bound), refused (a suspect's trial: answered 503).",
             labels=["namespace", "outcome"],
         )
         for (namespace, outcome), count in sorted(self._held.requests.items()):
             requests.add_metric([namespace, outcome], count)
         seconds = CounterMetricFamily(
             "tritonshare_gateway_probation_held_seconds",
-            "Seconds probationers' requests were held, by namespace.",
+            "Seconds requests were held for watched loads (see probation_held_requests), by "
+            "namespace.",
             labels=["namespace"],
         )
         for namespace, held in sorted(self._held.seconds.items()):
