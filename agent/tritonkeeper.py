@@ -89,8 +89,10 @@ class Keeper:
         while True:
             started = time.monotonic()
             try:
-                # A process group of its own (in the keeper's session), ended when it exits.
-                self.server = subprocess.Popen(self.command, preexec_fn=os.setpgrp)
+                # A process group of its own (in the keeper's session), ended when it exits;
+                # set between fork and exec without running Python there (no preexec_fn: a
+                # process with gRPC's threads may abort in a forked child that runs Python).
+                self.server = subprocess.Popen(self.command, process_group=0)
             except OSError as e:
                 say(f"cannot start {self.command[0]} ({e})")
                 return 127
