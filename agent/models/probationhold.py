@@ -141,9 +141,12 @@ class ProbationHold:
     def holds(self, pod: str, probation: bool = True) -> bool:
         """Whether the requests of `pod` (namespace/name) are held now: on `probation`, while
         any watched load is in flight, or another pod's ended less than `hold_seconds` ago;
-        not on probation, while a suspected file's trial holds the node (`holds_node`)."""
+        not on probation, while a suspected file's trial holds the node (`holds_node`), but
+        the trial's own pod."""
         if not probation:
-            return self.holds_node()
+            # Not the trial's own pod: its model is the one loading (the gateway shows no
+            # activity of it to drain), and its requests cannot be at Triton before it is READY.
+            return self.holds_node() and pod not in self._node_trials
         if not self.holding():
             return False
         now = self._clock()

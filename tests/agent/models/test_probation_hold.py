@@ -191,6 +191,7 @@ async def test_a_suspected_files_trial_holds_every_pod_while_in_flight_within_it
     hold.end("team/s", trial=True)
     await hold.begin("team/s", trial=True, suspect="d1")
     assert hold.holds_node() and hold.holds("team/b", False) and hold.holds("other/c", False)
+    assert not hold.holds("team/s", False), "its own pod: its model is the one loading"
     now[0] = 0.9
     assert hold.holds("team/b", False)
     now[0] = 1.1
