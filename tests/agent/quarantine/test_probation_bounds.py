@@ -109,7 +109,11 @@ async def test_a_suspected_files_trial_holds_a_busy_neighbour_not_on_probation_s
     triton: TritonServer,
     tmp_path: Path,
 ) -> None:
-    node = await start_node(start_custom_agent, kube_api, tmp_path)  # quarantine after 2
+    # The node-wide hold lasts --crash-hold-seconds from the trial's begin at most: long here,
+    # so that a busy machine's slow load asserts the hold, not its bound.
+    node = await start_node(
+        start_custom_agent, kube_api, tmp_path, crash_hold_seconds=60.0
+    )  # quarantine after 2
     agent = node.running.agent
     await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
     assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
