@@ -18,12 +18,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from sim.processes import http_ok
 
 STANDIN_BACKENDS = Path(__file__).resolve().parent / "tritonbackends"
 KEEPER = Path(__file__).resolve().parent.parent / "agent" / "tritonkeeper.py"
@@ -261,8 +261,14 @@ class TritonServer:
         return self
 
     def _wait_live(self) -> None:
+        """Wait until Triton answers on its HTTP and its metrics port. Triton starts its metrics
+        server after its HTTP one, and exits when the metrics port is taken: HTTP alone may
+        answer live a moment before that exit."""
         deadline = time.monotonic() + self.startup_timeout
-        url = f"http://{self.http_url}/v2/health/live"
+        urls = [
+            f"http://{self.http_url}/v2/health/live",
+            f"http://127.0.0.1:{self.metrics_port}/metrics",
+        ]
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
@@ -270,12 +276,10 @@ class TritonServer:
                     f"tritonserver exited with code {self.process.returncode} while starting; "
                     f"its log:\n{self.log_tail()}"
                 )
-            with (
-                contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(url, timeout=1) as response,
-            ):
-                if response.status == 200:
-                    return
+            while urls and http_ok(urls[0]):
+                urls.pop(0)
+            if not urls:
+                return
             time.sleep(0.05)
         raise TimeoutError(
             f"tritonserver was not live after {self.startup_timeout:.0f} s; log:\n{self.log_tail()}"
