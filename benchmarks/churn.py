@@ -42,7 +42,12 @@ answer; every process exit (node pod processes, binders, and pods' containers as
 reports them) with its cause; and one last line `churn: ...`. It exits 1 when a model a change
 did not touch, a two-replica model, or the model scaled to zero and back failed a request.
 
+`--keep DIR` runs the cluster in DIR (new or empty) and leaves it there: the node pods' logs
+(`cluster/logs/`), each Triton's (`cluster/triton*/`) and every pod's container logs
+(`cluster/pod-logs/<namespace>_<pod>_<uid>/`), to trace a failed request afterwards.
+
 Run: .venv/bin/python -m benchmarks.churn [--minutes 10] [--seed 1] [--changes scale,zero,...]
+    [--keep DIR]
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -863,7 +868,18 @@ class FirstOnly(logging.Filter):
         return seen <= LOG_LINES_PER_LOGGER
 
 
-def run(minutes: float, seed: int, kinds: list[str]) -> int:
+@contextlib.contextmanager
+def _workdir(keep: Path | None) -> Iterator[Path]:
+    """`keep`, left in place afterwards; or a temporary directory."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix="tritonshare-churn-") as tmp:
+        yield Path(tmp)
+
+
+def run(minutes: float, seed: int, kinds: list[str], keep: Path | None = None) -> int:
     handler = logging.StreamHandler()
     handler.addFilter(FirstOnly())
     logging.basicConfig(
@@ -879,37 +895,41 @@ def run(minutes: float, seed: int, kinds: list[str]) -> int:
     for i, change in enumerate(plan):
         print(f"  {i + 1:3}. {change.kind} (node {change.node})")
     sys.stdout.flush()
-    with tempfile.TemporaryDirectory(prefix="tritonshare-churn-") as tmp:
-        workdir = Path(tmp)
-        with SimCluster(
+    with (
+        _workdir(keep) as workdir,
+        SimCluster(
             workdir / "cluster",
             NODES,
             binders=2,
             webhook=True,
             tenant_code_namespaces=(TEAM_A, TEAM_B, CRASH),
-        ) as cluster:
-            if cluster.missing or cluster.kube is None:
-                print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
-                return 2
-            proxy = ServiceProxy(cluster.kube)
-            proxy.start()
-            kubelet = Kubelet(cluster, time.monotonic())
-            churn = Churn(cluster, workdir, kubelet)
-            try:
-                churn.create_workloads()
-                kubelet.start()
-                churn.start_clients()
-                print("every model answers; the churn starts", flush=True)
-                began = time.monotonic()
-                done = apply_plan(churn, plan, minutes, kinds)
-                elapsed = (time.monotonic() - done[0].start) / 60 if done else 0.0
-            finally:
-                churn.stop_clients()
-                kubelet.stop()
-                proxy.stop()
-            # The warm-up's requests, before every model had answered once, are not counted.
-            counted = [r for r in churn.requests if r.start >= began]
-            return report(tally(counted, done), done, kubelet.exits, seed, elapsed)
+            keep_pod_logs=keep is not None,
+        ) as cluster,
+    ):
+        if cluster.missing or cluster.kube is None:
+            print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
+            return 2
+        proxy = ServiceProxy(cluster.kube)
+        proxy.start()
+        kubelet = Kubelet(cluster, time.monotonic())
+        churn = Churn(cluster, workdir, kubelet)
+        try:
+            churn.create_workloads()
+            kubelet.start()
+            churn.start_clients()
+            print("every model answers; the churn starts", flush=True)
+            began = time.monotonic()
+            done = apply_plan(churn, plan, minutes, kinds)
+            elapsed = (time.monotonic() - done[0].start) / 60 if done else 0.0
+        finally:
+            churn.stop_clients()
+            kubelet.stop()
+            proxy.stop()
+        # The warm-up's requests, before every model had answered once, are not counted.
+        counted = [r for r in churn.requests if r.start >= began]
+        if keep is not None:
+            print(f"the cluster's and the pods' logs are kept in {keep}")
+        return report(tally(counted, done), done, kubelet.exits, seed, elapsed)
 
 
 def apply_plan(churn: Churn, plan: list[Change], minutes: float, kinds: list[str]) -> list[Change]:
@@ -953,12 +973,20 @@ def main() -> None:
         default=",".join(KINDS),
         help=f"the kinds of change to apply, comma-separated (all: {','.join(KINDS)})",
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="run the cluster in DIR (new or empty) and keep its and every pod's logs there",
+    )
     args = parser.parse_args()
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        parser.error(f"--keep: {args.keep} is not empty; name a new or empty directory")
     kinds = [k.strip() for k in args.changes.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
         parser.error(f"--changes: unknown kinds {unknown}; choose from {','.join(KINDS)}")
-    sys.exit(run(args.minutes, args.seed, kinds))
+    sys.exit(run(args.minutes, args.seed, kinds, args.keep))
 
 
 if __name__ == "__main__":

@@ -311,6 +311,7 @@ class SimCluster:
         process_driver_share: int = 0,
         parallel_loads: int = PARALLEL_LOADS,
         gpu_poll_seconds: float | None = None,
+        keep_pod_logs: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if len({n.name for n in nodes}) != len(nodes):
@@ -338,6 +339,8 @@ class SimCluster:
         would be refused at the API server instead; and the agents, processes without a pod,
         have no pod-bound token naming their node, so they stay the admin, whom the agent
         policy does not concern."""
+        self.keep_pod_logs = keep_pod_logs
+        """Keep each stopped pod's container logs in `pod_logs` (a benchmark's post-mortem)."""
         self.webhook_wanted = webhook
         """Run tritonshare's webhook and the model store (pods in the short form)."""
         self.cpu_shares = cpu_shares
@@ -405,6 +408,12 @@ class SimCluster:
         """CoreV1Api of the cluster, untyped (callers pass and read raw dicts)."""
         assert self.kube is not None
         return cast(Any, kubernetes.client.CoreV1Api(self.kube))
+
+    @property
+    def pod_logs(self) -> Path:
+        """Where the stopped pods' container logs are kept with `keep_pod_logs`: one directory a
+        pod (`<namespace>_<pod>_<uid>`), one file a container."""
+        return self.workdir / "pod-logs"
 
     @property
     def real_nodes(self) -> list[NodeSpec]:
@@ -904,6 +913,7 @@ class SimCluster:
                 masquerade=self.masquerade,
                 cpu=self.cpu,
                 addresses=self.pod_addresses,
+                kept_logs=self.pod_logs if self.keep_pod_logs else None,
             )
             kubelet.start()
             self.kubelets[node.name] = kubelet

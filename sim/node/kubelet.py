@@ -134,7 +134,8 @@ class Kubelet(_PodWatcher):
     weighted by the pod's CPU requests, as a real kubelet runs them (`sim.node.cpushares`).
     Kubelets of several nodes share one `addresses`, so that their pods' IPs differ, as the
     cluster's network hands them out. With `masquerade`, the variables name the node's address:
-    the pods' connections leave from it, as under a CNI that masquerades node-local traffic."""
+    the pods' connections leave from it, as under a CNI that masquerades node-local traffic.
+    With `kept_logs`, a stopped pod's container logs are moved there instead of removed."""
 
     def __init__(
         self,
@@ -152,6 +153,7 @@ class Kubelet(_PodWatcher):
         cpu: CpuGroups | None = None,
         addresses: PodAddresses | None = None,
         masquerade: bool = False,
+        kept_logs: Path | None = None,
     ) -> None:
         api_client.user_agent = USER_AGENT
         super().__init__(api_client, f"spec.nodeName={node_name}", f"kubelet-{node_name}")
@@ -171,6 +173,7 @@ class Kubelet(_PodWatcher):
             cpu=cpu,
             masquerade=masquerade,
             events=EventRecorder(self.core, node_name),
+            kept_logs=kept_logs,
         )
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()

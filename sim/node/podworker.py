@@ -78,6 +78,9 @@ class NodeRuntime:
     None: every process shares the machine as one."""
     events: EventRecorder | None = None
     """Where the kubelet's Events on pods go (`sim.node.events`); None: nowhere."""
+    kept_logs: Path | None = None
+    """Where a stopped pod's container logs are moved (`<namespace>_<pod>_<uid>/`), to be read
+    after the run; None: they go with the pod."""
 
 
 class PodWorker(threading.Thread):
@@ -453,9 +456,21 @@ class PodWorker(threading.Thread):
             with contextlib.suppress(ApiException):
                 self._publish()
             self._remove_from_api()
+        self._keep_logs()
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.node.cpu is not None:
             self.node.cpu.forget(self._cpu_group)
+
+    def _keep_logs(self) -> None:
+        """Move the pod's container logs to the node's `kept_logs`, if it keeps them."""
+        logs = self.dir / "logs"
+        if self.node.kept_logs is None or not logs.is_dir():
+            return
+        self.node.kept_logs.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.move(logs, self.node.kept_logs / self.dir.name)
+        except OSError as e:
+            log.warning("Pod %s: its logs could not be kept: %s", self.key, e)
 
     def _await_exit(self, container: ContainerRun, deadline: float, graceful: bool) -> int:
         """The container's exit code, once it has exited; SIGKILL once `deadline` has passed."""

@@ -172,3 +172,32 @@ def _init_running(api: kubernetes.client.ApiClient, pod: str) -> bool:
     found = read(api, pod) or {}
     statuses = (found.get("status") or {}).get("initContainerStatuses") or []
     return any("running" in (s.get("state") or {}) for s in statuses)
+
+
+def test_a_kubelet_that_keeps_logs_moves_a_deleted_pods_logs_aside(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, tmp_path: Path
+) -> None:
+    """A benchmark's post-mortem: with `kept_logs`, a pod's container logs outlive the pod."""
+    api = apiserver.api_client()
+    core(api).create_node(
+        {
+            "metadata": {"name": NODE},
+            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
+        }
+    )
+    kept = tmp_path / "kept"
+    kubelet = Kubelet(api, NODE, tmp_path / "kubelet", abandon_grace=5, kept_logs=kept)
+    kubelet.start()
+    try:
+        spec = {"containers": [_container("ticker", TICKER)]}
+        create(kube_api, pod_manifest("ticks", {**spec, "nodeName": NODE}))
+        v1 = core(kube_api)
+        wait_for("the ticker to tick", lambda: "tick 2" in _log(v1, "ticks", "ticker"))
+        v1.delete_namespaced_pod("ticks", NS, grace_period_seconds=1)
+        wait_for("the pod gone", lambda: read(kube_api, "ticks") is None)
+    finally:
+        kubelet.stop()
+        api.close()  # type: ignore[no-untyped-call]
+    (pod_dir,) = [d for d in kept.iterdir() if d.name.startswith(f"{NS}_ticks_")]
+    assert "tick 2" in (pod_dir / "ticker.log").read_text()
+    assert not list((tmp_path / "kubelet").glob(f"{NS}_ticks_*"))
