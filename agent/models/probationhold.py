@@ -46,10 +46,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Collection
 
 from common.activity import ActivityTable
+
+log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 5.0
 """How long, at most, a watched load waits for the held probationers' requests at Triton to be
@@ -212,7 +215,15 @@ class ProbationHold:
         deadline = self._clock() + self.drain_seconds
         while self.drained is not None and not self.drained(self._since):
             if self._clock() >= deadline:
-                return  # the gateway did not answer: the load goes on, unheld as before
+                # The gateway did not answer: the load goes on, its neighbours held or not.
+                log.warning(
+                    "A watched load of pod %s goes on after %.0f s without the node gateway "
+                    "showing the held pods' requests answered: an exit of Triton now may be "
+                    "shared with them.",
+                    pod,
+                    self.drain_seconds,
+                )
+                return
             await asyncio.sleep(POLL_SECONDS)
 
     def _hold_node(self, suspect: str) -> bool:
