@@ -44,7 +44,7 @@ from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models.evictor import Evictor
 from agent.models.nodemodels import ModelLimits, Models
-from agent.models.probationhold import ProbationHold, drained
+from agent.models.probationhold import ProbationHold, latest_use
 from agent.models.reconcile import Reconciler
 from agent.models.tritonram import HostMemory, HostMemoryRules
 from agent.pods.callerkeys import CallerKeys, secret_beside
@@ -619,15 +619,16 @@ def _caller_table(
     return keys, table
 
 
-def _held_drained(callers: CallerPublisher, activity: Path | None, since: float) -> bool:
-    """Whether the gateway holds the probationers the caller table holds, with none of their
-    requests at Triton, as its activity table written since `since` says."""
+def _held_drained(callers: CallerPublisher, activity: Path | None, since: float) -> float | None:
+    """Whether the gateway holds the pods the caller table holds, with none of their requests
+    at Triton, as its activity table written since `since` says; then when their last request
+    began or ended (`agent.models.probationhold.latest_use`)."""
     held = callers.held_names()
     try:
         table = read_activity(activity) if held and activity is not None else None
     except ActivityTableError:
         table = None
-    return drained(held, table, since)
+    return latest_use(held, table, since)
 
 
 def _prepare_cache(

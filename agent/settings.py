@@ -381,9 +381,10 @@ class LoopSettings:
     )
     """Also while a load or wake whose READY is watched (--crash-settle-seconds) is in flight; each
     new request is held 10 s at most (then it goes on), so that an exit of Triton then counts
-    against the load alone. Each such load first waits, 5 s at most, for the gateway to have the
-    probationers' requests at Triton answered. A trial of files an exit was counted against alone
-    holds every pod's requests, this long at most from its begin."""
+    against the load alone. Each such load first waits, 8 s at most, for the gateway to have the
+    held pods' requests at Triton answered and for them to have sent none for 2 s. A trial of
+    files an exit was counted against alone holds every pod's requests, this long at most from
+    its begin; a load that ended with Triton's exit holds nothing after it."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds",
         "seconds any Triton load may take (the cap of the per-load bound)",

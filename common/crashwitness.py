@@ -27,6 +27,11 @@ FILE_NAME = "crash-witness.json"
 MAX_RECORDS = 32
 """Records kept (the newest): the agent reads them within seconds of each exit."""
 
+BESIDE_SECONDS = 2.0
+"""Every pod that sent a request within this long before Triton's death is named in the record
+(`proxy.gateway.witness`): a watched load begins only once the pods it holds have sent nothing
+for this long (`agent.models.probationhold`)."""
+
 
 class WitnessError(ValueError):
     """The witness file is unreadable; the message says why."""

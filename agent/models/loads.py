@@ -217,6 +217,7 @@ class Loads:
             raise
         loaded = False
         settle_seconds = 0.0
+        unreachable = False
         try:
             if hold is not None:
                 # Before the marker: a load cancelled meanwhile never reached Triton.
@@ -282,6 +283,7 @@ class Loads:
             # Triton may still be loading it: the answer is the agent's, the load is over.
             return self.reports.status_of(name, None, manifest, owner.residency)
         except TritonUnreachableError as e:
+            unreachable = True
             if isinstance(e, TritonNotConnectedError) and not self.crashes.finished_at(name):
                 # The load never reached Triton (down, or starting again after another
                 # model's crash): it cannot have crashed it, and must not be blamed.
@@ -340,7 +342,12 @@ class Loads:
                 self.host.finished(admitted, False)  # refused or failed: nothing to measure
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
             if hold is not None:
-                hold.end(owner.pod.object_key, trial=trial, settle_seconds=settle_seconds)
+                hold.end(
+                    owner.pod.object_key,
+                    trial=trial,
+                    settle_seconds=settle_seconds,
+                    exited=unreachable,
+                )
         return self.reports.status_of(
             name, await self.triton.state(name), manifest, owner.residency
         )

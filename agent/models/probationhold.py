@@ -37,6 +37,10 @@ files caused, within its trials' half of the time.
 A watched load waits first, at most `drain_seconds`, until the gateway's activity table
 (`common.activity`), written since the hold began, shows every held model held with no request at
 Triton (`drained`): a request sent before the gateway followed the table may take seconds there.
+It then waits until the held models have sent nothing for `quiet_seconds` (the gateway's witness
+names every pod that sent a request `common.crashwitness.BESIDE_SECONDS` before an exit), and,
+when the table showed them moving meanwhile (a restore letting their requests go), until the
+table has said so that long: it is written once a second, a moment behind the requests.
 Pods not on probation are held only through such a trial, and with none held nothing waits.
 What it must not do: decide who is on probation (`agent.quarantine.suspects`), which loads are
 watched (`agent.quarantine.crashledger`), or write the table (`agent.pods.callertable`).
@@ -47,16 +51,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Collection
 
 from common.activity import ActivityTable
+from common.crashwitness import BESIDE_SECONDS
 
 log = logging.getLogger(__name__)
 
-DRAIN_SECONDS = 5.0
-"""How long, at most, a watched load waits for the held probationers' requests at Triton to be
-answered."""
+DRAIN_SECONDS = 8.0
+"""How long, at most, a watched load waits for the held pods' requests at Triton to be answered
+and for them to have sent nothing for `BESIDE_SECONDS` (a restore after an exit first, about 3 s,
+then that quiet)."""
+
+NONE_HELD = -math.inf
+"""What `latest_use` says when no pod is held: nothing to wait for."""
 
 POLL_SECONDS = 0.1
 """How often the activity table is read meanwhile."""
@@ -85,6 +95,16 @@ def drained(held: Collection[str], table: ActivityTable | None, since: float) ->
     return True
 
 
+def latest_use(held: Collection[str], table: ActivityTable | None, since: float) -> float | None:
+    """None unless `drained`; then when a request of a held model last began or ended (Unix
+    seconds), or `NONE_HELD`."""
+    if not held:
+        return NONE_HELD
+    if table is None or not drained(held, table, since):
+        return None
+    return max(table.models[name].last_used for name in held)
+
+
 class ProbationHold:
     """The node's watched loads under way, and until when the hold lasts after the last."""
 
@@ -94,6 +114,7 @@ class ProbationHold:
         *,
         node_holds_per_file: int = 0,
         drain_seconds: float = DRAIN_SECONDS,
+        quiet_seconds: float = BESIDE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -102,6 +123,9 @@ class ProbationHold:
         self.node_holds_per_file = node_holds_per_file
         """How many trials of one suspected file's hold every pod's requests (0: none)."""
         self.drain_seconds = drain_seconds
+        self.quiet_seconds = quiet_seconds
+        """How long the held pods must have sent nothing before a watched load begins: the
+        gateway's witness names every pod that sent a request that long before an exit."""
         self._node_holds: dict[str, int] = {}
         """By suspected file (manifest digest), its trials that held every pod."""
         self._node_trials: dict[str, int] = {}
@@ -129,9 +153,10 @@ class ProbationHold:
         self.on_change: Callable[[], None] | None = None
         """Called when the hold begins or ends: writes the caller table
         (`agent.pods.callertable`)."""
-        self.drained: Callable[[float], bool] | None = None
-        """Whether the gateway holds the probationers and their requests at Triton are answered,
-        as it wrote after the given Unix time (`drained`); None: nothing to wait for."""
+        self.drained: Callable[[float], float | None] | None = None
+        """Whether the gateway holds the held pods and their requests at Triton are answered, as
+        it wrote after the given Unix time, and when their last request began or ended
+        (`latest_use`); None: nothing to wait for."""
         self._lapse: asyncio.TimerHandle | None = None
         self._since = 0.0
         """When the watched loads under way began (Unix seconds): the gateway's word must be
@@ -213,8 +238,25 @@ class ProbationHold:
         if self.on_change is not None:
             self.on_change()  # a probationer's row may have come since the hold began
         deadline = self._clock() + self.drain_seconds
-        while self.drained is not None and not self.drained(self._since):
-            if self._clock() >= deadline:
+        moving = False
+        quiet_from = 0.0
+        while self.drained is not None:
+            last = self.drained(self._since)
+            if last == NONE_HELD:
+                return
+            now = self._clock()
+            if last is None:
+                moving = True  # the table shows a request at Triton, or a restore
+                quiet_from = math.inf
+            else:
+                # Seen moving, the table may be a moment behind what a restore let go: it must
+                # stay drained as long as the quiet asked, not only say so once.
+                quiet_from = min(quiet_from, now) if moving else -math.inf
+                if now - quiet_from >= self.quiet_seconds and (
+                    self._wall() - last >= self.quiet_seconds
+                ):
+                    return
+            if now >= deadline:
                 # The gateway did not answer: the load goes on, its neighbours held or not.
                 log.warning(
                     "A watched load of pod %s goes on after %.0f s without the node gateway "
@@ -240,11 +282,16 @@ class ProbationHold:
         if self.on_change is not None and self._node_trials and not self.holds_node():
             self.on_change()  # the pods not on probation go now
 
-    def end(self, pod: str, *, trial: bool = False, settle_seconds: float = 0.0) -> None:
+    def end(
+        self, pod: str, *, trial: bool = False, settle_seconds: float = 0.0, exited: bool = False
+    ) -> None:
         """A watched load of `pod` has ended: the hold lasts `hold_seconds` more (an exit of
         Triton in that time is still the load's), for other probationers than `pod`; a
         suspect's (`trial`) answered READY, its settling window (`settle_seconds`) and
-        `TRIAL_MARGIN_SECONDS` more, if longer, as a trial."""
+        `TRIAL_MARGIN_SECONDS` more, if longer, as a trial. A load that ended with Triton gone
+        (`exited`) holds nothing after: its model is not in the Triton that comes back, the
+        requests held through the exit's restore are answered then, and its next load waits
+        for them (`begin`)."""
         if self.hold_seconds <= 0:
             return
         self.loads -= 1
@@ -254,7 +301,7 @@ class ProbationHold:
             if not self._node_trials[pod]:
                 del self._node_trials[pod]
         now = self._clock()
-        lasts = self.hold_seconds
+        lasts = 0.0 if exited else self.hold_seconds
         refused_until = now
         if trial and settle_seconds > 0:
             lasts = max(lasts, settle_seconds + TRIAL_MARGIN_SECONDS)

@@ -28,7 +28,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from common.crashwitness import path_beside
+from common.crashwitness import BESIDE_SECONDS, path_beside
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
 from proxy.gateway.activity import ActivityWriter
@@ -38,7 +38,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.restore import Restore
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants, members
-from proxy.gateway.witness import BESIDE_SECONDS, CrashWitness
+from proxy.gateway.witness import CrashWitness
 from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
 from proxy.policy.inflight import InFlightShares
 from proxy.policy.probation import ProbationLane

@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, read_witnesses
+from common.crashwitness import (
+    BESIDE_SECONDS,
+    MAX_RECORDS,
+    Suspect,
+    Witness,
+    WitnessError,
+    read_witnesses,
+)
 from common.crashwitness import write_witnesses as write_file
 from common.sentinel import Sentinel
 from proxy.gateway.restore import Restore
@@ -42,10 +49,6 @@ log = logging.getLogger(__name__)
 
 LAST_SECONDS = 5.0
 """With no request at Triton, the pod that sent the last one within this long is named."""
-
-BESIDE_SECONDS = 2.0
-"""Every pod that sent a request within this long before Triton's death is named too (the
-probation lane's quiet gap between two pods' turns)."""
 
 
 Witnessed = TypeVar("Witnessed", bound=Member | Tenant)

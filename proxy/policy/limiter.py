@@ -238,7 +238,8 @@ class Limiter:
         model Triton has not loaded again since an exit first waits for it (at most
         `restore_seconds`; one queued for a slot when the exit came, once it has its slot), a
         request for an asleep model for its wake, and a held pod's for
-        the hold's end (at most `hold_seconds`), held (counted as concurrency) meanwhile."""
+        the hold's end (at most `hold_seconds`; then for a restore begun meanwhile), held
+        (counted as concurrency) meanwhile."""
         restoring = self.restoring
         if restoring is not None and self.refusal is None:
             await self._wait_held(restoring, self.restore_seconds)  # READY in Triton again
@@ -253,6 +254,12 @@ class Limiter:
                 # answered (`common.activity.Activity.restoring`), and two holds in a row would
                 # outlast its client's patience.
                 await self._wait_held(self._hold, self.hold_seconds)
+                after = self.restoring
+                if after is not None and self.refusal is None:
+                    # Triton went away while it was held (the load it was held for killed it,
+                    # say): it waits for its model to be back rather than fail at a dead Triton,
+                    # where the gateway's witness would count it beside the exit.
+                    await self._wait_held(after, self.restore_seconds)
         residency = self.residency
         if residency is not None and residency.asleep:
             self._starts += self._clock()

@@ -10,7 +10,16 @@ import asyncio
 import time
 from pathlib import Path
 
-from agent.models.probationhold import TRIAL_MARGIN_SECONDS, ProbationHold, drained
+import pytest
+
+from agent.models import probationhold
+from agent.models.probationhold import (
+    NONE_HELD,
+    TRIAL_MARGIN_SECONDS,
+    ProbationHold,
+    drained,
+    latest_use,
+)
 from agent.pods.callertable import CallerPublisher
 from common.activity import Activity, ActivityTable
 from common.callers import read_table
@@ -37,7 +46,7 @@ async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
     owners = {"a-private": pod("a", "10.1.0.5"), "b-private": pod("b", "10.1.0.6")}
     probation = {"team/a"}
     table = tmp_path / "callers.json"
-    hold = ProbationHold(0.3, drain_seconds=5.0)
+    hold = ProbationHold(0.3, drain_seconds=5.0, quiet_seconds=0.0)
     publisher = CallerPublisher(
         table,
         "node-1",
@@ -52,9 +61,9 @@ async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
     asked: list[list[str]] = []
     gateway_done = asyncio.Event()
 
-    def gateway_drained(since: float) -> bool:
+    def gateway_drained(since: float) -> float | None:
         asked.append(publisher.held_names())
-        return gateway_done.is_set()
+        return 0.0 if gateway_done.is_set() else None
 
     hold.drained = gateway_drained
     publisher.publish()
@@ -101,7 +110,7 @@ async def test_a_probationers_own_settling_load_does_not_hold_it() -> None:
 
 async def test_no_hold_when_it_is_off() -> None:
     hold = ProbationHold(0.0)
-    hold.drained = lambda since: False
+    hold.drained = lambda since: None
     await asyncio.wait_for(hold.begin("team/b"), 1.0)
     assert not hold.holding()
     hold.end("team/b")
@@ -234,3 +243,45 @@ async def test_the_caller_table_holds_every_row_through_a_suspected_files_trial_
     hold.end("team/s", trial=True)
     rows = {c.pod: (c.held, c.trial) for c in read_table(table).callers}
     assert rows == {"team/a": (True, False), "team/b": (False, False)}, "only probationers after"
+
+
+def test_latest_use_is_the_held_models_last_request_once_drained() -> None:
+    quiet, recent = Activity(1, 5.0, 0, True), Activity(1, 9.0, 0, True)
+    assert latest_use([], None, 10.0) == NONE_HELD, "nobody held"
+    assert latest_use(["a"], ActivityTable(11.0, {"a": Activity(1, 5.0, 1, True)}), 10.0) is None
+    table = ActivityTable(11.0, {"a": quiet, "b": recent, "c": Activity(0, 10.5, 2, False)})
+    assert latest_use(["a", "b"], table, 10.0) == 9.0, "the latest of the held, not of c"
+
+
+async def test_a_watched_load_waits_until_the_held_pods_have_sent_nothing_for_the_quiet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gateway's witness names every pod that sent a request within `BESIDE_SECONDS` of an
+    exit: a load begins only once the held pods have been quiet that long, and, once the table
+    showed one of them moving (a restore letting its requests go), only after it has stayed
+    drained that long, as the table may lag what the restore let go."""
+    monkeypatch.setattr(probationhold, "POLL_SECONDS", 0.0)
+    wall = [100.0]
+    now = [0.0]
+    hold = ProbationHold(10.0, drain_seconds=60.0, quiet_seconds=2.0, clock=lambda: now[0])
+    hold._wall = lambda: wall[0]
+    answers: list[float | None] = []
+    hold.drained = lambda since: answers.pop(0) if len(answers) > 1 else answers[0]
+
+    async def begins_after(script: list[float | None]) -> float:
+        """Seconds of the fake clocks the begin takes, polled each 0.1 s."""
+        answers[:] = script
+        began = now[0]
+        task = asyncio.get_running_loop().create_task(hold.begin("team/s"))
+        await asyncio.sleep(0)
+        while not task.done():
+            now[0] += 0.1
+            wall[0] += 0.1
+            await asyncio.sleep(0)
+        hold.end("team/s")
+        return now[0] - began
+
+    assert await begins_after([wall[0] - 10.0]) == 0, "quiet for long: at once"
+    assert 1.4 <= await begins_after([wall[0] - 0.5]) <= 1.7, "1.5 s more of quiet"
+    # Moving (a restore), then drained with an old last request: it stays drained 2 s first.
+    assert 2.1 <= await begins_after([None, None, None, wall[0] - 30.0]) <= 2.5

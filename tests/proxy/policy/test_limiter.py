@@ -97,3 +97,24 @@ async def test_a_request_a_restore_let_go_is_not_held_again_but_a_trial_still_re
     restored.set()
     with pytest.raises(HeldError):
         await asyncio.wait_for(waiting, 5)
+
+
+async def test_a_held_request_let_go_as_triton_exits_waits_for_its_model_back() -> None:
+    """Held for a load that then killed Triton: the hold ends as the restore begins, and the
+    request waits for its model to be back instead of reaching a dead Triton (a failure there
+    would also name its pod beside the exit)."""
+    limiter = Limiter(4, 4, 30.0)
+    limiter.restore_seconds = limiter.hold_seconds = 30.0
+    limiter.hold(True, after_restore=False)
+    waiting = asyncio.get_running_loop().create_task(limiter.acquire())
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "held for the load"
+    restored = limiter.restoring = asyncio.Event()  # the load killed Triton
+    limiter.hold(False)
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "sent to a dead Triton"
+    assert limiter.in_flight == 0
+    limiter.restoring = None
+    restored.set()
+    await asyncio.wait_for(waiting, 5)
+    assert limiter.in_flight == 1
