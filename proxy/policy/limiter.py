@@ -195,8 +195,7 @@ class Limiter:
         the agent watches is in flight or just ended (`policy.probation`), any pod's through a
         suspected file's trial; with `trial` (a suspect's load in flight or settling), refuse
         them instead. Not `after_restore` (a pod not on probation), a request held until its
-        model is back after Triton's exit is not held again. Requests already queued for a slot
-        (or a probationer's turn) get none while the hold lasts."""
+        model is back after Triton's exit is not held again."""
         self._hold_after_restore = after_restore
         self._trial = (
             HeldError(
@@ -213,8 +212,6 @@ class Limiter:
         elif not on and self._hold is not None:
             self._hold.set()
             self._hold = None
-            if self._waiters:
-                self.lane_opened()  # those queued for a slot meanwhile take one now
 
     async def _wait_held(self, event: asyncio.Event, seconds: float) -> None:
         """Wait for `event`, at most `seconds` (then the request goes on all the same: a hold
@@ -336,7 +333,6 @@ class Limiter:
             return
         while (
             self._waiters
-            and self._hold is None
             and (self.limit == 0 or self.in_flight <= self.limit)
             and (lane is None or lane.enters(self))
         ):
@@ -362,8 +358,8 @@ class Limiter:
     def grant(self) -> bool:
         """Hand a slot of the namespace to the oldest live waiter, if the pod's own limit has
         room for it (False: it took nothing)."""
-        if (self.limit and self.in_flight >= self.limit) or self._hold is not None:
-            return False  # full, or held: a waiter queued before the hold waits for its end
+        if self.limit and self.in_flight >= self.limit:
+            return False
         lane = self.probation
         if lane is not None and not lane.enters(self):
             return False  # not its turn at Triton: the lane re-queues it when it is
@@ -384,7 +380,6 @@ class Limiter:
             return
         while (
             self._waiters
-            and self._hold is None
             and (limit == 0 or self.in_flight < limit)
             and (self.probation is None or self.probation.enters(self))
         ):

@@ -118,21 +118,3 @@ async def test_a_held_request_let_go_as_triton_exits_waits_for_its_model_back() 
     restored.set()
     await asyncio.wait_for(waiting, 5)
     assert limiter.in_flight == 1
-
-
-async def test_a_request_queued_for_a_slot_before_a_hold_waits_for_the_holds_end() -> None:
-    """Queued for a slot (or a probationer's turn) before a watched load began: a slot freed
-    while the hold lasts is not handed to it, so it does not reach Triton beside the load; the
-    hold's end hands it one."""
-    limiter = Limiter(1, 4, 30.0)
-    assert limiter.try_acquire()
-    waiting = asyncio.get_running_loop().create_task(limiter.acquire())
-    await asyncio.sleep(0)  # it queues
-    limiter.hold(True)  # a watched load begins
-    limiter.release()
-    await asyncio.sleep(0.05)
-    assert not waiting.done(), "handed a slot during the hold"
-    assert limiter.in_flight == 0
-    limiter.hold(False)
-    await asyncio.wait_for(waiting, 5)
-    assert limiter.in_flight == 1
