@@ -239,7 +239,7 @@ class ProbationHold:
             self.on_change()  # a probationer's row may have come since the hold began
         deadline = self._clock() + self.drain_seconds
         moving = False
-        quiet_from = 0.0
+        quiet_from = math.inf  # when the table began to show them drained, once seen moving
         while self.drained is not None:
             last = self.drained(self._since)
             if last == NONE_HELD:
