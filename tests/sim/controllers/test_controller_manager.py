@@ -410,8 +410,13 @@ def test_deleting_a_replica_set_collects_its_pods(
     body["kind"] = "ReplicaSet"
     apps.create_namespaced_replica_set(NS, body)
     wait_until("three pods", lambda: len(pods_of(core, "rs")) == 3, 10)
-    rs = apps.read_namespaced_replica_set_scale("rs", NS)
-    assert (rs.spec.replicas, rs.status.replicas) == (3, 3)
+    # The controller counts the pods in the status on the sync after its cache sees them.
+    wait_until(
+        "the scale's status counting them",
+        lambda: apps.read_namespaced_replica_set_scale("rs", NS).status.replicas == 3,
+        10,
+    )
+    assert apps.read_namespaced_replica_set_scale("rs", NS).spec.replicas == 3
     apps.delete_namespaced_replica_set("rs", NS)
     wait_until("its pods collected", lambda: not pods_of(core, "rs"), 15)
 
