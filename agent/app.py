@@ -315,11 +315,13 @@ class Agent:
             settings, self.reconciler, self.request_crashes, self.hold
         )
         if self.callers is not None:
-            # The one wiring after construction: the table is computed by the reconciler from
+            # The wiring after construction: the table is computed by the reconciler from
             # the owners and the pods, and is rewritten when either changes.
             self.reconciler.on_pods = self.owners.on_change = self.callers.changed
             self.hold.on_change = self.callers.publish
             self.hold.drained = partial(_held_drained, self.callers, settings.activity_path)
+            if self.request_crashes is not None:
+                self.request_crashes.on_triton_up = self.hold.triton_back
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
         self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.reports.loaded_per_gpu)

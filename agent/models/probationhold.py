@@ -150,6 +150,8 @@ class ProbationHold:
         self._ended: dict[str, float] = {}
         """The pods (namespace/name) of the watched loads ended lately, with until when each
         holds (`clock` seconds)."""
+        self._exited: set[str] = set()
+        """Those of them whose load ended with Triton gone: held until `triton_back`."""
         self.on_change: Callable[[], None] | None = None
         """Called when the hold begins or ends: writes the caller table
         (`agent.pods.callertable`)."""
@@ -289,9 +291,11 @@ class ProbationHold:
         Triton in that time is still the load's), for other probationers than `pod`; a
         suspect's (`trial`) answered READY, its settling window (`settle_seconds`) and
         `TRIAL_MARGIN_SECONDS` more, if longer, as a trial. A load that ended with Triton gone
-        (`exited`) holds nothing after: its model is not in the Triton that comes back, the
-        requests held through the exit's restore are answered then, and its next load waits
-        for them (`begin`)."""
+        (`exited`) holds until Triton is back (`triton_back`), at most `hold_seconds`: the
+        agent sees the load fail the moment Triton dies, a moment before the gateway sees
+        Triton go, and a held request let go then would fail at the dead Triton and be counted
+        beside the exit; let go once Triton is back, it waits for its model in the gateway's
+        restore instead, and the crasher's next load waits for it to be answered (`begin`)."""
         if self.hold_seconds <= 0:
             return
         self.loads -= 1
@@ -301,7 +305,7 @@ class ProbationHold:
             if not self._node_trials[pod]:
                 del self._node_trials[pod]
         now = self._clock()
-        lasts = 0.0 if exited else self.hold_seconds
+        lasts = self.hold_seconds
         refused_until = now
         if trial and settle_seconds > 0:
             lasts = max(lasts, settle_seconds + TRIAL_MARGIN_SECONDS)
@@ -316,6 +320,10 @@ class ProbationHold:
         self.until = max(self.until, now + lasts)
         self._ended = {p: t for p, t in self._ended.items() if t > now}
         self._ended[pod] = max(self._ended.get(pod, 0.0), now + lasts)
+        if exited:
+            self._exited.add(pod)
+        else:
+            self._exited.discard(pod)  # its window runs its whole length
         if self.on_change is not None:
             self.on_change()  # its own pod's requests go now
         loop = asyncio.get_running_loop()
@@ -323,6 +331,22 @@ class ProbationHold:
             if self._lapse is not None:
                 self._lapse.cancel()
             self._lapse = loop.call_later(lasts, self._lapsed)
+
+    def triton_back(self) -> None:
+        """Triton accepts connections again (after an exit, or a drop of the agent's
+        sentinel): the hold after each load that ended with Triton gone ends now. The gateway
+        saw that exit too, and holds the requests it lets go until their models are loaded
+        again (`proxy.gateway.restore`)."""
+        if not self._exited:
+            return
+        now = self._clock()
+        for pod in self._exited:
+            if pod in self._ended:
+                self._ended[pod] = min(self._ended[pod], now)
+        self._exited.clear()
+        self.until = min(self.until, max([now, *self._ended.values()]))
+        if self.on_change is not None:
+            self.on_change()  # the pods held after it go now
 
     def _lapsed(self) -> None:
         self._lapse = None

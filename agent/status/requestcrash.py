@@ -82,6 +82,9 @@ class RequestCrashes:
         self.witness_wait_seconds = witness_wait_seconds
         self._counted_until = 0.0
         """The newest record counted: a record is counted once, whatever windows overlap."""
+        self.on_triton_up: Callable[[], None] | None = None
+        """Called whenever the sentinel's connection is accepted: Triton is there (the
+        probation hold after a load that ended with Triton gone ends then)."""
 
     def requests_at(self, marker: Marker) -> list[str]:
         """The pods whose requests the gateway saw at Triton when it died since the load of
@@ -112,6 +115,8 @@ class RequestCrashes:
 
     def _up(self) -> None:
         self._up_at = self._wall()
+        if self.on_triton_up is not None:
+            self.on_triton_up()
 
     def _dropped(self, lost_at: float) -> None:
         # The connection accepted at `_up_at` closed, and Triton accepted a new one at once: a

@@ -108,6 +108,40 @@ async def test_a_probationers_own_settling_load_does_not_hold_it() -> None:
     assert hold.holds("team/a") and hold.holds("team/b"), "each held for the other's load"
 
 
+async def test_a_load_that_ended_with_triton_gone_holds_until_triton_is_back() -> None:
+    """The agent sees its load fail the moment Triton dies, a moment before the gateway sees
+    Triton go: the probationers stay held until Triton accepts connections again (then the
+    gateway's restore holds what it lets go), at most `hold_seconds`; a load that ended
+    otherwise keeps its whole window."""
+    now = [100.0]
+    changes: list[bool] = []
+    hold = ProbationHold(10.0, clock=lambda: now[0])
+    hold.on_change = lambda: changes.append(hold.holds("team/b"))
+    await hold.begin("team/a")
+    hold.end("team/a", exited=True)
+    assert hold.holds("team/b"), "not let go to a Triton the gateway has not seen die"
+    now[0] += 1.0
+    hold.triton_back()
+    assert not hold.holds("team/b") and not hold.holding()
+    assert changes[-1] is False, "the caller table is rewritten to let them go"
+    # Without Triton seen back, the window's bound ends it.
+    await hold.begin("team/a")
+    hold.end("team/a", exited=True)
+    now[0] += 9.9
+    assert hold.holds("team/b")
+    now[0] += 0.2
+    assert not hold.holds("team/b")
+    # Triton back cuts only the windows of loads that ended with it gone.
+    await hold.begin("team/a")
+    hold.end("team/a", exited=True)
+    await hold.begin("team/c")
+    hold.end("team/c")
+    hold.triton_back()
+    assert hold.holds("team/b") and hold.holds("team/a"), "team/c's load still holds the others"
+    now[0] += 10.1
+    assert not hold.holding()
+
+
 async def test_no_hold_when_it_is_off() -> None:
     hold = ProbationHold(0.0)
     hold.drained = lambda since: None
