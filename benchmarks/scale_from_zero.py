@@ -5,11 +5,11 @@ Knative's benchmark (`test/performance/benchmarks/scale-from-zero` in knative/se
 simulated cluster with the real processes and a real Triton on the CPU (one node, mock GPUs),
 for each count in `--models`: that many TritonModels (add_one, Python backend) with
 `autoscaling.minReplicas: 0` and a 6 s window are created and each asked once, then scaled to
-zero by the built-in autoscaler and unloaded (their model host kept, the models parked there),
-then sent one request each, all at once, through the host. Printed for each count: p50, p95
-and max seconds from the requests' start to each model's first answer, beside the floor: a
-Triton of the same build and flags, in the same run, loading the same number of copies of the
-model at once through its repository API (seconds until the last is loaded).
+zero by the built-in autoscaler and every replica unloaded (their model host kept, the models
+parked there), then sent one request each, all at once, through the host. Printed for each
+count: p50, p95 and max seconds from the requests' start to each model's first answer, beside the
+floor: a Triton of the same build and flags, in the same run, loading the same number of copies
+of the model at once through its repository API (seconds until the last is loaded).
 
 With `--as pods`, Deployments of model pods (the short form, completed by the webhook) take the
 TritonModels' place: scaled from one replica to zero, then all back to one at once (a Deployment
@@ -46,7 +46,7 @@ import tritonclient.http as httpclient
 from benchmarks import command_line
 from common.contract import Keys
 from common.hosted import decode_parked, loaded_condition
-from sim.cluster import SimCluster
+from sim.cluster import TRITON_ADMIN_HEADER, SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
 from sim.triton import PARALLEL_LOADS, TritonServer
@@ -58,6 +58,8 @@ DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 COUNTS = (1, 5, 25)
 """Knative's counts but its 100 (`--models 100` runs it)."""
 UNLOADS = "tritonshare_agent_unload_duration_seconds_count"
+ADMIN_HEADER = dict([TRITON_ADMIN_HEADER.split(":", 1)])
+"""The node's Triton answers its repository index to the node's own (the agent's) header."""
 GPU_MEMORY = "256Mi"
 """Each model's request: 100 of them fit the node's two simulated T4s."""
 
@@ -177,6 +179,17 @@ def _agent_metric(cluster: SimCluster, name: str) -> float:
     return 0.0
 
 
+def in_triton(cluster: SimCluster) -> int:
+    """The models the node's Triton holds now (loaded, loading or unloading), by its index."""
+    triton = cluster.tritons[NODES[0].name]
+    request = urllib.request.Request(
+        f"http://{triton.http_url}/v2/repository/index", b"{}", ADMIN_HEADER, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        index = json.loads(answer.read())
+    return sum(1 for m in index if m.get("state") in ("READY", "LOADING", "UNLOADING"))
+
+
 def triton_floor(count: int, workdir: Path, threads: int) -> float:
     """Seconds a Triton (the node's build and flags, `threads` loads at once) takes to load
     `count` copies of the model asked at once through its repository API."""
@@ -288,7 +301,11 @@ def wake_tritonmodels(cluster: SimCluster, count: int, workdir: Path) -> Wake:
             for c in found.status.conditions or []
             if c.status == "True" and any(c.type.startswith(p) for p in conditions)
         ]
+        # Every replica unloaded, not `count` of them: one request each takes a model to two
+        # replicas at target 1 (70 % of it per replica, as Knative's default), and a wake that
+        # began while the second ones still unloaded would wait for those unloads.
         unloaded = _agent_metric(cluster, UNLOADS) - unloads_before >= count
+        unloaded = unloaded and in_triton(cluster) == 0
         waiting = set(names) - parked
         return None if waiting or loaded or not unloaded else str(found.status.pod_ip)
 
@@ -296,6 +313,8 @@ def wake_tritonmodels(cluster: SimCluster, count: int, workdir: Path) -> Wake:
     firsts = _all_at_once(names, lambda _: lambda: address)
     for name in names:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    # The floor's Triton shares the machine's cores: not while the node's unloads them.
+    wait_until(f"{count} TritonModels unloaded", lambda: in_triton(cluster) == 0, 600)
     floor = triton_floor(count, workdir, node_load_threads(cluster))
     return Wake("TritonModels", count, firsts, floor)
 
@@ -333,11 +352,13 @@ def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
         return not [p for p in pods.items if p.metadata.labels.get("app") in names]
 
     wait_until(f"{count} Deployments' pods gone", gone, 300)
+    wait_until(f"{count} models unloaded", lambda: in_triton(cluster) == 0, 600)
     scale(1)
     firsts = _all_at_once(names, pod_address)
     for name in names:
         apps.delete_namespaced_deployment(name, NAMESPACE)
     wait_until(f"{count} Deployments' pods gone", gone, 300)
+    wait_until(f"{count} models unloaded", lambda: in_triton(cluster) == 0, 600)
     floor = triton_floor(count, workdir, node_load_threads(cluster))
     return Wake("model pods", count, firsts, floor)
 
