@@ -99,7 +99,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -126,7 +125,7 @@ from benchmarks.noisy_traffic import (  # noqa: E402
 )
 from common.contract import DEFAULT_AGENT_AUDIENCE, Keys  # noqa: E402
 from common.quantity import parse_quantity  # noqa: E402
-from sim.cluster import TRITON_ADMIN_HEADER, NodeSpec, SimCluster  # noqa: E402
+from sim.cluster import NodeSpec, SimCluster  # noqa: E402
 from sim.demo.scenario import SERVICE_ACCOUNT, ModelPod, PodPorts, model_pod_manifest  # noqa: E402
 from sim.node.cpushares import millicpu  # noqa: E402
 from sim.processes import http_ok  # noqa: E402
@@ -425,19 +424,10 @@ class Bench:
         """Triton's repository index as the agent sees it (the operator's admin header); empty
         when Triton does not answer in time."""
         assert self.cluster.triton is not None
-        name, _, value = TRITON_ADMIN_HEADER.partition(":")
-        request = urllib.request.Request(
-            f"http://{self.cluster.triton.http_url}/v2/repository/index",
-            data=b"{}",
-            headers={name: value},
-            method="POST",
-        )
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                index = json.loads(response.read())
+            return self.cluster.triton_states()
         except OSError:
             return {}  # Triton stalls while a slow model loads: ask again at the next poll
-        return {str(m["name"]): str(m.get("state", "")) for m in index}
 
 
 def _bytes(value: Any) -> int | None:

@@ -46,7 +46,7 @@ import tritonclient.http as httpclient
 from benchmarks import command_line
 from common.contract import Keys
 from common.hosted import decode_parked, loaded_condition
-from sim.cluster import TRITON_ADMIN_HEADER, SimCluster
+from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
 from sim.triton import PARALLEL_LOADS, TritonServer
@@ -58,8 +58,6 @@ DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 COUNTS = (1, 5, 25)
 """Knative's counts but its 100 (`--models 100` runs it)."""
 UNLOADS = "tritonshare_agent_unload_duration_seconds_count"
-ADMIN_HEADER = dict([TRITON_ADMIN_HEADER.split(":", 1)])
-"""The node's Triton answers its repository index to the node's own (the agent's) header."""
 GPU_MEMORY = "256Mi"
 """Each model's request: 100 of them fit the node's two simulated T4s."""
 
@@ -181,13 +179,8 @@ def _agent_metric(cluster: SimCluster, name: str) -> float:
 
 def in_triton(cluster: SimCluster) -> int:
     """The models the node's Triton holds now (loaded, loading or unloading), by its index."""
-    triton = cluster.tritons[NODES[0].name]
-    request = urllib.request.Request(
-        f"http://{triton.http_url}/v2/repository/index", b"{}", ADMIN_HEADER, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        index = json.loads(answer.read())
-    return sum(1 for m in index if m.get("state") in ("READY", "LOADING", "UNLOADING"))
+    states = cluster.triton_states(NODES[0].name, timeout=10).values()
+    return sum(1 for state in states if state in ("READY", "LOADING", "UNLOADING"))
 
 
 def triton_floor(count: int, workdir: Path, threads: int) -> float:

@@ -46,6 +46,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -430,6 +431,24 @@ class SimCluster:
         """The first real node's Triton."""
         real = self.real_node
         return None if real is None else self.tritons.get(real.name)
+
+    def triton_states(self, node: str | None = None, timeout: float = 5.0) -> dict[str, str]:
+        """Model name -> state in the repository index of `node`'s Triton (the first real
+        node's by default) as its agent sees it, through the admin header; {} with no Triton.
+        OSError when Triton does not answer within `timeout`."""
+        triton = self.triton if node is None else self.tritons.get(node)
+        if triton is None:
+            return {}
+        name, _, value = TRITON_ADMIN_HEADER.partition(":")
+        request = urllib.request.Request(
+            f"http://{triton.http_url}/v2/repository/index",
+            data=b"{}",
+            headers={name: value},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            index = json.loads(response.read())
+        return {str(m["name"]): str(m.get("state", "")) for m in index}
 
     @property
     def gateway(self) -> GatewayHandle | None:

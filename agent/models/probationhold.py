@@ -145,8 +145,6 @@ class ProbationHold:
         self._trial_began: dict[str, float] = {}
         self._claimed = False
         self._turn = asyncio.Event()
-        self.until = 0.0
-        """When the hold ends with no watched load under way (`clock` seconds)."""
         self._ended: dict[str, float] = {}
         """The pods (namespace/name) of the watched loads ended lately, with until when each
         holds (`clock` seconds)."""
@@ -163,6 +161,12 @@ class ProbationHold:
         self._since = 0.0
         """When the watched loads under way began (Unix seconds): the gateway's word must be
         newer."""
+
+    @property
+    def until(self) -> float:
+        """When the hold ends with no watched load under way (`clock` seconds): the latest
+        ended load's window."""
+        return max(self._ended.values(), default=0.0)
 
     def holding(self) -> bool:
         """Whether probationers' requests are held now."""
@@ -317,7 +321,6 @@ class ProbationHold:
             self._next_trial = {n: t for n, t in self._next_trial.items() if t > now}
             self._next_trial[namespace] = began + 2 * (refused_until - began)
             self.trial_over()
-        self.until = max(self.until, now + lasts)
         self._ended = {p: t for p, t in self._ended.items() if t > now}
         self._ended[pod] = max(self._ended.get(pod, 0.0), now + lasts)
         if exited:
@@ -344,7 +347,6 @@ class ProbationHold:
             if pod in self._ended:
                 self._ended[pod] = min(self._ended[pod], now)
         self._exited.clear()
-        self.until = min(self.until, max([now, *self._ended.values()]))
         if self.on_change is not None:
             self.on_change()  # the pods held after it go now
 

@@ -25,7 +25,6 @@ import socket
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -766,17 +765,7 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
 
 
 def _loaded_models(cluster: SimCluster) -> list[str]:
-    if cluster.triton is None:
-        return []
-    request = urllib.request.Request(
-        f"http://{cluster.triton.http_url}/v2/repository/index",
-        data=b"{}",
-        headers={"tritonshare-admin-key": "local"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
-        index = json.loads(response.read())
-    return [m["name"] for m in index if m.get("state") == "READY"]
+    return [name for name, state in cluster.triton_states().items() if state == "READY"]
 
 
 def main(argv: list[str] | None = None) -> int:
