@@ -384,7 +384,7 @@ class LoopSettings:
     against the load alone. Each such load first waits, 8 s at most, for the gateway to have the
     held pods' requests at Triton answered and for them to have sent none for 2 s. A trial of
     files an exit was counted against alone holds every pod's requests, this long at most from
-    its begin; after a load that ended with Triton's exit, until Triton is back."""
+    its begin (after one that ended with Triton's exit: until Triton is back, within that bound)."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds",
         "seconds any Triton load may take (the cap of the per-load bound)",

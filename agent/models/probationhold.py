@@ -129,6 +129,9 @@ class ProbationHold:
         self._node_holds: dict[str, int] = {}
         """By suspected file (manifest digest), its trials that held every pod."""
         self._node_trials: dict[str, int] = {}
+        self._node_exited: set[str] = set()
+        """The pods whose such trial ended with Triton gone: every other pod is held until
+        `triton_back` (at most until `_node_until`), as probationers are after such a load."""
         """The pods (namespace/name) whose trial in flight holds every pod, with how many."""
         self._node_until = 0.0
         """Until when the node's hold of the last such trial lasts at most (`clock` seconds)."""
@@ -180,7 +183,8 @@ class ProbationHold:
         if not probation:
             # Not the trial's own pod: its model is the one loading (the gateway shows no
             # activity of it to drain), and its requests cannot be at Triton before it is READY.
-            return self.holds_node() and pod not in self._node_trials
+            trials = self._node_trials
+            return self.holds_node() and pod not in trials and pod not in self._node_exited
         if not self.holding():
             return False
         now = self._clock()
@@ -189,7 +193,8 @@ class ProbationHold:
     def holds_node(self) -> bool:
         """Whether every pod's new requests are held now, on probation or not: a suspected
         file's trial is in flight, for at most `hold_seconds` from its begin."""
-        return bool(self._node_trials) and self._clock() < self._node_until
+        trials = self._node_trials or self._node_exited
+        return bool(trials) and self._clock() < self._node_until
 
     def trial(self) -> bool:
         """Whether the hold is a suspect's trial now: held pods' requests are refused."""
@@ -285,7 +290,8 @@ class ProbationHold:
         return True
 
     def _node_lapsed(self) -> None:
-        if self.on_change is not None and self._node_trials and not self.holds_node():
+        held = self._node_trials or self._node_exited
+        if self.on_change is not None and held and not self.holds_node():
             self.on_change()  # the pods not on probation go now
 
     def end(
@@ -308,6 +314,8 @@ class ProbationHold:
             self._node_trials[pod] -= 1
             if not self._node_trials[pod]:
                 del self._node_trials[pod]
+            if exited:
+                self._node_exited.add(pod)
         now = self._clock()
         lasts = self.hold_seconds
         refused_until = now
@@ -340,8 +348,9 @@ class ProbationHold:
         sentinel): the hold after each load that ended with Triton gone ends now. The gateway
         saw that exit too, and holds the requests it lets go until their models are loaded
         again (`proxy.gateway.restore`)."""
-        if not self._exited:
+        if not self._exited and not self._node_exited:
             return
+        self._node_exited.clear()
         now = self._clock()
         for pod in self._exited:
             if pod in self._ended:

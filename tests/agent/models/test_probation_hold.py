@@ -140,6 +140,14 @@ async def test_a_load_that_ended_with_triton_gone_holds_until_triton_is_back() -
     assert hold.holds("team/b") and hold.holds("team/a"), "team/c's load still holds the others"
     now[0] += 10.1
     assert not hold.holding()
+    # A suspected file's trial that ended with Triton gone holds every other pod the same way.
+    hold.node_holds_per_file = 1
+    await hold.begin("team/a", trial=True, suspect="digest")
+    assert hold.holds("team/b", probation=False)
+    hold.end("team/a", trial=True, exited=True)
+    assert hold.holds("team/b", probation=False) and not hold.holds("team/a", probation=False)
+    hold.triton_back()
+    assert not hold.holds("team/b", probation=False)
 
 
 async def test_no_hold_when_it_is_off() -> None:
