@@ -18,10 +18,11 @@ request fails on an answer other than 200 (gRPC: OK), a connection error, or no 
 - neighbour: a TritonModel created beside `steady` and deleted; secret: a TritonModel with a
   `storageSecret` joins `team-a` (its hosts are replaced) and leaves; rollout: `pods` rolled to
   new files;
-- node-pod: a node's node pod replaced (`SimCluster.replace_node_pod`); agent, gateway: that
-  process of a node SIGKILLed; binder: the leader binder SIGKILLed; apiserver: the API server
-  down 20 s (`RunningApiServer.pause`); crasher: a model pod in namespace `crash` whose model
-  kills its node's Triton as it loads.
+- node-pod: a node's node pod replaced (`SimCluster.replace_node_pod`); agent: that process of a
+  node SIGKILLed; gateway: the gateway's serving process SIGKILLed (as the OOM killer would; its
+  keeper, the container's main process, starts it again); binder: the leader binder SIGKILLed;
+  apiserver: the API server down 20 s (`RunningApiServer.pause`); crasher: a model pod in
+  namespace `crash` whose model kills its node's Triton as it loads.
 
 A change touches the model it changes (the neighbour, secret and crasher changes: only their own
 model, which no client calls); node-pod and gateway touch every model served on that node when
@@ -29,8 +30,9 @@ they begin; agent, binder and apiserver touch none (they are not on the requests
 
 The simulated cluster restarts the node pods' containers (Triton's keeper, agent, gateway) as the
 kubelet restarts those of a `restartPolicy: Always` pod (`sim.node.nodepods`: at once, then with its
-back-off of 10 s doubling to 5 minutes; also on a failed liveness probe), and Triton's keeper starts
-Triton again inside its container (`agent/tritonkeeper.py`; each such exit is read from its log).
+back-off of 10 s doubling to 5 minutes; also on a failed liveness probe), and the keepers of Triton
+and the gateway start them again inside their containers (`common/keeper.py`; each such exit is
+read from its log).
 The binders run without a kubelet: this script restarts one that exits the same way. Every exit is
 recorded. A change that does not complete within its limit is noted beside it, with the
 TritonModel's conditions where one is waited for, and the run goes on.
@@ -101,9 +103,11 @@ SETTLE = 10.0
 LOG_LINES_PER_LOGGER = 5
 
 KEEPER_EXIT = re.compile(
-    r"tritonshare-keeper: \S+ exited \((signal \w+|exit code -?\d+)\) after [0-9.]+ s;"
+    r"(?:tritonshare-keeper: \S+|the gateway's process) exited "
+    r"\((signal \w+|exit code -?\d+)\) after [0-9.]+ s[;,]"
 )
-"""A line of Triton's keeper: the server exited and the keeper starts it again (or gives up)."""
+"""A line of a keeper (Triton's, the gateway's): the process it keeps exited and the keeper
+starts it again (or gives up)."""
 
 OUTAGE = 20.0
 """Seconds the API server is down."""
@@ -291,7 +295,10 @@ class Kubelet:
             for node in self.cluster.real_nodes:
                 triton = self.cluster.tritons.get(node.name)
                 if triton is not None and triton.kept and triton.log_path is not None:
-                    self._kept_exits(node.name, triton.log_path)
+                    self._kept_exits("triton", node.name, triton.log_path)
+                gateway = self.cluster.gateways.get(node.name)
+                if gateway is not None:
+                    self._kept_exits("gateway", node.name, gateway.process.log_path)
             self._restart_binders()
 
     def _may_restart(self, name: str) -> bool:
@@ -312,9 +319,10 @@ class Kubelet:
         self._down.discard(name)
         return True
 
-    def _kept_exits(self, node: str, log: Path) -> None:
-        """Record the server's exits that Triton's keeper (`agent/tritonkeeper.py`, the container's
-        main process) restarted itself, from the lines it wrote to the log since the last look."""
+    def _kept_exits(self, process: str, node: str, log: Path) -> None:
+        """Record the exits of Triton's server or the gateway's process that their keeper
+        (`common/keeper.py`, the container's main process) restarted itself, from the lines it
+        wrote to the log since the last look."""
         try:
             lines = log.read_text(errors="replace").splitlines()
         except OSError:
@@ -331,7 +339,8 @@ class Kubelet:
             if code is None:
                 code = int(words.rpartition(" ")[2])
             before = lines[max(0, i - 40) : i]
-            self.record(f"triton/{node}", code, "\n".join(before[-3:]), last_loaded(before))
+            cause = last_loaded(before) if process == "triton" else ""
+            self.record(f"{process}/{node}", code, "\n".join(before[-3:]), cause)
 
     def _record_node_pod_exits(self) -> None:
         """Record the node pods' containers' exits the cluster's kubelet has seen since the last
@@ -675,15 +684,19 @@ class Churn:
     def do_gateway(self, change: Change) -> None:
         change.touched = self.models_on(change.node)
         gateway = self.cluster.gateways[change.node]
-        assert gateway.process.process is not None
-        self._kill(gateway.process.name, gateway.process.process.pid, "SIGKILL by the churn")
+        killed = gateway.serving_pid()
+        assert killed is not None, "the node's gateway runs no process under its keeper"
+        # The gateway's process, as the OOM killer or a crash ends it; its keeper (the
+        # container's main process) starts it again.
+        self.kubelet.causes[f"gateway/{change.node}"] = "SIGKILL by the churn"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(killed, signal.SIGKILL)
 
         def running() -> bool:
             handle = self.cluster.gateways.get(change.node)
             return (
                 handle is not None
-                and handle is not gateway
-                and handle.process.alive()
+                and handle.serving_pid() not in (None, killed)
                 and http_ok(f"http://{handle.address}:{handle.metrics}/healthz")
             )
 

@@ -283,6 +283,19 @@ class GatewayHandle:
     caller_table: Path
     address: str = str(FIRST_NODE_ADDRESS)
 
+    def serving_pid(self) -> int | None:
+        """The gateway process its keeper (the container's main process, `--keep-listening`)
+        runs now; None while it runs none."""
+        keeper = self.process.process
+        if keeper is None or keeper.poll() is not None:
+            return None
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                state, parent = stat.read_text().rpartition(")")[2].split()[:2]
+                if int(parent) == keeper.pid and state != "Z":
+                    return int(stat.parent.name)
+        return None
+
 
 @dataclass
 class BinderHandle:
@@ -812,6 +825,7 @@ class SimCluster:
             "--listen-http", f"{address}:{ports.gateway_http}",
             "--listen-grpc", f"{address}:{ports.gateway_grpc}",
             "--listen-metrics", f"{address}:{ports.gateway_metrics}",
+            "--keep-listening",  # as the node pod runs it
         ]  # fmt: skip
         log_path = self.workdir / "logs" / f"gateway-{node.name}.log"
         handle = GatewayHandle(

@@ -26,7 +26,7 @@ from types import TracebackType
 from sim.processes import http_ok
 
 STANDIN_BACKENDS = Path(__file__).resolve().parent / "tritonbackends"
-KEEPER = Path(__file__).resolve().parent.parent / "agent" / "tritonkeeper.py"
+KEEPER = Path(__file__).resolve().parent.parent / "common" / "keeper.py"
 """The node pod's Triton container runs the server under this keeper (`kept`)."""
 KEEPER_RESTARTED = "; its other processes are ended; starting it again in "
 """What the keeper's line says each time it starts the server again after an exit."""
@@ -139,7 +139,7 @@ class TritonServer:
     gpu_metrics: bool = False
     """Serve Triton's GPU metrics (`nv_gpu_memory_used_bytes`): on a machine's real GPUs."""
     kept: bool = False
-    """Run the server under the node pod's keeper (`agent/tritonkeeper.py`), as Triton's container
+    """Run the server under the node pod's keeper (`common/keeper.py`), as Triton's container
     does: it starts the server again at once when it dies. `process` is then the keeper's, and
     `exited` says the container would have exited (the keeper gave up)."""
     parallel_loads: int = PARALLEL_LOADS

@@ -151,22 +151,25 @@ class Relay(socketserver.ThreadingUnixStreamServer):
 INSTALLED_NAME = "nvmlrelay.py"
 """The relay's file name in the directory it is installed into: Triton's container runs
 `python3 <dir>/nvmlrelay.py` (the chart's and the manifests' command)."""
+KEEPER_INSTALLED_NAME = "tritonkeeper.py"
+"""The keeper's (`common.keeper`) file name there: Triton's container runs
+`python3 <dir>/tritonkeeper.py -- tritonserver ...`."""
 
 
 def install(directory: Path) -> list[Path]:
-    """Copy this file (as `INSTALLED_NAME`), `pynvml` and Triton's keeper (`agent.tritonkeeper`,
+    """Copy this file (as `INSTALLED_NAME`), `pynvml` and the keeper (`common.keeper`, Triton's
     its container's main process) into `directory` (the init container's job): Triton's image
     runs them with its own Python."""
     import pynvml  # the one file of nvidia-ml-py, copied as it is
 
-    from agent import tritonkeeper  # here: the relay runs in Triton's container without the agent
+    from common import keeper  # here: the relay runs in Triton's container without tritonshare
 
     directory.mkdir(parents=True, exist_ok=True)
     copied = []
     sources = (
         (Path(__file__), INSTALLED_NAME),
         (Path(pynvml.__file__ or ""), "pynvml.py"),
-        (Path(tritonkeeper.__file__), tritonkeeper.INSTALLED_NAME),
+        (Path(keeper.__file__), KEEPER_INSTALLED_NAME),
     )
     for source, name in sources:
         target = directory / name

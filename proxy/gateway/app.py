@@ -34,6 +34,7 @@ from common.lifecycle import Lifecycle, serve
 from proxy.gateway.activity import ActivityWriter
 from proxy.gateway.callerbook import CallerBook
 from proxy.gateway.identity import MAX_WAITING, ClosedError, KeyReader, identify
+from proxy.gateway.keep import BACKLOG, Kept
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.restore import Restore
 from proxy.gateway.settings import GatewaySettings
@@ -78,8 +79,10 @@ def caller_address(peer: object) -> str:
 class Gateway:
     """Every part of one gateway process."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, kept: Kept | None = None) -> None:
         self.settings = settings
+        self.kept = Kept() if kept is None else kept
+        """The listeners and start count a keeper passed (`proxy.gateway.keep`)."""
         self.state = ProxyState()
         shares = LoopShares(settings.loop_busy_percent / 100.0, _call_later)
         in_flight = (
@@ -122,7 +125,12 @@ class Gateway:
             lane=self.tenants.probation,
         )
         self.metrics = GatewayMetrics(
-            self.book, lambda: self.tenants, self.budget, in_flight, self.tenants.probation.held
+            self.book,
+            lambda: self.tenants,
+            self.budget,
+            in_flight,
+            self.tenants.probation.held,
+            starts=self.kept.starts,
         )
         self.ports: dict[str, int] = {}
         self._sockets: dict[str, socket.socket] = {}
@@ -200,8 +208,9 @@ class Gateway:
             ("http", settings.listen_http),
             ("grpc", settings.listen_grpc),
         ):
-            sock = bind(host, port)
-            sock.listen(1024)
+            # A keeper's listener, bound on the same address, queued what came while no gateway ran.
+            sock = self.kept.listening.pop(protocol, None) or bind(host, port)
+            sock.listen(BACKLOG)
             self._sockets[protocol] = sock
             self.ports[protocol] = sock.getsockname()[1]
             where = f"[{host}]" if ":" in host else host
@@ -413,6 +422,6 @@ def shutdown_seconds(settings: GatewaySettings) -> float:
     return settings.finish_timeout_seconds + 10.0
 
 
-async def run(settings: GatewaySettings) -> int:
+async def run(settings: GatewaySettings, kept: Kept | None = None) -> int:
     """Run until SIGTERM/SIGINT, then stop; the process exit code."""
-    return await serve(Gateway(settings), cleanup_timeout=shutdown_seconds(settings))
+    return await serve(Gateway(settings, kept), cleanup_timeout=shutdown_seconds(settings))

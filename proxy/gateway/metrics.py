@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -210,8 +210,15 @@ class GatewayMetrics:
         budget: ByteBudget | None = None,
         in_flight: InFlightShares | None = None,
         held: HeldRequests | None = None,
+        starts: int = 1,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        Gauge(
+            "tritonshare_gateway_process_starts",
+            "Which start of the gateway's process in its container this is: 1, or more once its "
+            "keeper (--keep-listening) started it again after an exit.",
+            registry=self.registry,
+        ).set(starts)
         self._refused = Counter(
             "tritonshare_gateway_refused_connections",
             "Connections closed at accept, by reason: not_a_caller (the address is no proven "

@@ -95,6 +95,15 @@ class GatewaySettings:
     """Where model pods' proxies send gRPC; default 0.0.0.0:8011."""
     listen_metrics: tuple[str, int] = listen_flag("metrics", DEFAULT_GATEWAY_METRICS_PORT)
     """/metrics, /healthz and /readyz; default 0.0.0.0:8012."""
+    keep_listening: bool = setting(
+        "keep-listening",
+        "bind the REST and gRPC listeners in a keeper process that starts the gateway again at "
+        "once when it exits, so that the ports never refuse a proxy meanwhile",
+        default=False,
+        switch=True,
+    )
+    """`proxy.gateway.keep`: connections made while the gateway process restarts wait in the
+    listeners' backlog instead of being refused. The node pod's gateway runs with it."""
     table_poll_seconds: float = setting(
         "table-poll-seconds",
         "seconds between checks of the caller table file",

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent import tritonkeeper
-from agent.tritonkeeper import Keeper
+from common import keeper as keeper_module
+from common.keeper import Keeper
 from sim.processes import wait_until
 
 
@@ -96,7 +96,7 @@ def test_sigterm_stops_the_server_and_the_keeper_with_the_servers_status(
         "time.sleep(60)\n"
     )
     keeper = subprocess.Popen(
-        [sys.executable, "-B", tritonkeeper.__file__, "--", *_server(body, starts)],
+        [sys.executable, "-B", keeper_module.__file__, "--", *_server(body, starts)],
         stdout=subprocess.PIPE,
         text=True,
     )
