@@ -41,6 +41,7 @@ ALERTS = {
     "TritonshareModelNotServed",
     "TritonshareModelOverGPUMemoryRequest",
     "TritonshareGatewayShedding",
+    "TritonshareGatewayRestarting",
     "TritonshareGPUUnhealthy",
     "TritonshareForeignGPUProcess",
     "TritonsharePodsPendingLong",
@@ -183,6 +184,8 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
         'model_id="%s", pod="node-a"}'
     )
     sheds = 'tritonshare_gateway_budget_sheds_total{pod="node-a", container="gateway"}'
+    starts = 'tritonshare_gateway_process_starts{pod="node-a", container="gateway"}'
+    steady = 'tritonshare_gateway_process_starts{pod="node-b", container="gateway"}'
     foreign = 'tritonshare_agent_gpu_foreign_processes{gpu="0", UUID="GPU-a", pod="node-a"}'
     no_foreign = 'tritonshare_agent_gpu_foreign_processes{gpu="1", UUID="GPU-b", pod="node-a"}'
     return {
@@ -261,6 +264,9 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                     {"series": info % ("models_b", "add-one-3", "add_one"), "values": "1x33"},
                     # The gateway sheds once at minute 6.
                     {"series": sheds, "values": "0x5 1x30"},
+                    # One gateway's keeper starts it again at minute 6; another never.
+                    {"series": starts, "values": "1x5 2x30"},
+                    {"series": steady, "values": "1x35"},
                     # A process that is not Triton's appears on GPU 0 at minute 3; GPU 1 has none.
                     {"series": foreign, "values": "0x2 1x30"},
                     {"series": no_foreign, "values": "0x33"},
@@ -522,6 +528,30 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                                 }
                             }
                         ],
+                    },
+                    {
+                        "eval_time": "5m",
+                        "alertname": "TritonshareGatewayRestarting",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "7m",
+                        "alertname": "TritonshareGatewayRestarting",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "pod": "node-a",
+                                    "container": "gateway",
+                                }
+                            }
+                        ],
+                    },
+                    # Fifteen minutes after the restart, it has left the window.
+                    {
+                        "eval_time": "22m",
+                        "alertname": "TritonshareGatewayRestarting",
+                        "exp_alerts": [],
                     },
                     {
                         "eval_time": "5m",
