@@ -1,7 +1,8 @@
 """A model's load into Triton, and what stands around it on the node.
 
 A load is checked against the node's policy and pinned to its pod's GPU (or the CPU); a load Triton
-died under before is counted first, and quarantined files are refused
+died under before is counted first (and, asked for again at once, waits until the models Triton
+held are loaded again: `agent.models.restoregate`), and quarantined files are refused
 (`agent.models.loadquarantine`). A held namespace's load goes alone (`agent.models.heldloads`), a
 suspect's is a trial for which probationers are held (`agent.models.probationhold`), and a marker on
 disk says whose load it was should Triton die under it (`agent.quarantine.crashledger`). Triton's
@@ -48,6 +49,7 @@ from agent.models.heldloads import HeldLoads
 from agent.models.loadquarantine import Quarantines
 from agent.models.probationhold import ProbationHold
 from agent.models.records import ModelRecords
+from agent.models.restoregate import RestoreGate
 from agent.models.statuses import ModelReports, ModelStatus
 from agent.models.tritonram import Admitted, HostMemory
 from agent.phases import Event, Phase, given_up
@@ -93,6 +95,7 @@ class Loads:
         room: RoomMaker | None,
         host: HostMemory | None,
         hold: ProbationHold | None,
+        restore_gate: RestoreGate | None = None,
         executor: Executor,
         clock: Callable[[], float],
         wall: Callable[[], float],
@@ -114,6 +117,8 @@ class Loads:
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load (one whose READY is
         watched, `agent.quarantine.crashledger`) is under way or just ended; None: never held."""
+        self.restore_gate = restore_gate
+        """Closed after Triton's exit until what it held is loaded again; None: never waited."""
         self.held_loads = HeldLoads()
         self._executor = executor
         self.clock = clock
@@ -187,6 +192,20 @@ class Loads:
                 extra=subject(pod=left.pod, model=left.model_id),
             )
         self.quarantine.refuse(owned.digest, owner.namespace)
+        if died_under and self.restore_gate is not None:
+            # Asked for again at once: the models Triton held come back first
+            # (`agent.models.restoregate`), then it may take Triton down again if it must.
+            waited = await self.restore_gate.wait()
+            if waited >= 0.1:
+                log.info(
+                    "Model %s of pod %s, in flight when Triton exited, waited %.1f s for the "
+                    "models Triton held to be loaded again.",
+                    model_id,
+                    owner.key,
+                    waited,
+                    extra=subject(pod=owner.key, model=model_id),
+                )
+            self.quarantine.refuse(owned.digest, owner.namespace)  # counted meanwhile?
         if given_up(record.life, self.limits.max_load_attempts):
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
             return self.reports.status_of(name, entry, manifest, owner.residency)

@@ -46,6 +46,7 @@ from agent.models.loadquarantine import Quarantines
 from agent.models.loads import Loads
 from agent.models.probationhold import ProbationHold
 from agent.models.records import ModelRecord, ModelRecords
+from agent.models.restoregate import RestoreGate
 from agent.models.statuses import ModelReports, ModelStatus
 from agent.models.tritonram import HostMemory
 from agent.phases import (
@@ -154,6 +155,9 @@ class Models:
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load is under way or just
         ended (`agent.models.probationhold`); None: never held."""
+        self.restore_gate = RestoreGate()
+        """Closed from Triton's exit until what it held is loaded again: a load Triton died under,
+        asked for again, waits for it (`Loads`)."""
         self.bookings = Bookings(
             self.ownership, self.records, self.ledger, pods.all_proven, clock=clock, wall=wall
         )
@@ -202,6 +206,7 @@ class Models:
             room=self.room,
             host=host,
             hold=hold,
+            restore_gate=self.restore_gate,
             executor=self._executor,
             clock=clock,
             wall=wall,

@@ -166,6 +166,7 @@ class Reconciler:
         if not self.pods.synced:
             return
         self.after_crash.begin()
+        generation = self.models.restore_gate.generation
         plan = await self.plan()
         self.after_crash.pass_when_settled()
         self.over_request.forget_the_rest()
@@ -174,6 +175,8 @@ class Reconciler:
             if self.after_crash.deferred:
                 # What the suspects waited for is done: the next of them may load now.
                 self._wake.set()
+        # Triton answered this pass's index: what it held before an exit is loaded again.
+        self.models.restore_gate.restored(generation)
         self.passes += 1
 
     async def plan(self) -> dict[str, Action]:
@@ -333,6 +336,7 @@ class Reconciler:
                 log.warning("Triton is live again: checking which models must be loaded again.")
                 self.trigger()
             elif not live and was_live is not False:
+                self.models.restore_gate.gone()
                 log.warning(
                     "Triton at %s does not answer: models cannot load until it is back.",
                     self.models.triton.base,

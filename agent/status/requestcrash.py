@@ -82,6 +82,8 @@ class RequestCrashes:
         self.witness_wait_seconds = witness_wait_seconds
         self._counted_until = 0.0
         """The newest record counted: a record is counted once, whatever windows overlap."""
+        self.on_triton_gone: Callable[[], None] | None = None
+        """Called when the sentinel sees Triton exit (the restore gate closes then)."""
         self.on_triton_up: Callable[[], None] | None = None
         """Called whenever the sentinel's connection is accepted: Triton is there (the
         probation hold after a load that ended with Triton gone ends then)."""
@@ -106,6 +108,8 @@ class RequestCrashes:
     def _gone(self, lost_at: float) -> None:
         log.warning("Triton exited: the node gateway's witnesses are counted once it is back.")
         self._metrics.triton_exits.inc()
+        if self.on_triton_gone is not None:
+            self.on_triton_gone()
         self._away = (lost_at, self._wall())
 
     def _back(self) -> None:

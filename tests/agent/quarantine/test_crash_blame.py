@@ -21,8 +21,8 @@ import grpc
 import kubernetes.client
 import pytest
 
-from agent.errors import TritonUnreachableError
-from agent.triton import READY
+from agent.errors import AgentError, TritonUnreachableError
+from agent.triton import LOADING, READY
 from common.crashwitness import Suspect, read_witnesses
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
@@ -120,9 +120,11 @@ class Node:
         model_id: str,
         address: str,
         code: str | None = None,
+        phase: str = "Running",
     ) -> None:
-        """A Running pod of `namespace` at `address` whose loader installed `model_id` (its
-        `model.py` replaced by `code`), not loaded yet."""
+        """A pod of `namespace` at `address` (Running, or `phase`: Pending while its loader
+        runs) whose loader installed `model_id` (its `model.py` replaced by `code`), not loaded
+        yet."""
         source = copy_model("add_one", tmp_path / "src" / namespace, as_name=model_id)
         if code is not None:
             (source / "1" / "model.py").write_text(code)
@@ -131,7 +133,7 @@ class Node:
             core.create_namespace({"metadata": {"name": namespace}})
         pod = f"{model_id}-pod"
         gpu = self.running.mock.gpus[0].uuid
-        make_pod(self.kube_api, pod, model_id, gpu_uuid=gpu, phase="Running", namespace=namespace)
+        make_pod(self.kube_api, pod, model_id, gpu_uuid=gpu, phase=phase, namespace=namespace)
         set_address(self.kube_api, pod, namespace, address)
         self.tokens[model_id] = apiserver.mint_token(namespace, pod)
         await install_dir(self.running.stub, self.tokens[model_id], source, model_id)
@@ -687,3 +689,94 @@ async def test_a_crasher_asked_again_at_once_leaves_a_neighbour_that_just_loaded
             assert ledger.count(owned.digest) == 0
         await eventually(lambda: node.ready("good"), limit=30, what="the neighbour loaded again")
     assert not ledger.suspected(owned.digest)
+
+
+BUSY_SLOW_LOAD = SLOW.replace(
+    "class TritonPythonModel:\n",
+    "class TritonPythonModel:\n    def initialize(self, args):\n        time.sleep(3.0)\n\n",
+)
+"""A busy model (each request 0.5 s at Triton) whose load takes 3 s."""
+
+
+async def test_a_load_triton_died_under_asked_again_at_once_waits_for_what_triton_held(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """Triton dies (killed here) while a pod's model loads, with a busy neighbour's request at
+    it: the exit is shared, counted against neither. Triton restarts empty, and the pod's loader
+    asks for its load again the moment the agent answers. That load waits until the agent has
+    loaded the neighbour again (a 3 s load), so it cannot take Triton down again in the middle
+    of the neighbour's restore, whose requests the gateway holds meanwhile. In Triton's index
+    after the exit: whenever the pod's model is loading or loaded, the neighbour is READY.
+    Before, the load went to Triton first, the neighbour's reload after it."""
+    node = await start_node(start_custom_agent, kube_api, tmp_path)
+    await node.add(apiserver, tmp_path, "team-b", "good", NEIGHBOUR, BUSY_SLOW_LOAD)
+    loaded = await node.load("good")
+    assert loaded.state == agent_pb2.MODEL_STATE_READY, loaded.reason
+    # Its pod's loader runs (the pod is Pending): the agent loads it only when the pod asks.
+    await node.add(apiserver, tmp_path, "team-a", "late", ATTACKER, SLOW_LOAD, phase="Pending")
+    await eventually(lambda: NEIGHBOUR in node.callers(), what="the neighbour a caller")
+    index = node.running.agent.models.triton.index
+    good, late = node.names["good"], node.names["late"]
+    beside: list[str] = []
+    """The neighbour's state in Triton at each look after the exit that found `late` there."""
+    killed = asyncio.Event()
+
+    async def watch() -> None:
+        while True:
+            with contextlib.suppress(AgentError):  # Triton restarting
+                entries = await index()
+                entry = entries.get(late)  # its files are in the repository from the start
+                if killed.is_set() and entry is not None and entry.state in (LOADING, READY):
+                    neighbour = entries.get(good)
+                    beside.append("absent" if neighbour is None else neighbour.state)
+            await asyncio.sleep(0.02)
+
+    async def loading() -> bool:
+        entry = (await index()).get(late)
+        return entry is not None and entry.state == LOADING
+
+    watching = asyncio.ensure_future(watch())
+    settings = gateway_settings(triton, node.table)
+    served: list[float] = []
+    stop = threading.Event()
+
+    def neighbour_sends() -> None:  # two of them: one request or the other is always at Triton
+        while not stop.is_set():
+            if infer(gateway.http_url, NEIGHBOUR, "good", 10.0)[0] == 200:
+                served.append(time.monotonic())
+
+    senders = [threading.Thread(target=neighbour_sends, daemon=True) for _ in range(2)]
+    try:
+        with running_gateway(settings) as gateway:
+            for sender in senders:
+                sender.start()
+            await eventually(lambda: bool(served), what="the neighbour served")
+            async with kubelet_restarts(triton) as exits:
+                first = asyncio.ensure_future(node.load("late"))
+                await eventually(loading, what="the pod's model loading")
+                await asyncio.to_thread(triton.kill)
+                killed.set()
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await first
+                while True:
+                    # As its loader retrying: again as soon as the agent answers.
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        if (await node.load("late")).state == agent_pb2.MODEL_STATE_READY:
+                            break
+                    await asyncio.sleep(0.01)
+                await eventually(lambda: node.ready("good"), limit=30, what="the neighbour back")
+    finally:
+        stop.set()
+        for sender in senders:
+            if sender.is_alive():
+                await asyncio.to_thread(sender.join, 30)
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+    assert exits, "Triton was restarted"
+    assert beside, "the pod's model was never seen in Triton after the exit"
+    assert set(beside) == {READY}, beside
