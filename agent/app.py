@@ -298,10 +298,6 @@ class Agent:
         self.request_crashes = _request_crashes(
             settings, self.crashes, self.events, self.metrics, self._requests_quarantined
         )
-        if self.request_crashes is not None:
-            # A load Triton died under, asked for again, waits until what it held is back.
-            self.request_crashes.on_triton_gone = self.models.restore_gate.gone
-            self.request_crashes.on_triton_up = self.reconciler.trigger
         self.load_failures = LoadFailures()
         self.conditions = ModelConditions(
             self.kube,
@@ -324,10 +320,12 @@ class Agent:
             self.reconciler.on_pods = self.owners.on_change = self.callers.changed
             self.hold.on_change = self.callers.publish
             self.hold.drained = partial(_held_drained, self.callers, settings.activity_path)
-            if self.request_crashes is not None:
-                self.request_crashes.on_triton_up = partial(
-                    _triton_back, self.hold, self.reconciler
-                )
+        if self.request_crashes is not None:
+            # A load Triton died under, asked for again, waits until what it held is back.
+            self.request_crashes.on_triton_gone = self.models.restore_gate.gone
+            self.request_crashes.on_triton_up = partial(
+                _triton_back, self.hold if self.callers is not None else None, self.reconciler
+            )
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
         self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.reports.loaded_per_gpu)
@@ -578,10 +576,11 @@ async def _fail_pod(
     await kube.fail_pod(namespace, name, reason, message)
 
 
-def _triton_back(hold: ProbationHold, reconciler: Reconciler) -> None:
-    """Triton is there again: the probation hold after an exit ends, and a pass loads again
-    what it held (opening the restore gate)."""
-    hold.triton_back()
+def _triton_back(hold: ProbationHold | None, reconciler: Reconciler) -> None:
+    """Triton is there again: the probation hold after an exit ends (where the gateway holds),
+    and a pass loads again what it held (opening the restore gate)."""
+    if hold is not None:
+        hold.triton_back()
     reconciler.trigger()
 
 

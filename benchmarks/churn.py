@@ -666,10 +666,15 @@ class Churn:
             code = self.cluster.exit_codes.get(name)
             self.kubelet.record(name, code, "", "node pod replaced (SIGTERM)")
 
-    def _kill(self, name: str, pid: int, why: str) -> None:
+    def _kill(self, name: str, pid: int, why: str, *, group: bool = True) -> None:
+        """SIGKILL `pid`'s process group (a container), or with `group` False the process alone,
+        recording why as the cause of `name`'s exit."""
         self.kubelet.causes[name] = why
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+            if group:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
 
     def _restarted(self, alive: Callable[[], bool], what: str) -> None:
         time.sleep(1)
@@ -688,9 +693,7 @@ class Churn:
         assert killed is not None, "the node's gateway runs no process under its keeper"
         # The gateway's process, as the OOM killer or a crash ends it; its keeper (the
         # container's main process) starts it again.
-        self.kubelet.causes[f"gateway/{change.node}"] = "SIGKILL by the churn"
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(killed, signal.SIGKILL)
+        self._kill(f"gateway/{change.node}", killed, "SIGKILL by the churn", group=False)
 
         def running() -> bool:
             handle = self.cluster.gateways.get(change.node)

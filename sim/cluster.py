@@ -95,6 +95,7 @@ from sim.processes import (
     ManagedProcess,
     available,
     http_ok,
+    process_stats,
     wait_started,
     wait_until,
 )
@@ -289,12 +290,9 @@ class GatewayHandle:
         keeper = self.process.process
         if keeper is None or keeper.poll() is not None:
             return None
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                state, parent = stat.read_text().rpartition(")")[2].split()[:2]
-                if int(parent) == keeper.pid and state != "Z":
-                    return int(stat.parent.name)
-        return None
+        return next(
+            (p.pid for p in process_stats() if p.parent == keeper.pid and p.state != "Z"), None
+        )
 
 
 @dataclass

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -122,3 +122,25 @@ def available(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
         return False
+
+
+@dataclass(frozen=True)
+class ProcessStat:
+    """A process as /proc/<pid>/stat gives it: its state and its parent, group and session."""
+
+    pid: int
+    state: str
+    parent: int
+    group: int
+    session: int
+
+
+def process_stats() -> Iterator[ProcessStat]:
+    """Every process of the machine now (one that ends while read is left out)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # After the name, which may hold spaces and parentheses: state, ppid, pgrp, session.
+            fields = stat.read_text().rpartition(")")[2].split()
+            yield ProcessStat(
+                int(stat.parent.name), fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+            )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from sim.processes import http_ok
+from sim.processes import http_ok, process_stats
 
 STANDIN_BACKENDS = Path(__file__).resolve().parent / "tritonbackends"
 KEEPER = Path(__file__).resolve().parent.parent / "common" / "keeper.py"
@@ -390,8 +390,7 @@ def _end_with(pid: int, session: bool = False) -> None:
 
 def _kill_session(sid: int) -> None:
     """SIGKILL every process of session `sid` (a container's processes, here)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rpartition(")")[2].split()
-            if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
-                os.kill(int(stat.parent.name), signal.SIGKILL)
+    for process in process_stats():
+        if process.session == sid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
