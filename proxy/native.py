@@ -70,6 +70,7 @@ COMPILED = (
     "proxy/grpc/server.py",
     "proxy/grpc/stream.py",
     "proxy/policy/__init__.py",
+    "proxy/policy/admission.py",
     "proxy/policy/finals.py",
     "proxy/policy/inflation.py",
     "proxy/policy/limiter.py",

@@ -37,7 +37,6 @@ from proxy.http2.streamstates import NEXT, RESET, StreamStateError, active
 from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.refusals import ProxyError
 from proxy.policy.throttle import Throttle
-from proxy.processflags import ProxyState
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 
@@ -66,7 +65,6 @@ class Listener(GateContext, Scheduler, Protocol):
     """What a tenant connection needs from the listener (`server.GrpcRelay`)."""
 
     settings: Settings
-    state: ProxyState
     connections: set[Connection]
     closing: bool
     """Each call's end sends its connection GOAWAY (the relay stops, or the pod leaves its

@@ -35,6 +35,9 @@ def _percent_encode(text: str) -> bytes:
     return bytes(out)
 
 
+READY: Final = b"\x08\x01"
+"""A ServerReady or ModelReady response message saying ready (field 1, true); an empty one says
+not ready."""
 _RESPONSE_HEAD: Final = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 

@@ -30,16 +30,15 @@ from proxy.grpc.replies import Replies
 from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Channel, Stream
 from proxy.http2.streamstates import active
 from proxy.metrics import ProxyMetrics
-from proxy.policy import finals, refusals, routing, wire
+from proxy.policy import admission, finals, refusals, routing, wire
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
+from proxy.processflags import ProxyState
 from proxy.table import Served
 
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static."""
 READY_PATH: Final = f"/{GRPC_SERVICE}/ModelReady".encode()
-_READINESS: Final = frozenset({"ModelReady", "ServerReady"})
-"""The calls a model pod leaving its Service gets answered not ready (an empty message)."""
 UNIMPLEMENTED: Final = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
 FORWARDED: Final = frozenset(
     {"ServerLive", "ServerMetadata", "ServerReady", "ModelReady", "ModelMetadata", "ModelConfig",
@@ -58,6 +57,7 @@ class GateContext(Protocol):
     limiter: Limiter
     metrics: ProxyMetrics
     served: dict[bytes, Served]
+    state: ProxyState
     max_message: int
     max_inflated: int
 
@@ -94,6 +94,7 @@ class StreamGate:
         "_metrics",
         "_router",
         "_served",
+        "_state",
         "context",
         "hooks",
         "out",
@@ -116,6 +117,7 @@ class StreamGate:
         self._metrics = context.metrics
         self._router = context.router
         self._served = context.served
+        self._state = context.state
         self.streams = streams  # the connection's open streams, shared with it and the replies
         self.out = out
         self.replies = replies
@@ -301,8 +303,12 @@ class StreamGate:
             ok = decision.code == "OK"
             self.refuse(stream, decision.code, decision.details, decision.response if ok else None)
             return False
-        if self._limiter.refusal is not None:  # a pod the node quarantined: every call
-            self.refuse_error(stream, self._limiter.refusal)
+        limiter = self._limiter
+        quarantine = limiter.refusal
+        if quarantine is not None:
+            # A pod the node quarantined: `admission`'s first rule, taken before a model is
+            # picked, so that the refusal counts in the listener's metrics.
+            self.refuse_error(stream, quarantine)
             return False
         request = decision.request
         if decision.model:  # the model's own limiter and metrics: one look-up
@@ -311,18 +317,21 @@ class StreamGate:
             if picked is not None and picked.spread:
                 request = router.renamed_to(request, picked.public, picked.private)
         now_served = stream.served
-        parked = now_served is not None and now_served.entry.parked
-        if parked and decision.route == "ModelReady":
-            self.refuse(stream, "OK", "", b"")  # ready: false (`routing.parked_message`)
-            return False
-        if self._limiter.unready and decision.route in _READINESS:
-            # A model pod leaving its Service while its node pod stops (the node gateway's).
-            self.refuse(stream, "OK", "", b"")  # ready: false
+        verdict = admission.admit(
+            decision.readiness,
+            decision.route == "ModelReady",
+            decision.limited,
+            now_served is not None and now_served.entry.parked,
+            limiter,  # its refusal taken above
+            self._state,
+        )
+        if verdict > admission.SLOT_FIRST:  # answered here: ready, or not
+            # Not ready: DRAINING, STOPPING (the node gateway's: the pod leaves its Service while
+            # its node pod stops) or PARKED (`routing.parked_message`).
+            self.refuse(stream, "OK", "", framing.READY if verdict == admission.ASLEEP else b"")
             return False
         stream.passed = True
-        # A parked model's calls, inference or not, wait for its wake (`proxy.parking`).
-        limited = decision.limited or parked
-        if limited and stream.limited == NO_SLOT and not self.admit(stream):
+        if verdict == admission.SLOT_FIRST and stream.limited == NO_SLOT and not self.admit(stream):
             stream.buf[:0] = framed or framing.grpc_message(message)  # checked again once admitted
             stream.route = stream.kind
             stream.passed = False

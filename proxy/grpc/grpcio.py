@@ -27,7 +27,7 @@ import grpc.aio
 from common.lifecycle import spawn
 from proxy.grpc import framing
 from proxy.metrics import ProxyMetrics
-from proxy.policy import refusals
+from proxy.policy import admission, refusals
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter, grpc_kind
 from proxy.processflags import ProxyState
@@ -134,13 +134,27 @@ class GrpcProxy:
                 if code != "OK":
                     await context.abort(grpc.StatusCode[code], decision.details)
                 return decision.response
-            if decision.readiness and self._state.draining:
-                return b""  # ServerReady: ready=false while the pod drains
-            if decision.readiness and self._state.model_asleep:
-                return b"\x08\x01"  # ServerReady: ready=true, the next call wakes the model
+            limiter = self._limiter
+            verdict = admission.admit(
+                decision.readiness,
+                decision.route == "ModelReady",
+                decision.limited,
+                False,  # a model pod's proxy: parking is the node gateway's
+                limiter,
+                self._state,
+            )
+            if verdict == admission.QUARANTINED:
+                assert limiter.refusal is not None
+                code = refusals.grpc_code(limiter.refusal).name
+                await _refuse(context, limiter.refusal)
+            if verdict == admission.ASLEEP:
+                return framing.READY  # the next call wakes the model
+            if verdict > admission.SLOT_FIRST:
+                return b""  # ready: false (the pod drains)
+            limited = verdict == admission.SLOT_FIRST
             call_metadata = _forwarded_metadata(context)
             timeout = context.time_remaining()
-            if decision.limited:
+            if limited:
                 try:
                     await self._limiter.acquire()
                 except refusals.ProxyError as e:
@@ -164,7 +178,7 @@ class GrpcProxy:
                         context.set_trailing_metadata([(m.key, m.value) for m in trailing])
                     await context.abort(e.code(), e.details() or "")
             finally:
-                if decision.limited:
+                if limited:
                     self._limiter.release()
         finally:
             self._metrics.observe("grpc", decision.route, code, time.perf_counter() - started)

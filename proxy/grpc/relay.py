@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
+from proxy.grpc import framing
 from proxy.grpc.connection import MAX_STREAMS, Connection, Listener
 from proxy.grpc.gate import FORWARDED, READY_PATH, UNIMPLEMENTED
 from proxy.grpc.stream import Stream
@@ -44,10 +45,11 @@ from proxy.http2.headers import (
 )
 from proxy.http2.reader import ConnectionBrokenError
 from proxy.http2.streamstates import NEXT, RECEIVED_END, active, peer_ended
+from proxy.policy import admission
 from proxy.policy.finals import Finals
 from proxy.policy.routing import GrpcAnswer, grpc_kind
 
-SERVER_READY: Final = GrpcAnswer("ServerReady", "OK", response=b"\x08\x01")
+SERVER_READY: Final = GrpcAnswer("ServerReady", "OK", response=framing.READY)
 """ServerReadyResponse(ready=true), answered without Triton while the own model sleeps."""
 
 _clock: Final = time.perf_counter
@@ -250,10 +252,22 @@ class H2Connection(Connection):
         answer: GrpcAnswer | None = None
         if not kind:
             answer = UNIMPLEMENTED
-        elif kind == "ServerReady" and self.relay.state.draining:
-            answer = GrpcAnswer(kind, "OK")  # ready: false while the pod drains
-        elif kind == "ServerReady" and self.relay.state.model_asleep:
-            answer = SERVER_READY  # the on-demand model is unloaded; its next call wakes it
+        elif kind == "ServerReady":
+            # The pod's readiness, answered here where the proxy's own state decides it (its
+            # empty message adds nothing); a quarantine's refusal goes with the message (`gate`).
+            limiter = self.relay.limiter
+            verdict = admission.admit(
+                True,  # readiness
+                False,  # model_ready
+                False,  # limited
+                False,  # parked
+                limiter,
+                self.relay.state,
+            )
+            if verdict == admission.ASLEEP:
+                answer = SERVER_READY  # the on-demand model is unloaded; its next call wakes it
+            elif verdict == admission.DRAINING or verdict == admission.STOPPING:
+                answer = GrpcAnswer(kind, "OK")  # ready: false
         elif kind not in FORWARDED:
             decision = router.decide(kind, b"")
             answer = decision if isinstance(decision, GrpcAnswer) else UNIMPLEMENTED

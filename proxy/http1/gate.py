@@ -22,8 +22,9 @@ from __future__ import annotations
 from typing import Final
 
 from proxy.http1.framing import RequestHead
-from proxy.policy import refusals
+from proxy.policy import admission, refusals
 from proxy.policy.inflation import Sink
+from proxy.policy.limiter import Limiter
 from proxy.policy.nesting import MAX_NESTING, Nesting
 from proxy.policy.routing import (
     JSON,
@@ -84,66 +85,59 @@ def head_refusal(
     return None
 
 
-FORWARD: Final = 0
+FORWARD: Final = admission.FORWARD
 """`admit`'s verdict: relay the request to Triton now."""
-SLOT_FIRST: Final = 1
+SLOT_FIRST: Final = admission.SLOT_FIRST
 """`admit`'s verdict: relay the request once its limiter gives a slot (an inference call, or
 any call of a parked model: it waits for the model's wake)."""
-HEALTH: Final = 2
+HEALTH: Final = -1
 """`admit`'s verdict: relay the health or readiness call; Triton's answer gets the protocol's
 JSON body (`relay.HealthBody`)."""
+_DRAINING_BODY: Final = error_body("the model proxy is shutting down: use another replica")
 
 
 def admit(
     head: RequestHead,
     decision: Forward,
     served: Served | None,
-    quarantined: refusals.ProxyError | None,
+    limiter: Limiter,
     max_body: int,
     state: ProxyState,
-    unready: str = "",
 ) -> int | Answer | tuple[refusals.ProxyError, bool]:
     """What becomes of the request of `head`, which `decision` forwards to `served` (the table's
-    entry of its model, as picked; None: a server-wide route), while its limiter's refusal is
-    `quarantined` (None: none) and its readiness is answered not ready saying `unready` ('':
-    asked of Triton): `FORWARD`, `SLOT_FIRST` or `HEALTH`; an `Answer` to give here; or a
-    refusal and whether the connection closes after it (as `head_refusal`)."""
+    entry of its model, as picked; None: a server-wide route) under `limiter` (the model's, or
+    the proxy's): `FORWARD`, `SLOT_FIRST` or `HEALTH`; an `Answer` to give here; or a refusal
+    and whether the connection closes after it (as `head_refusal`). The body's rules are REST's
+    own; the rest is the one decision of every protocol, `policy.admission`."""
     length = head.content_length or 0
     # Most requests are none of these: nothing `head_refusal` could refuse.
     if length > ADMITTED or length > max_body or head.chunked:
         refused = head_refusal(head, decision, max_body)
         if refused is not None:
             return refused
-    if quarantined is not None:
-        # A pod the node quarantined: every request, its readiness too, so that its pod is not
-        # ready and its Service sends elsewhere.
-        return quarantined, False
-    parked = served is not None and served.entry.parked
-    if decision.health:
-        # A health or readiness call: answered here when the proxy knows the answer.
-        if decision.readiness and state.draining:
-            return Answer(
-                decision.route,
-                503,
-                JSON,
-                error_body("the model proxy is shutting down: use another replica"),
-            )
-        if unready and (decision.readiness or decision.route == "ready"):
-            # A model pod leaving its Service while its node pod stops (the node gateway's).
-            return Answer(decision.route, 503, JSON, stopping_body(unready))
-        if decision.readiness and state.model_asleep:
-            # Triton no longer has the on-demand model loaded; its next request wakes it, so
-            # the pod stays ready for its Service.
-            return Answer(
-                decision.route, 200, JSON, health_body(decision.route, decision.model, True)
-            )
-        if parked and decision.route == "ready":
-            assert served is not None
-            return Answer(decision.route, 400, JSON, error_body(parked_message(served.model_id)))
-        return HEALTH
-    if decision.limited or parked:  # a parked model's calls wait for its wake
-        return SLOT_FIRST
-    return FORWARD
+    route = decision.route
+    verdict = admission.admit(
+        decision.readiness,
+        route == "ready",
+        decision.limited,
+        served is not None and served.entry.parked,
+        limiter,
+        state,
+    )
+    if verdict <= SLOT_FIRST:  # to Triton: most requests
+        return HEALTH if decision.health and verdict == FORWARD else verdict
+    if verdict == admission.QUARANTINED:
+        refusal = limiter.refusal
+        assert refusal is not None
+        return refusal, False
+    if verdict == admission.DRAINING:
+        return Answer(route, 503, JSON, _DRAINING_BODY)
+    if verdict == admission.STOPPING:
+        return Answer(route, 503, JSON, stopping_body(limiter.unready))
+    if verdict == admission.ASLEEP:
+        return Answer(route, 200, JSON, health_body(route, decision.model, True))
+    assert served is not None  # admission.PARKED
+    return Answer(route, 400, JSON, error_body(parked_message(served.model_id)))
 
 
 def check_whole(buffer: bytes, start: int, end: int, head: RequestHead, route: str) -> None:

@@ -202,15 +202,8 @@ class ClientConnection(Exchange):
                 self._metrics = relay.metrics
             # What becomes of it: to Triton (a slot first, or as a health call), an answer here,
             # or a refusal.
-            limiter = self._limiter
             verdict = admit(
-                head,
-                decision,
-                served,
-                limiter.refusal,
-                self._max_body,
-                self._proxy_state,
-                limiter.unready,
+                head, decision, served, self._limiter, self._max_body, self._proxy_state
             )
             if isinstance(verdict, int):
                 if verdict == SLOT_FIRST:
