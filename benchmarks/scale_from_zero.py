@@ -11,6 +11,10 @@ count: p50, p95 and max seconds from the requests' start to each model's first a
 floor: a Triton of the same build and flags, in the same run, loading the same number of copies
 of the model at once through its repository API (seconds until the last is loaded).
 
+With `--during-scale-down` the requests go as soon as every model is parked, while the node still
+unloads the replicas the scale-down left (each model's one request took it to two): a burst of
+wakes beside a burst of unloads, which must not wait for them one by one.
+
 With `--as pods`, Deployments of model pods (the short form, completed by the webhook) take the
 TritonModels' place: scaled from one replica to zero, then all back to one at once (a Deployment
 has no request to wake it here: the scale-up is its request), each timed to its first answer at
@@ -21,6 +25,7 @@ The closing line, for the largest count run:
     scale_from_zero: 25 models: p95 4.1 s, triton 3.5 s
 
 Run: .venv/bin/python -m benchmarks.scale_from_zero [--models 1 5 25] [--as tritonmodels|pods]
+[--during-scale-down]
 """
 
 from __future__ import annotations
@@ -127,7 +132,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"the node agent's --parallel-loads ({PARALLEL_LOADS}, the chart's); its Triton and "
         f"the floor's load N a GPU at once",
     )
+    parser.add_argument(
+        "--during-scale-down",
+        action="store_true",
+        help="TritonModels: wake as soon as every model is parked, while the node still unloads "
+        "the replicas the scale-down left",
+    )
     args = parser.parse_args(argv)
+    if args.during_scale_down and args.kind == "pods":
+        parser.error("--during-scale-down is for TritonModels (a Deployment's scale-up wakes it)")
     if args.parallel_loads < 1:
         parser.error(f"--parallel-loads {args.parallel_loads}: give 1 or more")
     if any(n < 1 or n > 100 for n in args.models):
@@ -253,7 +266,9 @@ def _deployment(name: str, uri: str, node: str) -> dict[str, Any]:
     }
 
 
-def wake_tritonmodels(cluster: SimCluster, count: int, workdir: Path) -> Wake:
+def wake_tritonmodels(
+    cluster: SimCluster, count: int, workdir: Path, during_scale_down: bool = False
+) -> Wake:
     assert cluster.model_store is not None
     node = NODES[0].name
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
@@ -298,18 +313,20 @@ def wake_tritonmodels(cluster: SimCluster, count: int, workdir: Path) -> Wake:
         # replicas at target 1 (70 % of it per replica, as Knative's default), and a wake that
         # began while the second ones still unloaded would wait for those unloads.
         unloaded = _agent_metric(cluster, UNLOADS) - unloads_before >= count
-        unloaded = unloaded and in_triton(cluster) == 0
+        unloaded = unloaded and (during_scale_down or in_triton(cluster) == 0)
         waiting = set(names) - parked
         return None if waiting or loaded or not unloaded else str(found.status.pod_ip)
 
     address = wait_until(f"{count} TritonModels parked at zero, unloaded", all_parked, 600)
+    unloading = in_triton(cluster) if during_scale_down else 0
     firsts = _all_at_once(names, lambda _: lambda: address)
     for name in names:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     # The floor's Triton shares the machine's cores: not while the node's unloads them.
     wait_until(f"{count} TritonModels unloaded", lambda: in_triton(cluster) == 0, 600)
     floor = triton_floor(count, workdir, node_load_threads(cluster))
-    return Wake("TritonModels", count, firsts, floor)
+    kind = f"TritonModels ({unloading} replicas unloading)" if during_scale_down else "TritonModels"
+    return Wake(kind, count, firsts, floor)
 
 
 def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
@@ -356,7 +373,12 @@ def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
     return Wake("model pods", count, firsts, floor)
 
 
-def run(counts: Sequence[int], kind: str, parallel_loads: int = PARALLEL_LOADS) -> list[Wake]:
+def run(
+    counts: Sequence[int],
+    kind: str,
+    parallel_loads: int = PARALLEL_LOADS,
+    during_scale_down: bool = False,
+) -> list[Wake]:
     wakes = []
     with (
         tempfile.TemporaryDirectory(prefix="tritonshare-scale-from-zero-") as workdir,
@@ -373,7 +395,10 @@ def run(counts: Sequence[int], kind: str, parallel_loads: int = PARALLEL_LOADS) 
         core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
         for count in counts:
             floor_dir = Path(workdir) / f"floor-{count}"
-            wake = (wake_pods if kind == "pods" else wake_tritonmodels)(cluster, count, floor_dir)
+            if kind == "pods":
+                wake = wake_pods(cluster, count, floor_dir)
+            else:
+                wake = wake_tritonmodels(cluster, count, floor_dir, during_scale_down)
             print(wake.line(), flush=True)
             wakes.append(wake)
     return wakes
@@ -381,7 +406,7 @@ def run(counts: Sequence[int], kind: str, parallel_loads: int = PARALLEL_LOADS) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    wakes = run(args.models, args.kind, args.parallel_loads)
+    wakes = run(args.models, args.kind, args.parallel_loads, args.during_scale_down)
     print(closing(wakes))
     return 0
 

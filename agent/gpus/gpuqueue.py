@@ -7,10 +7,12 @@ slot (one per such turn, and only when no turn waits before it), so that a wake 
 for an unrelated model's unload (1-2 s in Triton); Triton runs a load and an unload of two
 models at once, and `agent.models.nodemodels` measures the pair as one window and sends a load that
 does not fit without the unloading model's memory back to wait for it. Two loads measured by
-their GPU's used memory never overlap; loads and wakes measured **apart** (a model whose backend
-runs in processes of its own, billed its own processes' memory as NVML lists it per process) need
-no window of the GPU's: up to `parallel` of them share the slot, beside each other but never
-beside any other turn. Turns of different GPUs never wait for each other.
+their GPU's used memory never overlap; the turns of models measured **apart** (a model whose
+backend runs in processes of its own, billed its own processes' memory as NVML lists it per
+process: its loads, wakes, unloads and evictions) need no window of the GPU's: up to `parallel`
+of them share the slot, beside each other but never beside any other turn, so that a burst of
+wakes does not wait for a scale-down's unloads one by one. Turns of different GPUs never wait
+for each other.
 This module decides the order and each turn's time budget. The slot goes round the namespaces
 waiting: the next turn is the oldest of the namespace served least recently (one that has not
 been served while it waited goes first), so a namespace with many loads queued delays another's
@@ -58,7 +60,8 @@ class Turn:
     alone: bool = False
     """Never granted beside another turn (a load that did not fit beside an unload)."""
     apart: bool = False
-    """A load or wake measured by its own processes: granted beside other such turns."""
+    """A load, wake, unload or eviction of a model measured by its own processes: granted
+    beside other such turns."""
 
 
 Budget = Callable[[Turn], float | None]
@@ -128,9 +131,9 @@ class GpuQueue:
         apart: bool = False,
     ) -> Turn:
         """A new turn on `gpu`; granted at once when the slot is free (see `holder`), beside
-        the unload holding it (see `beside`) unless `alone`, or, `apart` (a load or wake measured
-        by its own processes), beside the others granted so (see `shared`)."""
-        apart = apart and work.adds and not alone
+        the unload holding it (see `beside`) unless `alone`, or, `apart` (of a model measured by
+        its own processes), beside the others granted so (see `shared`)."""
+        apart = apart and not alone
         turn = Turn(next(self._numbers), gpu, work, name, namespace, now, size, alone, apart)
         slot = self._slots.setdefault(gpu, _Slot())
         if not slot.waiting and self._may_share(slot, turn):

@@ -5,9 +5,12 @@ billed what NVML lists for its own processes. NVML's per-process figure leaves o
 part of each process's CUDA context (5.5-5.75 MiB a process on an H200), which the GPU's used
 memory shows: so the GPU is read (`MemoryLedger.net`) before the group's first load and after its
 last, and what it grew by beyond the processes' figures is billed to the group's models by their
-processes (`MemoryLedger.share_apart`, capped a process). Only such loads share the GPU's slot
-meanwhile (`agent.gpus.gpuqueue`), so nothing else is loaded or unloaded there across the group.
-`agent.models.gpuadmission` runs the loads and calls `join` and `leave` around each.
+processes (`MemoryLedger.share_apart`, capped a process). Unloads of models measured apart are
+members too: their processes leave with their figures and their billed shares (the ledger drops
+both as the unload ends), so the growth read over the group is still the loads' shares. Only such
+turns share the GPU's slot meanwhile (`agent.gpus.gpuqueue`), so nothing else is loaded or
+unloaded there across the group. `agent.models.gpuadmission` runs them and calls `join` and
+`leave` around each.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class ApartGroup:
     net_before: int | None
     """The GPU's net used bytes (`MemoryLedger.net`) before the first (None: not read)."""
     loading: dict[str, int] = field(default_factory=dict)
-    """The loads under way, each with its request: admitted as if it were allocated."""
+    """The loads (and unloads, at 0) under way, each with its request: admitted as if it were
+    allocated."""
     loaded: list[str] = field(default_factory=list)
     """Those loaded and billed, which share the GPU's growth beyond their processes."""
 

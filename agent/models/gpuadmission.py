@@ -447,11 +447,15 @@ class GpuAdmission:
 
     async def unload_measured(self, name: str, work: Work) -> None:
         """Unload and wait until Triton has; on a measured GPU, in a window (a load may share
-        it), read before and after so that what it did not free stays unexplained."""
+        it), read before and after so that what it did not free stays unexplained; a model
+        measured apart, beside the GPU's loads measured apart (`_unload_apart`)."""
         entry = self.ledger.models.get(name)
         if entry is None:
             await self.triton.unload(name)
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
+            return
+        apart = entry.source == "process" and self.groups is not None
+        if apart and await self._unload_apart(name, work, entry.gpu_uuid):
             return
         async with self.window(entry.gpu_uuid, work, name) as (window, _, _):
             # Measured apart, it was never in the GPU's net used memory the window reads.
@@ -459,3 +463,24 @@ class GpuAdmission:
             await self.triton.unload(name)
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
             window.unloads.append((name, figure))
+
+    async def _unload_apart(self, name: str, work: Work, uuid: str) -> bool:
+        """`unload_measured` of a model measured apart: its processes leave with what they hold,
+        which the GPU's net used memory never counted, so it needs no window of the GPU's: it
+        shares the slot with the GPU's loads measured apart (`agent.gpus.gpuqueue`) and is one
+        of their group (`agent.models.apartgroups`), whose reading after its last member finds
+        the driver's share of the unloaded processes gone with its bill. False when the GPU
+        cannot be read now (the caller unloads in a window)."""
+        assert self.groups is not None
+        async with self.turn(uuid, work, name, "", apart=True):
+            reading = await self.read_gpu(uuid)
+            if reading is None:
+                return False
+            self.groups.join(uuid, name, 0, reading)
+            try:
+                await self.triton.unload(name)
+                await self.triton.wait_unloaded(name, self.limits.unload_timeout)
+                self.ledger.record_unload(name, 0, 0)  # its processes are gone
+            finally:
+                await self.groups.leave(uuid, reading.index, name, loaded=False)
+        return True

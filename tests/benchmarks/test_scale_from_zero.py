@@ -15,6 +15,17 @@ def test_the_counts_default_to_knatives_but_100_and_one_count_runs_alone() -> No
     assert bench.parse([]).models == [1, 5, 25]
     assert bench.parse(["--models", "25"]).models == [25]
     assert bench.parse(["--models", "100", "--as", "pods"]).kind == "pods"
+    assert bench.parse(["--during-scale-down"]).during_scale_down
+    assert not bench.parse([]).during_scale_down
+
+
+def test_a_wake_during_a_scale_down_is_for_tritonmodels_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        bench.parse(["--during-scale-down", "--as", "pods"])
+    assert refused.value.code == 2
+    assert "--during-scale-down is for TritonModels" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("count", ["0", "101"])

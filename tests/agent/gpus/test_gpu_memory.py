@@ -51,14 +51,35 @@ class TritonPythonModel:
 """
 
 
+SLOW_UNLOAD = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
+
+    def finalize(self):
+        time.sleep(5)  # its stub leaves a while after Triton is asked to unload it
+"""
+
+
 def model_using(
-    tmp_path: Path, name: str, uses: str, grows: str = "", *, slow: bool = False
+    tmp_path: Path,
+    name: str,
+    uses: str,
+    grows: str = "",
+    *,
+    slow: bool = False,
+    slow_unload: bool = False,
 ) -> Path:
     """add_one renamed to `name`, declaring the GPU memory it occupies once loaded; `slow`: its
-    load takes three seconds."""
+    load takes three seconds; `slow_unload`: its unload five."""
     source = copy_model("add_one", tmp_path / name, as_name=name)
-    if slow:
-        (source / "1" / "model.py").write_text(SLOW_LOAD)
+    if slow or slow_unload:
+        (source / "1" / "model.py").write_text(SLOW_LOAD if slow else SLOW_UNLOAD)
     parameters = f'parameters {{ key: "sim_gpu_memory" value: {{ string_value: "{uses}" }} }}\n'
     if grows:
         parameters += (
@@ -82,16 +103,40 @@ async def serve(
     grows: str = "",
     namespace: str = "default",
     slow: bool = False,
+    slow_unload: bool = False,
 ) -> Any:
+    token = await installed(
+        running, apiserver, api, tmp_path, name, request=request, uses=uses, gpu=gpu,
+        grows=grows, namespace=namespace, slow=slow, slow_unload=slow_unload,
+    )  # fmt: skip
+    return await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id=name), metadata=bearer(token)
+    )
+
+
+async def installed(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+    name: str,
+    *,
+    request: int,
+    uses: str,
+    gpu: int = 0,
+    grows: str = "",
+    namespace: str = "default",
+    slow: bool = False,
+    slow_unload: bool = False,
+) -> str:
+    """`serve`'s pod and install, not loaded yet: the pod's token."""
     make_pod(
         api, name, name, gpu_uuid=running.mock.gpus[gpu].uuid, request=request, namespace=namespace
     )
     token = apiserver.mint_token(namespace, name)
-    source = model_using(tmp_path, name, uses, grows, slow=slow)
+    source = model_using(tmp_path, name, uses, grows, slow=slow, slow_unload=slow_unload)
     await install_dir(running.stub, token, source, name)
-    return await running.stub.LoadModel(
-        agent_pb2.LoadModelRequest(model_id=name), metadata=bearer(token)
-    )
+    return token
 
 
 @pytest.fixture
@@ -566,4 +611,78 @@ async def test_python_models_load_at_once_each_billed_its_own_process(
     await running.agent.node.refresh_gpus()
     for name in uses:
         assert ledger.models[tn(kube_api, name)].share == DRIVER_SHARE
+    assert ledger.unattributed(gpu) == 0
+
+
+async def test_a_python_models_unload_goes_beside_a_load_and_the_bill_stays_exact(
+    footprints: ModelFootprints,
+    mock_nvml: MockNvml,
+    triton: TritonServer,
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """A Python model's unload (its stub takes 5 s to leave) and another Python model's load
+    asked meanwhile share the GPU's slot, so the load does not wait for the unload (as a burst
+    of wakes during a scale-down must not); the models left are each billed exactly their own
+    process and the driver's share of its context, none of the GPU unattributed."""
+    footprints.process_context, footprints.listed = STUB_CONTEXT, True
+    footprints.driver_share = DRIVER_SHARE
+    mock_nvml.set_workload(footprints, footprints.processes)
+    pid_file = tmp_path / "triton.pid"
+    assert triton.process is not None
+    pid_file.write_text(f"{triton.process.pid}\n")
+    running = await start_custom_agent(triton_pid_file=pid_file, usage_publish_seconds=0.2)
+    gpu = running.mock.gpus[0].uuid
+    request = 2 * GI + ALLOWANCE
+    for name, slow_unload in (("leaving", True), ("kept", False)):
+        status = await serve(
+            running, apiserver, kube_api, tmp_path, name, request=request, uses="512Mi",
+            slow_unload=slow_unload,
+        )  # fmt: skip
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    token = await installed(
+        running, apiserver, kube_api, tmp_path, "waking", request=request, uses="1Gi"
+    )
+    models = running.agent.models
+    queue = models.admission.queue
+    leaving = tn(kube_api, "leaving")
+    unload = asyncio.create_task(models.unload(leaving, reason="the test scales it down"))
+
+    def unloading() -> bool:
+        holder = queue.holder(gpu)
+        granted = [t.name for t in queue.shared(gpu)] + ([holder.name] if holder else [])
+        return granted == [leaving]
+
+    await eventually(unloading, what="the unload's turn")
+    beside: set[str] = set()
+
+    async def watch() -> None:
+        while True:
+            names = {t.name for t in queue.shared(gpu)}
+            holder, with_it = queue.holder(gpu), queue.beside(gpu)
+            names |= {t.name for t in (holder, with_it) if t is not None}
+            if leaving in names and len(names) > 1:
+                beside.update(names - {leaving})
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        status = await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="waking"), metadata=bearer(token)
+        )
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        await unload
+    finally:
+        watcher.cancel()
+    assert beside == {tn(kube_api, "waking")}, "the load waited for the unload to end"
+    ledger = models.ledger
+    assert leaving not in ledger.models
+    for name, allocated in (("kept", GI // 2), ("waking", GI)):
+        entry = ledger.models[tn(kube_api, name)]
+        assert (entry.source, entry.bytes) == ("process", allocated + STUB_CONTEXT + DRIVER_SHARE)
+        assert entry.share == DRIVER_SHARE, name
+    assert ledger.unattributed(gpu) == 0
+    await running.agent.node.refresh_gpus()
     assert ledger.unattributed(gpu) == 0

@@ -215,3 +215,20 @@ def test_unloads_and_wakes_beside_them_are_not_shared_by_loads_measured_apart() 
     assert queue.done_all(unload, 1.0) == [apart]
     other_gpu = queue.ask("GPU-b", Work.LOAD, "x", "ns", 1.0)
     assert queue.granted(other_gpu), "turns of different GPUs never wait for each other"
+
+
+def test_unloads_of_models_measured_apart_share_the_slot_with_their_wakes() -> None:
+    """A scale-down's unloads of models measured apart and a burst of wakes go side by side,
+    within the bound, and a windowed turn still waits for them all."""
+    queue = GpuQueue(parallel=3)
+    unloads = [queue.ask("GPU-a", Work.UNLOAD, f"u{i}", "", 0.0, apart=True) for i in range(2)]
+    wake = queue.ask("GPU-a", Work.WAKE, "w0", "ns", 0.1, apart=True)
+    evict = queue.ask("GPU-a", Work.EVICT, "e", "", 0.2, apart=True)
+    assert queue.shared("GPU-a") == [*unloads, wake] and queue.holder("GPU-a") is None
+    assert not queue.granted(evict)  # past the bound: in line
+    windowed = queue.ask("GPU-a", Work.UNLOAD, "x", "", 0.3)
+    assert queue.done_all(unloads[0], 1.0) == [evict]
+    assert not queue.granted(windowed)
+    for turn in (unloads[1], wake):
+        assert queue.done_all(turn, 2.0) == []
+    assert queue.done_all(evict, 3.0) == [windowed] and queue.holder("GPU-a") == windowed
