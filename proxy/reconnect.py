@@ -8,7 +8,9 @@ last refusal. At the node gateway a refusal while the request's model is restori
 and the model is not READY in it again, `gateway.restore`) waits for the restore instead, at most
 its bound, then tries again as before: the request goes to the restarted Triton once its model is
 back rather than failing while Triton restarts. A restore that begins between a refusal and the
-next try (the gateway sees the exit a moment after Triton's sockets refuse) is waited for too. A
+next try (the gateway sees the exit a moment after Triton's sockets refuse) is waited for too, and
+so is one under way before the first try: Triton's keeper starts it again at once, so a request
+admitted before the exit may find it listening without its model, never refused. A
 connection that breaks once a request is on its way is never retried here: Triton may have run
 it (an inference is not idempotent), and the relays answer its failure instead. Owns only the
 retry schedule; it must not read or write a request.
@@ -41,10 +43,10 @@ async def connect_retrying(
     raises the last ConnectionRefusedError past them, and any other error at once. The first
     refusal during a restore (`restoring`) waits for its end, at most its bound, and the
     `seconds` start again from there; so does a restore that began while it waited to try
-    again."""
+    again, or before the first try."""
+    waited = await _restored(restoring)
     deadline = clock() + seconds
     wait = FIRST_WAIT
-    waited = False
     while True:
         try:
             return await connect()

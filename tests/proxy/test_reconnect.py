@@ -36,11 +36,16 @@ async def test_a_refusal_past_the_bound_fails_without_a_restore() -> None:
 
 
 async def test_a_refusal_during_a_restore_waits_for_it_then_connects() -> None:
-    """Past --connect-retry (0.2 s here) while the model restores for 1 s: it waits for the
-    restore's end, with no try meanwhile, then connects."""
+    """Past --connect-retry (0.2 s here) while the model restores for 1 s, the restore seen
+    at the first refusal: it waits for the restore's end, with no try meanwhile, then
+    connects."""
     refusing = Refusing()
     restored = asyncio.Event()
-    task = asyncio.create_task(connect_retrying(refusing, 0.2, restoring=lambda: (restored, 30.0)))
+
+    def restoring() -> tuple[asyncio.Event, float] | None:
+        return (restored, 30.0) if refusing.tries else None
+
+    task = asyncio.create_task(connect_retrying(refusing, 0.2, restoring=restoring))
     await asyncio.sleep(1.0)
     assert not task.done() and refusing.tries == 1, "no try while the model restores"
     refusing.listening.set()
@@ -84,4 +89,22 @@ async def test_a_restore_seen_after_the_refusal_is_waited_for_before_the_next_tr
     assert not task.done() and refusing.tries == 1, "no try while the model restores"
     restored.set()
     assert await asyncio.wait_for(task, 5) == "connected"
+    assert refusing.tries == 2
+
+
+async def test_a_connection_begun_during_a_restore_waits_for_it_before_its_first_try() -> None:
+    """Triton's keeper starts it again at once: a request admitted before the exit that
+    connects while its model restores finds Triton listening, never refused, and would be
+    answered 404 unknown model there. It waits for the restore first, then tries once."""
+    refusing = Refusing()
+    refusing.listening.set()  # listening again, without the model
+    restored = asyncio.Event()
+    task = asyncio.create_task(connect_retrying(refusing, 5.0, restoring=lambda: (restored, 30.0)))
+    await asyncio.sleep(0.3)
+    assert not task.done() and refusing.tries == 0, "no try while the model restores"
+    restored.set()
+    assert await asyncio.wait_for(task, 5) == "connected"
+    assert refusing.tries == 1
+    # With no restore under way, the first try goes at once.
+    assert await connect_retrying(refusing, 5.0, restoring=lambda: None) == "connected"
     assert refusing.tries == 2
