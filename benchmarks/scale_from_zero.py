@@ -11,9 +11,9 @@ count: p50, p95 and max seconds from the requests' start to each model's first a
 floor: a Triton of the same build and flags, in the same run, loading the same number of copies
 of the model at once through its repository API (seconds until the last is loaded).
 
-With `--during-scale-down` the requests go as soon as every model is parked, while the node still
-unloads the replicas the scale-down left (each model's one request took it to two): a burst of
-wakes beside a burst of unloads, which must not wait for them one by one.
+With `--during-scale-down`, as many other TritonModels of the namespace (one replica each, loaded
+on the node) are deleted the moment the requests go: a burst of wakes beside a burst of unloads,
+which must not wait for them one by one.
 
 With `--as pods`, Deployments of model pods (the short form, completed by the webhook) take the
 TritonModels' place: scaled from one replica to zero, then all back to one at once (a Deployment
@@ -135,8 +135,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--during-scale-down",
         action="store_true",
-        help="TritonModels: wake as soon as every model is parked, while the node still unloads "
-        "the replicas the scale-down left",
+        help="TritonModels: delete as many other loaded TritonModels of the namespace as the "
+        "requests go (wakes beside unloads)",
     )
     args = parser.parse_args(argv)
     if args.during_scale_down and args.kind == "pods":
@@ -225,17 +225,19 @@ def node_load_threads(cluster: SimCluster) -> int:
     return cluster.parallel_loads * len(gpus)
 
 
-def _tritonmodel(name: str, uri: str, node: str) -> dict[str, Any]:
+def _tritonmodel(name: str, uri: str, node: str, autoscaled: bool = True) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "storageUri": uri,
+        "gpuMemory": GPU_MEMORY,
+        "nodeSelector": {"kubernetes.io/hostname": node},
+    }
+    if autoscaled:
+        spec["autoscaling"] = {"target": 1, "minReplicas": 0, "window": "6s"}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TritonModel",
         "metadata": {"name": name},
-        "spec": {
-            "storageUri": uri,
-            "gpuMemory": GPU_MEMORY,
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "autoscaling": {"target": 1, "minReplicas": 0, "window": "6s"},
-        },
+        "spec": spec,
     }
 
 
@@ -274,10 +276,11 @@ def wake_tritonmodels(
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
     names = [f"zero-{count}-{i}" for i in range(count)]
-    for name in names:
+    leaving = [f"leaving-{count}-{i}" for i in range(count)] if during_scale_down else []
+    for name in names + leaving:
         uri = cluster.model_store.publish(name, MODELS_DIR / "add_one", release="bench")
         custom.create_namespaced_custom_object(
-            GROUP, VERSION, NAMESPACE, PLURAL, _tritonmodel(name, uri, node)
+            GROUP, VERSION, NAMESPACE, PLURAL, _tritonmodel(name, uri, node, name in names)
         )
     parked_key = f"{KEYS.prefix}parked-models"
 
@@ -313,19 +316,21 @@ def wake_tritonmodels(
         # replicas at target 1 (70 % of it per replica, as Knative's default), and a wake that
         # began while the second ones still unloaded would wait for those unloads.
         unloaded = _agent_metric(cluster, UNLOADS) - unloads_before >= count
-        unloaded = unloaded and (during_scale_down or in_triton(cluster) == 0)
+        # Quiet but for the models to delete, each loaded once.
+        unloaded = unloaded and in_triton(cluster) == len(leaving)
         waiting = set(names) - parked
         return None if waiting or loaded or not unloaded else str(found.status.pod_ip)
 
     address = wait_until(f"{count} TritonModels parked at zero, unloaded", all_parked, 600)
-    unloading = in_triton(cluster) if during_scale_down else 0
+    for name in leaving:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     firsts = _all_at_once(names, lambda _: lambda: address)
     for name in names:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     # The floor's Triton shares the machine's cores: not while the node's unloads them.
     wait_until(f"{count} TritonModels unloaded", lambda: in_triton(cluster) == 0, 600)
     floor = triton_floor(count, workdir, node_load_threads(cluster))
-    kind = f"TritonModels ({unloading} replicas unloading)" if during_scale_down else "TritonModels"
+    kind = f"TritonModels ({len(leaving)} others unloading)" if leaving else "TritonModels"
     return Wake(kind, count, firsts, floor)
 
 
