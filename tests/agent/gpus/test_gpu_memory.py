@@ -96,19 +96,10 @@ async def serve(
     api: kubernetes.client.ApiClient,
     tmp_path: Path,
     name: str,
-    *,
-    request: int,
-    uses: str,
-    gpu: int = 0,
-    grows: str = "",
-    namespace: str = "default",
-    slow: bool = False,
-    slow_unload: bool = False,
+    **model: Any,
 ) -> Any:
-    token = await installed(
-        running, apiserver, api, tmp_path, name, request=request, uses=uses, gpu=gpu,
-        grows=grows, namespace=namespace, slow=slow, slow_unload=slow_unload,
-    )  # fmt: skip
+    """The pod and the model `installed` makes (`model`: its arguments), loaded."""
+    token = await installed(running, apiserver, api, tmp_path, name, **model)
     return await running.stub.LoadModel(
         agent_pb2.LoadModelRequest(model_id=name), metadata=bearer(token)
     )
@@ -129,7 +120,8 @@ async def installed(
     slow: bool = False,
     slow_unload: bool = False,
 ) -> str:
-    """`serve`'s pod and install, not loaded yet: the pod's token."""
+    """A pod `name` on GPU `gpu` asking `request` bytes, and its model (`model_using`)
+    installed, not loaded yet: the pod's token."""
     make_pod(
         api, name, name, gpu_uuid=running.mock.gpus[gpu].uuid, request=request, namespace=namespace
     )
@@ -546,6 +538,24 @@ async def test_a_python_model_whose_pod_declares_an_in_process_backend_is_refuse
     assert "declares backend 'onnxruntime'" in details
 
 
+async def agent_measuring_apart(
+    footprints: ModelFootprints,
+    mock_nvml: MockNvml,
+    triton: TritonServer,
+    start_custom_agent: StartAgent,
+    tmp_path: Path,
+) -> RunningAgent:
+    """An agent that measures Python models apart: their stubs listed by the mock NVML with
+    their CUDA contexts, each costing the GPU a driver's share beyond its figure."""
+    footprints.process_context, footprints.listed = STUB_CONTEXT, True
+    footprints.driver_share = DRIVER_SHARE
+    mock_nvml.set_workload(footprints, footprints.processes)
+    pid_file = tmp_path / "triton.pid"
+    assert triton.process is not None
+    pid_file.write_text(f"{triton.process.pid}\n")
+    return await start_custom_agent(triton_pid_file=pid_file, usage_publish_seconds=0.2)
+
+
 async def test_python_models_load_at_once_each_billed_its_own_process(
     footprints: ModelFootprints,
     mock_nvml: MockNvml,
@@ -560,13 +570,9 @@ async def test_python_models_load_at_once_each_billed_its_own_process(
     holds (its allocation and its CUDA context, NVML's per-process figure) and the driver's
     share of its context that the GPU's used memory shows beyond that figure, none of the GPU
     left unattributed; their unloads return it all."""
-    footprints.process_context, footprints.listed = STUB_CONTEXT, True
-    footprints.driver_share = DRIVER_SHARE
-    mock_nvml.set_workload(footprints, footprints.processes)
-    pid_file = tmp_path / "triton.pid"
-    assert triton.process is not None
-    pid_file.write_text(f"{triton.process.pid}\n")
-    running = await start_custom_agent(triton_pid_file=pid_file, usage_publish_seconds=0.2)
+    running = await agent_measuring_apart(
+        footprints, mock_nvml, triton, start_custom_agent, tmp_path
+    )
     gpu = running.mock.gpus[0].uuid
     uses = {"p1": "256Mi", "p2": "512Mi", "p3": "1Gi"}
     sharing = [0]
@@ -627,13 +633,9 @@ async def test_a_python_models_unload_goes_beside_a_load_and_the_bill_stays_exac
     asked meanwhile share the GPU's slot, so the load does not wait for the unload (as a burst
     of wakes during a scale-down must not); the models left are each billed exactly their own
     process and the driver's share of its context, none of the GPU unattributed."""
-    footprints.process_context, footprints.listed = STUB_CONTEXT, True
-    footprints.driver_share = DRIVER_SHARE
-    mock_nvml.set_workload(footprints, footprints.processes)
-    pid_file = tmp_path / "triton.pid"
-    assert triton.process is not None
-    pid_file.write_text(f"{triton.process.pid}\n")
-    running = await start_custom_agent(triton_pid_file=pid_file, usage_publish_seconds=0.2)
+    running = await agent_measuring_apart(
+        footprints, mock_nvml, triton, start_custom_agent, tmp_path
+    )
     gpu = running.mock.gpus[0].uuid
     request = 2 * GI + ALLOWANCE
     for name, slow_unload in (("leaving", True), ("kept", False)):
