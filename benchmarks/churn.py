@@ -9,6 +9,9 @@ steady client load through their Services (`sim.service.ServiceProxy` stands in 
   autoscaler, `minReplicas: 0`, a 6 s window);
 - `team-b`, a Deployment `pods` of 2 model pods in the short form, behind a Service of its own.
 
+Every model is `add_one`, marked idempotent (`spec.idempotent`, the `idempotent` annotation): a
+call lost with a node gateway's process before its answer began is sent again by its proxy.
+
 Each client sends one request every `CLIENT_INTERVAL` seconds on a keep-alive connection; a
 request fails on an answer other than 200 (gRPC: OK), a connection error, or no answer within
 `DEADLINE` seconds. Meanwhile a schedule drawn from `--seed` applies one change at a time:
@@ -460,7 +463,7 @@ class Churn:
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "TritonModel",
             "metadata": {"name": name},
-            "spec": {"storageUri": uri, "gpuMemory": "256Mi", **spec},
+            "spec": {"storageUri": uri, "gpuMemory": "256Mi", "idempotent": True, **spec},
         }
 
     def create_workloads(self) -> None:
@@ -477,9 +480,9 @@ class Churn:
                 GROUP, VERSION, TEAM_A, PLURAL, self.tritonmodel(name, spec)
             )
         uri = self.store.publish("pods", MODELS_DIR / "add_one")
-        self.apps.create_namespaced_deployment(
-            TEAM_B, deployment_manifest(uri, replicas=2, name="pods")
-        )
+        deployment = deployment_manifest(uri, replicas=2, name="pods")
+        deployment["spec"]["template"]["metadata"]["annotations"][KEYS.idempotent] = "true"
+        self.apps.create_namespaced_deployment(TEAM_B, deployment)
         ports = [
             {"name": "http", "port": 9000, "targetPort": "http"},
             {"name": "grpc", "port": 9001, "targetPort": "grpc"},

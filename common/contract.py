@@ -179,6 +179,12 @@ class Keys:
         return f"{self.prefix}residency"
 
     @property
+    def idempotent(self) -> str:
+        """Pod annotation: "true" when the model's calls may run twice (no sequence batcher, no
+        side effects), so the proxy sends again one lost with the node gateway's process."""
+        return f"{self.prefix}idempotent"
+
+    @property
     def backend(self) -> str:
         """Pod and TritonModel annotation: the Triton backend of the model (`onnxruntime`...);
         an in-process one spares the per-process allowance (`common.backends`)."""

@@ -321,6 +321,9 @@ class HostedReplica:
     model_id: str = ""
     """The model id its clients send (spec.modelName, which the proof binds); "" reads as
     `model`, the TritonModel's name."""
+    idempotent: bool = False
+    """The TritonModel's spec.idempotent: its calls may run twice, so the host's proxy sends
+    again one lost with the node gateway's process."""
 
     def __post_init__(self) -> None:
         if not self.model_id:
@@ -349,6 +352,8 @@ class HostedReplica:
             out["maxConcurrency"] = self.concurrency
         if self.idle_seconds:
             out["idleSeconds"] = self.idle_seconds
+        if self.idempotent:
+            out["idempotent"] = True
         if self.draining:
             out["draining"] = True
         if self.storage_secret:
@@ -390,11 +395,11 @@ def decode_hosted(value: str) -> list[HostedReplica]:
     return replicas
 
 
-def serving_fields(entry: Mapping[str, object]) -> tuple[int, int, str]:
+def serving_fields(entry: Mapping[str, object]) -> tuple[int, int, str, bool]:
     """A model's `maxConcurrency` and `idleSeconds` (whole numbers of 0 or more; 0: the proxy's
-    flag) and `residency` (a class), as both lists of a host give them (this annotation's
-    entries, and the models file its loader writes for its proxy: proxy/table.py); ValueError
-    saying which is wrong."""
+    flag), `residency` (a class) and `idempotent` (true or false), as both lists of a host give
+    them (this annotation's entries, and the models file its loader writes for its proxy:
+    proxy/table.py); ValueError saying which is wrong."""
     numbers = []
     for key in ("maxConcurrency", "idleSeconds"):
         value = entry.get(key, 0)
@@ -404,7 +409,10 @@ def serving_fields(entry: Mapping[str, object]) -> tuple[int, int, str]:
     residency = entry.get("residency", RESIDENCY_ALWAYS)
     if not isinstance(residency, str) or residency not in RESIDENCIES:
         raise ValueError(f"`residency` {residency!r} is not one of {', '.join(RESIDENCIES)}")
-    return numbers[0], numbers[1], residency
+    idempotent = entry.get("idempotent", False)
+    if not isinstance(idempotent, bool):
+        raise ValueError(f"`idempotent` {idempotent!r} is not true or false")
+    return numbers[0], numbers[1], residency, idempotent
 
 
 def _replica(entry: dict[str, object]) -> HostedReplica:
@@ -417,7 +425,7 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
     ordinal = entry.get("replica")
     if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
         raise ValueError("`replica` is not a whole number of 0 or more")
-    concurrency, idle_seconds, residency = serving_fields(entry)
+    concurrency, idle_seconds, residency, idempotent = serving_fields(entry)
     draining = entry.get("draining", False)
     if not isinstance(draining, bool):
         raise TypeError("`draining` is not true or false")
@@ -443,6 +451,7 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
         storage_uri=uri,
         concurrency=concurrency,
         idle_seconds=idle_seconds,
+        idempotent=idempotent,
         draining=draining,
         storage_secret=secret,
         storage_options=s3_options,

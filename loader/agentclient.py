@@ -120,6 +120,8 @@ class Hosted:
     """The Secret whose credential the files are fetched with ("": none)."""
     storage_options: tuple[tuple[str, str], ...] = ()
     """The s3-* settings of an s3:// storage URI (`common.storage.S3_OPTIONS`)."""
+    idempotent: bool = False
+    """Its calls may run twice: the host's proxy sends again one lost with the node gateway."""
 
     @classmethod
     def from_proto(cls, replica: agent_pb2.HostedReplica) -> Hosted:
@@ -134,6 +136,7 @@ class Hosted:
             idle_seconds=replica.idle_seconds,
             storage_secret=replica.storage_secret,
             storage_options=tuple(sorted(replica.storage_options.items())),
+            idempotent=replica.idempotent,
             status=ModelStatus(
                 model_id=status.model_id or replica.model_id,
                 state=status.state,

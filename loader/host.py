@@ -16,10 +16,10 @@ model may share the host, each with its own files, GPU and private name in Trito
   (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
   replica's loaded condition, so the TritonModel says why.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
-  "idleSeconds"}`, replaced whole; a model once, however many of its replicas are ready), which
-  the host's proxy serves. An on-demand replica the
-  proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
-  loaded here: its proxy wakes it on its next request.
+  "idleSeconds", "idempotent"}`, replaced whole; a model once, however many of its replicas
+  are ready), which the host's proxy serves. An on-demand replica the proxy put to sleep (the
+  agent reports it `sleeping`, state INSTALLED) stays listed and is not loaded here: its proxy
+  wakes it on its next request.
 - parked (the binder's parked-models annotation: the model is at zero replicas and this host
   is where its requests wait): listed as `{"model", "maxConcurrency", "parked": true}` until a
   replica of it is ready here (or, one served elsewhere, `unroute_seconds` after it left the
@@ -636,4 +636,6 @@ def _entry(replica: Hosted) -> dict[str, object]:
         entry["residency"] = RESIDENCY_ON_DEMAND
     if replica.idle_seconds:
         entry["idleSeconds"] = replica.idle_seconds
+    if replica.idempotent:
+        entry["idempotent"] = True
     return entry

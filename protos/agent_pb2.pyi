@@ -195,7 +195,7 @@ class ListHostedRequest(_message.Message):
     def __init__(self, failures: _Optional[_Iterable[_Union[LoadFailure, _Mapping]]] = ...) -> None: ...
 
 class HostedReplica(_message.Message):
-    __slots__ = ("model_id", "replica", "storage_uri", "residency", "draining", "max_concurrency", "idle_seconds", "status", "storage_secret", "storage_options")
+    __slots__ = ("model_id", "replica", "storage_uri", "residency", "draining", "max_concurrency", "idle_seconds", "status", "storage_secret", "storage_options", "idempotent")
     class StorageOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,7 @@ class HostedReplica(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_SECRET_FIELD_NUMBER: _ClassVar[int]
     STORAGE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     replica: int
     storage_uri: str
@@ -223,7 +224,8 @@ class HostedReplica(_message.Message):
     status: ModelStatus
     storage_secret: str
     storage_options: _containers.ScalarMap[str, str]
-    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ..., storage_uri: _Optional[str] = ..., residency: _Optional[str] = ..., draining: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., idle_seconds: _Optional[int] = ..., status: _Optional[_Union[ModelStatus, _Mapping]] = ..., storage_secret: _Optional[str] = ..., storage_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    idempotent: bool
+    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ..., storage_uri: _Optional[str] = ..., residency: _Optional[str] = ..., draining: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., idle_seconds: _Optional[int] = ..., status: _Optional[_Union[ModelStatus, _Mapping]] = ..., storage_secret: _Optional[str] = ..., storage_options: _Optional[_Mapping[str, str]] = ..., idempotent: _Optional[bool] = ...) -> None: ...
 
 class ListHostedResponse(_message.Message):
     __slots__ = ("replicas", "refused", "parked", "node_stopping")

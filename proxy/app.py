@@ -64,14 +64,18 @@ class Proxy:
         """The models served: a model pod's one, with the pod's limiter and metrics; with
         --models-file, the host's, each with its own."""
         if settings.models_file is None:
-            self.table = ModelTable.of_one(
-                Served(
+            own = Served(
+                settings.model_id,
+                self.limiter,
+                self.metrics,
+                Entry(
                     settings.model_id,
-                    self.limiter,
-                    self.metrics,
-                    Entry(settings.model_id, residency=settings.residency),
-                )
+                    residency=settings.residency,
+                    idempotent=settings.idempotent,
+                ),
             )
+            own.resend = settings.idempotent
+            self.table = ModelTable.of_one(own)
         else:
             self.table = ModelTable(
                 self.served,
@@ -202,6 +206,7 @@ class Proxy:
         model_id = entry.model
         metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
         served = Served(model_id, limiter, metrics, entry)
+        served.resend = entry.idempotent
         if entry.parked:
             self.park(served)
         elif entry.residency == RESIDENCY_ON_DEMAND:
@@ -260,8 +265,9 @@ class Proxy:
 
     def retuned(self, served: Served) -> None:
         """A host model's line changed: a parked one now served here lets its requests go on;
-        an on-demand one takes its new idle time."""
+        an on-demand one takes its new idle time; an idempotent one is sent again."""
         entry = served.entry
+        served.resend = entry.idempotent
         if entry.parked != self.parking.asleep(served.model_id):
             if entry.parked:
                 self.park(served)

@@ -27,6 +27,7 @@ from common.settings import (
     BadValueError,
     Declaration,
     address,
+    boolean,
     declared,
     host_port,
     log_format_flag,
@@ -312,6 +313,16 @@ class Settings:
     --idle-seconds with no inference request held, the proxy asks the agent to unload it (files
     kept), and the next request loads it again while it waits (proxy/residency.py). The agent
     refuses the idle unload of a pod its proof of placement says is `always`."""
+    idempotent: bool = setting(
+        "idempotent",
+        "true or false: the model's calls may run twice (no sequence batcher, no side effects)",
+        boolean,
+        default="false",
+    )
+    """true: a call of the model lost with this pod's connection to the node gateway (the
+    gateway's process restarting) before its answer began goes again: REST sent again once,
+    gRPC refused with REFUSED_STREAM, which gRPC clients send again. false (default): it fails
+    (502, UNAVAILABLE), since Triton may have run it."""
     idle_seconds: float = setting(
         "idle-seconds",
         "seconds with no inference request before an on-demand model is unloaded",

@@ -2,14 +2,15 @@
 
 A model pod's proxy serves a table of one, built from --model-id; a model host's proxy reads its
 table from --models-file (written by the host's loader: a JSON list of objects, each with `model`,
-the public model id, and optionally `maxConcurrency`, `residency`, `idleSeconds`, `parked` and
-`leaving`) and follows it as the file is replaced. Each entry has its own concurrency limit (its
-`maxConcurrency`, else the proxy's --container-concurrency) and queue (`policy.limiter`) and its
-own metrics (`metrics.ProxyMetrics`, labelled with its model id); the relays find a request's
-entry with one dict lookup (`served`), whatever the table's size. An `on-demand` entry gets its
-own residency (proxy.residency, made by the proxy's `make`), asleep after its `idleSeconds`; a
-`parked` one (at zero replicas) holds its requests until it is served (proxy.parking); a
-`leaving` one is served, its clients' connections closed after their requests.
+the public model id, and optionally `maxConcurrency`, `residency`, `idleSeconds`, `parked`,
+`leaving` and `idempotent`) and follows it as the file is replaced. Each entry has its own
+concurrency limit (its `maxConcurrency`, else the proxy's --container-concurrency) and queue
+(`policy.limiter`) and its own metrics (`metrics.ProxyMetrics`, labelled with its model id); the
+relays find a request's entry with one dict lookup (`served`), whatever the table's size. An
+`on-demand` entry gets its own residency (proxy.residency, made by the proxy's `make`), asleep
+after its `idleSeconds`; a `parked` one (at zero replicas) holds its requests until it is served
+(proxy.parking); a `leaving` one is served, its clients' connections closed after their
+requests.
 
 In the node gateway a model host's table names private names: each entry has the name Triton
 knows its replica by (`triton_name`), and the relays map the public id in a request, and in
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from common.atomicfile import read_file
 from common.contract import RESIDENCY_ALWAYS, ContractError, validate_model_id
@@ -67,6 +69,15 @@ class Entry:
     """Leaving the host (its Service no longer routes here): still served, and each connection
     a request of it comes on is closed after that request's answer (REST: `Connection: close`;
     gRPC: GOAWAY), so that its clients reconnect through the Service."""
+    idempotent: bool = False
+    """Its calls may run twice (no sequence batcher, no side effects): one lost with the
+    proxy's connection to the node gateway before its answer began is sent again (REST) or
+    refused for its client to send again (gRPC's REFUSED_STREAM)."""
+
+
+RESEND_BYTES: Final = 1024 * 1024
+"""The most of one request a proxy keeps to send again (`Served.resend`); a larger one is not
+kept, and fails as any other model's if its connection goes under it."""
 
 
 class Served:
@@ -82,6 +93,7 @@ class Served:
         "private",
         "public",
         "replicas",
+        "resend",
         "spread",
     )
 
@@ -111,6 +123,10 @@ class Served:
         """When the model left the table (monotonic seconds); None while it is in it."""
         self.replicas: Replicas | None = None
         """On the table's entry of a model served by replicas to pick from: all of them."""
+        self.resend = False
+        """A call of it lost with the connection to the node gateway before its answer began
+        goes again (`Entry.idempotent`, set by a pod's proxy only: the gateway, whose upstream
+        is Triton itself, never sends a call twice, so a call that crashes Triton runs once)."""
         self.spread = False
         """One of a model's replicas (`Replicas`): the relays map its private name once it is
         picked; the routers name its public id."""
@@ -173,7 +189,7 @@ def read_models(path: Path) -> list[Entry]:
         except ContractError as e:
             raise TableError(f"entry {number} of the models file {path}: {e}") from e
         try:
-            concurrency, idle_seconds, residency = serving_fields(entry)
+            concurrency, idle_seconds, residency, idempotent = serving_fields(entry)
         except ValueError as e:
             raise TableError(f"entry {number} of the models file {path}: {e}") from e
         parked = entry.get("parked", False)
@@ -189,7 +205,9 @@ def read_models(path: Path) -> list[Entry]:
                 f"or false"
             )
         if name not in models:
-            models[name] = Entry(name, concurrency, idle_seconds, residency, parked, leaving)
+            models[name] = Entry(
+                name, concurrency, idle_seconds, residency, parked, leaving, idempotent
+            )
     return list(models.values())
 
 

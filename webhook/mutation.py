@@ -12,6 +12,7 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
     tritonshare.io/storage-secret: s3-creds                # optional: common.storage
     tritonshare.io/residency: on-demand                    # optional: `always` (the default)
     tritonshare.io/idle-seconds: "600"                     # optional, on-demand: idle time
+    tritonshare.io/idempotent: "true"                      # optional: calls may run twice
 
 and `complete()` adds what deploy/example writes by hand: the scheduler name, the storage
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
@@ -78,6 +79,8 @@ class ModelRequest:
     residency: str = RESIDENCY_ALWAYS
     idle_seconds: float = 0.0
     """With residency on-demand: the proxy's --idle-seconds, the floor applied."""
+    idempotent: bool = False
+    """The proxy's --idempotent: a call lost with the node gateway's process is sent again."""
 
 
 def wants_completion(pod: Pod, settings: Settings) -> bool:
@@ -210,7 +213,22 @@ def read_request(pod: Pod, settings: Settings) -> ModelRequest:
         access,
         residency,
         read_idle_seconds(annotations, settings) if residency == RESIDENCY_ON_DEMAND else 0.0,
+        read_idempotent(annotations, settings),
     )
+
+
+def read_idempotent(annotations: dict[str, Any], settings: Settings) -> bool:
+    """The pod's `<prefix>idempotent` ("true" or "false"; false without one); AnnotationError
+    for any other value."""
+    key = settings.keys.idempotent
+    text = str(annotations.get(key, "false")).strip().lower()
+    if text not in ("true", "false"):
+        raise AnnotationError(
+            f"annotation {key}={text[:64]!r} is neither true nor false; write {key}: "
+            f'"true" when the model\'s calls may run twice (no sequence batcher, no side '
+            f"effects), else leave it out"
+        )
+    return text == "true"
 
 
 def read_idle_seconds(annotations: dict[str, Any], settings: Settings) -> float:
@@ -311,6 +329,8 @@ def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
         args.append(f"--container-concurrency={request.concurrency}")
     if request.residency == RESIDENCY_ON_DEMAND:
         args += [f"--residency={RESIDENCY_ON_DEMAND}", f"--idle-seconds={request.idle_seconds:g}"]
+    if request.idempotent:
+        args.append("--idempotent=true")
     return modelpod.proxy(
         settings.image,
         args,

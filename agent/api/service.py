@@ -322,6 +322,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                     draining=entry.draining,
                     max_concurrency=entry.concurrency,
                     idle_seconds=entry.idle_seconds,
+                    idempotent=entry.idempotent,
                     status=status_to_proto(status),
                     storage_secret=entry.storage_secret,
                     storage_options=dict(entry.storage_options),

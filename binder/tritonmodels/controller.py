@@ -49,9 +49,10 @@ EVENT_BACKOFF_MAX_SECONDS = 10.0
 """The longest backoff of a refused model before a cluster change retries it (kube-scheduler's
 podMaxBackoffDuration)."""
 
-Hosted = frozenset[tuple[int, str, bool, str, str, int]]
+Hosted = frozenset[tuple[int, str, bool, str, str, int, bool]]
 """A model's charged replicas as its hosts serve them: (ordinal, node, draining, files, storage
-Secret: which of the node's hosts, minAvailable: their budget); ordinal -1: parked there."""
+Secret: which of the node's hosts, minAvailable: their budget, idempotent); ordinal -1: parked
+there."""
 
 
 class TritonModelController:
@@ -423,7 +424,8 @@ class TritonModelController:
 
     def _as_hosted(self, model: ModelInfo) -> Hosted:
         """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
-        files, storage Secret: which of the node's hosts, minAvailable: their budget)."""
+        files, storage Secret: which of the node's hosts, minAvailable: their budget,
+        idempotent: what their proxy does with a lost call)."""
         hosted = set()
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)
@@ -432,11 +434,13 @@ class TritonModelController:
                 draining = rid in self._draining
                 uri = self._placer.rollout.uri(model, ordinal)
                 secret, minimum = model.storage_secret, model.min_available
-                hosted.add((ordinal, charged.node_name, draining, uri, secret, minimum))
+                hosted.add(
+                    (ordinal, charged.node_name, draining, uri, secret, minimum, model.idempotent)
+                )
         if model.uid in self._parked:
             # -1: parked there
             parked = self._parked[model.uid]
-            hosted.add((-1, parked, False, "", model.storage_secret, model.min_available))
+            hosted.add((-1, parked, False, "", model.storage_secret, model.min_available, False))
         return frozenset(hosted)
 
     async def _run(self, fn: Callable[..., list[str]], *args: Any) -> list[str]:

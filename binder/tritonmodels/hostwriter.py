@@ -378,6 +378,7 @@ class HostWriter:
                     storage_uri=self._uri(model, ordinal),
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
+                    idempotent=model.idempotent,
                     draining=draining,
                     storage_secret=model.storage_secret,
                     storage_options=model.storage_options,

@@ -46,6 +46,7 @@ from proxy.http2.streamstates import (
     RESET,
     SENT_END,
     StreamStateError,
+    peer_ended,
     we_ended,
 )
 from proxy.policy.limiter import Limiter
@@ -54,6 +55,7 @@ from proxy.processflags import ProxyState
 from proxy.reconnect import connect_retrying
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
+from proxy.table import RESEND_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,9 @@ class ChannelOwner(Scheduler, Protocol):
 
     def forget(self, channel: TritonChannel) -> None:
         """`channel` takes no new streams."""
+
+    def channel(self) -> TritonChannel:
+        """The channel a new stream goes on."""
 
     def triton_unreachable(self, address: str, error: object) -> None:
         """Connecting to Triton failed."""
@@ -182,20 +187,29 @@ class TritonChannel(Channel, asyncio.Protocol):
         if self.streams:
             log.warning(
                 "The connection to Triton's gRPC endpoint closed (%s) with %d calls in flight: "
-                "they fail UNAVAILABLE and new calls open a new connection.",
+                "those of idempotent models not answered yet are sent again on a new "
+                "connection, the others fail UNAVAILABLE.",
                 exc or "closed by Triton",
                 len(self.streams),
             )
         self.transport = None
-        self._fail()
+        self._fail(lost=True)
 
-    def _fail(self) -> None:
-        """The connection is gone or never came: every stream on it fails UNAVAILABLE."""
+    def _fail(self, lost: bool = False) -> None:
+        """The connection is gone (`lost`) or never came: every stream on it fails UNAVAILABLE,
+        but one still to send goes on a new connection once its message may go
+        (`Replies.triton_unavailable`), and one `_resendable` is sent again on one now."""
         self.closing = True
         self.relay.forget(self)
         streams, self.streams = list(self.streams.values()), {}
         self.waiting.clear()
+        again: TritonChannel | None = None
         for stream in streams:
+            if lost and _resendable(stream):
+                if again is None:
+                    again = self.relay.channel()  # a new one: this one is forgotten
+                _send_again(stream, again)
+                continue
             stream.triton = NEXT[stream.triton, RESET]
             stream.replies.triton_unavailable(stream)
 
@@ -226,6 +240,12 @@ class TritonChannel(Channel, asyncio.Protocol):
         """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""
         stream.up_sent = True
         size = len(payload)
+        kept = stream.kept
+        if kept is not None:
+            if len(kept) + size <= RESEND_BYTES:
+                kept += payload
+            else:
+                stream.kept = None
         if (
             not stream.up_held
             and size <= stream.up_window.size
@@ -393,6 +413,7 @@ class TritonChannel(Channel, asyncio.Protocol):
         end_stream = bool(flags & frames.END_STREAM)
         if end_stream:
             self._ended_by_triton(stream)
+        stream.kept = None  # its answer began: never sent again
         stream.replies.triton_headers(stream, fields, end_stream)
 
     def _ended_by_triton(self, stream: Stream) -> None:
@@ -468,6 +489,28 @@ class TritonChannel(Channel, asyncio.Protocol):
                 self.waiting.pop(stream, None)
                 stream.replies.triton_refused(stream)
         self._ended()
+
+
+def _resendable(stream: Stream) -> bool:
+    """Whether a call whose connection was lost is sent again: a unary call of a model that
+    runs its calls twice safely (`Served.resend`: a pod's proxy, its upstream the node gateway),
+    kept whole (`Stream.kept`: its tenant ended it, so no credit the tenant is given again lets
+    it send more), whose answer had not begun. The gateway's process ended under it; Triton may
+    have run it, which such a model allows. A call still to send needs nothing kept
+    (`Stream.detach`); a stream's messages, or a begun answer, are never sent twice."""
+    return stream.kept is not None and not stream.responded and peer_ended(stream.tenant)
+
+
+def _send_again(stream: Stream, channel: TritonChannel) -> None:
+    """Open `stream` on `channel` and send what it kept, once: nothing is kept after."""
+    kept, stream.kept = stream.kept, None
+    assert kept is not None
+    ended = stream.up_end or we_ended(stream.triton)
+    stream.detach()
+    stream.up_held.clear()
+    stream.up_end = False
+    channel.open(stream, stream.fields, False)
+    channel.send(stream, bytes(kept), ended)
 
 
 class RenamingChannel(TritonChannel):

@@ -131,6 +131,8 @@ class StreamGate:
             if served is not None and served.replicas is not None:
                 served = served.replicas.pick()  # one of several replicas: named once picked
             stream.served = served
+            if served is not None and served.resend and not stream.streaming:
+                stream.kept = bytearray()  # sent again if the connection goes under it
 
     def admit(self, stream: Stream) -> bool:
         """Take a slot for `stream` now, or queue for one on a task; False while it waits."""

@@ -57,6 +57,7 @@ class Stream:
         "held_end",
         "held_up",
         "inflation",
+        "kept",
         "kind",
         "left",
         "limited",
@@ -138,6 +139,10 @@ class Stream:
         self.up_end = False
         self.up_sent = False  # request bytes went to a channel (`unsent`)
         self.given = 0
+        self.kept: bytearray | None = None
+        """What went to Triton of a call that may be sent again (`channel._resendable`), kept
+        until Triton's answer begins; None: nothing kept (a stream, another model's call, one
+        past RESEND_BYTES, or one sent again already)."""
         # Triton's answers renamed to the public model id (`channel.RenamingChannel`), if so.
         self.answers: AnswerNames | None = None
 

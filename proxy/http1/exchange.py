@@ -32,7 +32,7 @@ from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
 from proxy.policy.routing import error_body
-from proxy.table import Served
+from proxy.table import RESEND_BYTES, Served
 
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static, where an
@@ -55,6 +55,9 @@ class Exchange(Connection):
         self._response_done = False
         self._served: Served | None = None
         """The table's entry of the model the exchange names; None: a server-wide route."""
+        self._kept: bytes | None = None
+        """The request as sent whole, kept to send again (`upstream_failed`) until Triton's
+        answer begins: a model's whose calls may run twice (`Served.resend`)."""
 
     def _next_request(self) -> None:
         """Take the next request buffered, if any (`relay.ClientConnection`)."""
@@ -95,6 +98,9 @@ class Exchange(Connection):
                 request = self._upstream_head + buffer[start:end]
             else:
                 request = self._upstream_head
+            served = self._served
+            if served is not None and served.resend and len(request) <= RESEND_BYTES:
+                self._kept = request
             upstream.begin(self, head.method == "HEAD", request)
             self._remaining = 0
             self._request_done = True
@@ -107,12 +113,32 @@ class Exchange(Connection):
             self._sink = upstream
             self._checks.begin(head, self._route, self._remaining)
             self._relay_body(buffer, start)
-        if head.keep_alive and (self._relay.closing or _leaving(self._served)):
-            # The tenant's client is told to reconnect (through its Service, which no longer
-            # routes here) before its next request, rather than finding the connection closed.
-            upstream.client = ClosingAnswer(self)
+        self._closing_answer(upstream)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
+
+    def _closing_answer(self, upstream: Upstream) -> None:
+        """Have Triton's answer on `upstream` close the tenant's connection after it if the
+        proxy stops or the model leaves the host: the tenant's client is told to reconnect
+        (through its Service, which no longer routes here) before its next request, rather than
+        finding the connection closed."""
+        head = self._head
+        if head is not None and head.keep_alive and (self._relay.closing or _leaving(self._served)):
+            upstream.client = ClosingAnswer(self)
+
+    def _send_again(self, request: bytes) -> None:
+        """Send `request` (`_kept`) on a new connection: the last one was lost under it."""
+        raise NotImplementedError
+
+    def _resent(self, upstream: Upstream, request: bytes) -> None:
+        """`request` goes again, on `upstream`; what the exchange waits for is unchanged."""
+        head = self._head
+        assert head is not None
+        self._task = None
+        self._upstream = upstream
+        self._state = AWAIT
+        upstream.begin(self, head.method == "HEAD", request)
+        self._closing_answer(upstream)
 
     def _answer_locally(
         self, status: int, content_type: str, body: bytes, retry_after: int = 0
@@ -273,6 +299,7 @@ class Exchange(Connection):
             self.transport.write(data)
         self._response_done = True
         self._upstream = None
+        self._kept = None
         if not upstream.keep_alive:
             self._keep_alive = False
         # `_finish`, inline: this runs once per request.
@@ -303,10 +330,15 @@ class Exchange(Connection):
                 self._next_request()
 
     def upstream_failed(self, upstream: Upstream, reason: str) -> None:
-        """The upstream connection broke before the response was complete."""
+        """The upstream connection broke before the response was complete: a request kept
+        (`_kept`) whose answer had not begun is sent again, once; any other fails."""
         self._upstream = None
         self._sink = None
+        kept, self._kept = self._kept, None
         if self._state == CLOSED:
+            return
+        if kept is not None and not upstream.code:
+            self._send_again(kept)
             return
         self._response_done = True
         if upstream.code:  # the response had begun
@@ -314,9 +346,14 @@ class Exchange(Connection):
             if self.transport is not None:
                 self.transport.abort()  # the tenant must not mistake a cut answer for a whole one
             return
-        error = refusals.UpstreamError(
+        self._answer_failure(
             f"Triton at {self._relay.upstream_address} failed: {reason}; retry shortly"
         )
+
+    def _answer_failure(self, text: str) -> None:
+        """Answer the exchange's request 502 saying `text`, and close after it."""
+        self._response_done = True
+        error = refusals.UpstreamError(text)
         status = refusals.http_status(error)
         self._finish(str(status))
         self._keep_alive = False

@@ -299,6 +299,28 @@ class ClientConnection(Exchange):
         if health is not None:
             self._give_health_body(upstream, health)
 
+    def _send_again(self, request: bytes) -> None:
+        self._wait(self._connect_then_resend(request))
+
+    async def _connect_then_resend(self, request: bytes) -> None:
+        try:
+            # The node gateway's process ended under the request: its keeper listens, and the
+            # new process takes the connection once it runs.
+            upstream = await connect_retrying(
+                self._relay.pool.connect,
+                self._relay.settings.connect_retry_seconds,
+                restoring=self._restoring,
+            )
+        except OSError as e:
+            self._task = None
+            address = self._relay.upstream_address
+            self._answer_failure(f"Triton at {address} is unreachable ({e.strerror}); retry soon")
+            return
+        if self._state == CLOSED:
+            self._relay.pool.put(upstream)
+            return
+        self._resent(upstream, request)
+
     def _restoring(self) -> tuple[asyncio.Event, float] | None:
         """The restore of the request's model a refused connection waits for (the node
         gateway's, `gateway.restore`), if one is under way."""

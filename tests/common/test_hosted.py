@@ -33,6 +33,7 @@ def test_round_trip_keeps_every_field_in_a_stable_order() -> None:
         "s3://models/a",
         storage_secret="a-creds",
         storage_options=(("s3-endpoint", "minio.data:9000"), ("s3-usehttps", "0")),
+        idempotent=True,
     )
     value = encode_hosted([b, a])
     assert value.index('"model":"a"') < value.index('"model":"b"')
@@ -97,6 +98,7 @@ def test_names_fit_a_label_and_condition_name_part() -> None:
         ({"idleSeconds": True}, "`idleSeconds` True is not a whole number of 0 or more"),
         ({"residency": "lazy"}, "`residency` 'lazy' is not one of always, on-demand"),
         ({"residency": 1}, "`residency` 1 is not one of always, on-demand"),
+        ({"idempotent": "yes"}, "`idempotent` 'yes' is not true or false"),
     ],
 )
 def test_a_host_s_two_lists_refuse_a_model_s_settings_alike(

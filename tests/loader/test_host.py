@@ -82,6 +82,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         max_concurrency: int = 0,
         idle_seconds: int = 0,
         residency: str = "always",
+        idempotent: bool = False,
     ) -> None:
         self.replicas[model] = agent_pb2.HostedReplica(
             model_id=model,
@@ -90,6 +91,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             residency=residency,
             max_concurrency=max_concurrency,
             idle_seconds=idle_seconds,
+            idempotent=idempotent,
         )
 
     def count(self, rpc: str, model: str) -> int:
@@ -351,10 +353,14 @@ async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_lim
     servicer, address = agent
     # Listed first, fetched first (one at a time): done before add_one is listed.
     servicer.host("../escaped", models.url("add_one"))
-    servicer.host("add_one", models.url("add_one"), max_concurrency=3, idle_seconds=60)
+    servicer.host(
+        "add_one", models.url("add_one"), max_concurrency=3, idle_seconds=60, idempotent=True
+    )
     async with following(address, tmp_path, parallel=1) as host:
         await until(lambda: ready(tmp_path) == ["add_one"], "add_one listed")
-        assert listed(tmp_path) == [{"model": "add_one", "maxConcurrency": 3, "idleSeconds": 60}]
+        assert listed(tmp_path) == [
+            {"model": "add_one", "maxConcurrency": 3, "idleSeconds": 60, "idempotent": True}
+        ]
         assert host.ready_models() == ["add_one"]
         assert [c[:2] for c in servicer.calls] == [
             ("GetModel", "add_one"),

@@ -7,11 +7,9 @@ restarted gateway does, with http.client and tritonclient as the tenants."""
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import socket
-import socketserver
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from sim.triton import TritonServer
 from tests.proxy.conftest import proxy_settings, running_proxy
+from tests.proxy.forwarder import Forwarder
 
 pytestmark = pytest.mark.triton
 
@@ -36,40 +35,6 @@ def held_port() -> socket.socket:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     return sock
-
-
-class Forwarder(socketserver.ThreadingTCPServer):
-    """Every connection to it, passed on to `target` byte for byte (a stand-in gateway)."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, port: int, target: str) -> None:
-        host, _, target_port = target.rpartition(":")
-        self.target = (host, int(target_port))
-        super().__init__(("127.0.0.1", port), Splice)
-
-
-class Splice(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        assert isinstance(self.server, Forwarder)
-        tenant = self.request
-        with socket.create_connection(self.server.target) as upstream:
-
-            def pump(source: socket.socket, sink: socket.socket) -> None:
-                try:
-                    while data := source.recv(65536):
-                        sink.sendall(data)
-                except OSError:
-                    pass
-                finally:
-                    with contextlib.suppress(OSError):
-                        sink.shutdown(socket.SHUT_WR)
-
-            back = threading.Thread(target=pump, args=(upstream, tenant))
-            back.start()
-            pump(tenant, upstream)
-            back.join()
 
 
 @pytest.fixture

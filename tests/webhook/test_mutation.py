@@ -338,6 +338,21 @@ def test_an_idle_time_that_is_no_number_of_seconds_is_refused(value: str) -> Non
         complete(pod(**GS, **annotations), SETTINGS)
 
 
+@pytest.mark.parametrize(("value", "idempotent"), [(None, False), ("false", False), ("true", True)])
+def test_an_idempotent_pod_s_proxy_sends_a_lost_call_again(
+    value: str | None, idempotent: bool
+) -> None:
+    annotations = {} if value is None else {"tritonshare.io/idempotent": value}
+    [proxy] = complete(pod(**GS, **annotations), SETTINGS)["spec"]["containers"]
+    assert parse_proxy_settings(_args(proxy), {}).idempotent is idempotent
+
+
+def test_an_idempotent_annotation_that_is_no_boolean_is_refused() -> None:
+    annotations = {"tritonshare.io/idempotent": "maybe"}
+    with pytest.raises(AnnotationError, match=r'tritonshare\.io/idempotent: "true" when'):
+        complete(pod(**GS, **annotations), SETTINGS)
+
+
 def _of_replica_set(obj: dict[str, Any]) -> dict[str, Any]:
     obj["metadata"]["ownerReferences"] = [
         {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "add-one-5d8f7", "uid": "u1"}

@@ -672,3 +672,29 @@ async def test_a_hosts_load_failure_is_the_models_ready_reason_with_one_event_pe
     set_loaded(core, node, "True")
     await eventually(lambda: ready()["reason"] == "AllReplicasReady", what="Ready")
     assert len(not_served(core)) == 2
+
+
+async def test_an_idempotent_models_replicas_say_so_to_their_host(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """spec.idempotent reaches the host's loader (and through its models file, the proxy, which
+    then sends again a call lost with the node gateway's process); a model without it is not."""
+    await make_binder()
+    stateless = model("resnet", 1)
+    stateless["spec"]["idempotent"] = True
+    for body in (stateless, model("bert", 1)):
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+    def entries() -> dict[str, dict[str, Any]] | None:
+        found = {e["model"]: e for host in hosts(core).values() for e in hosted(host)}
+        return found if len(found) == 2 else None
+
+    found = await eventually(entries, what="both models on hosts")
+    assert found["resnet"].get("idempotent") is True
+    assert "idempotent" not in found["bert"]
+    # A change applies to the replicas placed already.
+    patch = {"spec": {"idempotent": True}}
+    custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "bert", patch)
+    await eventually(
+        lambda: (entries() or {}).get("bert", {}).get("idempotent"), what="bert idempotent"
+    )
