@@ -54,6 +54,7 @@ NATIVE_TESTS = (
     "tests/proxy/policy/test_tensors.py",
     "tests/proxy/gateway/test_triton_crash.py",
     "tests/proxy/test_parking_calls.py",
+    "tests/proxy/test_lost_calls.py",
 )
 """Tests run a second time against the compiled proxy (none of them patch what they test).
 http2/test_reader.py runs pure only: it hands the reader a sink of its own, and a compiled
