@@ -228,6 +228,7 @@ class ProxyMetrics:
         self._series = self._requests.series
         self._model = model_id
         self._reasons: set[str] = set()
+        self._resent: set[str] = set()
         self._root: ProxyMetrics = shared or self
         self._residencies: _ResidencyCollector | None = None
         """The process's on-demand models (on its first `ProxyMetrics`, registered with the
@@ -240,6 +241,13 @@ class ProxyMetrics:
                 "tritonshare_proxy_rejected_requests",
                 "Requests refused by the proxy itself, by reason.",
                 ["model", "reason"],
+                registry=self.registry,
+            )
+            self._resent_counter = Counter(
+                "tritonshare_proxy_resent_requests",
+                "Requests of an idempotent model sent again after the connection to the node "
+                "gateway was lost under them, by protocol.",
+                ["model", "protocol"],
                 registry=self.registry,
             )
             self._concurrency = _ConcurrencyCollector()
@@ -258,6 +266,7 @@ class ProxyMetrics:
             self.registry = shared.registry
             self._all_requests = shared._all_requests
             self._rejected_counter = shared._rejected_counter
+            self._resent_counter = shared._resent_counter
             self._concurrency = shared._concurrency
             self._wake_histogram = shared._wake_histogram
             self._connections = shared._connections
@@ -287,6 +296,8 @@ class ProxyMetrics:
         self._all_requests.models.pop(self._model, None)
         for reason in self._reasons:
             self._rejected_counter.remove(self._model, reason)
+        for protocol in self._resent:
+            self._resent_counter.remove(self._model, protocol)
         if self._wake_seconds is not None:
             self._wake_histogram.remove(self._model)
         residencies = self._root._residencies
@@ -362,6 +373,11 @@ class ProxyMetrics:
             )
             answers[model] = [round(held, 6), answered]
         return answers
+
+    def resent(self, protocol: str) -> None:
+        """Count one request sent again after its connection to the node gateway was lost."""
+        self._resent.add(protocol)
+        self._resent_counter.labels(self._model, protocol).inc()
 
     def rejected(self, reason: str) -> None:
         """Count one request the proxy refused (for example `queue_full`)."""

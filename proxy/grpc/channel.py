@@ -504,7 +504,8 @@ def _resendable(stream: Stream) -> bool:
 def _send_again(stream: Stream, channel: TritonChannel) -> None:
     """Open `stream` on `channel` and send what it kept, once: nothing is kept after."""
     kept, stream.kept = stream.kept, None
-    assert kept is not None
+    assert kept is not None and stream.served is not None
+    stream.served.metrics.resent("grpc")
     ended = stream.up_end or we_ended(stream.triton)
     stream.detach()
     stream.up_held.clear()

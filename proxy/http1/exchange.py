@@ -338,6 +338,7 @@ class Exchange(Connection):
         if self._state == CLOSED:
             return
         if kept is not None and not upstream.code:
+            self._metrics.resent("http")
             self._send_again(kept)
             return
         self._response_done = True

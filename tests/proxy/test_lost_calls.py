@@ -12,12 +12,14 @@ import http.client
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
 
 from sim.triton import TritonServer, free_port
 from tests.proxy.conftest import RunningProxy, proxy_settings
@@ -55,6 +57,18 @@ def proxy(
             idempotent=idempotent,
         )
     )
+
+
+def resent(running: RunningProxy) -> dict[str, float]:
+    """The proxy's count of requests sent again, by protocol."""
+    with urllib.request.urlopen(running.metrics_url, timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        sample.labels["protocol"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tritonshare_proxy_resent_requests_total"
+    }
 
 
 def rest_call(address: str) -> str:
@@ -113,6 +127,7 @@ def test_an_idempotent_models_call_lost_with_the_gateway_is_answered(
             outcome = cut_in_flight(grpc_call, running.grpc_url, forwarder)
         assert outcome == ("200" if protocol == "rest" else "OK"), outcome
         assert forwarder.sent == 1, "sent again once, on a new connection"
+        assert resent(running) == {"http" if protocol == "rest" else "grpc": 1.0}
     finally:
         running.stop()
 
@@ -131,6 +146,7 @@ def test_another_models_call_lost_with_the_gateway_fails_once(
             outcome = cut_in_flight(grpc_call, running.grpc_url, forwarder)
             assert outcome == "StatusCode.UNAVAILABLE", outcome
         assert forwarder.sent == 0, "failed at the cut, not sent again"
+        assert resent(running) == {}
         # The next call goes on a new connection and is answered.
         again = rest_call(running.http_url) if protocol == "rest" else grpc_call(running.grpc_url)
         assert again in ("200", "OK"), again
