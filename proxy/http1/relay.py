@@ -274,26 +274,32 @@ class ClientConnection(Exchange):
         else:
             self._send(upstream, self._buffer, 0)
 
-    async def _connect_then_send(self, health: Forward | None = None) -> None:
+    async def _connected(self) -> Upstream | str | None:
+        """A new connection to Triton (through the node gateway): refused, the gateway or
+        Triton restarts (or the gateway's process ended under the request, its keeper still
+        listening), and it waits. Else why not, to answer; None: the tenant left meanwhile."""
         try:
-            # Refused: the gateway (or Triton) restarts; the request has not left, so it waits.
             upstream = await connect_retrying(
                 self._relay.pool.connect,
                 self._relay.settings.connect_retry_seconds,
                 restoring=self._restoring,
             )
         except OSError as e:
-            self._release_slot()
             address = self._relay.upstream_address
-            self._answer_refusal(
-                refusals.UpstreamError(
-                    f"Triton at {address} is unreachable ({e.strerror}); retry soon"
-                )
-            )
-            self._resume()
-            return
+            return f"Triton at {address} is unreachable ({e.strerror}); retry soon"
         if self._state == CLOSED:
             self._relay.pool.put(upstream)
+            return None
+        return upstream
+
+    async def _connect_then_send(self, health: Forward | None = None) -> None:
+        upstream = await self._connected()
+        if isinstance(upstream, str):
+            self._release_slot()
+            self._answer_refusal(refusals.UpstreamError(upstream))
+            self._resume()
+            return
+        if upstream is None:
             return
         self._send(upstream, self._buffer, 0)
         if health is not None:
@@ -303,23 +309,12 @@ class ClientConnection(Exchange):
         self._wait(self._connect_then_resend(request))
 
     async def _connect_then_resend(self, request: bytes) -> None:
-        try:
-            # The node gateway's process ended under the request: its keeper listens, and the
-            # new process takes the connection once it runs.
-            upstream = await connect_retrying(
-                self._relay.pool.connect,
-                self._relay.settings.connect_retry_seconds,
-                restoring=self._restoring,
-            )
-        except OSError as e:
+        upstream = await self._connected()
+        if isinstance(upstream, str):
             self._task = None
-            address = self._relay.upstream_address
-            self._answer_failure(f"Triton at {address} is unreachable ({e.strerror}); retry soon")
-            return
-        if self._state == CLOSED:
-            self._relay.pool.put(upstream)
-            return
-        self._resent(upstream, request)
+            self._answer_failure(upstream)
+        elif upstream is not None:
+            self._resent(upstream, request)
 
     def _restoring(self) -> tuple[asyncio.Event, float] | None:
         """The restore of the request's model a refused connection waits for (the node

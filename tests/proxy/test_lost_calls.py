@@ -115,40 +115,30 @@ def cut_in_flight(call: Callable[[str], str], address: str, forwarder: Forwarder
 
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
-def test_an_idempotent_models_call_lost_with_the_gateway_is_answered(
-    served_triton: TritonServer, gateway: tuple[Forwarder, Forwarder], protocol: str
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_call_lost_with_the_gateway_is_answered_if_its_model_is_idempotent_else_fails_once(
+    served_triton: TritonServer,
+    gateway: tuple[Forwarder, Forwarder],
+    protocol: str,
+    idempotent: bool,
 ) -> None:
-    running = proxy(served_triton, gateway, idempotent=True)
-    forwarder = gateway[0] if protocol == "rest" else gateway[1]
+    running = proxy(served_triton, gateway, idempotent=idempotent)
+    forwarder, call, address = (
+        (gateway[0], rest_call, running.http_url)
+        if protocol == "rest"
+        else (gateway[1], grpc_call, running.grpc_url)
+    )
     try:
-        if protocol == "rest":
-            outcome = cut_in_flight(rest_call, running.http_url, forwarder)
+        outcome = cut_in_flight(call, address, forwarder)
+        if idempotent:
+            assert outcome in ("200", "OK"), outcome
+            assert forwarder.sent == 1, "sent again once, on a new connection"
+            assert resent(running) == {"http" if protocol == "rest" else "grpc": 1.0}
         else:
-            outcome = cut_in_flight(grpc_call, running.grpc_url, forwarder)
-        assert outcome == ("200" if protocol == "rest" else "OK"), outcome
-        assert forwarder.sent == 1, "sent again once, on a new connection"
-        assert resent(running) == {"http" if protocol == "rest" else "grpc": 1.0}
-    finally:
-        running.stop()
-
-
-@pytest.mark.parametrize("protocol", ["rest", "grpc"])
-def test_another_models_call_lost_with_the_gateway_fails_once(
-    served_triton: TritonServer, gateway: tuple[Forwarder, Forwarder], protocol: str
-) -> None:
-    running = proxy(served_triton, gateway, idempotent=False)
-    forwarder = gateway[0] if protocol == "rest" else gateway[1]
-    try:
-        if protocol == "rest":
-            outcome = cut_in_flight(rest_call, running.http_url, forwarder)
-            assert outcome == "502", outcome
-        else:
-            outcome = cut_in_flight(grpc_call, running.grpc_url, forwarder)
-            assert outcome == "StatusCode.UNAVAILABLE", outcome
-        assert forwarder.sent == 0, "failed at the cut, not sent again"
-        assert resent(running) == {}
+            assert outcome in ("502", "StatusCode.UNAVAILABLE"), outcome
+            assert forwarder.sent == 0, "failed at the cut, not sent again"
+            assert resent(running) == {}
         # The next call goes on a new connection and is answered.
-        again = rest_call(running.http_url) if protocol == "rest" else grpc_call(running.grpc_url)
-        assert again in ("200", "OK"), again
+        assert call(address) in ("200", "OK")
     finally:
         running.stop()
