@@ -124,9 +124,9 @@ class Served:
         self.replicas: Replicas | None = None
         """On the table's entry of a model served by replicas to pick from: all of them."""
         self.resend = False
-        """A call of it lost with the connection to the node gateway before its answer began
-        goes again (`Entry.idempotent`, set by a pod's proxy only: the gateway, whose upstream
-        is Triton itself, never sends a call twice, so a call that crashes Triton runs once)."""
+        """A call of it lost before its answer began, with the connection to the node gateway
+        or (the gateway says so) with the gateway's to Triton, goes again once
+        (`Entry.idempotent`; set by a pod's proxy only: the gateway keeps no copy of a call)."""
         self.spread = False
         """One of a model's replicas (`Replicas`): the relays map its private name once it is
         picked; the routers name its public id."""

@@ -32,6 +32,7 @@ from typing import Final, Protocol
 
 from hpack import HPACKError
 
+from proxy.grpc.framing import UNANSWERED
 from proxy.grpc.outbox import Outbox, Scheduler
 from proxy.grpc.stream import Channel, Stream
 from proxy.http2 import frames
@@ -413,8 +414,17 @@ class TritonChannel(Channel, asyncio.Protocol):
         end_stream = bool(flags & frames.END_STREAM)
         if end_stream:
             self._ended_by_triton(stream)
+            if _resendable(stream) and UNANSWERED in fields:
+                self._unanswered(stream)
+                return
         stream.kept = None  # its answer began: never sent again
         stream.replies.triton_headers(stream, fields, end_stream)
+
+    def _unanswered(self, stream: Stream) -> None:
+        """The node gateway lost Triton's connection under `stream`, a call kept to send again
+        (Triton exited: `framing.UNANSWERED`): it goes again, once, here or on a new channel.
+        The gateway holds it until its model is back in Triton."""
+        _send_again(stream, self if self.accepts() else self.relay.channel())
 
     def _ended_by_triton(self, stream: Stream) -> None:
         """Triton sent END_STREAM: if the tenant's side is still open, close it at Triton too
@@ -582,6 +592,10 @@ class RenamingChannel(TritonChannel):
         stream = self.streams.get(sid)
         if stream is None:
             return
+        self._ended_by_triton(stream)
+        if _resendable(stream) and UNANSWERED in fields:
+            self._unanswered(stream)
+            return
         names = self.names(stream)
         if names is not None:
             private, public = names[0], names[1]
@@ -592,7 +606,6 @@ class RenamingChannel(TritonChannel):
                         for n, v in fields
                     )
                     break
-        self._ended_by_triton(stream)
         stream.replies.triton_headers(stream, fields, True)
 
     def _unrenamable(self, stream: Stream, error: NamingError) -> None:

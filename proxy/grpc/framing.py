@@ -66,12 +66,25 @@ def retry_fields(seconds: int) -> list[tuple[bytes, bytes]]:
     ]
 
 
+UNANSWERED: Final = (b"tritonshare-unanswered", b"1")
+"""The trailer field of the relay's UNAVAILABLE for a call its connection to Triton lost before
+Triton answered: the pod's proxy in front sends an idempotent model's call again on it."""
+
+
 def local_trailers(
-    stream_id: int, code: str, details: str, head: bool, retry_after: int = 0
+    stream_id: int,
+    code: str,
+    details: str,
+    head: bool,
+    retry_after: int = 0,
+    unanswered: bool = False,
 ) -> bytes:
-    """The trailers of the relay's own answer (with `retry_fields` when `retry_after`); with
-    `head` (nothing sent on the stream yet) the one Trailers-Only block of a bare error."""
+    """The trailers of the relay's own answer (with `retry_fields` when `retry_after`, and
+    `UNANSWERED` when `unanswered`); with `head` (nothing sent on the stream yet) the one
+    Trailers-Only block of a bare error."""
     fields = status_fields(code, details) + retry_fields(retry_after)
+    if unanswered:
+        fields.append(UNANSWERED)
     return headers_frames(
         stream_id, header_block(_RESPONSE_HEAD + fields if head else fields), True
     )

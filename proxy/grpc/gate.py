@@ -407,8 +407,10 @@ class StreamGate:
         details: str,
         response: bytes | None = None,
         retry_after: int = 0,
+        unanswered: bool = False,
     ) -> None:
-        """Answer `stream` ourselves and reset it at Triton."""
+        """Answer `stream` ourselves and reset it at Triton (`unanswered`: Triton's connection
+        was lost under it, `framing.UNANSWERED`)."""
         self.streams.pop(stream.sid, None)
         stream.scan = None
         stream.inflation = None
@@ -416,7 +418,8 @@ class StreamGate:
             assert stream.channel is not None
             stream.channel.reset(stream)
         stream.buf.clear()
-        self.answer(stream, GrpcAnswer(stream.route, code, details), None, response, retry_after)
+        answer = GrpcAnswer(stream.route, code, details)
+        self.answer(stream, answer, None, response, retry_after, unanswered)
 
     def answer(
         self,
@@ -425,6 +428,7 @@ class StreamGate:
         started: float | None,
         response: bytes | None = None,
         retry_after: int = 0,
+        unanswered: bool = False,
     ) -> None:
         """Answer `stream` with `answer` (and `response`, or the answer's own for an OK one)."""
         if response is None and answer.code == "OK":
@@ -438,7 +442,9 @@ class StreamGate:
             self.replies.to_tenant(stream, framing.grpc_message(response), False)
         self.replies.end_to_tenant(
             stream,
-            framing.local_trailers(stream.sid, answer.code, answer.details, head, retry_after),
+            framing.local_trailers(
+                stream.sid, answer.code, answer.details, head, retry_after, unanswered
+            ),
         )
         if started is not None:
             served = stream.served

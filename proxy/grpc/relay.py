@@ -87,8 +87,15 @@ class H2Connection(Connection):
             # connection (through its Service, which no longer routes here) for its next call.
             self.go_away()
 
-    def refuse(self, stream: Stream, code: str, details: str, response: bytes | None) -> None:
-        self.gate.refuse(stream, code, details, response)
+    def refuse(
+        self,
+        stream: Stream,
+        code: str,
+        details: str,
+        response: bytes | None,
+        unanswered: bool = False,
+    ) -> None:
+        self.gate.refuse(stream, code, details, response, 0, unanswered)
 
     def answered(self, stream: Stream, requests: int) -> None:
         self.gate.answered(stream, requests)

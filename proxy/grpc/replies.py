@@ -52,8 +52,16 @@ class ReplyHooks(FrameSink):
         """The call ended with `code`: free its slot, count it."""
         raise NotImplementedError
 
-    def refuse(self, stream: Stream, code: str, details: str, response: bytes | None) -> None:
-        """Answer `stream` with the relay's own error (and `response`), reset it at Triton."""
+    def refuse(
+        self,
+        stream: Stream,
+        code: str,
+        details: str,
+        response: bytes | None,
+        unanswered: bool = False,
+    ) -> None:
+        """Answer `stream` with the relay's own error (and `response`), reset it at Triton
+        (`unanswered`: lost with the connection to Triton, `framing.UNANSWERED`)."""
         raise NotImplementedError
 
     def answered(self, stream: Stream, requests: int) -> None:
@@ -234,4 +242,4 @@ class Replies(TenantSide):
                 stream.detach()
                 return
             error = UpstreamError(UNAVAILABLE)
-            self.hooks.refuse(stream, grpc_code(error).name, str(error), None)
+            self.hooks.refuse(stream, grpc_code(error).name, str(error), None, True)

@@ -175,11 +175,18 @@ class Connection(asyncio.Protocol):
             self._limiter.release()
 
     def _write_answer(
-        self, status: int, content_type: str, body: bytes, retry_after: int = 0
+        self,
+        status: int,
+        content_type: str,
+        body: bytes,
+        retry_after: int = 0,
+        unanswered: bool = False,
     ) -> None:
         if self.transport is not None:
             self.transport.write(
-                answer_bytes(status, content_type, body, not self._keep_alive, retry_after)
+                answer_bytes(
+                    status, content_type, body, not self._keep_alive, retry_after, unanswered
+                )
             )
         if not self._keep_alive and self._state != BODY:
             self._close()

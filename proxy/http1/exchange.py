@@ -352,13 +352,15 @@ class Exchange(Connection):
         )
 
     def _answer_failure(self, text: str) -> None:
-        """Answer the exchange's request 502 saying `text`, and close after it."""
+        """Answer the exchange's request 502 saying `text`, marked unanswered
+        (`framing.UNANSWERED`: Triton may have had it, and gave no answer), and close after
+        it."""
         self._response_done = True
         error = refusals.UpstreamError(text)
         status = refusals.http_status(error)
         self._finish(str(status))
         self._keep_alive = False
-        self._write_answer(status, "application/json", error_body(str(error)))
+        self._write_answer(status, "application/json", error_body(str(error)), 0, True)
 
     def _finish(self, code: str) -> None:
         if self._holding:  # `_release_slot`, inline: this runs once per request

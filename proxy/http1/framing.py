@@ -300,17 +300,31 @@ _REASONS: Final = {
 }
 
 
+UNANSWERED: Final = b"\r\nTritonshare-Unanswered: 1\r\n"
+"""The header of the relay's 502 for a request its connection to Triton lost before Triton
+answered (`answer_bytes`): the pod's proxy in front sends an idempotent model's request again
+on it (`upstream.Upstream`)."""
+
+
 def answer_bytes(
-    status: int, content_type: str, body: bytes, close: bool, retry_after: int = 0
+    status: int,
+    content_type: str,
+    body: bytes,
+    close: bool,
+    retry_after: int = 0,
+    unanswered: bool = False,
 ) -> bytes:
     """A whole response the relay gives itself (Triton's answers pass through untouched); with
-    `retry_after` (seconds, more than 0), a `Retry-After` header."""
+    `retry_after` (seconds, more than 0), a `Retry-After` header; with `unanswered`, the
+    `UNANSWERED` one."""
     head = (
         f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
         f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
     )
     if retry_after > 0:
         head += f"Retry-After: {retry_after}\r\n"
+    if unanswered:
+        head += UNANSWERED[2:].decode()
     if close:
         head += "Connection: close\r\n"
     return head.encode() + b"\r\n" + body

@@ -18,6 +18,7 @@ from typing import Final, Protocol
 
 from proxy.http1.framing import (
     MAX_HEAD_BYTES,
+    UNANSWERED,
     ChunkedFraming,
     ResponseHead,
     parse_response_head,
@@ -166,6 +167,10 @@ class Upstream(asyncio.Protocol):
                 client.relay_response(data[: head_end + 4])
                 data = data[head_end + 4 :]
                 continue
+            if head.status == 502 and UNANSWERED in data[: head_end + 4]:
+                # The node gateway's: Triton's connection was lost under the request (Triton
+                # exited). As a connection lost before the answer: sent again if it may be.
+                raise UpstreamError("Triton exited with the request unanswered")
             self.code = str(head.status)
             self.keep_alive = head.keep_alive
             if self._head_only or head.status in (204, 304):

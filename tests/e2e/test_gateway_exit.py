@@ -1,8 +1,9 @@
-"""The node gateway's process killed with calls in flight, on the simulated cluster with the real
-processes (one real node; its gateway run by its keeper, which starts it again at once): the
-calls of a TritonModel marked `idempotent` are answered, over REST and gRPC, sent again by its
-host's proxy; those of a neighbour on the same host without it fail once (502, UNAVAILABLE), as
-Triton may have run them. Both models are `sleepy` (Python: tenant code, which the namespace is
+"""The node gateway's process, then Triton's, killed with calls in flight, on the simulated
+cluster with the real processes (one real node; the gateway and Triton each run by a keeper,
+which starts it again at once): the calls of a TritonModel marked `idempotent` are answered,
+over REST and gRPC, sent again by its host's proxy (after Triton's exit, once the gateway has
+the model back); those of a neighbour on the same host without it fail once (502, UNAVAILABLE),
+as Triton may have run them. Both models are `sleepy` (Python: tenant code, which the namespace is
 let run), so the calls are still at Triton when the gateway goes."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import urllib.request
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -25,15 +28,37 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.hosted import host_name
 from sim.cluster import SimCluster
-from sim.processes import wait_until
+from sim.processes import process_stats, wait_until
+from sim.triton import TritonInstall
 from tests.e2e.test_node_pod_drain import _listening, _ready
-from tests.e2e.test_tritonmodel_one_node import NAMESPACE, NODE, cluster
+from tests.e2e.test_tritonmodel_one_node import NAMESPACE, NODE
 from tests.e2e.test_tritonmodel_two_nodes import GROUP, PLURAL, VERSION
 
-__all__ = ["cluster"]  # one real node of four T4s and the namespace, as the one-node test's
 SLEEPY = Path(__file__).resolve().parents[1] / "proxy" / "models" / "sleepy"
 DELAY_MS = 4000
 """Each call's time at Triton: both calls of a model are at the gateway for that long."""
+
+
+@pytest.fixture
+def cluster(
+    tmp_path: Path, triton_install: TritonInstall, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SimCluster]:
+    """One real node of four T4s and the namespace, as the one-node test's. Its agent counts a
+    Triton exit against no model loaded just before it (`--crash-settle-seconds 0`), so that
+    the test's models, loaded seconds before, load again at once after the exit, not last and
+    alone as suspects."""
+    monkeypatch.setenv("TRITONSHARE_CRASH_SETTLE_SECONDS", "0")
+    with SimCluster(
+        tmp_path / "cluster",
+        (NODE,),
+        binders=1,
+        webhook=True,
+        tenant_code_namespaces=(NAMESPACE,),
+        keep_pod_logs=True,
+    ) as running:
+        assert running.missing == [], running.missing
+        running.core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
+        yield running
 
 
 def _files(root: Path, name: str) -> Path:
@@ -70,26 +95,25 @@ def _grpc(address: str, model: str) -> str:
         client.close()
 
 
-def _at_gateway(url: str) -> dict[str, float]:
-    """The requests the gateway holds now (at Triton or queued for a slot there), by model."""
+def _at_gateway(url: str) -> dict[str, tuple[float, float]]:
+    """The requests the gateway holds now by model: at Triton, and queued for a slot there."""
     with urllib.request.urlopen(url, timeout=5) as answer:
         text = answer.read().decode()
-    held: dict[str, float] = {}
+    held: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            named = sample.name in (
-                "tritonshare_gateway_requests_in_flight",
-                "tritonshare_gateway_requests_queued",
-            )
-            if named and "pod" in sample.labels:
-                model = sample.labels["model"]
-                held[model] = held.get(model, 0.0) + sample.value
-    return held
+            kind = {
+                "tritonshare_gateway_requests_in_flight": 0,
+                "tritonshare_gateway_requests_queued": 1,
+            }.get(sample.name)
+            if kind is not None and "pod" in sample.labels:
+                held.setdefault(sample.labels["model"], [0.0, 0.0])[kind] += sample.value
+    return {model: (counts[0], counts[1]) for model, counts in held.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.triton
-def test_an_idempotent_models_calls_are_answered_through_a_gateway_exit(
+def test_an_idempotent_models_calls_are_answered_through_a_gateway_or_triton_exit(
     cluster: SimCluster, tmp_path: Path
 ) -> None:
     assert cluster.model_store is not None and cluster.kube is not None
@@ -109,30 +133,54 @@ def test_an_idempotent_models_calls_are_answered_through_a_gateway_exit(
     gateway = cluster.gateways[NODE.name]
     metrics = f"http://{gateway.address}:{gateway.metrics}/metrics"
 
+    # The gateway's process ends: the host's proxy loses its connections to the gateway.
+    killed = _calls_lost_by(address, metrics, gateway.serving_pid, at_triton_only=False)
+    wait_until("a new gateway process", lambda: gateway.serving_pid() not in (None, killed), 30)
+    wait_until("the gateway serving", lambda: _rest(address, "plain") == "200", 30)
+    # Triton's process ends (as a crash): the gateway loses its connections to Triton, holds the
+    # calls sent again until the models are loaded again, and the host's proxy sends them.
+    triton = cluster.tritons[NODE.name]
+    _calls_lost_by(address, metrics, lambda: _kept_pid(triton.process), at_triton_only=True)
+
+
+def _kept_pid(keeper: subprocess.Popen[bytes] | None) -> int | None:
+    """The process a keeper runs now (Triton's server under its container's keeper)."""
+    assert keeper is not None
+    return next((p.pid for p in process_stats() if p.parent == keeper.pid and p.state != "Z"), None)
+
+
+def _calls_lost_by(
+    address: str, metrics: str, victim: Callable[[], int | None], at_triton_only: bool
+) -> int:
+    """Two calls of each model over each protocol at the gateway, then the process `victim`
+    names SIGKILLed (its pid returned): the idempotent model's calls are answered; the other's
+    fail once (REST 502, gRPC UNAVAILABLE): both, or with `at_triton_only` at least the one at
+    Triton (one the gateway still held for a slot never went, and goes once Triton is back)."""
     with ThreadPoolExecutor(4) as pool:
         calls = {
             (model, protocol): pool.submit(call, address, model)
             for model in ("idem", "plain")
             for protocol, call in (("rest", _rest), ("grpc", _grpc))
         }
-        seen: list[dict[str, float]] = []
+        seen: list[dict[str, tuple[float, float]]] = []
 
         def held() -> bool:
             seen.append(_at_gateway(metrics))
-            return seen[-1] == {"idem": 2.0, "plain": 2.0}
+            return {model: sum(counts) for model, counts in seen[-1].items()} == {
+                "idem": 2.0,
+                "plain": 2.0,
+            }
 
         wait_until("every call at the gateway", held, 30, lambda: f"the gateway held {seen}")
-        killed = gateway.serving_pid()
+        killed = victim()
         assert killed is not None
         os.kill(killed, signal.SIGKILL)
         outcomes = {key: call.result(90) for key, call in calls.items()}
-
-    assert outcomes == {
-        ("idem", "rest"): "200",
-        ("idem", "grpc"): "OK",
-        ("plain", "rest"): "502",
-        ("plain", "grpc"): "StatusCode.UNAVAILABLE",
-    }
-    # The gateway was started again in place, and serves both.
-    wait_until("a new gateway process", lambda: gateway.serving_pid() not in (None, killed), 30)
-    assert _rest(address, "plain") == "200" and _grpc(address, "idem") == "OK"
+    assert outcomes[("idem", "rest")] == "200" and outcomes[("idem", "grpc")] == "OK", outcomes
+    answers = {"rest": ("200", "502"), "grpc": ("OK", "StatusCode.UNAVAILABLE")}
+    plain = [answers[protocol].index(outcomes[("plain", protocol)]) for protocol in answers]
+    if at_triton_only:
+        assert 1 in plain, outcomes
+    else:
+        assert plain == [1, 1], outcomes
+    return killed
