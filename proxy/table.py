@@ -78,6 +78,10 @@ class Entry:
 RESEND_BYTES: Final = 1024 * 1024
 """The most of one request a proxy keeps to send again (`Served.resend`); a larger one is not
 kept, and fails as any other model's if its connection goes under it."""
+RESENDS: Final = 2
+"""The most times one request is sent again: Triton exiting in a row (a neighbour's crashing
+load loads again after the others) may lose it more than once; a request that crashes Triton
+crashes it at most this many times more (the crash quarantine counts each exit)."""
 
 
 class Served:

@@ -56,7 +56,7 @@ from proxy.processflags import ProxyState
 from proxy.reconnect import connect_retrying
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
-from proxy.table import RESEND_BYTES
+from proxy.table import RESEND_BYTES, RESENDS
 
 log = logging.getLogger(__name__)
 
@@ -512,16 +512,20 @@ def _resendable(stream: Stream) -> bool:
 
 
 def _send_again(stream: Stream, channel: TritonChannel) -> None:
-    """Open `stream` on `channel` and send what it kept, once: nothing is kept after."""
-    kept, stream.kept = stream.kept, None
+    """Open `stream` on `channel` and send what it kept; kept again for another time until it
+    went `RESENDS` times."""
+    kept, stream.kept = stream.kept, None  # not kept twice by `send` below
     assert kept is not None and stream.served is not None
     stream.served.metrics.resent("grpc")
+    stream.resends += 1
     ended = stream.up_end or we_ended(stream.triton)
     stream.detach()
     stream.up_held.clear()
     stream.up_end = False
     channel.open(stream, stream.fields, False)
     channel.send(stream, bytes(kept), ended)
+    if stream.resends < RESENDS:
+        stream.kept = kept
 
 
 class RenamingChannel(TritonChannel):

@@ -64,6 +64,7 @@ class Stream:
         "passed",
         "received",
         "replies",
+        "resends",
         "responded",
         "resuming",
         "route",
@@ -139,10 +140,11 @@ class Stream:
         self.up_end = False
         self.up_sent = False  # request bytes went to a channel (`unsent`)
         self.given = 0
+        self.resends = 0  # times sent again (`channel._send_again`)
         self.kept: bytearray | None = None
         """What went to Triton of a call that may be sent again (`channel._resendable`), kept
         until Triton's answer begins; None: nothing kept (a stream, another model's call, one
-        past RESEND_BYTES, or one sent again already)."""
+        past RESEND_BYTES, or one sent again RESENDS times)."""
         # Triton's answers renamed to the public model id (`channel.RenamingChannel`), if so.
         self.answers: AnswerNames | None = None
 

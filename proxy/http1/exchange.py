@@ -32,7 +32,7 @@ from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
 from proxy.policy.routing import error_body
-from proxy.table import RESEND_BYTES, Served
+from proxy.table import RESEND_BYTES, RESENDS, Served
 
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static, where an
@@ -58,6 +58,10 @@ class Exchange(Connection):
         self._kept: bytes | None = None
         """The request as sent whole, kept to send again (`upstream_failed`) until Triton's
         answer begins: a model's whose calls may run twice (`Served.resend`)."""
+        self._resends = 0
+        """Times the request was sent again (at most `RESENDS`)."""
+        self._keeping: bytearray | None = None
+        """The request so far, as its body passes (`_relay_body`), to be `_kept` once whole."""
 
     def _next_request(self) -> None:
         """Take the next request buffered, if any (`relay.ClientConnection`)."""
@@ -71,6 +75,7 @@ class Exchange(Connection):
         """Send the request on `upstream`: the prepared head, then the body, which begins at
         `buffer[start]`; `verbatim` when `buffer[:start]` is the head as received and the same
         bytes as the prepared one."""
+        self._kept = self._keeping = None  # nothing of an earlier exchange is sent again
         head = self._head
         assert head is not None
         self._task = None
@@ -101,6 +106,7 @@ class Exchange(Connection):
             served = self._served
             if served is not None and served.resend and len(request) <= RESEND_BYTES:
                 self._kept = request
+                self._resends = 0
             upstream.begin(self, head.method == "HEAD", request)
             self._remaining = 0
             self._request_done = True
@@ -108,6 +114,15 @@ class Exchange(Connection):
                 self._buffer = buffer[end:]
             self._state = AWAIT
         else:
+            served = self._served
+            if (
+                served is not None
+                and served.resend
+                and self._chunked is None
+                and not head.encoding
+                and len(self._upstream_head) + self._remaining <= RESEND_BYTES
+            ):
+                self._keeping = bytearray(self._upstream_head)  # its body arrives in pieces
             upstream.begin(self, head.method == "HEAD", self._upstream_head)
             self._state = BODY
             self._sink = upstream
@@ -137,6 +152,9 @@ class Exchange(Connection):
         self._task = None
         self._upstream = upstream
         self._state = AWAIT
+        self._resends += 1
+        if self._resends < RESENDS:
+            self._kept = request  # lost again (Triton exits in a row): sent again
         upstream.begin(self, head.method == "HEAD", request)
         self._closing_answer(upstream)
 
@@ -200,7 +218,10 @@ class Exchange(Connection):
             return
         stop = len(data) if end == -1 else end
         if self._sink is not None and stop > start:
-            self._sink.write(data if start == 0 and stop == len(data) else data[start:stop])
+            piece = data if start == 0 and stop == len(data) else data[start:stop]
+            self._sink.write(piece)
+            if self._keeping is not None:
+                self._keeping += piece
         if end >= 0:
             self._body_done(data, end)
 
@@ -268,6 +289,13 @@ class Exchange(Connection):
         return data
 
     def _body_done(self, data: bytes, end: int) -> None:
+        keeping = self._keeping
+        if keeping is not None:
+            self._keeping = None
+            if self._sink is not None and not self._response_done:
+                # The request went whole and is not answered yet: kept to send again.
+                self._kept = bytes(keeping)
+                self._resends = 0
         self._request_done = True
         self._sink = None
         self._checks.end()

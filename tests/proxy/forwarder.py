@@ -31,21 +31,28 @@ class Forwarder(socketserver.ThreadingTCPServer):
         went to its last byte (not the proxy's readiness checks), since the last cut."""
         self.holding = False
         """Connections opened now get nothing back from Triton (`hold`), until the cut."""
+        self.begun = 0
+        """REST POSTs whose head went through, since the last `hold`."""
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         super().__init__(("127.0.0.1", port), Splice)
 
     def hold(self) -> None:
-        """Pass nothing back from Triton on the connections opened from now until the cut."""
-        self.holding = True
+        """Pass nothing back from Triton on the connections opened from now until the cut, and
+        count the requests passed on from now."""
+        with self._lock:
+            self.holding = True
+            self.sent = 0
+            self.begun = 0
 
-    def cut(self) -> int:
+    def cut(self, hold_next: bool = False) -> int:
         """Close every connection held, both ways, at once (the process that held them ended);
-        the forwarder goes on listening, and passes answers again. The number cut."""
+        the forwarder goes on listening, and passes answers again (unless `hold_next`: not on
+        the connections opened until the next cut either). The number cut."""
         with self._lock:
             held, self._open = self._open, set()
             self.sent = 0
-            self.holding = False
+            self.holding = hold_next
         for sock in held:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -107,6 +114,8 @@ class _Requests:
                         length = int(line.split(b":", 1)[1])
                 self._body_left = length
                 self._counted = head.startswith(b"post ")
+                if self._counted:
+                    self._forwarder.begun += 1
             taken = min(self._body_left, len(self._seen))
             self._seen = self._seen[taken:]
             self._body_left -= taken

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -21,6 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.table import RESENDS
 from sim.triton import TritonServer, free_port
 from tests.proxy.conftest import RunningProxy, proxy_settings
 from tests.proxy.forwarder import Forwarder
@@ -99,18 +101,21 @@ def grpc_call(address: str) -> str:
         client.close()
 
 
-def cut_in_flight(call: Callable[[str], str], address: str, forwarder: Forwarder) -> str:
-    """Make `call`, cut the forwarder's connections once its request went through whole (Triton
-    runs it; its answer is held back), and return its outcome."""
+def cut_in_flight(
+    call: Callable[[str], str], address: str, forwarder: Forwarder, cuts: int = 1
+) -> str:
+    """Make `call`, cut the forwarder's connections `cuts` times, each once the request went
+    through whole (Triton runs it; its answer is held back), and return its outcome."""
     forwarder.hold()
     with ThreadPoolExecutor(1) as pool:
         outcome = pool.submit(call, address)
-        deadline = time.monotonic() + 20
-        while forwarder.sent < 1:
-            assert not outcome.done(), outcome.result()
-            assert time.monotonic() < deadline, "the call never went through the gateway"
-            time.sleep(0.01)
-        assert forwarder.cut() >= 1
+        for cut in range(1, cuts + 1):
+            deadline = time.monotonic() + 20
+            while forwarder.sent < 1:
+                assert not outcome.done(), (cut, outcome.result())
+                assert time.monotonic() < deadline, f"the call never went through (cut {cut})"
+                time.sleep(0.01)
+            assert forwarder.cut(hold_next=cut < cuts) >= 1
         return outcome.result(40)
 
 
@@ -140,5 +145,63 @@ def test_a_call_lost_with_the_gateway_is_answered_if_its_model_is_idempotent_els
             assert resent(running) == {}
         # The next call goes on a new connection and is answered.
         assert call(address) in ("200", "OK")
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+def test_a_call_lost_again_is_sent_again_up_to_its_bound(
+    served_triton: TritonServer, gateway: tuple[Forwarder, Forwarder], protocol: str
+) -> None:
+    """Triton exiting in a row (a neighbour's crashing load loads again) loses a call more than
+    once: sent again RESENDS times, it is answered; lost once more, it fails."""
+    running = proxy(served_triton, gateway, idempotent=True)
+    forwarder, call, address = (
+        (gateway[0], rest_call, running.http_url)
+        if protocol == "rest"
+        else (gateway[1], grpc_call, running.grpc_url)
+    )
+    counted = "http" if protocol == "rest" else "grpc"
+    try:
+        assert cut_in_flight(call, address, forwarder, cuts=RESENDS) in ("200", "OK")
+        assert resent(running) == {counted: RESENDS}
+        outcome = cut_in_flight(call, address, forwarder, cuts=RESENDS + 1)
+        assert outcome in ("502", "StatusCode.UNAVAILABLE"), outcome
+        assert forwarder.sent == 0, "not sent a fourth time"
+        assert resent(running) == {counted: 2 * RESENDS}
+    finally:
+        running.stop()
+
+
+def test_a_rest_request_whose_body_came_in_pieces_is_sent_again_whole(
+    served_triton: TritonServer, gateway: tuple[Forwarder, Forwarder]
+) -> None:
+    """The proxy streams a body that was not all there when the request went to Triton: kept as
+    it passes, and sent again whole once it was."""
+    running = proxy(served_triton, gateway, idempotent=True)
+    forwarder = gateway[0]
+    body = json.dumps(
+        {"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "INT32", "data": [DELAY_MS]}]}
+    ).encode()
+    head = (
+        f"POST /v2/models/sleepy/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    try:
+        forwarder.hold()
+        host, _, port = running.http_url.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=30) as client:
+            client.sendall(head)  # the proxy connects to the gateway and streams the body
+            deadline = time.monotonic() + 20
+            while not forwarder.begun:
+                assert time.monotonic() < deadline, "the proxy never sent the head on"
+                time.sleep(0.01)
+            client.sendall(body)
+            while forwarder.sent < 1:
+                assert time.monotonic() < deadline, "the request never went through whole"
+                time.sleep(0.01)
+            assert forwarder.cut() >= 1
+            answer = client.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert resent(running) == {"http": 1.0}
     finally:
         running.stop()
