@@ -245,8 +245,8 @@ class ProxyMetrics:
             )
             self._resent_counter = Counter(
                 "tritonshare_proxy_resent_requests",
-                "Requests of an idempotent model sent again after the connection to the node "
-                "gateway was lost under them, by protocol.",
+                "Requests of an idempotent model sent again after the node gateway's or "
+                "Triton's exit lost them unanswered, by protocol.",
                 ["model", "protocol"],
                 registry=self.registry,
             )
@@ -375,7 +375,7 @@ class ProxyMetrics:
         return answers
 
     def resent(self, protocol: str) -> None:
-        """Count one request sent again after its connection to the node gateway was lost."""
+        """Count one request sent again after the gateway's or Triton's exit lost it."""
         self._resent.add(protocol)
         self._resent_counter.labels(self._model, protocol).inc()
 

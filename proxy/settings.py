@@ -319,10 +319,11 @@ class Settings:
         boolean,
         default="false",
     )
-    """true: a call of the model lost with this pod's connection to the node gateway (the
-    gateway's process restarting) before its answer began goes again: REST sent again once,
-    gRPC refused with REFUSED_STREAM, which gRPC clients send again. false (default): it fails
-    (502, UNAVAILABLE), since Triton may have run it."""
+    """true: a call of the model lost before its answer began, with this pod's connection to the
+    node gateway (the gateway's process restarting) or with the gateway's to Triton (Triton
+    exiting), is sent again by this proxy, up to `table.RESENDS` times, if at most
+    `table.RESEND_BYTES`. false (default): it fails (502, UNAVAILABLE), since Triton may have
+    run it."""
     idle_seconds: float = setting(
         "idle-seconds",
         "seconds with no inference request before an on-demand model is unloaded",

@@ -70,9 +70,8 @@ class Entry:
     a request of it comes on is closed after that request's answer (REST: `Connection: close`;
     gRPC: GOAWAY), so that its clients reconnect through the Service."""
     idempotent: bool = False
-    """Its calls may run twice (no sequence batcher, no side effects): one lost with the
-    proxy's connection to the node gateway before its answer began is sent again (REST) or
-    refused for its client to send again (gRPC's REFUSED_STREAM)."""
+    """Its calls may run twice (no sequence batcher, no side effects): one lost before its
+    answer began is sent again (`Served.resend`)."""
 
 
 RESEND_BYTES: Final = 1024 * 1024
@@ -129,7 +128,7 @@ class Served:
         """On the table's entry of a model served by replicas to pick from: all of them."""
         self.resend = False
         """A call of it lost before its answer began, with the connection to the node gateway
-        or (the gateway says so) with the gateway's to Triton, goes again once
+        or (the gateway says so) with the gateway's to Triton, goes again, up to RESENDS times
         (`Entry.idempotent`; set by a pod's proxy only: the gateway keeps no copy of a call)."""
         self.spread = False
         """One of a model's replicas (`Replicas`): the relays map its private name once it is

@@ -80,7 +80,7 @@ class ModelRequest:
     idle_seconds: float = 0.0
     """With residency on-demand: the proxy's --idle-seconds, the floor applied."""
     idempotent: bool = False
-    """The proxy's --idempotent: a call lost with the node gateway's process is sent again."""
+    """The proxy's --idempotent: a call lost with the gateway's or Triton's exit is sent again."""
 
 
 def wants_completion(pod: Pod, settings: Settings) -> bool:

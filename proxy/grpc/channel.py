@@ -414,17 +414,20 @@ class TritonChannel(Channel, asyncio.Protocol):
         end_stream = bool(flags & frames.END_STREAM)
         if end_stream:
             self._ended_by_triton(stream)
-            if _resendable(stream) and UNANSWERED in fields:
-                self._unanswered(stream)
+            if self._sent_again(stream, fields):
                 return
         stream.kept = None  # its answer began: never sent again
         stream.replies.triton_headers(stream, fields, end_stream)
 
-    def _unanswered(self, stream: Stream) -> None:
-        """The node gateway lost Triton's connection under `stream`, a call kept to send again
-        (Triton exited: `framing.UNANSWERED`): it goes again, once, here or on a new channel.
-        The gateway holds it until its model is back in Triton."""
+    def _sent_again(self, stream: Stream, fields: Fields) -> bool:
+        """Whether `stream`, ended by the node gateway with `fields`, went again: the gateway
+        lost Triton's connection under a call kept to send again (Triton exited:
+        `framing.UNANSWERED`); it goes here or on a new channel, and the gateway holds it until
+        its model is back in Triton."""
+        if not (_resendable(stream) and UNANSWERED in fields):
+            return False
         _send_again(stream, self if self.accepts() else self.relay.channel())
+        return True
 
     def _ended_by_triton(self, stream: Stream) -> None:
         """Triton sent END_STREAM: if the tenant's side is still open, close it at Triton too
@@ -502,12 +505,12 @@ class TritonChannel(Channel, asyncio.Protocol):
 
 
 def _resendable(stream: Stream) -> bool:
-    """Whether a call whose connection was lost is sent again: a unary call of a model that
-    runs its calls twice safely (`Served.resend`: a pod's proxy, its upstream the node gateway),
-    kept whole (`Stream.kept`: its tenant ended it, so no credit the tenant is given again lets
-    it send more), whose answer had not begun. The gateway's process ended under it; Triton may
-    have run it, which such a model allows. A call still to send needs nothing kept
-    (`Stream.detach`); a stream's messages, or a begun answer, are never sent twice."""
+    """Whether a call lost with the gateway's or Triton's exit is sent again: a unary call of a
+    model that runs its calls twice safely (`Served.resend`: a pod's proxy, its upstream the
+    node gateway), kept whole (`Stream.kept`: its tenant ended it, so no credit the tenant is
+    given again lets it send more), whose answer had not begun. Triton may have run it, which
+    such a model allows. A call still to send needs nothing kept (`Stream.detach`); a stream's
+    messages, or a begun answer, are never sent twice."""
     return stream.kept is not None and not stream.responded and peer_ended(stream.tenant)
 
 
@@ -597,8 +600,7 @@ class RenamingChannel(TritonChannel):
         if stream is None:
             return
         self._ended_by_triton(stream)
-        if _resendable(stream) and UNANSWERED in fields:
-            self._unanswered(stream)
+        if self._sent_again(stream, fields):
             return
         names = self.names(stream)
         if names is not None:

@@ -358,8 +358,9 @@ class Exchange(Connection):
                 self._next_request()
 
     def upstream_failed(self, upstream: Upstream, reason: str) -> None:
-        """The upstream connection broke before the response was complete: a request kept
-        (`_kept`) whose answer had not begun is sent again, once; any other fails."""
+        """The upstream connection broke before the response was complete (or the gateway said
+        Triton did, `Upstream`): a request kept (`_kept`) whose answer had not begun is sent
+        again (up to RESENDS times, `_resent`); any other fails."""
         self._upstream = None
         self._sink = None
         kept, self._kept = self._kept, None
