@@ -9,8 +9,11 @@ listening sockets across its own restarts (`pass_fds`).
 
 The keeper starts the command (in a process group of its own, `own_group`, or in the keeper's),
 and when it exits ends what it left in its own group (Triton's backend stubs, which hold its
-sockets), as the container runtime would, then starts it again after `DELAYS` (at once, then 1,
-2, 4 and 8 s: within a liveness probe's 30 s) and says so (`say`; on its output by default).
+sockets), as the container runtime would, then starts it again and says so (`say`; on its output
+by default). A server that ran `BRIEF_SECONDS` or more (it started, then a model or a request
+killed it: the agent's crash quarantine bounds those exits) starts again at once, since every
+model of the node waits for it; one that died sooner, as a server that cannot start does, after
+`DELAYS` (at once, then 1, 2, 4 and 8 s: within a liveness probe's 30 s) by such exits in a row.
 Each start's environment says which start it is (`STARTS_ENV`: 1, 2, ...). After
 `GIVE_UP_AFTER` exits in a row, none of them after `SETTLED_SECONDS` of running, it exits with
 the command's status and the kubelet's back-off takes over. SIGTERM or SIGINT go to the command
@@ -35,8 +38,12 @@ from collections.abc import Callable, Mapping, Sequence
 STARTS_ENV = "TRITONSHARE_KEEPER_STARTS"
 """The environment variable that tells the command which start of it this is (1 the first)."""
 DELAYS = (0.0, 1.0, 2.0, 4.0, 8.0)
-"""Seconds before the server starts again after its 1st, 2nd, ... exit in a row (the last one
-for every later exit)."""
+"""Seconds before the server starts again after its 1st, 2nd, ... brief exit in a row (the last
+one for every later exit)."""
+BRIEF_SECONDS = 2.0
+"""A server that ran less than this before it exited is backed off (`DELAYS`), as one that cannot
+start is (Triton fails on its flags, ports or repository within it); one that ran longer served or
+loaded models, and the exits a model causes are bounded by the agent's crash quarantine."""
 SETTLED_SECONDS = 60.0
 """A server that ran this long before it exited starts the count of exits in a row afresh."""
 GIVE_UP_AFTER = 10
@@ -71,6 +78,7 @@ class Keeper:
         *,
         delays: Sequence[float] = DELAYS,
         settled_seconds: float = SETTLED_SECONDS,
+        brief_seconds: float = BRIEF_SECONDS,
         give_up_after: int = GIVE_UP_AFTER,
         own_group: bool = True,
         pass_fds: Sequence[int] = (),
@@ -90,6 +98,7 @@ class Keeper:
         self.say = say
         self.delays = tuple(delays)
         self.settled_seconds = settled_seconds
+        self.brief_seconds = brief_seconds
         self.give_up_after = give_up_after
         self.stopping = 0
         """The signal that asked the keeper to stop (0: none)."""
@@ -108,7 +117,7 @@ class Keeper:
 
     def run(self) -> int:
         """Keep the server running; the keeper's exit status."""
-        in_a_row = 0
+        in_a_row = brief_in_a_row = 0
         for start in itertools.count(1):
             started = time.monotonic()
             env = dict(os.environ if self.env is None else self.env)
@@ -140,7 +149,8 @@ class Keeper:
                     f"{in_a_row} times in a row: leaving its restarts to the kubelet"
                 )
                 return exit_status(status)
-            delay = self.delays[min(in_a_row, len(self.delays)) - 1]
+            brief_in_a_row = brief_in_a_row + 1 if ran < self.brief_seconds else 0
+            delay = self.delays[min(brief_in_a_row, len(self.delays)) - 1] if brief_in_a_row else 0
             ended = "; its other processes are ended" if self.own_group else ""
             self.say(
                 f"{self.name} exited ({status_words(status)}) after {ran:.1f} s{ended}; starting "

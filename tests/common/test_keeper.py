@@ -1,8 +1,8 @@
 """Triton's keeper, the node pod's Triton container's main process, with stand-in servers: it
-starts a server that dies again at once, then after growing delays, gives up after so many exits
-in a row (a server that ran long enough starts the count afresh), ends what a dead server left in
-its process group, and on SIGTERM stops the server and itself with the server's status. The real
-server under it: tests/sim/test_triton.py."""
+starts a server that dies again at once, then after growing delays (one that ran a while: at
+once), gives up after so many exits in a row (a server that ran long enough starts the count
+afresh), ends what a dead server left in its process group, and on SIGTERM stops the server and
+itself with the server's status. The real server under it: tests/sim/test_triton.py."""
 
 from __future__ import annotations
 
@@ -61,6 +61,29 @@ def test_a_server_that_ran_long_enough_starts_the_count_afresh(tmp_path: Path) -
     keeper = Keeper(_server(body, starts), delays=(0.0,), settled_seconds=0.3, give_up_after=2)
     assert keeper.run() == 1
     assert len(_starts(starts)) == 4  # given up at the second short one in a row, not before
+
+
+def test_a_server_that_ran_a_while_starts_again_at_once_and_only_brief_exits_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    starts = tmp_path / "starts"
+    # The first two run 0.5 s each (killed by a model while serving, say), then they die at once
+    # (a server that cannot start).
+    body = f"if len(open({str(starts)!r}).read().split()) <= 2:\n    time.sleep(0.5)\nsys.exit(1)"
+    keeper = Keeper(
+        _server(body, starts), delays=(0.0, 0.5, 1.0), brief_seconds=0.3, give_up_after=5
+    )
+    assert keeper.run() == 1
+    times = _starts(starts)
+    assert len(times) == 5
+    said = capsys.readouterr().out.splitlines()
+    assert [line.partition("starting it again in ")[2][:4] for line in said[:4]] == [
+        "0 s ",
+        "0 s ",
+        "0 s ",  # the first brief exit in a row
+        "0.5 ",
+    ]
+    assert times[4] - times[3] >= 0.5
 
 
 def test_what_a_dead_server_left_in_its_process_group_ends_with_it(tmp_path: Path) -> None:
