@@ -26,8 +26,9 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from common.callers import Caller
 from common.crashwitness import BESIDE_SECONDS, path_beside
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
@@ -108,8 +109,8 @@ class Gateway:
             max_age=settings.table_max_age_seconds,
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
-            on_probation=self.tenants.probation_changed,
-            on_rows=self.tenants.rows_changed,
+            on_probation=self._probation_changed,
+            on_rows=self._rows_changed,
         )
         self.activity = ActivityWriter(settings.activity_path, self.tenants)
         self.restore = Restore(
@@ -144,6 +145,16 @@ class Gateway:
         self._stopping: asyncio.Event | None = None
         self._waiting: dict[asyncio.Task[None], None] = {}
         """Connections waiting for their first bytes, oldest first."""
+
+    def _probation_changed(self, caller: Caller) -> None:
+        """A pod's probation or hold changed: follow it, and say so in the activity table at
+        once (a watched load waits for it)."""
+        self.tenants.probation_changed(caller)
+        self.activity.nudge()
+
+    def _rows_changed(self, address: str, rows: Mapping[str, Caller]) -> None:
+        self.tenants.rows_changed(address, rows)
+        self.activity.nudge()
 
     def not_ready(self) -> list[str]:
         # Serving a stale table is not ready either, so `kubectl get pods` shows the node pod's

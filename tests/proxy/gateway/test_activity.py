@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -101,6 +101,44 @@ def test_the_table_says_which_models_are_held_and_what_is_at_triton(tmp_path: Pa
             b'{"format": "tritonshare.io/activity/v1", "writtenAt": 1, '
             b'"models": {"m": {"inFlight": 0, "lastUsed": 0, "held": 1}}}'
         )
+
+
+async def test_a_hold_reaches_the_table_at_once_and_its_drain_within_the_held_period(
+    tmp_path: Path,
+) -> None:
+    """A watched load waits for the table to show the held models' requests answered, and their new
+    requests wait with it: the table must not lag a timer's whole period behind then."""
+    held = tenant("10.0.0.1", "held-x", Clock())
+    held.limiter = Limiter(0, 10, 1.0)
+    path = tmp_path / "activity.json"
+    writer = ActivityWriter(path, [held], period=60.0, held_period=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(writer.run(stop))
+    try:
+        await _until("the first table", lambda: path.exists())
+        assert held.limiter.try_acquire()
+        held.limiter.hold(True)  # the caller table marked the pod held
+        writer.nudge()
+        await _until("the hold in the table", lambda: _read(path) == (True, 1))
+        held.limiter.release()
+        await _until("the held model drained", lambda: _read(path) == (True, 0))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def _until(what: str, done: Callable[[], bool], within: float = 10.0) -> None:
+    """Wait for `done`, well inside `ActivityWriter.period` (60 s): only a nudge or the held
+    period can make it true."""
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, f"{what} did not come within {within:g} s"
+        await asyncio.sleep(0.02)
+
+
+def _read(path: Path) -> tuple[bool, int]:
+    activity = read_table(path).models["held-x"]
+    return activity.held, activity.at_triton
 
 
 def test_a_malformed_table_is_refused() -> None:
