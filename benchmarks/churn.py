@@ -42,10 +42,11 @@ TritonModel's conditions where one is waited for, and the run goes on.
 
 Printed: the seed and the schedule, then per kind of change the failed requests of the models it
 did not touch, of those it touched, of the two-replica models whatever the change, the requests
-sent and the worst latency during it; the failures of each kind counted by model, protocol and
-answer; every process exit (node pod processes, binders, and pods' containers as their status
-reports them) with its cause; and one last line `churn: ...`. It exits 1 when a model a change
-did not touch, a two-replica model, or the model scaled to zero and back failed a request.
+sent and the worst latency during it (that request's model, protocol and wall-clock time, to
+find in the logs); the failures of each kind counted by model, protocol and answer; every process
+exit (node pod processes, binders, and pods' containers as their status reports them) with its
+cause; and one last line `churn: ...`. It exits 1 when a model a change did not touch, a
+two-replica model, or the model scaled to zero and back failed a request.
 
 `--keep DIR` runs the cluster in DIR (new or empty) and leaves it there: the node pods' logs
 (`cluster/logs/`), each Triton's (`cluster/triton*/`) and every pod's container logs
@@ -791,6 +792,7 @@ class Row:
     touched: list[Request] = field(default_factory=list)
     two_replicas: int = 0
     worst: float = 0.0
+    slowest: Request | None = None
 
 
 def tally(requests: list[Request], done: list[Change]) -> dict[str, Row]:
@@ -803,7 +805,8 @@ def tally(requests: list[Request], done: list[Change]) -> dict[str, Row]:
         during = next((c for c in done if c.start <= request.start < c.end), None)
         row = rows["between" if during is None else during.kind]
         row.requests += 1
-        row.worst = max(row.worst, request.end - request.start)
+        if request.end - request.start > row.worst:
+            row.worst, row.slowest = request.end - request.start, request
         if request.ok:
             continue
         if during is not None and request.model in during.touched:
@@ -847,6 +850,15 @@ def report(
             f"  {kind:<10} {row.changes:>3} {len(row.untouched):>9} {len(row.touched):>7} "
             f"{row.two_replicas:>5} {row.requests:>7}  {row.worst:.2f} s"
         )
+    wall = time.time() - time.monotonic()  # the logs' clock, to find the slowest in them
+    for kind, row in rows.items():
+        r = row.slowest
+        if r is not None:
+            at = datetime.datetime.fromtimestamp(wall + r.start).strftime("%H:%M:%S.%f")[:-3]
+            print(
+                f"slowest during {kind}: {r.model} {r.protocol} sent at {r.start - origin:.1f} s "
+                f"({at}), {'answered' if r.ok else 'failed'} in {r.end - r.start:.2f} s"
+            )
     for kind, row in rows.items():
         if row.untouched or row.touched:
             print(f"failures during {kind}, by model, protocol and answer:")
