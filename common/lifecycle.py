@@ -87,6 +87,15 @@ class Lifecycle:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._signalled, sig, on_signal)
 
+    def ignore_signals(self) -> None:
+        """The part has stopped: from now until the process exits SIGTERM and SIGINT are ignored,
+        so that a stop asked twice (a signal to the process group, sent on again by a keeper
+        that shares it) cannot end a clean exit with the signal's status."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
+
     def _signalled(
         self, sig: signal.Signals, on_signal: Callable[[signal.Signals], None] | None
     ) -> None:
@@ -232,4 +241,7 @@ async def serve(
     starting is raised, after the cleanups registered so far have run."""
     lifecycle = Lifecycle(cleanup_timeout=cleanup_timeout)
     lifecycle.install_signal_handlers(on_signal)
-    return await lifecycle.run(part.start)
+    try:
+        return await lifecycle.run(part.start)
+    finally:
+        lifecycle.ignore_signals()

@@ -7,11 +7,16 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from common.lifecycle import Lifecycle, serve, spawn
 from common.logs import JsonFormatter, configure_logging
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_cleanups_run_in_reverse_order_and_tasks_are_cancelled() -> None:
@@ -243,6 +248,25 @@ async def test_serve_runs_a_part_and_returns_its_exit_code() -> None:
         loop = asyncio.get_running_loop()
         loop.remove_signal_handler(signal.SIGTERM)
         loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # serve leaves them ignored for the exit
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_a_stop_signal_after_the_part_stopped_does_not_end_its_exit() -> None:
+    """A node pod's gateway shares its keeper's process group: a SIGTERM to the group reaches it,
+    and the keeper sends it on; the second one may come once the part has stopped."""
+    script = (
+        "import asyncio, os, signal, sys\n"
+        "from common.lifecycle import serve\n"
+        "class Done:\n"
+        "    async def start(self, lifecycle):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "code = asyncio.run(serve(Done()))\n"
+        "os.kill(os.getpid(), signal.SIGTERM)  # the keeper's copy, once the loop is gone\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60)
+    assert done.returncode == 0
 
 
 def test_json_logs_carry_message_and_extra_fields() -> None:
