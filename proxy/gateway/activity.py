@@ -6,9 +6,9 @@ once per `period` (1 s) and writes the table when it changed, or when the last w
 `HEARTBEAT_SECONDS` old (so the agent can tell a quiet gateway from a dead one). A change of the
 caller table reads them at once (`nudge`), and while a model is held every `HELD_PERIOD_SECONDS`:
 a watched load waits for the table to show the held models' requests answered, and their new
-requests wait with it. Models are keyed by
-their names in Triton (`Caller.name_in_triton`). The limiters' monotonic times are written as Unix
-seconds. What it must not do: decide anything about evictions (the agent's).
+requests wait with it. Models are keyed by their names in Triton (`Caller.name_in_triton`). The
+limiters' monotonic times are written as Unix seconds. What it must not do: decide anything about
+evictions (the agent's).
 """
 
 from __future__ import annotations
