@@ -72,7 +72,7 @@ class ActivityWriter:
         self._last: dict[str, Activity] | None = None
         self._written_at = -float("inf")
         self._failing = False
-        self.holding = False
+        self._holding = False
         """Whether the last read found a model held: the next comes after `held_period`."""
         self._wake = asyncio.Event()
 
@@ -84,7 +84,7 @@ class ActivityWriter:
         """Write the table if it changed or the heartbeat is due; True when written."""
         now = self._clock()
         models = activity_of(self._tenants, now, self._wall())
-        self.holding = any(activity.held for activity in models.values())
+        self._holding = any(activity.held for activity in models.values())
         if models == self._last and now - self._written_at < self.heartbeat:
             return False
         try:
@@ -114,7 +114,7 @@ class ActivityWriter:
                 self.write()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        self._wake.wait(), self.held_period if self.holding else self.period
+                        self._wake.wait(), self.held_period if self._holding else self.period
                     )
         finally:
             stopping.cancel()
