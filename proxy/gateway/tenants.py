@@ -38,7 +38,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy.holdings import GRACE, ByteBudget
 from proxy.policy.inflight import InFlightShares
 from proxy.policy.limiter import Limiter
-from proxy.policy.probation import ProbationLane
+from proxy.policy.probation import PodTurns, ProbationLane
 from proxy.policy.refusals import OverBudgetError, ProxyError, QuarantinedError
 from proxy.policy.share import LoopShares
 from proxy.processflags import ProxyState
@@ -59,74 +59,77 @@ class Member:
     its own limiter (limit, queue, quarantine, turns on probation); its model's metrics. A model
     pod has one; a model host one per replica."""
 
-    def __init__(self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics, turns: PodTurns
+    ) -> None:
         self.caller = caller
         self.limiter = limiter
         self.metrics = metrics
+        self.turns = turns
+        """Its pod's turns in the probation lane, which its limiter takes while on probation."""
         self._cleared = False
         """On probation, it left the lane after its clean turns."""
         self._may_clear = True
         """It may leave the lane early (not once named at an exit after it did)."""
 
-    def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
+    def on_probation(self, caller: Caller) -> None:
         """Follow `caller`'s probation (it is this member's row in all else): its requests take
-        turns in `lane` with other probationers' while it is on probation, unless it left the
-        lane after its clean turns, and wait while it is held; and its stop (its readiness
-        calls answered not ready while it is `stopping`)."""
+        its pod's turns in the lane with other probationers' while it is on probation, unless
+        it left the lane after its clean turns, and wait while it is held; and its stop (its
+        readiness calls answered not ready while it is `stopping`)."""
         self.caller = caller
         if not caller.probation:
             self._cleared = False
             self._may_clear = True
         if caller.probation and self.limiter.probation is None and not self._cleared:
-            self._join(lane)
+            self._join()
         elif not caller.probation and self.limiter.probation is not None:
-            self._leave(lane)
+            self._leave()
         self.limiter.hold(caller.held, trial=caller.trial, after_restore=caller.probation)
         self.limiter.unready = caller.stopping
 
-    def present_at_exit(self, lane: ProbationLane) -> None:
+    def present_at_exit(self) -> None:
         """The gateway's witness named this pod at Triton's death: its clean turns start
         over; if it had left the lane after them, it takes turns again, and leaves no more
         before its probation ends."""
         if self.limiter.probation is not None:
-            lane.present(self.limiter)
+            self.turns.present(self.limiter)
         elif self.caller.probation and self._cleared:
             self._cleared = self._may_clear = False
-            self._join(lane)
+            self._join()
 
-    def _join(self, lane: ProbationLane) -> None:
-        self.limiter.probation = lane
-        lane.join(
+    def _join(self) -> None:
+        self.limiter.probation = self.turns
+        self.turns.join(
             self.limiter,
             lambda: self.metrics.answered_with(FAILED),
-            namespace=self.caller.namespace,
-            on_clear=(lambda: self._clear(lane)) if self._may_clear and lane.clean_turns else None,
+            on_clear=self._clear if self._may_clear else None,
         )
 
-    def _clear(self, lane: ProbationLane) -> None:
+    def _clear(self) -> None:
         log.info(
             "Pod %s (%s) had %d clean turns alone at Triton on probation for model %s: its "
             "requests no longer take turns with other probationers' unless it is at another "
             "exit.",
             self.caller.pod,
             self.caller.address,
-            lane.clean_turns,
+            self.turns.lane.clean_turns,
             self.caller.model_id,
         )
         self._cleared = True
-        self._leave(lane)
+        self._leave()
 
-    def _leave(self, lane: ProbationLane) -> None:
+    def _leave(self) -> None:
         self.limiter.probation = None
-        lane.leave(self.limiter)
+        self.turns.leave(self.limiter)
         self.limiter.lane_opened()  # what waited for the lane goes now
 
-    def leave(self, lane: ProbationLane, in_flight: InFlightShares | None) -> None:
+    def leave(self, in_flight: InFlightShares | None) -> None:
         """This model may no longer be reached: out of the node's budgets and the lane."""
         if in_flight is not None:
             in_flight.remove(self.limiter)
         self.limiter.probation = None
-        lane.leave(self.limiter)
+        self.turns.leave(self.limiter)
 
 
 RelaySettings = Callable[[str, int], Settings]
@@ -155,6 +158,8 @@ class Tenant:
         self._settings_for = settings_for
         self._in_flight = in_flight
         self._lane = lane or ProbationLane()
+        self.turns = PodTurns(self._lane, first.namespace)
+        """The pod's turns in the probation lane: its models' limiters take them as one."""
         self.members: dict[str, Member] = {}
         """Each replica the pod may reach: a row's own by its model id, the others of its
         spread by `<model id>/<name in Triton>` (`_keyed`)."""
@@ -207,9 +212,9 @@ class Tenant:
             limiter.refusal = QuarantinedError(caller.quarantined)
         if self._in_flight is not None:
             self._in_flight.add(limiter, caller.namespace)
-        member = self.members[key or caller.model_id] = Member(caller, limiter, metrics)
+        member = self.members[key or caller.model_id] = Member(caller, limiter, metrics, self.turns)
         limiter.on_held = partial(self._lane.held.record, caller.namespace)
-        member.on_probation(caller, self._lane)
+        member.on_probation(caller)
         return member
 
     def _served(self, entry: Entry) -> Served:
@@ -258,7 +263,7 @@ class Tenant:
         for key in [k for k in self.members if k.startswith(f"{row.model_id}/")]:
             if key not in keys:
                 member = self.members.pop(key)
-                member.leave(self._lane, self._in_flight)
+                member.leave(self._in_flight)
                 first.metrics.drop(member.limiter)
         Replicas(replicas)
 
@@ -268,7 +273,7 @@ class Tenant:
         for name, member in list(self.members.items()):
             if member.limiter in limiters:
                 del self.members[name]
-                member.leave(self._lane, self._in_flight)
+                member.leave(self._in_flight)
 
     def update(self, rows: Mapping[str, Caller]) -> None:
         """Serve `rows` now (a host's replicas came, went, moved or changed; the caller book
@@ -310,24 +315,24 @@ class Tenant:
             for key, replica in _keyed(row):
                 member = self.members.get(key)
                 if member is not None and member.caller != replica:
-                    member.on_probation(replica, self._lane)
+                    member.on_probation(replica)
 
-    def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
+    def on_probation(self, caller: Caller) -> None:
         """Follow `caller`'s probation (it is the row of one of this pod's models in all
         else), on each of its replicas."""
         for key, replica in _keyed(caller):
             member = self.members.get(key)
             if member is not None:
-                member.on_probation(replica, lane)
+                member.on_probation(replica)
                 if member.limiter.probation is not None:
                     for h2 in self.grpc.connections:  # an idle open stream would hold the lane
                         h2.gate.idle_back()
         self.rows[caller.model_id] = caller
 
-    def present_at_exit(self, lane: ProbationLane) -> None:
+    def present_at_exit(self) -> None:
         """The gateway's witness named this pod at Triton's death (`Member.present_at_exit`)."""
         for member in list(self.members.values()):
-            member.present_at_exit(lane)
+            member.present_at_exit()
 
     @property
     def connections(self) -> int:
@@ -502,7 +507,7 @@ class Tenants:
         stay open."""
         tenant = self._by_address.get(caller.address)
         if tenant is not None:
-            tenant.on_probation(caller, self.probation)
+            tenant.on_probation(caller)
 
     def rows_changed(self, address: str, rows: Mapping[str, Caller]) -> None:
         """The pod at `address` serves `rows` now. A model host that is still the same pod
@@ -538,7 +543,7 @@ class Tenants:
             del self._by_address[caller.address]
         self.shares.remove(tenant.share)
         for member in list(tenant.members.values()):
-            member.leave(self.probation, self.in_flight)
+            member.leave(self.in_flight)
         tenant.abort()
         task = asyncio.get_running_loop().create_task(
             tenant.stop(), name=f"gateway: closing the relays of {caller.pod}"

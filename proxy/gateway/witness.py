@@ -158,7 +158,7 @@ class CrashWitness:
         if self._lane is not None:
             for present in members(self._tenants()):
                 if present.caller.uid in named:
-                    present.present_at_exit(self._lane)
+                    present.present_at_exit()
             self._lane.reopen()
         who = ", ".join(f"{s.pod} ({s.in_flight} in flight)" for s in witnessed.suspects)
         log.warning(

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.policy.probation import HELD_REQUEST_SECONDS, ProbationLane
+from proxy.policy.probation import HELD_REQUEST_SECONDS, Turns
 from proxy.policy.refusals import HeldError, OverloadedError, ProxyError, QueueTimeoutError
 from proxy.policy.share import LoopShare
 
@@ -100,9 +100,10 @@ class Limiter:
         """Set: the pod's readiness calls are answered not ready, saying this, and its other
         calls are served (a model pod the node gateway takes out of its Service while the node
         pod stops, `common.callers.Caller.stopping`)."""
-        self.probation: ProbationLane | None = None
+        self.probation: Turns | None = None
         """Set: the pod is on probation at the node gateway, and a request of it goes to Triton
-        only in the pod's turn in this lane (`policy.probation`)."""
+        only in the pod's turn in this lane (`policy.probation`; a pod with several limiters,
+        a model host, takes its turns as one: `PodTurns`)."""
         self._hold: asyncio.Event | None = None
         self._hold_after_restore = True
         """Set while the pod is held (`hold`): a new request waits for the event first."""
@@ -172,7 +173,7 @@ class Limiter:
             if lane is not None and not lane.enters(self):
                 return False
             if self.node is not None and not self.node.take(self):
-                if lane is not None and lane.holder is self and not self.in_flight:
+                if lane is not None and lane.holds(self) and not self.in_flight:
                     lane.freed(self)  # no slot of its namespace: the turn passes on
                 return False
             now = self._clock()

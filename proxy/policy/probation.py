@@ -4,20 +4,21 @@ A pod is on probation when its requests were at Triton with another pod's at an 
 (`agent.quarantine.suspects`): nothing in that exit tells them apart, so until the probation lapses
 their requests take turns, and the next exit finds one of them alone. The lane is held by one
 probationer for a turn; another probationer's requests wait in their pod's own queue
-(`policy.limiter`, with its bound and timeout). A turn is bounded: once another probationer waits,
-the holder admits no new request past `turn_requests` in its turn or past `turn_seconds` since
-the turn began, and hands no freed slot on, so its requests drain and the lane passes. Until then
-the turn is the holder's even between its requests (`LINGER_SECONDS` idle at most): a client
-that sends one request after another gets as many answers in its turn as one that keeps
-several overlapping, so a probationer's share of the lane is its turn's, whatever the others
-send, and it waits at most a turn and a gap per other probationer (its requests' time at Triton
-past `turn_seconds` included). Turns go
-by namespace first, then by pod within it, each in the order it began waiting: a namespace gains
+(`policy.limiter`, with its bound and timeout). A pod is one probationer however many limiters it
+has (a model host has one per model: `PodTurns`), since the witness names pods: its models share its
+turns, with no turn nor gap between them. A turn is bounded: once another probationer waits, the
+holder admits no new request past `turn_requests` in its turn or past `turn_seconds` since the turn
+began, and hands no freed slot on, so its requests drain and the lane passes. Until then the turn is
+the holder's even between its requests (`LINGER_SECONDS` idle at most): a client that sends one
+request after another gets as many answers in its turn as one that keeps several overlapping, so a
+probationer's share of the lane is its turn's, whatever the others send, and it waits at most a turn
+and a gap per other probationer (its requests' time at Triton past `turn_seconds` included). Turns
+go by namespace first, then by pod within it, each in the order it began waiting: a namespace gains
 no turns by putting more pods on probation, and none can hold the lane however it keeps requests
-overlapping. Between two pods' turns the lane stays quiet for `gap_seconds` after the last
-request of the first is answered (the gateway's crash witness window), so that a harm one pod's
-request leaves behind lands before the next pod's requests are at Triton, not on them. Pods not
-on probation never touch it.
+overlapping. Between two pods' turns the lane stays quiet for `gap_seconds` after the last request
+of the first is answered (the gateway's crash witness window), so that a harm one pod's request
+leaves behind lands before the next pod's requests are at Triton, not on them. Pods not on probation
+never touch it.
 
 A turn whose requests failed with Triton gone (Triton died under it) closes the lane until the
 gateway's witness of that death has named who was at Triton (`reopen`), or `hold_seconds` when
@@ -97,9 +98,12 @@ class HeldRequests:
 
 
 class LaneUser(Protocol):
-    """What the lane needs of a probationer's limiter (`policy.limiter.Limiter`)."""
+    """What the lane needs of a probationer's limiter (`policy.limiter.Limiter`), or of a pod's
+    limiters together (`PodTurns`)."""
 
-    in_flight: int
+    @property
+    def in_flight(self) -> int:
+        """Its requests at Triton."""
 
     @property
     def queued(self) -> int:
@@ -107,6 +111,19 @@ class LaneUser(Protocol):
 
     def lane_opened(self) -> None:
         """The lane is this pod's now: admit its waiting requests (as its limit allows)."""
+
+
+class Turns(Protocol):
+    """The lane as a probationer's limiter sees it (`policy.limiter.Limiter.probation`): the
+    lane itself, or its pod's `PodTurns` when the pod has several limiters."""
+
+    def enters(self, pod: LaneUser) -> bool: ...
+
+    def wait(self, pod: LaneUser) -> None: ...
+
+    def freed(self, pod: LaneUser) -> None: ...
+
+    def holds(self, pod: LaneUser) -> bool: ...
 
 
 class _Member:
@@ -315,6 +332,10 @@ class ProbationLane:
         if self.holder is None and pod.in_flight and not self.closed:
             self._begin(pod)
 
+    def holds(self, pod: LaneUser) -> bool:
+        """Whether the lane is `pod`'s turn now."""
+        return self.holder is pod
+
     def present(self, pod: LaneUser) -> None:
         """`pod` was at Triton at an exit: its clean turns start over."""
         member = self._members.get(pod)
@@ -368,3 +389,82 @@ class ProbationLane:
             following.lane_opened()
             if not following.in_flight and not following.queued:
                 self.holder = None  # every request it had waiting gave up meanwhile
+
+
+class PodTurns:
+    """One calling pod's limiters taking their turns in the lane as one probationer: a model
+    host has one limiter per model (and per replica of a spread), and the lane keeps probationer
+    pods apart, not a pod's models, since the crash witness names pods. In the pod's turn any of
+    its limiters admits requests (the turn's bound counts them all); the turn passes on once none
+    of them has one in flight, and no quiet gap separates one of its models from another. Each
+    limiter on probation has this as its `probation` and joins it (`join`); the pod is a member
+    of the lane while one of them is."""
+
+    def __init__(self, lane: ProbationLane, namespace: str) -> None:
+        self.lane = lane
+        self.namespace = namespace
+        self._users: dict[LaneUser, tuple[Callable[[], int] | None, Callable[[], None] | None]] = {}
+        """Each limiter on probation -> what it was joined with (`join`)."""
+
+    @property
+    def in_flight(self) -> int:
+        return sum(user.in_flight for user in self._users)
+
+    @property
+    def queued(self) -> int:
+        return sum(user.queued for user in self._users)
+
+    def lane_opened(self) -> None:
+        for user in list(self._users):
+            user.lane_opened()
+
+    def enters(self, pod: LaneUser) -> bool:
+        return self.lane.enters(self)
+
+    def wait(self, pod: LaneUser) -> None:
+        self.lane.wait(self)
+
+    def freed(self, pod: LaneUser) -> None:
+        if not self.in_flight:
+            self.lane.freed(self)
+
+    def holds(self, pod: LaneUser) -> bool:
+        return self.lane.holds(self)
+
+    def join(
+        self,
+        user: LaneUser,
+        failures: Callable[[], int] | None = None,
+        *,
+        on_clear: Callable[[], None] | None = None,
+    ) -> None:
+        """`user`, a limiter of the pod, goes on probation: `failures()` counts its requests
+        failed with Triton gone; `on_clear` is called when the pod leaves the lane after its
+        clean turns (None: `user` stays)."""
+        first = not self._users
+        self._users[user] = (failures, on_clear)
+        if first:
+            on_pod_clear = self._cleared if self.lane.clean_turns else None
+            self.lane.join(self, self._failures, namespace=self.namespace, on_clear=on_pod_clear)
+
+    def leave(self, user: LaneUser) -> None:
+        """`user` is off probation, or gone; the pod leaves the lane with its last limiter."""
+        if self._users.pop(user, None) is None:
+            return
+        if not self._users:
+            self.lane.leave(self)
+        elif self.lane.holds(self) and not self.in_flight:
+            self.lane.freed(self)  # what is left of its turn had nothing in flight
+
+    def present(self, user: LaneUser) -> None:
+        """The pod was at Triton at an exit: its clean turns start over."""
+        if user in self._users:
+            self.lane.present(self)
+
+    def _failures(self) -> int:
+        return sum(count() for count, _ in self._users.values() if count is not None)
+
+    def _cleared(self) -> None:
+        for _, on_clear in list(self._users.values()):
+            if on_clear is not None:
+                on_clear()

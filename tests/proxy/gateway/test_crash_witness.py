@@ -49,7 +49,7 @@ class Pod:
         self.limiter, self.caller, self.metrics = limiter, caller, metrics
         self.at_exits = 0
 
-    def present_at_exit(self, lane: ProbationLane) -> None:
+    def present_at_exit(self) -> None:
         self.at_exits += 1
 
 

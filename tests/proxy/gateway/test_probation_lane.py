@@ -120,7 +120,7 @@ def test_a_probationer_sending_one_request_at_a_time_gets_a_whole_turn_beside_a_
         wait_for(lambda: sent[0] > 50, "the attacker's requests flowing")
         attacker = tenant_of(gateway, ATTACKER)
         assert attacker is not None and attacker.limiter.probation is not None
-        lane = attacker.limiter.probation
+        lane = attacker.turns.lane
         turns = lane.turns
         for _ in range(6):
             neighbour.request("POST", PATH, body=INFER)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from common.callers import Caller
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import RelaySettings, Tenant, Tenants
+from proxy.policy.probation import ProbationLane
 from proxy.policy.share import LoopShares
 from proxy.processflags import ProxyState
 
@@ -121,4 +123,36 @@ async def test_another_pod_at_the_address_or_a_model_pods_changed_row_is_dropped
             tenant.abort()
         for connection in connections:
             connection.close()
+        await tenants.stop()
+
+
+async def test_a_host_on_probation_takes_its_turns_as_one_pod(settings_for: RelaySettings) -> None:
+    """The probation lane keeps pods apart (the crash witness names pods), not a host's models:
+    in the host's turn each of its models' requests goes to Triton at once, with no turn nor
+    quiet gap between them; another probationer's turn begins once none of the host's is at
+    Triton, after the gap. Before, each model of a host on probation took turns of its own, a
+    gap apart: a host of four models on probation after a neighbour's crash had requests wait
+    more than 10 s."""
+    lane = ProbationLane(gap_seconds=0.2)
+    tenants = Tenants(ProxyState(), LoopShares(0.5, lambda delay, callback: None), probation=lane)
+    on = {"probation": True}
+    host = tenants.get(rows(replace(A, **on), replace(B0, **on)), settings_for)
+    pod = tenants.get(rows(replace(POD, **on)), settings_for)
+    a, b = host.members["a"].limiter, host.members["b"].limiter
+    c = pod.members["c"].limiter
+    try:
+        assert a.try_acquire()
+        assert b.try_acquire(), "the host's other model waited for a turn of its own"
+        assert not c.try_acquire(), "another probationer's request went beside the host's"
+        a.release()
+        b.release()
+        ended = time.monotonic()
+        await asyncio.wait_for(c.acquire(), 5)
+        assert time.monotonic() - ended >= 0.19, "no quiet gap between two pods' turns"
+        assert not a.try_acquire() and not b.try_acquire(), "the host went beside the pod"
+        c.release()
+        host.on_probation(replace(A, probation=False))
+        host.on_probation(replace(B0, probation=False))
+        assert lane.waiting == 0 and a.try_acquire(), "off probation: it takes no turns"
+    finally:
         await tenants.stop()
