@@ -380,7 +380,7 @@ class LoopSettings:
         default="10",
     )
     """Also while a load or wake whose READY is watched (--crash-settle-seconds) is in flight; each
-    new request is held 10 s at most (then it goes on), so that an exit of Triton then counts
+    new request is held 8 s at most (then it goes on), so that an exit of Triton then counts
     against the load alone. Each such load first waits, 8 s at most, for the gateway to have the
     held pods' requests at Triton answered and for them to have sent none for 2 s. A trial of
     files an exit was counted against alone holds every pod's requests, this long at most from

@@ -239,8 +239,10 @@ class Limiter:
         model Triton has not loaded again since an exit first waits for it (at most
         `restore_seconds`; one queued for a slot when the exit came, once it has its slot), a
         request for an asleep model for its wake, and a held pod's for
-        the hold's end (at most `hold_seconds`; then for a restore begun meanwhile), held
+        the hold's end (at most `hold_seconds` from its arrival, a restore's wait before
+        included; then for a restore begun meanwhile), held
         (counted as concurrency) meanwhile."""
+        arrived = self._clock()
         restoring = self.restoring
         if restoring is not None and self.refusal is None:
             await self._wait_held(restoring, self.restore_seconds)  # READY in Triton again
@@ -253,8 +255,11 @@ class Limiter:
                 # A pod not on probation whose request waited out a restore goes on: a
                 # suspect's trial waits for the restores to end and for what they let go to be
                 # answered (`common.activity.Activity.restoring`), and two holds in a row would
-                # outlast its client's patience.
-                await self._wait_held(self._hold, self.hold_seconds)
+                # outlast its client's patience. A probationer's is held what is left of
+                # `hold_seconds` since it arrived: the restore before counts, or a hold through
+                # loads in a row (a crasher's) would come on top of it.
+                left = self.hold_seconds - (self._clock() - arrived)
+                await self._wait_held(self._hold, max(left, 0.0))
                 after = self.restoring
                 if after is not None and self.refusal is None:
                     # Triton went away while it was held (the load it was held for killed it,

@@ -45,10 +45,11 @@ from typing import Protocol
 HOLD_SECONDS = 2.0
 """How long a lane closed by a failed turn stays closed when no witness reopens it."""
 
-HELD_REQUEST_SECONDS = 10.0
+HELD_REQUEST_SECONDS = 8.0
 """How long, at most, a new request of a held probationer (`common.callers.Caller.held`: a load
 the agent watches is in flight or just ended) waits before it goes on to Triton all the same
-(`policy.limiter.Limiter.hold`)."""
+(`policy.limiter.Limiter.hold`), counted from its arrival, a wait for Triton's restore before
+included: under a client's 10 s deadline with room for its answer."""
 
 TURN_REQUESTS = 8
 """The most requests a probationer's turn admits once another probationer waits."""

@@ -135,9 +135,9 @@ async def test_a_host_on_probation_takes_its_turns_as_one_pod(settings_for: Rela
     more than 10 s."""
     lane = ProbationLane(gap_seconds=0.2)
     tenants = Tenants(ProxyState(), LoopShares(0.5, lambda delay, callback: None), probation=lane)
-    on = {"probation": True}
-    host = tenants.get(rows(replace(A, **on), replace(B0, **on)), settings_for)
-    pod = tenants.get(rows(replace(POD, **on)), settings_for)
+    on = [replace(caller, probation=True) for caller in (A, B0, POD)]
+    host = tenants.get(rows(on[0], on[1]), settings_for)
+    pod = tenants.get(rows(on[2]), settings_for)
     a, b = host.members["a"].limiter, host.members["b"].limiter
     c = pod.members["c"].limiter
     try:

@@ -350,6 +350,27 @@ async def test_a_held_probationers_new_request_waits_for_the_hold_to_end_or_its_
         await asyncio.wait_for(held.acquire(), 0.05)
 
 
+async def test_a_held_probationers_request_waits_its_bound_at_most_a_restore_included() -> None:
+    """A probationer's request that first waited for Triton's restore (an exit) is held only what
+    is left of `hold_seconds` since it arrived: a crasher's loads in a row keep the hold on from
+    one to the next, and the restore plus a whole hold outlasted a 10 s client deadline."""
+    lane = ProbationLane()
+    held = probationer(lane)
+    held.hold_seconds, held.restore_seconds = 1.0, 30.0
+    restoring = held.restoring = asyncio.Event()
+    held.hold(True)
+    started = time.monotonic()
+    waiting = asyncio.get_running_loop().create_task(held.acquire())
+    await asyncio.sleep(0.8)  # Triton takes this long to have the model again
+    held.restoring = None
+    restoring.set()
+    await asyncio.wait_for(waiting, 5)
+    waited = time.monotonic() - started
+    assert held.in_flight == 1 and waited < 1.5, (
+        f"held {waited:.2f} s: the restore's wait came on top"
+    )
+
+
 async def test_a_held_pod_takes_no_slot_without_waiting_for_the_hold() -> None:
     """The relays try a slot first and wait for one only when that fails: a held pod's try
     fails, so its request waits for the hold in `acquire`."""
