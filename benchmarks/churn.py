@@ -48,12 +48,16 @@ exit (node pod processes, binders, and pods' containers as their status reports 
 cause; and one last line `churn: ...`. It exits 1 when a model a change did not touch, a
 two-replica model, or the model scaled to zero and back failed a request.
 
+`--slow-lazy SECONDS` makes `lazy`'s model take that long per request, so that its client has a
+request at Triton nearly always: a crasher's first exit then finds it there, and its host goes on
+probation (the agent cannot tell the load from the request), the hardest case for a neighbour.
+
 `--keep DIR` runs the cluster in DIR (new or empty) and leaves it there: the node pods' logs
 (`cluster/logs/`), each Triton's (`cluster/triton*/`) and every pod's container logs
 (`cluster/pod-logs/<namespace>_<pod>_<uid>/`), to trace a failed request afterwards.
 
 Run: .venv/bin/python -m benchmarks.churn [--minutes 10] [--seed 1] [--changes scale,zero,...]
-    [--keep DIR]
+    [--slow-lazy 0.3] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -112,6 +116,25 @@ KEEPER_EXIT = re.compile(
 )
 """A line of a keeper (Triton's, the gateway's): the process it keeps exited and the keeper
 starts it again (or gives up)."""
+
+SLOW_MODEL = '''"""add_one, {seconds} s per batch of requests: the churn's busy neighbour."""
+
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep({seconds})
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+'''
+"""The `model.py` of `lazy` under `--slow-lazy`."""
 
 OUTAGE = 20.0
 """Seconds the API server is down."""
@@ -443,7 +466,9 @@ def last_loaded(lines: list[str]) -> str:
 class Churn:
     """The cluster's workloads, their clients, and the changes applied to them."""
 
-    def __init__(self, cluster: SimCluster, workdir: Path, kubelet: Kubelet) -> None:
+    def __init__(
+        self, cluster: SimCluster, workdir: Path, kubelet: Kubelet, slow_lazy: float = 0.0
+    ) -> None:
         assert cluster.kube is not None and cluster.model_store is not None
         self.cluster = cluster
         self.workdir = workdir
@@ -455,11 +480,18 @@ class Churn:
         self.requests: list[Request] = []
         self.clients: dict[str, Client] = {}
         self.releases = 0
+        self.slow_lazy = slow_lazy
+        """Seconds `lazy`'s model takes per request (0: add_one as it is)."""
 
     # ---- workloads -----------------------------------------------------------------------------
 
     def tritonmodel(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        uri = self.store.publish(name, MODELS_DIR / "add_one")
+        files = MODELS_DIR / "add_one"
+        if name == "lazy" and self.slow_lazy > 0:
+            files = self.workdir / "lazy"
+            shutil.copytree(MODELS_DIR / "add_one", files, dirs_exist_ok=True)
+            (files / "1" / "model.py").write_text(SLOW_MODEL.format(seconds=self.slow_lazy))
+        uri = self.store.publish(name, files)
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "TritonModel",
@@ -910,7 +942,13 @@ def _workdir(keep: Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def run(minutes: float, seed: int, kinds: list[str], keep: Path | None = None) -> int:
+def run(
+    minutes: float,
+    seed: int,
+    kinds: list[str],
+    keep: Path | None = None,
+    slow_lazy: float = 0.0,
+) -> int:
     handler = logging.StreamHandler()
     handler.addFilter(FirstOnly())
     logging.basicConfig(
@@ -943,7 +981,7 @@ def run(minutes: float, seed: int, kinds: list[str], keep: Path | None = None) -
         proxy = ServiceProxy(cluster.kube)
         proxy.start()
         kubelet = Kubelet(cluster, time.monotonic())
-        churn = Churn(cluster, workdir, kubelet)
+        churn = Churn(cluster, workdir, kubelet, slow_lazy)
         try:
             churn.create_workloads()
             kubelet.start()
@@ -1005,6 +1043,14 @@ def main() -> None:
         help=f"the kinds of change to apply, comma-separated (all: {','.join(KINDS)})",
     )
     parser.add_argument(
+        "--slow-lazy",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="lazy's model takes this long per request, so that a crasher's first exit finds "
+        "its request at Triton and puts its host on probation (0: add_one as it is)",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         metavar="DIR",
@@ -1017,7 +1063,9 @@ def main() -> None:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
         parser.error(f"--changes: unknown kinds {unknown}; choose from {','.join(KINDS)}")
-    sys.exit(run(args.minutes, args.seed, kinds, args.keep))
+    if args.slow_lazy < 0:
+        parser.error("--slow-lazy: give 0 or more seconds")
+    sys.exit(run(args.minutes, args.seed, kinds, args.keep, args.slow_lazy))
 
 
 if __name__ == "__main__":
