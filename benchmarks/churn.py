@@ -92,6 +92,7 @@ from benchmarks import command_line
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys
 from sim.cluster import NodeSpec, SimCluster
 from sim.crashers import load_killer
+from sim.demo.autoscale import slow_model
 from sim.demo.rollout import deployment_manifest, new_release
 from sim.demo.scenario import MODELS_DIR
 from sim.node.nodepods import ContainerExit, restart_delay
@@ -116,25 +117,6 @@ KEEPER_EXIT = re.compile(
 )
 """A line of a keeper (Triton's, the gateway's): the process it keeps exited and the keeper
 starts it again (or gives up)."""
-
-SLOW_MODEL = '''"""add_one, {seconds} s per batch of requests: the churn's busy neighbour."""
-
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        time.sleep({seconds})
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
-        return responses
-'''
-"""The `model.py` of `lazy` under `--slow-lazy`."""
 
 OUTAGE = 20.0
 """Seconds the API server is down."""
@@ -489,8 +471,8 @@ class Churn:
         files = MODELS_DIR / "add_one"
         if name == "lazy" and self.slow_lazy > 0:
             files = self.workdir / "lazy"
-            shutil.copytree(MODELS_DIR / "add_one", files, dirs_exist_ok=True)
-            (files / "1" / "model.py").write_text(SLOW_MODEL.format(seconds=self.slow_lazy))
+            if not files.exists():
+                slow_model(MODELS_DIR / "add_one", files, self.slow_lazy)
         uri = self.store.publish(name, files)
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
