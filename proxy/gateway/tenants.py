@@ -131,6 +131,13 @@ class Member:
         self.limiter.probation = None
         self.turns.leave(self.limiter)
 
+    def retire(self, in_flight: InFlightShares | None) -> None:
+        """This replica is picked no more (it drains; its pod stays): out of the node's budgets
+        and the lane as `leave`, and the requests waiting in its queue go on through it, as its
+        requests in flight do (nothing else would ever grant them a slot)."""
+        self.leave(in_flight)
+        self.limiter.lane_opened()
+
 
 RelaySettings = Callable[[str, int], Settings]
 """The relay settings for a model id and the concurrency its row declares
@@ -263,7 +270,7 @@ class Tenant:
         for key in [k for k in self.members if k.startswith(f"{row.model_id}/")]:
             if key not in keys:
                 member = self.members.pop(key)
-                member.leave(self._in_flight)
+                member.retire(self._in_flight)
                 first.metrics.drop(member.limiter)
         Replicas(replicas)
 
@@ -273,7 +280,7 @@ class Tenant:
         for name, member in list(self.members.items()):
             if member.limiter in limiters:
                 del self.members[name]
-                member.leave(self._in_flight)
+                member.retire(self._in_flight)
 
     def update(self, rows: Mapping[str, Caller]) -> None:
         """Serve `rows` now (a host's replicas came, went, moved or changed; the caller book

@@ -18,6 +18,7 @@ import pytest
 from common.callers import Caller
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import RelaySettings, Tenant, Tenants
+from proxy.policy.inflight import InFlightShares
 from proxy.policy.probation import ProbationLane
 from proxy.policy.share import LoopShares
 from proxy.processflags import ProxyState
@@ -154,5 +155,33 @@ async def test_a_host_on_probation_takes_its_turns_as_one_pod(settings_for: Rela
         host.on_probation(replace(A, probation=False))
         host.on_probation(replace(B0, probation=False))
         assert lane.waiting == 0 and a.try_acquire(), "off probation: it takes no turns"
+    finally:
+        await tenants.stop()
+
+
+async def test_a_request_queued_at_a_replica_leaving_the_spread_goes_on(
+    settings_for: RelaySettings,
+) -> None:
+    """Under the node's in-flight budget a host's request may wait for its namespace's slot in
+    the queue of the replica it was given. When that replica leaves the model's spread (the
+    model scaled down: it drains), the request goes on through it, as its requests in flight
+    do; before, the replica left the budget with its queue and nothing granted it a slot, so
+    the request waited out the queue's timeout (30 s) past its client's deadline."""
+    loop = asyncio.get_running_loop()
+    shares = InFlightShares(2, loop.call_later)
+    tenants = Tenants(ProxyState(), LoopShares(0.5, lambda delay, callback: None), shares)
+    spread = replace(B0, spread=((B1.triton_name, B1.uid),))
+    host = tenants.get(rows(A, spread), settings_for)
+    pod = tenants.get(rows(POD), settings_for)
+    a, c = host.members["a"].limiter, pod.members["c"].limiter
+    leaving = host.members[f"b/{B1.triton_name}"].limiter
+    try:
+        assert c.try_acquire() and a.try_acquire(), "each namespace's one slot"
+        waiting = loop.create_task(leaving.acquire())
+        await asyncio.sleep(0)
+        assert not waiting.done(), "no slot of its namespace is free: it waits"
+        tenants.rows_changed(HOST, rows(A, B0))  # the replica leaves the spread
+        await asyncio.wait_for(waiting, 2)
+        assert leaving.in_flight == 1
     finally:
         await tenants.stop()
