@@ -132,10 +132,14 @@ class Member:
         self.turns.leave(self.limiter)
 
     def retire(self, in_flight: InFlightShares | None) -> None:
-        """This replica is picked no more (it drains; its pod stays): out of the node's budgets
-        and the lane as `leave`, and the requests waiting in its queue go on through it, as its
-        requests in flight do (nothing else would ever grant them a slot)."""
-        self.leave(in_flight)
+        """This replica is picked no more (it drains; its pod stays): out of the lane, and the
+        requests waiting in its queue go on through it, as its requests in flight do, within
+        its namespace's part of the node's budget (`InFlightShares.retire`), which it leaves
+        once they are answered."""
+        if in_flight is not None:
+            in_flight.retire(self.limiter)
+        self.limiter.probation = None
+        self.turns.leave(self.limiter)
         self.limiter.lane_opened()
 
 

@@ -24,7 +24,9 @@ change of the count sets every pod's limit and every namespace's part once, and 
 that opened to the pods waiting. Per request, the namespace's pool counts the slot taken and
 given back (`take`, `released`: a few additions while nobody waits). A namespace's part shrinks
 at once but its requests already at Triton finish: meanwhile its pods wait, another namespace's
-do not.
+do not. A pod picked no more while it still holds requests (a replica a scale-down drains)
+stays in its namespace's part until they are answered (`retire`), so what it had queued goes on
+there, not beside it.
 
 A pod's queue is not shrunk with its limit: what it may hold in the gateway stays its own limit
 plus its queue (`gateway.budget`), and a pod's proxy, which sends at most its declared
@@ -122,6 +124,8 @@ class InFlightShares:
         """Pods counted as sending now."""
         self.by_namespace: dict[str, int] = {}
         """Pods counted as sending now, by namespace (only namespaces with one or more)."""
+        self._retiring: set[Limiter] = set()
+        """Pods picked no more that still hold requests (`retire`)."""
         self._sweeping = False
 
     @property
@@ -145,6 +149,7 @@ class InFlightShares:
         namespace = self._namespace_of.pop(limiter, None)
         if namespace is None:
             return
+        self._retiring.discard(limiter)
         limiter.node = None
         pool = self._pool_of.pop(limiter)
         # Its requests in flight give their slots back to nobody now: free them here.
@@ -158,6 +163,18 @@ class InFlightShares:
             limiter.sending = False
             self._stopped(namespace)
         self._split()
+
+    def retire(self, limiter: Limiter) -> None:
+        """The pod is picked no more (a replica that drains) but what it holds goes on: it
+        stays in its namespace's part, its queued requests taking the namespace's slots in turn
+        as before, until nothing of it is in flight or waiting; then it is removed. Removed at
+        once, its queue would go on outside the part, on top of its namespace's other pods'."""
+        if limiter not in self._namespace_of:
+            return
+        if limiter.in_flight or limiter.queued:
+            self._retiring.add(limiter)
+        else:
+            self.remove(limiter)
 
     def take(self, limiter: Limiter) -> bool:
         """A slot of `limiter`'s namespace, if one is free and none of its pods waits."""
@@ -185,6 +202,13 @@ class InFlightShares:
             pool.enqueue(limiter)
         if pool.queue:
             pool.deal()
+        if (
+            self._retiring
+            and limiter in self._retiring
+            and not limiter.in_flight
+            and not limiter.queued
+        ):
+            self.remove(limiter)  # its last request is answered
 
     def woke(self, limiter: Limiter) -> None:
         """`limiter`'s pod starts sending (its limiter calls this before taking a slot)."""
@@ -209,6 +233,8 @@ class InFlightShares:
     def _sweep(self) -> None:
         self._sweeping = False
         since = self.clock() - self._active_seconds
+        for limiter in [x for x in self._retiring if not x.in_flight and not x.queued]:
+            self.remove(limiter)  # its last queued request gave up waiting
         stopped = False
         for limiter, namespace in self._namespace_of.items():
             if (

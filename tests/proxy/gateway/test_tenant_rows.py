@@ -164,9 +164,11 @@ async def test_a_request_queued_at_a_replica_leaving_the_spread_goes_on(
 ) -> None:
     """Under the node's in-flight budget a host's request may wait for its namespace's slot in
     the queue of the replica it was given. When that replica leaves the model's spread (the
-    model scaled down: it drains), the request goes on through it, as its requests in flight
-    do; before, the replica left the budget with its queue and nothing granted it a slot, so
-    the request waited out the queue's timeout (30 s) past its client's deadline."""
+    model scaled down: it drains), the request goes on through it at its namespace's next free
+    slot, as its requests in flight do; before, the replica left the budget with its queue and
+    nothing granted it a slot, so the request waited out the queue's timeout (30 s) past its
+    client's deadline. It does not go past its namespace's part either: the replica stays in
+    the budget until what it held is answered."""
     loop = asyncio.get_running_loop()
     shares = InFlightShares(2, loop.call_later)
     tenants = Tenants(ProxyState(), LoopShares(0.5, lambda delay, callback: None), shares)
@@ -181,7 +183,12 @@ async def test_a_request_queued_at_a_replica_leaving_the_spread_goes_on(
         await asyncio.sleep(0)
         assert not waiting.done(), "no slot of its namespace is free: it waits"
         tenants.rows_changed(HOST, rows(A, B0))  # the replica leaves the spread
+        await asyncio.sleep(0)
+        assert not waiting.done(), "its namespace's slot is still taken: it still waits"
+        a.release()
         await asyncio.wait_for(waiting, 2)
-        assert leaving.in_flight == 1
+        assert leaving.in_flight == 1 and leaving.node is shares
+        leaving.release()
+        assert leaving.node is None, "answered: the replica left the node's budget"
     finally:
         await tenants.stop()

@@ -242,3 +242,65 @@ async def test_a_namespaces_pods_take_its_slots_in_turn() -> None:
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_retiring_pods_queue_goes_on_within_its_namespaces_part() -> None:
+    """A pod picked no more (a replica that drains) keeps its place in its namespace's part
+    until what it holds is answered: its queued requests go on as its namespace's slots come
+    free, and together with its namespace's other pods it never holds more than the part (a
+    namespace scaling its own model down gains nothing at Triton). Then it leaves the budget."""
+    clock = Clock()
+    shares = InFlightShares(4, clock.later, active_seconds=1.0, clock=clock)
+    retiring, staying = (Limiter(64, 64, 30.0, clock=clock) for _ in range(2))
+    other = Limiter(64, 64, 30.0, clock=clock)
+    shares.add(retiring, "team-a")
+    shares.add(staying, "team-a")
+    shares.add(other, "team-b")
+    wake(retiring, staying, other)
+    queued = [asyncio.create_task(retiring.acquire()) for _ in range(6)]
+    await asyncio.sleep(0)
+    assert retiring.in_flight == 1 and retiring.queued == 5  # its half of team-a's half of 4
+    shares.retire(retiring)
+    flood = [asyncio.create_task(staying.acquire()) for _ in range(8)]
+    await asyncio.sleep(0)
+    for _ in range(20):  # answers come back: the part holds, the queue goes on
+        assert retiring.in_flight + staying.in_flight <= 2
+        for limiter in (retiring, staying):
+            if limiter.in_flight:
+                limiter.release()
+        await asyncio.sleep(0)
+    assert all(task.done() and task.exception() is None for task in queued)
+    assert retiring.node is None, "answered: it left the budget"
+    assert shares.by_namespace == {"team-a": 1, "team-b": 1}
+    for task in flood:
+        task.cancel()
+    await asyncio.gather(*flood, return_exceptions=True)
+
+
+def test_a_retiring_pod_with_nothing_held_leaves_the_budget_at_once() -> None:
+    _, shares, (a, b) = node(8, 64, 64)
+    wake(a, b)
+    shares.retire(a)
+    assert a.node is None and shares.sending == 1 and b.limit == 64
+
+
+async def test_a_retiring_pod_whose_queue_gave_up_leaves_the_budget_at_the_sweep() -> None:
+    """Its last request gave up waiting for its namespace's slot (nothing of it is answered,
+    so no answer takes it out): the next sweep does."""
+    clock = Clock()
+    shares = InFlightShares(2, clock.later, active_seconds=1.0, clock=clock)
+    a, c = Limiter(64, 64, 0.01, clock=clock), Limiter(64, 64, 30.0, clock=clock)
+    b = Limiter(64, 64, 30.0, clock=clock)
+    shares.add(a, "team-a")
+    shares.add(c, "team-a")
+    shares.add(b, "team-b")
+    wake(a, c, b)
+    assert c.try_acquire()  # team-a's one slot
+    waiting = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    shares.retire(a)
+    assert a.node is shares, "a request of it waits: it stays in the budget"
+    with pytest.raises(Exception, match="timed out"):
+        await waiting  # its queue timeout of 10 ms, on the loop's own clock
+    clock.advance(0.5)
+    assert a.node is None and shares.by_namespace == {"team-a": 1, "team-b": 1}
