@@ -118,6 +118,7 @@ class Gateway:
             lambda: members(self.tenants),
             settings.restore_hold_seconds,
         )
+        self.tenants.on_unknown = self.restore.missing
         self.witness = CrashWitness(
             settings.crash_witness_file or path_beside(settings.caller_table),
             settings.triton_http_url,

@@ -11,7 +11,11 @@ the gateway asks it whether each model with requests waiting is READY (`GET /v2/
 every `POLL_SECONDS`; a model with none waiting every second), and lets each model's requests go
 the moment it is. --restore-hold-seconds after Triton came back every model goes on all the same (a
 model the agent does not load again: its requests get Triton's own answer). A request at Triton
-when it exited is not sent again: Triton may have run it. An exit during a restore starts it again.
+when it exited is not sent again: Triton may have run it. An exit during a restore starts it
+again. A Triton that answers a request that it has no such model, for a model the table serves,
+was started again before the sentinel saw it go: that model alone is held the same way
+(`Restore.missing`), and the request is answered as unanswered, so that a pod's proxy sends it
+again (Triton did not run it).
 
 Bounds: the held requests are the pods' own, within their limiters' queues and the gateway's byte
 budget as any waiting request; the checks are one small GET per model with requests waiting per
@@ -84,6 +88,29 @@ class Restore:
             len(self._held),
             self.hold_seconds,
         )
+
+    def missing(self, member: Member | Tenant) -> None:
+        """Triton answered a request of `member`'s model that it has no such model, though the
+        table serves it: Triton was started again, and the sentinel has not seen it go yet (its
+        event loop turn comes after the request's), or has but the answer was already on its
+        way. That request is answered unanswered by its relay (it did not run, so a pod's proxy
+        sends it again); the model's new requests, and that one sent again, wait until it is
+        READY, as in a restore (at most `hold_seconds`). Only this model is held: no answer of
+        one pod's holds another's."""
+        if self.hold_seconds <= 0 or member in self._held:
+            return
+        limiter = member.limiter
+        self._held[member] = limiter.restoring = asyncio.Event()
+        limiter.restore_seconds = self.hold_seconds
+        if self._since == 0.0:
+            self._since = self._clock()
+        log.warning(
+            "Triton answered that it has no model %s, which the node's table serves: holding "
+            "its requests until it is loaded again (at most %.0f s).",
+            member.caller.model_id,
+            self.hold_seconds,
+        )
+        self.up()
 
     def up(self) -> None:
         """Triton accepts connections (again, or after a drop that was no exit): check the

@@ -161,6 +161,7 @@ class Tenant:
         shares: LoopShares,
         in_flight: InFlightShares | None = None,
         lane: ProbationLane | None = None,
+        on_unknown: Callable[[Member | Tenant], None] | None = None,
     ) -> None:
         first = next(iter(rows.values()))
         self.rows = dict(rows)
@@ -168,6 +169,9 @@ class Tenant:
         """A model host: its rows are served as a table, even while it has one."""
         self._settings_for = settings_for
         self._in_flight = in_flight
+        self._on_unknown = on_unknown
+        """Told of a model of the pod that Triton answered it does not have
+        (`Limiter.on_unknown`)."""
         self._lane = lane or ProbationLane()
         self.turns = PodTurns(self._lane, first.namespace)
         """The pod's turns in the probation lane: its models' limiters take them as one."""
@@ -225,6 +229,9 @@ class Tenant:
             self._in_flight.add(limiter, caller.namespace)
         member = self.members[key or caller.model_id] = Member(caller, limiter, metrics, self.turns)
         limiter.on_held = partial(self._lane.held.record, caller.namespace)
+        if self._on_unknown is not None:
+            # The restore holds what `members` lists: a host's member, a model pod's tenant.
+            limiter.on_unknown = partial(self._on_unknown, member if self.host else self)
         member.on_probation(caller)
         return member
 
@@ -449,6 +456,9 @@ class Tenants:
         """The node's in-flight budget split among the namespaces sending, then their pods;
         None: none."""
         self.probation = probation or ProbationLane()
+        self.on_unknown: Callable[[Member | Tenant], None] | None = None
+        """Told of a pod's model that Triton answered it does not have, though the table
+        serves it (`gateway.restore.Restore.missing`)."""
         self._by_address: dict[str, Tenant] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 
@@ -508,7 +518,13 @@ class Tenants:
             tenant = self._by_address.get(address)
         if tenant is None:
             tenant = Tenant(
-                rows, settings_for, self.state, self.shares, self.in_flight, self.probation
+                rows,
+                settings_for,
+                self.state,
+                self.shares,
+                self.in_flight,
+                self.probation,
+                self.on_unknown,
             )
             self._by_address[address] = tenant
         return tenant

@@ -27,7 +27,7 @@ from proxy.http2.flow import Window
 from proxy.http2.headers import BlockEncoder, Fields
 from proxy.http2.reader import FrameSink
 from proxy.http2.streamstates import CLOSED, NEXT, RESET, SENT_END, active, peer_ended
-from proxy.policy.refusals import UpstreamError, grpc_code
+from proxy.policy.refusals import UpstreamError, grpc_code, lacks_model, missing_model
 
 UNAVAILABLE: Final = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
 _STATUS: Final = {str(number).encode(): name for number, name in framing.CODE_NAMES.items()}
@@ -201,13 +201,37 @@ class Replies(TenantSide):
             block = self.encoder.encode(fields)
             self.out.write(frames.headers_frames(stream.sid, block, False, self.max_frame))
             return
-        self.hooks.completed()
         code = "UNKNOWN"
         for name, value in fields:
             if name == b"grpc-status":
                 code = _STATUS.get(value, "UNKNOWN")
+        if code == "NOT_FOUND" and self._model_missing(stream, fields):
+            return
+        self.hooks.completed()
         self.hooks.finish(stream, code)
         self.end_to_tenant(stream, fields)
+
+    def _model_missing(self, stream: Stream, fields: Fields) -> bool:
+        """Whether Triton's NOT_FOUND ending `stream` says it has no such model while the node
+        gateway's table serves it (`Limiter.on_unknown`, the gateway's only): Triton had just
+        started again. The model is then held until it is READY, and the call answered
+        UNAVAILABLE, unanswered (`framing.UNANSWERED`: it did not run, so a pod's proxy sends
+        it again)."""
+        served = stream.served
+        if served is None:
+            return False
+        on_unknown = served.limiter.on_unknown
+        if on_unknown is None:
+            return False
+        for name, value in fields:
+            if name == b"grpc-message":
+                if not lacks_model(value):
+                    return False
+                on_unknown()
+                error = missing_model(served.model_id)
+                self.hooks.refuse(stream, grpc_code(error).name, str(error), None, True)
+                return True
+        return False
 
     def triton_data(self, stream: Stream, body: bytes, end_stream: bool) -> None:
         if stream.sid not in self.streams:

@@ -31,12 +31,15 @@ from proxy.http1.gate import check_whole, too_large
 from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
+from proxy.policy.refusals import lacks_model
 from proxy.policy.routing import error_body
 from proxy.table import RESEND_BYTES, RESENDS, Served
 
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static, where an
 imported name is a look-up in the module's dict at each of a request's two calls."""
+_NOT_FOUND_HEAD: Final = b"HTTP/1.1 404 "
+"""How Triton's answer that it has no such model begins (`Exchange._model_missing`)."""
 
 
 class Exchange(Connection):
@@ -323,6 +326,8 @@ class Exchange(Connection):
             self._upstream = None
             self._finish(upstream.code)
             return
+        if upstream.code == "404" and self._model_missing(upstream, data, reusable):
+            return
         if data and self.transport is not None:
             self.transport.write(data)
         self._response_done = True
@@ -356,6 +361,32 @@ class Exchange(Connection):
                 self.resume_reading()
             if self._buffer:
                 self._next_request()
+
+    def _model_missing(self, upstream: Upstream, data: bytes, reusable: bool) -> bool:
+        """Whether Triton's 404, ending with `data`, says it has no such model while the node
+        gateway's table serves it (`Limiter.on_unknown`, the gateway's only): Triton had just
+        started again. The model is then held until it is READY, and the request answered 502,
+        unanswered (`framing.UNANSWERED`: it did not run, so a pod's proxy sends it again).
+        Only an answer whose head is in `data` (nothing of it passed on yet, `relay_response`):
+        Triton writes such a small one at once."""
+        served = self._served
+        if (
+            served is None
+            or served.limiter.on_unknown is None
+            or not data.startswith(_NOT_FOUND_HEAD)
+            or not lacks_model(data)
+        ):
+            return False
+        served.limiter.on_unknown()
+        self._upstream = None
+        self._sink = None
+        self._kept = None
+        if reusable and self._request_done:
+            self._pool.put(upstream)
+        elif upstream.transport is not None:
+            upstream.transport.close()
+        self._answer_failure(str(refusals.missing_model(served.model_id)))
+        return True
 
     def upstream_failed(self, upstream: Upstream, reason: str) -> None:
         """The upstream connection broke before the response was complete (or the gateway said

@@ -87,6 +87,32 @@ class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
 
+_UNKNOWN_MODEL: Final = b"Request for unknown model: '"
+_NO_VERSION: Final = (b"' is not found", b"' has no available versions")
+
+
+def lacks_model(message: bytes) -> bool:
+    """Whether Triton's error `message` (a REST answer's body, a gRPC call's `grpc-message`)
+    says it has no version of the model asked for loaded (`Request for unknown model: 'NAME'
+    is not found`, never loaded since Triton started; `... has no available versions`,
+    unloaded); one that lacks only the version asked for says `... 'NAME' version N is not
+    found`, and is the client's to fix."""
+    start = message.find(_UNKNOWN_MODEL)
+    if start < 0:
+        return False
+    start += len(_UNKNOWN_MODEL)
+    return any(message.find(end, start) >= 0 for end in _NO_VERSION)
+
+
+def missing_model(model_id: str) -> UpstreamError:
+    """The node gateway's answer to a request Triton answered that it has no such model, though
+    the gateway's table serves it (`Limiter.on_unknown`): Triton had just started again."""
+    return UpstreamError(
+        f"Triton did not have model {model_id} loaded again yet after a restart, so the request "
+        "did not run; retry shortly"
+    )
+
+
 SMALL_REQUEST: Final = 16 * 1024
 """The largest body or message of a request that is not inference (health, metadata, config,
 readiness, statistics: a model name and a version at most). Only inference counts against the

@@ -49,3 +49,20 @@ def test_the_table_answers_each_protocol() -> None:
     assert refusals.grpc_code(error) is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert refusals.http_status(refusals.UpstreamError("gone")) == 502
     assert refusals.grpc_code(refusals.UpstreamError("gone")) is grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("message", "lacks"),
+    [
+        (b"Request for unknown model: 'team-h.a.0a0a0a0a' is not found", True),
+        (b'{"error":"Request for unknown model: \'a\' has no available versions"}', True),
+        (b"Request for unknown model: 'a' version 9 is not found", False),
+        (b"Model version not ready", False),
+        (b"unexpected inference input 'x' for model 'a'", False),
+    ],
+)
+def test_tritons_word_that_it_has_no_model_is_told_from_a_missing_version(
+    message: bytes, lacks: bool
+) -> None:
+    """Triton's own texts (2.51), REST's body and gRPC's grpc-message alike."""
+    assert refusals.lacks_model(message) is lacks

@@ -1,0 +1,184 @@
+"""A Triton that answers it has no such model while the node gateway's table serves it, on the
+real processes.
+
+Triton started again before the gateway's sentinel saw it go (the gateway's event loop reached the
+request first) has none of the node's models yet, and answers a request `unknown model` (404 /
+NOT_FOUND). The gateway answers such a request as unanswered instead (Triton did not run it) and
+holds that model's requests until it is READY again; an idempotent model's proxy sends the
+request again, so its client is answered once the model is back. Here Triton loses the host's
+model behind the gateway's back (an unload, which is what a restarted Triton looks like to a
+request), and loads it again a moment later. A request naming a version Triton lacks is the
+client's error and passes on as Triton said it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from common.callers import Caller
+from proxy.gateway.tenants import Tenant
+from sim.triton import TritonServer
+from tests.conftest import copy_model
+from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy
+from tests.proxy.gateway.conftest import RunningGateway, gateway_settings, publish, running_gateway
+from tests.proxy.gateway.test_neighbour_rows import INFER, until
+from tests.proxy.gateway.test_private_names import _load, fetch
+
+pytestmark = pytest.mark.triton
+
+HOST = "127.1.9.7"
+HOST_POD = "team-h/tritonshare-host-0123456789abcdef"
+PRIVATE = "team-h.a.0a0a0a0a"
+ROW = Caller(HOST, "a", HOST_POD, "uid-a/0", 0, PRIVATE)
+
+
+def _unload(triton: TritonServer) -> None:
+    request = urllib.request.Request(
+        f"http://{triton.http_url}/v2/repository/models/{PRIVATE}/unload", method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+    until(lambda: not _ready(triton), "Triton's unload")
+
+
+def _ready(triton: TritonServer) -> bool:
+    try:
+        with urllib.request.urlopen(
+            f"http://{triton.http_url}/v2/models/{PRIVATE}/ready", timeout=5
+        ) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+class Host:
+    def __init__(self, triton: TritonServer, gateway: RunningGateway, proxy: RunningProxy):
+        self.triton = triton
+        self.gateway = gateway
+        self.proxy = proxy
+
+    def tenant(self) -> Tenant:
+        tenant = next((t for t in self.gateway.gateway.tenants if t.caller.address == HOST), None)
+        assert tenant is not None
+        return tenant
+
+    def held(self) -> bool:
+        """Whether the gateway holds model a's new requests until it is READY."""
+        return self.tenant().members["a"].limiter.restoring is not None
+
+
+def host(
+    triton: TritonServer, model_repository: Path, tmp_path: Path, idempotent: bool
+) -> Iterator[Host]:
+    copy_model("add_one", model_repository, as_name=PRIVATE)
+    _load(triton, PRIVATE)
+    table, models = tmp_path / "callers.json", tmp_path / "hosted-models"
+    publish(table, ROW)
+    models.write_text(json.dumps([{"model": "a", "idempotent": idempotent}]))
+    with running_gateway(gateway_settings(triton, table, table_max_age_seconds=3600)) as gateway:
+        settings = proxy_settings(
+            triton,
+            model_id="",
+            models_file=models,
+            triton_http_url=gateway.http_url,
+            triton_grpc_url=gateway.grpc_url,
+            source_address=HOST,
+            grpc_mode="relay",
+        )
+        with running_proxy(settings) as proxy:
+            running = Host(triton, gateway, proxy)
+            assert rest(running) == "200"  # the host's tenant is made
+            yield running
+
+
+@pytest.fixture
+def idempotent_host(triton: TritonServer, model_repository: Path, tmp_path: Path) -> Iterator[Host]:
+    yield from host(triton, model_repository, tmp_path, idempotent=True)
+
+
+@pytest.fixture
+def other_host(triton: TritonServer, model_repository: Path, tmp_path: Path) -> Iterator[Host]:
+    yield from host(triton, model_repository, tmp_path, idempotent=False)
+
+
+def rest(running: Host, path: str = "/v2/models/a/infer") -> str:
+    status, _, body = fetch(running.proxy.http_url, "POST", path, INFER)
+    if status == 200:
+        assert json.loads(body)["outputs"][0]["data"] == [2, 3, 4]
+        return "200"
+    return f"{status} {body.decode(errors='replace')}"
+
+
+def grpc(running: Host) -> str:
+    client = grpcclient.InferenceServerClient(running.proxy.grpc_url)
+    data = np.array([[1, 2, 3]], dtype=np.float32)
+    tensor = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+    tensor.set_data_from_numpy(data)
+    try:
+        result = client.infer("a", [tensor], client_timeout=30)
+        assert np.array_equal(result.as_numpy("OUTPUT0"), data + 1)
+        return "OK"
+    except InferenceServerException as e:
+        return f"{e.status()} {e.message()}"
+    finally:
+        client.close()
+
+
+CALLS: dict[str, Callable[[Host], str]] = {"rest": rest, "grpc": grpc}
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+def test_an_idempotent_models_request_meeting_triton_without_it_is_answered_once_it_is_back(
+    idempotent_host: Host, protocol: str
+) -> None:
+    running = idempotent_host
+    _unload(running.triton)
+    with ThreadPoolExecutor(1) as pool:
+        answer: Future[str] = pool.submit(CALLS[protocol], running)
+        until(running.held, "the gateway's hold of model a")
+        time.sleep(0.3)  # the proxy's request sent again, waiting at the gateway meanwhile
+        assert not answer.done(), answer.result()
+        threading.Thread(target=_load, args=(running.triton, PRIVATE)).start()
+        outcome = answer.result(30)
+    assert outcome in ("200", "OK"), outcome
+    until(lambda: not running.held(), "the hold's end")
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+def test_another_models_request_fails_as_unanswered_and_the_next_waits_for_the_model(
+    other_host: Host, protocol: str
+) -> None:
+    """A model not marked idempotent is not sent again by its proxy: its client gets 502 /
+    UNAVAILABLE, which says to retry, never Triton's 404 that says the model does not exist;
+    its next request waits until the model is back."""
+    running = other_host
+    _unload(running.triton)
+    outcome = CALLS[protocol](running)
+    assert outcome.startswith(("502 ", "StatusCode.UNAVAILABLE ")), outcome
+    # gRPC passes the gateway's word on; a pod's REST proxy says Triton exited under it.
+    assert "did not have model a loaded again" in outcome or "Triton exited" in outcome, outcome
+    assert running.held()
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(CALLS[protocol], running)
+        time.sleep(0.3)
+        assert not answer.done(), answer.result()
+        _load(running.triton, PRIVATE)
+        assert answer.result(30) in ("200", "OK")
+
+
+def test_a_version_triton_lacks_is_the_clients_error_and_holds_nothing(other_host: Host) -> None:
+    outcome = rest(other_host, "/v2/models/a/versions/9/infer")
+    assert outcome.startswith("404 ") and "version 9 is not found" in outcome, outcome
+    assert not other_host.held()
+    assert rest(other_host) == "200"
