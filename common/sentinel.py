@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -64,6 +66,8 @@ class Sentinel(Generic[T]):
         show that Triton is still there."""
         self.deaths = 0
         """Deaths seen since start."""
+        self.held: asyncio.StreamWriter | None = None
+        """The sentinel connection while it is held."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Hold the sentinel until `stop`."""
@@ -84,6 +88,7 @@ class Sentinel(Generic[T]):
                     if self._on_up is not None:
                         self._on_up()
                 reader, writer = connection
+                self.held = writer
                 read = asyncio.ensure_future(reader.read(1))
                 stopping = asyncio.ensure_future(stop.wait())
                 await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -96,6 +101,7 @@ class Sentinel(Generic[T]):
                         continue  # Triton said something on an idle connection: still there
                 except OSError:
                     pass  # reset: as closed
+                self.held = None
                 lost = self._on_lost()
                 writer.close()
                 connection = await self._connect()
@@ -112,8 +118,28 @@ class Sentinel(Generic[T]):
                 if self._on_up is not None:
                     self._on_up()
         finally:
+            self.held = None
             if connection is not None:
                 connection[1].close()
+
+    def closed_now(self) -> bool:
+        """Whether Triton has closed the held connection already, though the event loop has not
+        given the sentinel its turn yet (a peek at the socket: nothing is read). A process's
+        death closes it before a new process can listen, so an answer from a Triton started
+        again comes after this is true."""
+        writer = self.held
+        if writer is None:
+            return False
+        held = writer.get_extra_info("socket")
+        if held is None:
+            return False
+        try:
+            with socket.socket(held.family, held.type, fileno=os.dup(held.fileno())) as peek:
+                return not peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # open, nothing to read
+        except OSError:
+            return True  # reset
 
     async def _closes_soon(
         self, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter]

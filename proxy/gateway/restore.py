@@ -13,9 +13,10 @@ the moment it is. --restore-hold-seconds after Triton came back every model goes
 model the agent does not load again: its requests get Triton's own answer). A request at Triton
 when it exited is not sent again: Triton may have run it. An exit during a restore starts it
 again. A Triton that answers a request that it has no such model, for a model the table serves,
-was started again before the sentinel saw it go: that model alone is held the same way
-(`Restore.missing`), and the request is answered as unanswered, so that a pod's proxy sends it
-again (Triton did not run it).
+was started again before the sentinel's turn on the event loop (its connection is closed
+already): that model is held the same way (`Restore.missing`), and the request is answered as
+unanswered, so that a pod's proxy sends it again (Triton did not run it); the sentinel's turn
+holds the others. With Triton the same, its answer passes on.
 
 Bounds: the held requests are the pods' own, within their limiters' queues and the gateway's byte
 budget as any waiting request; the checks are one small GET per model with requests waiting per
@@ -66,6 +67,9 @@ class Restore:
         self._since = 0.0
         self.restores = 0
         """Exits of Triton that held the node's models, since start."""
+        self.gone: Callable[[], bool] = lambda: False
+        """Whether Triton's sentinel connection is closed though the sentinel has not had its
+        turn yet (`common.sentinel.Sentinel.closed_now`, set by the crash witness)."""
 
     def lost(self) -> None:
         """Triton's sockets closed: hold every model of the table until it is READY again."""
@@ -89,28 +93,34 @@ class Restore:
             self.hold_seconds,
         )
 
-    def missing(self, member: Member | Tenant) -> None:
+    def missing(self, member: Member | Tenant) -> bool:
         """Triton answered a request of `member`'s model that it has no such model, though the
-        table serves it: Triton was started again, and the sentinel has not seen it go yet (its
-        event loop turn comes after the request's), or has but the answer was already on its
-        way. That request is answered unanswered by its relay (it did not run, so a pod's proxy
-        sends it again); the model's new requests, and that one sent again, wait until it is
-        READY, as in a restore (at most `hold_seconds`). Only this model is held: no answer of
-        one pod's holds another's."""
-        if self.hold_seconds <= 0 or member in self._held:
-            return
+        table serves it: whether that is because Triton was started again (the answer is then
+        not passed on: its relay answers the request as unanswered, and Triton did not run it,
+        so a pod's proxy sends it again). Either a restore is under way, or the sentinel's
+        connection is closed already and its turn on the event loop has not come yet
+        (`gone`): the model is then held until it is READY, as in a restore (at most
+        `hold_seconds`); the sentinel's turn holds the rest a moment later. Otherwise Triton
+        is the one the gateway knows and lacks the model indeed: its answer passes on."""
+        if self.hold_seconds <= 0:
+            return False
         limiter = member.limiter
+        if limiter.restoring is not None:
+            return True
+        if not self.gone():
+            return False
         self._held[member] = limiter.restoring = asyncio.Event()
         limiter.restore_seconds = self.hold_seconds
         if self._since == 0.0:
             self._since = self._clock()
         log.warning(
-            "Triton answered that it has no model %s, which the node's table serves: holding "
-            "its requests until it is loaded again (at most %.0f s).",
+            "Triton answered that it has no model %s before the gateway saw it go: holding "
+            "the model's requests until it is loaded again (at most %.0f s).",
             member.caller.model_id,
             self.hold_seconds,
         )
         self.up()
+        return True
 
     def up(self) -> None:
         """Triton accepts connections (again, or after a drop that was no exit): check the

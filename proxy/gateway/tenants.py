@@ -161,7 +161,7 @@ class Tenant:
         shares: LoopShares,
         in_flight: InFlightShares | None = None,
         lane: ProbationLane | None = None,
-        on_unknown: Callable[[Member | Tenant], None] | None = None,
+        on_unknown: Callable[[Member | Tenant], bool] | None = None,
     ) -> None:
         first = next(iter(rows.values()))
         self.rows = dict(rows)
@@ -456,7 +456,7 @@ class Tenants:
         """The node's in-flight budget split among the namespaces sending, then their pods;
         None: none."""
         self.probation = probation or ProbationLane()
-        self.on_unknown: Callable[[Member | Tenant], None] | None = None
+        self.on_unknown: Callable[[Member | Tenant], bool] | None = None
         """Told of a pod's model that Triton answered it does not have, though the table
         serves it (`gateway.restore.Restore.missing`)."""
         self._by_address: dict[str, Tenant] = {}

@@ -125,6 +125,7 @@ class CrashWitness:
         self.sentinel = Sentinel(
             triton_http, self._snapshot, self._record, on_up=self._triton_there
         )
+        restore.gone = self.sentinel.closed_now
         self.records = 0
         """Records written since start."""
 

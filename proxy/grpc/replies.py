@@ -213,8 +213,8 @@ class Replies(TenantSide):
 
     def _model_missing(self, stream: Stream, fields: Fields) -> bool:
         """Whether Triton's NOT_FOUND ending `stream` says it has no such model while the node
-        gateway's table serves it (`Limiter.on_unknown`, the gateway's only): Triton had just
-        started again. The model is then held until it is READY, and the call answered
+        gateway's table serves it and Triton had just started again (`Limiter.on_unknown`, the
+        gateway's only). The model is then held until it is READY, and the call answered
         UNAVAILABLE, unanswered (`framing.UNANSWERED`: it did not run, so a pod's proxy sends
         it again)."""
         served = stream.served
@@ -225,9 +225,8 @@ class Replies(TenantSide):
             return False
         for name, value in fields:
             if name == b"grpc-message":
-                if not lacks_model(value):
+                if not lacks_model(value) or not on_unknown():
                     return False
-                on_unknown()
                 error = missing_model(served.model_id)
                 self.hooks.refuse(stream, grpc_code(error).name, str(error), None, True)
                 return True

@@ -364,8 +364,8 @@ class Exchange(Connection):
 
     def _model_missing(self, upstream: Upstream, data: bytes, reusable: bool) -> bool:
         """Whether Triton's 404, ending with `data`, says it has no such model while the node
-        gateway's table serves it (`Limiter.on_unknown`, the gateway's only): Triton had just
-        started again. The model is then held until it is READY, and the request answered 502,
+        gateway's table serves it and Triton had just started again (`Limiter.on_unknown`, the
+        gateway's only). The model is then held until it is READY, and the request answered 502,
         unanswered (`framing.UNANSWERED`: it did not run, so a pod's proxy sends it again).
         Only an answer whose head is in `data` (nothing of it passed on yet, `relay_response`):
         Triton writes such a small one at once."""
@@ -375,9 +375,9 @@ class Exchange(Connection):
             or served.limiter.on_unknown is None
             or not data.startswith(_NOT_FOUND_HEAD)
             or not lacks_model(data)
+            or not served.limiter.on_unknown()
         ):
             return False
-        served.limiter.on_unknown()
         self._upstream = None
         self._sink = None
         self._kept = None

@@ -119,11 +119,12 @@ class Limiter:
         node gateway's `gateway.restore`): a new request waits for the event first, at most
         `restore_seconds`, so that it finds its model loaded again rather than missing."""
         self.restore_seconds = 0.0
-        self.on_unknown: Callable[[], None] | None = None
+        self.on_unknown: Callable[[], bool] | None = None
         """The node gateway's (`gateway.restore.Restore.missing`): told when Triton answered a
-        request of the model that it has no such model, which the gateway's table serves (a
-        Triton started again before the gateway saw it go); the relay then answers the request
-        as unanswered (`Tritonshare-Unanswered`), Triton did not run it. None in a proxy."""
+        request of the model that it has no such model, which the gateway's table serves; True
+        when that Triton was started again (the model is held until READY), and the relay then
+        answers the request as unanswered (`Tritonshare-Unanswered`): Triton did not run it.
+        None in a proxy."""
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""

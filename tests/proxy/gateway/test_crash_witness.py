@@ -20,6 +20,7 @@ from proxy.gateway.witness import CrashWitness, suspects_of
 from proxy.policy.limiter import Limiter
 from proxy.policy.probation import ProbationLane
 from proxy.policy.refusals import QuarantinedError, grpc_code, http_status
+from tests.agent.conftest import eventually
 
 
 class Answered:
@@ -206,6 +207,50 @@ async def test_the_sentinel_tells_a_death_from_a_dropped_connection() -> None:
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+def held_now(sentinel: Sentinel[int]) -> asyncio.StreamWriter | None:
+    """The sentinel's held connection, read afresh (mypy narrows an attribute)."""
+    return sentinel.held
+
+
+async def test_a_closed_sentinel_is_known_before_the_sentinels_turn() -> None:
+    """`closed_now` peeks at the held connection's socket: true once Triton's side closed it,
+    though the event loop has not read it for the sentinel yet (its reading is paused here),
+    and false while it is open."""
+    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.put_nowait(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    gone, up = asyncio.Event(), asyncio.Event()
+    sentinel = Sentinel(
+        f"127.0.0.1:{port}", lambda: 0, lambda _: gone.set(), on_up=up.set, retry_seconds=0.02
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(sentinel.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            triton_side = await accepted.get()
+            await up.wait()
+        held = sentinel.held
+        assert held is not None and not sentinel.closed_now()
+        transport = cast(asyncio.Transport, held.transport)
+        transport.pause_reading()
+        server.close()  # the process dies
+        triton_side.close()
+        await server.wait_closed()
+        await eventually(sentinel.closed_now, what="the peek seeing the close")
+        assert sentinel.held is held and not gone.is_set(), "the sentinel's turn not come"
+        transport.resume_reading()
+        async with asyncio.timeout(10):
+            await gone.wait()
+        assert held_now(sentinel) is None and not sentinel.closed_now()
+    finally:
+        stop.set()
+        await task
 
 
 async def test_a_connection_a_dying_triton_still_accepts_is_the_same_death() -> None:

@@ -1,18 +1,19 @@
-"""A Triton that answers it has no such model while the node gateway's table serves it, on the
-real processes.
+"""A request that meets a Triton started again before the node gateway saw it go, on the real
+processes.
 
-Triton started again before the gateway's sentinel saw it go (the gateway's event loop reached the
-request first) has none of the node's models yet, and answers a request `unknown model` (404 /
-NOT_FOUND). The gateway answers such a request as unanswered instead (Triton did not run it) and
-holds that model's requests until it is READY again; an idempotent model's proxy sends the
-request again, so its client is answered once the model is back. Here Triton loses the host's
-model behind the gateway's back (an unload, which is what a restarted Triton looks like to a
-request), and loads it again a moment later. A request naming a version Triton lacks is the
-client's error and passes on as Triton said it.
+A Triton started again has none of the node's models until the agent loads them, and answers a
+request `unknown model` (404 / NOT_FOUND). The gateway's sentinel sees a death at once, but only
+on its turn on the event loop: a request whose turn comes first reaches the new Triton. The
+gateway then answers it as unanswered (Triton did not run it) and holds its model's requests until
+it is READY; an idempotent model's proxy sends it again, so its client is answered once the model
+is back. Here the sentinel's connection is kept from being read (its turn never comes) while
+Triton is killed and started again; the test loads the model a moment later, as the agent would.
+With Triton the same, an answer that it lacks a model, or a version, passes on as Triton said it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -20,6 +21,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -41,6 +43,18 @@ HOST = "127.1.9.7"
 HOST_POD = "team-h/tritonshare-host-0123456789abcdef"
 PRIVATE = "team-h.a.0a0a0a0a"
 ROW = Caller(HOST, "a", HOST_POD, "uid-a/0", 0, PRIVATE)
+
+
+def _restart_unseen(running: Host) -> None:
+    """Kill Triton and start it again, on the same ports and without the model, with the
+    gateway's sentinel connection not read meanwhile (its turn on the event loop not come)."""
+    sentinel = running.gateway.gateway.witness.sentinel
+    held = sentinel.held
+    assert held is not None, "the sentinel holds its connection"
+    transport = cast(asyncio.Transport, held.transport)
+    running.gateway.loop.call_soon_threadsafe(transport.pause_reading)
+    running.triton.restart()
+    until(lambda: not _ready(running.triton) and sentinel.closed_now(), "the new Triton")
 
 
 def _unload(triton: TritonServer) -> None:
@@ -139,11 +153,11 @@ CALLS: dict[str, Callable[[Host], str]] = {"rest": rest, "grpc": grpc}
 
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
-def test_an_idempotent_models_request_meeting_triton_without_it_is_answered_once_it_is_back(
+def test_an_idempotent_models_request_meeting_a_restarted_triton_is_answered_once_it_is_back(
     idempotent_host: Host, protocol: str
 ) -> None:
     running = idempotent_host
-    _unload(running.triton)
+    _restart_unseen(running)
     with ThreadPoolExecutor(1) as pool:
         answer: Future[str] = pool.submit(CALLS[protocol], running)
         until(running.held, "the gateway's hold of model a")
@@ -163,7 +177,7 @@ def test_another_models_request_fails_as_unanswered_and_the_next_waits_for_the_m
     UNAVAILABLE, which says to retry, never Triton's 404 that says the model does not exist;
     its next request waits until the model is back."""
     running = other_host
-    _unload(running.triton)
+    _restart_unseen(running)
     outcome = CALLS[protocol](running)
     assert outcome.startswith(("502 ", "StatusCode.UNAVAILABLE ")), outcome
     # gRPC passes the gateway's word on; a pod's REST proxy says Triton exited under it.
@@ -175,6 +189,17 @@ def test_another_models_request_fails_as_unanswered_and_the_next_waits_for_the_m
         assert not answer.done(), answer.result()
         _load(running.triton, PRIVATE)
         assert answer.result(30) in ("200", "OK")
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+def test_the_same_triton_lacking_the_model_is_passed_on(other_host: Host, protocol: str) -> None:
+    """Unloaded behind the gateway's back, by a Triton that did not restart: the gateway has
+    no reason to hold the model, and Triton's answer reaches the client as Triton gave it."""
+    _unload(other_host.triton)
+    outcome = CALLS[protocol](other_host)
+    assert outcome.startswith(("404 ", "StatusCode.NOT_FOUND ")), outcome
+    assert "Request for unknown model: 'a'" in outcome, outcome
+    assert not other_host.held()
 
 
 def test_a_version_triton_lacks_is_the_clients_error_and_holds_nothing(other_host: Host) -> None:
