@@ -67,6 +67,16 @@ class RuleSyncs:
         return True
 
 
+def _named_ports(pod: JsonObject) -> dict[str, int]:
+    """The pod's container ports by name, as an EndpointSlice carries them."""
+    return {
+        str(port["name"]): int(port["containerPort"])
+        for container in pod["spec"].get("containers", [])
+        for port in container.get("ports") or []
+        if port.get("name")
+    }
+
+
 def _serving(pod: JsonObject) -> str | None:
     """The pod's address if a Service would send it traffic, else None."""
     if pod["metadata"].get("deletionTimestamp"):
@@ -98,6 +108,10 @@ class Endpoints:
         self.selector = selector
         self._pods: dict[str, str] = {}
         """The serving pods' addresses by name, as the EndpointSlice holds them."""
+        self._ports: dict[str, dict[str, int]] = {}
+        """The serving pods' named ports by address, as the EndpointSlice holds them: kube-proxy
+        routes a named target port without asking the API server, so an outage of it leaves
+        connections alone."""
         self._routed: list[str] = []
         """The addresses kube-proxy last synced into its rules."""
         self._pending = False
@@ -120,6 +134,11 @@ class Endpoints:
             ready = self._routed
         return ready[next(self._turn) % len(ready)] if ready else None
 
+    def port_of(self, address: str, name: str) -> int | None:
+        """The port named `name` of the serving pod at `address`, or None."""
+        with self._lock:
+            return self._ports.get(address, {}).get(name)
+
     def _sync(self) -> None:
         """Apply the pending change if kube-proxy would have by now (lock held). Applied when
         next read rather than by a timer: what a client sees is the same."""
@@ -132,10 +151,14 @@ class Endpoints:
         address = _serving(pod) if event_type != "DELETED" else None
         with self._lock:
             if address is None:
-                changed = self._pods.pop(name, None) is not None
+                gone = self._pods.pop(name, None)
+                changed = gone is not None
+                if gone is not None:
+                    self._ports.pop(gone, None)
             else:
                 changed = self._pods.get(name) != address
                 self._pods[name] = address
+                self._ports[address] = _named_ports(pod)
             if changed:
                 self._pending = True
                 self._sync()
@@ -149,12 +172,13 @@ class Endpoints:
                     ).data
                 )
                 serving = {
-                    pod["metadata"]["name"]: address
+                    pod["metadata"]["name"]: (address, _named_ports(pod))
                     for pod in listed.get("items", [])
                     if (address := _serving(pod)) is not None
                 }
                 with self._lock:
-                    self._pods = serving
+                    self._pods = {name: address for name, (address, _) in serving.items()}
+                    self._ports = dict(serving.values())
                     self._pending = True
                     self._sync()
                 version = listed["metadata"]["resourceVersion"]
@@ -192,8 +216,8 @@ class ServiceProxy:
     """kube-proxy for the cluster's ClusterIP Services: every TCP port of every Service with a
     selector and a loopback cluster IP (`sim.apiserver.services` allocates them) listens on
     that address, and each connection is relayed to one of the Service's ready endpoints
-    (`Endpoints`, in turn), on the target port (a number, or a container port's name looked up
-    in the endpoint's pod). Services are listed every `period` seconds. A connection made while the
+    (`Endpoints`, in turn), on the target port (a number, or a container port's name, which
+    the endpoints carry as an EndpointSlice does: no API call per connection). Services are listed every `period` seconds. A connection made while the
     Service has no ready endpoint waits up to `NO_ENDPOINT_WAIT_SECONDS` for one, then is
     closed (kube-proxy rejects it at once: the wait spares a script run right after `kubectl
     rollout status` the endpoint sync's second). start() and stop()."""
@@ -255,7 +279,7 @@ class ServiceProxy:
                 self._endpoints[(namespace, selector)] = endpoints
             try:
                 self._listeners[key] = _Listener(
-                    address, number, endpoints, port.get("targetPort", number), self.core
+                    address, number, endpoints, port.get("targetPort", number)
                 )
             except OSError as e:
                 log.warning(
@@ -277,11 +301,9 @@ class _Listener:
         port: int,
         endpoints: Endpoints,
         target: int | str,
-        core: Any,
     ) -> None:
         self.endpoints = endpoints
         self.target = target
-        self.core = core
         self.sock = socket.create_server((address, port))
         self._closed = threading.Event()
         threading.Thread(target=self._accept, name=f"service-{address}:{port}", daemon=True).start()
@@ -293,20 +315,7 @@ class _Listener:
     def _target_port(self, address: str) -> int | None:
         if isinstance(self.target, int) or str(self.target).isdigit():
             return int(self.target)
-        pods = json.loads(
-            self.core.list_namespaced_pod(
-                self.endpoints.namespace,
-                label_selector=self.endpoints.selector,
-                field_selector=f"status.podIP={address}",
-                _preload_content=False,
-            ).data
-        )
-        for pod in pods.get("items", []):
-            for container in pod["spec"].get("containers", []):
-                for port in container.get("ports") or []:
-                    if port.get("name") == self.target:
-                        return int(port["containerPort"])
-        return None
+        return self.endpoints.port_of(address, str(self.target))
 
     def _accept(self) -> None:
         while not self._closed.is_set():

@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as Unreachable
 
 from sim.node.addresses import PodAddresses
 from sim.node.containers import ContainerRun, http_get, now_rfc3339
@@ -120,6 +121,10 @@ class PodWorker(threading.Thread):
         self._abandon = threading.Event()
         self._abandon_grace = node.abandon_grace
         self._published = ""
+        self._unreachable_since: float | None = None
+        """Since when the API server could not be reached for the pod's writes (None: it can)."""
+        self._next_try = 0.0
+        """While it cannot be reached, the status is tried again once a second, not each turn."""
 
     def request_deletion(self, grace_seconds: float) -> None:
         """The pod was deleted gracefully: stop it within `grace_seconds`, then remove it."""
@@ -452,10 +457,17 @@ class PodWorker(threading.Thread):
             # Whatever the container left behind dies with it, as in its cgroup.
             container.signal(signal.SIGKILL)
             self._exited(container, code)
-        if not self._abandon.is_set():
-            with contextlib.suppress(ApiException):
-                self._publish()
-            self._remove_from_api()
+        # As the kubelet's status manager, the last status and the removal are retried while
+        # the API server cannot be reached (an outage), until the node is abandoned.
+        while not self._abandon.is_set():
+            try:
+                with contextlib.suppress(ApiException):
+                    self._publish()
+                self._remove_from_api()
+                break
+            except Unreachable as e:
+                self._unreachable(e)
+                self._abandon.wait(1.0)
         self._keep_logs()
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.node.cpu is not None:
@@ -551,13 +563,36 @@ class PodWorker(threading.Thread):
             "containerStatuses": mains,
         }
 
+    def _unreachable(self, error: Exception) -> None:
+        self._next_try = time.monotonic() + 1.0
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+            log.warning(
+                "Pod %s: the API server cannot be reached (%s); its status is written once it can.",
+                self.key,
+                error,
+            )
+
     def _publish(self) -> None:
         """Write the status if it changed since the last write."""
         status = self._status()
         fingerprint = json.dumps(status, sort_keys=True)
         if fingerprint == self._published:
             return
-        written = write_status(self.node.core, self.namespace, self.pod_name, self.uid, status)
+        if self._unreachable_since is not None and time.monotonic() < self._next_try:
+            return
+        try:
+            written = write_status(self.node.core, self.namespace, self.pod_name, self.uid, status)
+        except Unreachable as e:
+            self._unreachable(e)  # written at the next call, once the API server is back
+            return
+        if self._unreachable_since is not None:
+            log.info(
+                "Pod %s: the API server is reachable again after %.0f s; its status is written.",
+                self.key,
+                time.monotonic() - self._unreachable_since,
+            )
+            self._unreachable_since = None
         if written is None:
             log.warning(
                 "Pod %s: its status was not written; retrying on the next change.", self.key

@@ -13,6 +13,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
+from sim.apiserver import RunningApiServer
 from sim.processes import wait_until
 from sim.service import (
     KUBE_PROXY_BURST_SYNCS,
@@ -195,3 +196,48 @@ def _answers(address: tuple[str, int]) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_a_named_target_port_is_routed_through_an_api_server_outage(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
+) -> None:
+    """kube-proxy routes a named target port from the EndpointSlice it already has: a
+    connection made while the API server is down still reaches the pod (once, each one asked
+    the API server for the pod's ports, and was reset)."""
+    core = core_v1(kube_api)
+    core.create_node({"metadata": {"name": "n1"}})
+    server = _Answering()
+    http = {"name": "http", "containerPort": server.port}
+    core.create_namespaced_pod(
+        "default",
+        {
+            "metadata": {"name": "a", "labels": {"app": "web"}},
+            "spec": {
+                "nodeName": "n1",
+                "containers": [{"name": "c", "image": "x", "ports": [http]}],
+            },
+        },
+    )
+    _ready(core, "a", "127.0.0.1")
+    with socket.create_server(("127.2.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    service = {
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": port, "targetPort": "http"}]},
+    }
+    created = core.create_namespaced_service("default", service)
+    address = (created.spec.cluster_ip, port)
+    services = ServiceProxy(kube_api, period=0.1)
+    services.start()
+    try:
+        wait_until("the Service answers", lambda: _answers(address), 10)
+        apiserver.pause()
+        try:
+            assert len(_exchange_times(address, 5)) == 5
+            for _ in range(5):  # a new connection each
+                assert _answers(address)
+        finally:
+            apiserver.resume()
+    finally:
+        services.stop()
+        server.close()

@@ -657,3 +657,41 @@ def test_a_secret_volume_holds_the_keys_of_the_pods_own_namespaces_secret(
             "Secret default/theirs cannot be read (404" in json.dumps(read(kube_api, "required"))
         ),
     )
+
+
+def test_a_pod_that_stops_while_the_api_server_is_down_is_removed_once_it_is_back(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubelet: Kubelet,
+    tmp_path: Path,
+) -> None:
+    """As the kubelet's status manager, the simulated kubelet retries a stopped pod's last
+    status and its removal while the API server cannot be reached; once, the pod's worker died
+    on the first refused connection and the pod stayed Terminating in the API for good."""
+    marker = tmp_path / "order.txt"
+    program = (
+        "import pathlib, signal, sys, time\n"
+        "log = pathlib.Path(sys.argv[1])\n"
+        "def stop(*_):\n"
+        "    log.write_text('sigterm\\n'); time.sleep(1.0); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "log.write_text('started\\n')\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    command = [sys.executable, "-c", program, str(marker)]
+    create(
+        kube_api,
+        pod_manifest(
+            "outlasting",
+            {"containers": [{"name": "main", "image": "tritonshare", "command": command}]},
+        ),
+    )
+    wait_for("the container to start", lambda: marker.exists() and "started" in marker.read_text())
+    core(kube_api).delete_namespaced_pod("outlasting", NS, _preload_content=False)
+    wait_for("SIGTERM", lambda: "sigterm" in marker.read_text())
+    apiserver.pause()
+    try:
+        time.sleep(3.0)  # the outage: the container exits 1 s into it, its removal refused
+    finally:
+        apiserver.resume()
+    wait_for("the pod to be removed", lambda: read(kube_api, "outlasting") is None, timeout=20)
