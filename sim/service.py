@@ -156,7 +156,10 @@ class Endpoints:
                 if gone is not None:
                     self._ports.pop(gone, None)
             else:
-                changed = self._pods.get(name) != address
+                before = self._pods.get(name)
+                changed = before != address
+                if before is not None and changed:
+                    self._ports.pop(before, None)
                 self._pods[name] = address
                 self._ports[address] = _named_ports(pod)
             if changed:
