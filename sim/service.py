@@ -217,13 +217,14 @@ class Endpoints:
 
 class ServiceProxy:
     """kube-proxy for the cluster's ClusterIP Services: every TCP port of every Service with a
-    selector and a loopback cluster IP (`sim.apiserver.services` allocates them) listens on
-    that address, and each connection is relayed to one of the Service's ready endpoints
-    (`Endpoints`, in turn), on the target port (a number, or a container port's name, which
-    the endpoints carry as an EndpointSlice does: no API call per connection). Services are listed every `period` seconds. A connection made while the
-    Service has no ready endpoint waits up to `NO_ENDPOINT_WAIT_SECONDS` for one, then is
-    closed (kube-proxy rejects it at once: the wait spares a script run right after `kubectl
-    rollout status` the endpoint sync's second). start() and stop()."""
+    selector and a loopback cluster IP (`sim.apiserver.services` allocates them) listens on that
+    address, and each connection is relayed to one of the Service's ready endpoints
+    (`Endpoints`, in turn), on the target port (a number, or a container port's name, which the
+    endpoints carry as an EndpointSlice does: no API call per connection). Services are listed
+    every `period` seconds. A connection made while the Service has no ready endpoint waits up
+    to `NO_ENDPOINT_WAIT_SECONDS` for one, then is closed (kube-proxy rejects it at once: the
+    wait spares a script run right after `kubectl rollout status` the endpoint sync's second).
+    start() and stop()."""
 
     def __init__(self, api_client: client.ApiClient, period: float = 1.0) -> None:
         self.api_client = api_client
