@@ -106,12 +106,10 @@ class Endpoints:
         self.core = cast(Any, client.CoreV1Api(api_client))
         self.namespace = namespace
         self.selector = selector
-        self._pods: dict[str, str] = {}
-        """The serving pods' addresses by name, as the EndpointSlice holds them."""
-        self._ports: dict[str, dict[str, int]] = {}
-        """The serving pods' named ports by address, as the EndpointSlice holds them: kube-proxy
-        routes a named target port without asking the API server, so an outage of it leaves
-        connections alone."""
+        self._pods: dict[str, tuple[str, dict[str, int]]] = {}
+        """The serving pods' addresses and named ports by name, as the EndpointSlice holds
+        them: kube-proxy routes a named target port without asking the API server, so an
+        outage of it leaves connections alone."""
         self._routed: list[str] = []
         """The addresses kube-proxy last synced into its rules."""
         self._pending = False
@@ -137,13 +135,16 @@ class Endpoints:
     def port_of(self, address: str, name: str) -> int | None:
         """The port named `name` of the serving pod at `address`, or None."""
         with self._lock:
-            return self._ports.get(address, {}).get(name)
+            for at, ports in self._pods.values():
+                if at == address:
+                    return ports.get(name)
+        return None
 
     def _sync(self) -> None:
         """Apply the pending change if kube-proxy would have by now (lock held). Applied when
         next read rather than by a timer: what a client sees is the same."""
         if self._pending and self._syncs.take(time.monotonic()):
-            self._routed = sorted(self._pods.values())
+            self._routed = sorted(address for address, _ in self._pods.values())
             self._pending = False
 
     def _apply(self, event_type: str, pod: JsonObject) -> None:
@@ -151,17 +152,11 @@ class Endpoints:
         address = _serving(pod) if event_type != "DELETED" else None
         with self._lock:
             if address is None:
-                gone = self._pods.pop(name, None)
-                changed = gone is not None
-                if gone is not None:
-                    self._ports.pop(gone, None)
+                changed = self._pods.pop(name, None) is not None
             else:
                 before = self._pods.get(name)
-                changed = before != address
-                if before is not None and changed:
-                    self._ports.pop(before, None)
-                self._pods[name] = address
-                self._ports[address] = _named_ports(pod)
+                changed = before is None or before[0] != address
+                self._pods[name] = (address, _named_ports(pod))
             if changed:
                 self._pending = True
                 self._sync()
@@ -180,8 +175,7 @@ class Endpoints:
                     if (address := _serving(pod)) is not None
                 }
                 with self._lock:
-                    self._pods = {name: address for name, (address, _) in serving.items()}
-                    self._ports = dict(serving.values())
+                    self._pods = serving
                     self._pending = True
                     self._sync()
                 version = listed["metadata"]["resourceVersion"]

@@ -79,12 +79,7 @@ class Restore:
             self._task.cancel()  # an exit during a restore: it starts again
             self._task = None
         for member in self._members():
-            limiter = member.limiter
-            if member not in self._held:
-                self._held[member] = limiter.restoring = asyncio.Event()
-            limiter.restore_seconds = self.hold_seconds
-        if self._since == 0.0:
-            self._since = self._clock()
+            self._hold(member)
         self.restores += 1
         log.warning(
             "Triton went away: holding the new requests of %d models until each is loaded "
@@ -109,10 +104,7 @@ class Restore:
             return True
         if not self.gone():
             return False
-        self._held[member] = limiter.restoring = asyncio.Event()
-        limiter.restore_seconds = self.hold_seconds
-        if self._since == 0.0:
-            self._since = self._clock()
+        self._hold(member)
         log.warning(
             "Triton answered that it has no model %s before the gateway saw it go: holding "
             "the model's requests until it is loaded again (at most %.0f s).",
@@ -121,6 +113,15 @@ class Restore:
         )
         self.up()
         return True
+
+    def _hold(self, member: Member | Tenant) -> None:
+        """Hold `member`'s new requests until its model is READY (at most `hold_seconds`)."""
+        limiter = member.limiter
+        if member not in self._held:
+            self._held[member] = limiter.restoring = asyncio.Event()
+        limiter.restore_seconds = self.hold_seconds
+        if self._since == 0.0:
+            self._since = self._clock()
 
     def up(self) -> None:
         """Triton accepts connections (again, or after a drop that was no exit): check the

@@ -138,9 +138,7 @@ class Member:
         once they are answered."""
         if in_flight is not None:
             in_flight.retire(self.limiter)
-        self.limiter.probation = None
-        self.turns.leave(self.limiter)
-        self.limiter.lane_opened()
+        self._leave()
 
 
 RelaySettings = Callable[[str, int], Settings]

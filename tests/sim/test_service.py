@@ -169,14 +169,7 @@ def test_a_services_path_adds_no_stall_to_a_request_written_in_two_pieces(
     _pod(core, "a")
     _ready(core, "a", "127.0.0.1")
     server = _Answering()
-    with socket.create_server(("127.2.0.1", 0)) as probe:  # a port free on the cluster IP
-        port = probe.getsockname()[1]
-    service = {
-        "metadata": {"name": "web"},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": port, "targetPort": server.port}]},
-    }
-    created = core.create_namespaced_service("default", service)
-    address = (created.spec.cluster_ip, port)
+    address = _web_service(core, server.port)
     services = ServiceProxy(kube_api, period=0.1)
     services.start()
     try:
@@ -188,6 +181,19 @@ def test_a_services_path_adds_no_stall_to_a_request_written_in_two_pieces(
         server.close()
     assert through < 0.01, f"{through * 1000:.1f} ms a request through the Service"
     assert through < direct + 0.005, f"{through * 1000:.2f} ms against {direct * 1000:.2f} ms"
+
+
+def _web_service(core: Any, target: int | str) -> tuple[str, int]:
+    """A Service `web` of the pods `app=web`, on a port free on its cluster IP, to `target`;
+    its address."""
+    with socket.create_server(("127.2.0.1", 0)) as probe:  # a port free on the cluster IP
+        port = probe.getsockname()[1]
+    service = {
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": port, "targetPort": target}]},
+    }
+    created = core.create_namespaced_service("default", service)
+    return created.spec.cluster_ip, port
 
 
 def _answers(address: tuple[str, int]) -> bool:
@@ -219,14 +225,7 @@ def test_a_named_target_port_is_routed_through_an_api_server_outage(
         },
     )
     _ready(core, "a", "127.0.0.1")
-    with socket.create_server(("127.2.0.1", 0)) as probe:
-        port = probe.getsockname()[1]
-    service = {
-        "metadata": {"name": "web"},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": port, "targetPort": "http"}]},
-    }
-    created = core.create_namespaced_service("default", service)
-    address = (created.spec.cluster_ip, port)
+    address = _web_service(core, "http")
     services = ServiceProxy(kube_api, period=0.1)
     services.start()
     try:
