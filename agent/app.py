@@ -326,18 +326,7 @@ class Agent:
             self.request_crashes.on_triton_up = partial(
                 _triton_back, self.hold if self.callers is not None else None, self.reconciler
             )
-        self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
-        self.metrics.watch_kept(self.cache.kept)
-        self.metrics.watch_gpus(self._gpu_snapshot, self.models.reports.loaded_per_gpu)
-        self.metrics.watch_foreign(self.foreign.counts)
-        self.metrics.watch_host_memory(
-            self.host_memory.used_bytes, self.host_memory.limit, self.host_memory.models
-        )
-        self.metrics.watch_models(self.reconciler.callers)
-        self.metrics.watch_quarantine(
-            self.crashes.records, self.crashes.callers, self.crashes.namespaces
-        )
-        self.metrics.watch_residency(self.models.reports.residency_states)
+        _watch_metrics(self)
 
         # Serving the pods: who may call, the service, the gate in front of it.
         self.authorizer = Authorizer(
@@ -357,7 +346,7 @@ class Agent:
             self.models,
             self.authorizer,
             self.metrics,
-            self._gpu_snapshot,
+            self.gpu_snapshot,
             settings.node_name,
             self.events,
             on_reinstall=self.conditions.reinstalling,
@@ -405,7 +394,7 @@ class Agent:
         if self.callers is not None:
             self.callers.changed()  # the gateway serves the cleared pods again
 
-    def _gpu_snapshot(self) -> GpuSnapshot | None:
+    def gpu_snapshot(self) -> GpuSnapshot | None:
         return self.node.snapshot
 
     def _max_hosted(self) -> int:
@@ -495,7 +484,7 @@ class Agent:
         lifecycle.spawn("the node publisher", self.node.run(stop))
         lifecycle.spawn(
             "the foreign GPU process check",
-            self.foreign.run(stop, self._gpu_snapshot),
+            self.foreign.run(stop, self.gpu_snapshot),
             consequence="GPU processes are no longer checked",
             vital=False,
         )
@@ -548,6 +537,20 @@ class Agent:
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
+
+
+def _watch_metrics(agent: Agent) -> None:
+    """Point the agent's metrics at what they read when /metrics is scraped."""
+    metrics, models, host, crashes = agent.metrics, agent.models, agent.host_memory, agent.crashes
+    snapshot = agent.gpu_snapshot
+    metrics.watch_memory(agent.ledger, snapshot)
+    metrics.watch_kept(agent.cache.kept)
+    metrics.watch_gpus(snapshot, models.reports.loaded_per_gpu)
+    metrics.watch_foreign(agent.foreign.counts)
+    metrics.watch_host_memory(host.used_bytes, host.limit, host.models)
+    metrics.watch_models(agent.reconciler.callers)
+    metrics.watch_quarantine(crashes.records, crashes.callers, crashes.namespaces)
+    metrics.watch_residency(models.reports.residency_states)
 
 
 async def _fail_pod(

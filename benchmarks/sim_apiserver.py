@@ -19,7 +19,6 @@ import asyncio
 import json
 import operator
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ import kubernetes.client
 import kubernetes.watch
 import psutil
 
-from benchmarks import command_line
+from benchmarks import apiserver_process, command_line
 
 NAMESPACE = "default"
 
@@ -219,14 +218,7 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=50000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "sim.apiserver", "--port", "0", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        url = server.stdout.readline().rsplit(" ", 1)[1].strip()
+    with apiserver_process() as (url, server):
         process = psutil.Process(server.pid)
         idle_rss = process.memory_info().rss
         print(
@@ -307,11 +299,6 @@ def main() -> int:
             f" after measuring {final_rss / 2**20:.0f} MiB"
             f" ({(loaded_rss - idle_rss) / (args.nodes + args.pods) / 1024:.1f} KiB per object)"
         )
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        if server.stdout is not None:
-            server.stdout.close()
     return 0
 
 

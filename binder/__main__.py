@@ -14,6 +14,7 @@ import sys
 from binder.app import Binder
 from binder.errors import BinderError, SettingsError
 from binder.settings import Settings, parse_settings
+from common.kubeapi.errors import ApiError
 from common.lifecycle import serve
 from common.logs import configure_logging
 from common.version import VERSION
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("The binder of tritonshare %s is starting.", VERSION)
     try:
         return asyncio.run(_run(settings))
-    except (BinderError, OSError) as e:
+    except (BinderError, ApiError, OSError) as e:
         log.error("The binder cannot run: %s", e)
         return 1
 

@@ -34,7 +34,6 @@ from binder.api.listwatch import (
     TRITONMODELS,
     leases_in,
 )
-from binder.api.session import JsonObject, RetryPolicy
 from binder.autoscaler.loop import Autoscaling
 from binder.autoscaler.targets import Index
 from binder.cluster.cache import ClusterCache
@@ -53,6 +52,7 @@ from binder.settings import Settings
 from binder.tritonmodels.controller import EVENT_BACKOFF_MAX_SECONDS, TritonModelController
 from common.contract import BINDER_LEADER_LEASE, DEFAULT_PROXY_METRICS_PORT
 from common.health import HttpServer, build_health_app
+from common.kubeapi.session import JsonObject, RetryPolicy
 from common.lifecycle import Lifecycle
 from common.modelpod import NodeAccess
 from common.proofs import KeyDirectory, PlacementKeyError

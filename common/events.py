@@ -6,8 +6,8 @@ its model, and what is wrong with its node's GPUs. Both send the same shape, bui
 about any object; `EventText`, what one says) so the two cannot drift apart, and both
 de-duplicate with `EventAggregator`, kube's own rule (client-go's event correlator): Events about
 one object with one reason and message are one Event whose `count` and `lastTimestamp` grow.
-Pure: it returns what to write, and what to write next after an answer (`answered`); each part's
-Kubernetes adapter (binder/api/eventrecorder.py, agent/kube/client.py) only sends it.
+Pure: it returns what to write, and what to write next after an answer (`answered`); the one
+recorder (common/kubeapi/eventrecorder.py) only sends it.
 """
 
 from __future__ import annotations

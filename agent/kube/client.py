@@ -1,10 +1,12 @@
-"""The adapter for the Kubernetes API: the only agent module that imports `kubernetes`.
+"""The agent's adapter to the Kubernetes API, over the product's one door to it (common.kubeapi:
+the kubeconfig or service account, one transport, one request with its credentials and errors).
 
 It reads and patches the Node, renews the agent's Lease, reviews callers' tokens, reads pods, and
-watches the pods bound to this node (fieldSelector spec.nodeName). The official client is
-blocking, so calls run on this adapter's own small thread pool and the watch on one daemon thread
-that hands events to the event loop, in turns by namespace (`agent.pods.podturns`). It returns plain
-JSON dicts; deciding is left to the callers.
+watches the pods bound to this node (fieldSelector spec.nodeName). Requests are blocking, so calls
+run on this adapter's own small thread pool and the watch on one daemon thread that hands events
+to the event loop, in turns by namespace (`agent.pods.podturns`). It returns plain JSON dicts and
+turns a failed call into the agent's KubeError (a 404 read into None); deciding is left to the
+callers. Each call is tried once: its caller owns the retry.
 """
 
 from __future__ import annotations
@@ -20,17 +22,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar, Unpack
-
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
+from urllib.parse import quote, urlencode
 
 from agent import __version__
 from agent.errors import KubeError
 from agent.pods.podturns import PodTurns
 from common.conditions import Condition, condition_patch
-from common.events import EventAggregator, EventText, EventWrite, event, node_ref, pod_ref
+from common.events import EventText, node_ref, pod_ref
+from common.kubeapi.errors import ApiError, KubeConfigError, NotFoundError
+from common.kubeapi.eventrecorder import EventRecorder
+from common.kubeapi.kubeconfig import client_configuration, transport_for
+from common.kubeapi.session import JSON, STRATEGIC_MERGE_PATCH, RetryPolicy, Session
+from common.kubeapi.transport import Stream
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,11 @@ T = TypeVar("T")
 JsonObject = dict[str, Any]
 REQUEST_TIMEOUT = (5.0, 30.0)
 """Seconds to connect, and to wait for an answer, on every call but the watch."""
+WORKERS = 4
+"""Threads (and kept connections) for the calls; the watch has one more of each."""
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+"""Where TokenReviews are created."""
 EVENTS_PER_TURN = 32
 """Pod events applied in one turn of the loop before others' work runs."""
 
@@ -66,63 +74,55 @@ class KubeClient:
         *,
         request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
     ) -> None:
-        self._request_timeout = request_timeout
-        configuration = client.Configuration()
+        self.request_timeout = request_timeout
         try:
-            if kubeconfig:
-                config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=kubeconfig, client_configuration=configuration
-                )
-            else:
-                config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-        except (config.ConfigException, OSError) as e:
-            where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-            raise KubeError(
-                f"cannot configure the Kubernetes client from {where} ({e}); pass --kubeconfig "
-                f"PATH outside a cluster"
-            ) from e
-        self.api = client.ApiClient(configuration)
-        self.api.user_agent = f"tritonshare-agent/{__version__}"
-        self.core = client.CoreV1Api(self.api)
-        self.coordination = client.CoordinationV1Api(self.api)
-        self.authentication = client.AuthenticationV1Api(self.api)
-        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-kube")
-        self.events = EventAggregator()
+            configuration = client_configuration(kubeconfig, None, WORKERS + 1)
+            transport = transport_for(
+                configuration,
+                WORKERS + 1,
+                f"tritonshare-agent/{__version__}",
+                request_timeout[0],
+            )
+        except KubeConfigError as e:
+            raise KubeError(str(e)) from e
+        self.session = Session(configuration, transport, retry=RetryPolicy())
+        self._executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="agent-kube")
+        self._recorder = EventRecorder(self.session, action="Serving", retry=False)
+        self.events = self._recorder.events
         """Every Event the agent records goes through it (one rule: common/events.py)."""
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
-        self.api.close()  # type: ignore[no-untyped-call]
+        self.session.close()
 
-    async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run a blocking client call; return its JSON body, None for 404, else KubeError."""
+    async def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: JsonObject | None = None,
+        content_type: str = JSON,
+    ) -> Any:
+        """One request on the thread pool; its JSON body, None for 404, else KubeError."""
+        connect, read = self.request_timeout
 
         def run() -> Any:
             # A hanging API server must not hold a worker (and the Lease renewal) forever.
-            kwargs.setdefault("_request_timeout", self._request_timeout)
-            response = fn(*args, _preload_content=False, **kwargs)
-            try:
-                return json.loads(response.data) if response.data else None
-            finally:
-                response.release_conn()
+            data = self.session.request(
+                method, path, read, body, content_type, connect_timeout=connect
+            )
+            return json.loads(data) if data else None
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, run)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise KubeError(
-                f"the Kubernetes API refused to {what} ({e.status} {e.reason}: "
-                f"{(e.body or '')[:300]})"
-            ) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise KubeError(f"the Kubernetes API is unreachable while trying to {what}: {e}") from e
+        except NotFoundError:
+            return None
+        except ApiError as e:
+            raise _kube_error(what, e) from e
 
     # Node.
     async def get_node(self, name: str) -> JsonObject | None:
-        result: JsonObject | None = await self._call(f"read node {name}", self.core.read_node, name)
+        result: JsonObject | None = await self._call(f"read node {name}", "GET", _node(name))
         return result
 
     async def patch_node_annotations(
@@ -130,11 +130,17 @@ class KubeClient:
     ) -> None:
         """Merge `annotations` into the Node's (None removes one)."""
         body = {"metadata": {"annotations": annotations}}
-        await self._call(f"annotate node {name}", self.core.patch_node, name, body)
+        await self._call(f"annotate node {name}", "PATCH", _node(name), body, STRATEGIC_MERGE_PATCH)
 
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
         body = {"status": {"capacity": resources, "allocatable": resources}}
-        await self._call(f"update node {name} capacity", self.core.patch_node_status, name, body)
+        await self._call(
+            f"update node {name} capacity",
+            "PATCH",
+            f"{_node(name)}/status",
+            body,
+            STRATEGIC_MERGE_PATCH,
+        )
 
     # Lease.
     async def renew_lease(
@@ -146,12 +152,13 @@ class KubeClient:
             "leaseDurationSeconds": duration,
             "renewTime": _micro_time(now),
         }
+        leases = LEASES.format(namespace=quote(namespace, safe=""))
         patched = await self._call(
             f"renew lease {namespace}/{name}",
-            self.coordination.patch_namespaced_lease,
-            name,
-            namespace,
+            "PATCH",
+            f"{leases}/{quote(name, safe='')}",
             {"spec": spec},
+            STRATEGIC_MERGE_PATCH,
         )
         if patched is not None:
             return
@@ -161,12 +168,7 @@ class KubeClient:
             "metadata": {"name": name, "namespace": namespace},
             "spec": {**spec, "acquireTime": _micro_time(now)},
         }
-        await self._call(
-            f"create lease {namespace}/{name}",
-            self.coordination.create_namespaced_lease,
-            namespace,
-            body,
-        )
+        await self._call(f"create lease {namespace}/{name}", "POST", leases, body)
 
     # Auth.
     async def review_token(self, token: str, audience: str) -> TokenReviewResult:
@@ -175,9 +177,7 @@ class KubeClient:
             "kind": "TokenReview",
             "spec": {"token": token, "audiences": [audience]},
         }
-        review = await self._call(
-            "review a caller's token", self.authentication.create_token_review, body
-        )
+        review = await self._call("review a caller's token", "POST", REVIEWS, body)
         status = (review or {}).get("status") or {}
         user = status.get("user") or {}
         return TokenReviewResult(
@@ -206,37 +206,33 @@ class KubeClient:
         self, involved: Mapping[str, str], component: str, action: str, **said: Unpack[EventText]
     ) -> None:
         """Record an Event about `involved` as the aggregator says: created, or its count
-        raised (common/events.py)."""
-        body = event(involved, component=component, instance=component, action=action, **said)
+        raised (common.kubeapi.eventrecorder); an object already gone records nothing."""
         key = "/".join(filter(None, (involved.get("namespace"), involved["name"])))
         what = f"record an event on {involved['kind'].lower()} {key}"
-        write: EventWrite | None = self.events.write_for(body)
-        while write is not None:
-            try:
-                answer = await self._send_event(what, write)
-            except KubeError:
-                self.events.failed(write)
-                raise
-            write = self.events.answered(write, found=answer is not None)
-
-    async def _send_event(self, what: str, write: EventWrite) -> Any:
-        if write.create:
-            return await self._call(
-                what, self.core.create_namespaced_event, write.namespace, write.body
-            )
-        return await self._call(
-            what, self.core.patch_namespaced_event, write.name, write.namespace, write.body
+        record = functools.partial(
+            self._recorder.record_object_event,
+            involved,
+            reporting_instance=component,
+            component=component,
+            action=action,
+            **said,
         )
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, record)
+        except NotFoundError:
+            return
+        except ApiError as e:
+            raise _kube_error(what, e) from e
 
     async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
         """Mark a pod Failed with a reason, as the kubelet does for an evicted pod."""
         body = {"status": {"phase": "Failed", "reason": reason, "message": message[:1024]}}
         await self._call(
             f"mark pod {namespace}/{name} Failed",
-            self.core.patch_namespaced_pod_status,
-            name,
-            namespace,
+            "PATCH",
+            f"{_pod(namespace, name)}/status",
             body,
+            STRATEGIC_MERGE_PATCH,
         )
 
     async def set_pod_condition(
@@ -249,11 +245,10 @@ class KubeClient:
         body = {"status": {"conditions": [condition_patch(bounded, was)]}}
         await self._call(
             f"set {condition.type}={condition.status} on pod {namespace}/{name}",
-            self.core.patch_namespaced_pod_status,
-            name,
-            namespace,
+            "PATCH",
+            f"{_pod(namespace, name)}/status",
             body,
-            _content_type="application/strategic-merge-patch+json",
+            STRATEGIC_MERGE_PATCH,
         )
 
     async def remove_pod_condition(self, namespace: str, name: str, condition_type: str) -> None:
@@ -261,24 +256,23 @@ class KubeClient:
         body = {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}}
         await self._call(
             f"remove {condition_type} from pod {namespace}/{name}",
-            self.core.patch_namespaced_pod_status,
-            name,
-            namespace,
+            "PATCH",
+            f"{_pod(namespace, name)}/status",
             body,
-            _content_type="application/strategic-merge-patch+json",
+            STRATEGIC_MERGE_PATCH,
         )
 
     # Pods.
     async def get_pod(self, namespace: str, name: str) -> JsonObject | None:
         result: JsonObject | None = await self._call(
-            f"read pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace
+            f"read pod {namespace}/{name}", "GET", _pod(namespace, name)
         )
         return result
 
     async def list_pods(self, namespace: str) -> list[JsonObject]:
         """Every pod of `namespace`."""
         result = await self._call(
-            f"list the pods of namespace {namespace}", self.core.list_namespaced_pod, namespace
+            f"list the pods of namespace {namespace}", "GET", f"{_namespace(namespace)}/pods"
         )
         items: list[JsonObject] = (result or {}).get("items") or []
         return items
@@ -314,7 +308,7 @@ class PodWatch:
         self._on_event = on_event
         self._timeout = timeout_seconds
         self._stopped = threading.Event()
-        self._response: Any = None
+        self._response: Stream | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._turns = PodTurns()
@@ -357,15 +351,16 @@ class PodWatch:
                 )
 
     def _run(self) -> None:
-        core = self._kube.core
+        session = self._kube.session
+        connect, read = self._kube.request_timeout
         backoff = 0.5
         while not self._stopped.is_set():
             try:
-                listed: Any = core.list_pod_for_all_namespaces(
-                    field_selector=self._selector, _preload_content=False
+                query = urlencode({"fieldSelector": self._selector})
+                listed = session.request(
+                    "GET", f"/api/v1/pods?{query}", read, connect_timeout=connect
                 )
-                body = json.loads(listed.data)
-                listed.release_conn()
+                body = json.loads(listed)
                 self._deliver(self._turns.listed(body.get("items") or []))
                 version = body["metadata"]["resourceVersion"]
                 backoff = 0.5
@@ -383,18 +378,19 @@ class PodWatch:
                 backoff = min(backoff * 2, 30.0)
 
     def _watch_once(self, version: str) -> str | None:
-        response: Any = self._kube.core.list_pod_for_all_namespaces(
-            field_selector=self._selector,
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._timeout,
-            _preload_content=False,
-            _request_timeout=self._timeout + 30,
+        query = urlencode(
+            {
+                "fieldSelector": self._selector,
+                "watch": "true",
+                "resourceVersion": version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": str(self._timeout),
+            }
         )
+        response = self._kube.session.stream(f"/api/v1/pods?{query}", self._timeout + 30)
         self._response = response
         try:
-            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+            for line in response.lines():
                 if self._stopped.is_set():
                     return version
                 if not line:
@@ -410,6 +406,26 @@ class PodWatch:
                     self._deliver(self._turns.put(str(kind), obj))
         finally:
             self._response = None
-            with contextlib.suppress(Exception):
-                response.release_conn()
+            response.close()
         return version
+
+
+def _node(name: str) -> str:
+    return f"/api/v1/nodes/{quote(name, safe='')}"
+
+
+def _namespace(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}"
+
+
+def _pod(namespace: str, name: str) -> str:
+    return f"{_namespace(namespace)}/pods/{quote(name, safe='')}"
+
+
+def _kube_error(what: str, e: ApiError) -> KubeError:
+    """The agent's KubeError for a failed call, in its words."""
+    if e.status == 0:
+        return KubeError(f"the Kubernetes API is unreachable while trying to {what}: {e.message}")
+    return KubeError(
+        f"the Kubernetes API refused to {what} ({e.status} {e.reason}: {e.message[:300]})"
+    )

@@ -95,7 +95,7 @@ class Loads:
         room: RoomMaker | None,
         host: HostMemory | None,
         hold: ProbationHold | None,
-        restore_gate: RestoreGate | None = None,
+        restore_gate: RestoreGate,
         executor: Executor,
         clock: Callable[[], float],
         wall: Callable[[], float],
@@ -192,7 +192,7 @@ class Loads:
                 extra=subject(pod=left.pod, model=left.model_id),
             )
         self.quarantine.refuse(owned.digest, owner.namespace)
-        if died_under and self.restore_gate is not None:
+        if died_under:
             # Asked for again at once: the models Triton held come back first
             # (`agent.models.restoregate`), then it may take Triton down again if it must.
             waited = await self.restore_gate.wait()

@@ -1,10 +1,10 @@
 """The binder's one door to the Kubernetes API: `Kube`, the one object every part holds.
 
-It gathers, over one binder.api.session.Session (credentials, failures as ApiErrors, the writes'
+It gathers, over one common.kubeapi.session.Session (credentials, failures as ApiErrors, the writes'
 retry policy), the calls of each area, each owned by its module: lists and watches
 (binder.api.listwatch), pod writes and the Binding (binder.api.podwrites), TritonModel, scale,
 Service and PodDisruptionBudget writes (binder.api.modelwrites), Events
-(binder.api.eventrecorder), Leases (binder.api.leases) and Node writes (binder.api.nodewrites).
+(common.kubeapi.eventrecorder), Leases (binder.api.leases) and Node writes (binder.api.nodewrites).
 Blocking calls, meant to run on worker threads. No scheduling logic lives here.
 """
 
@@ -13,14 +13,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from binder.api.eventrecorder import EventRecorder
-from binder.api.kubeconfig import client_configuration, transport_for
 from binder.api.leases import Leases
 from binder.api.listwatch import ListWatch
 from binder.api.modelwrites import ModelWrites
 from binder.api.nodewrites import NodeWrites
 from binder.api.podwrites import PodWrites
-from binder.api.session import CONNECT_TIMEOUT_SECONDS, USER_AGENT, RetryPolicy, Session
+from binder.errors import SettingsError
+from common.kubeapi.errors import KubeConfigError
+from common.kubeapi.eventrecorder import EventRecorder
+from common.kubeapi.kubeconfig import client_configuration, transport_for
+from common.kubeapi.session import CONNECT_TIMEOUT_SECONDS, RetryPolicy, Session
+from common.version import VERSION
+
+USER_AGENT = f"tritonshare-binder/{VERSION}"
 
 
 class Kube:
@@ -39,10 +44,14 @@ class Kube:
     ) -> None:
         """`kubeconfig`: a path (None: the in-cluster service account). Writes are retried under
         `retry` only while `retry_while()` holds (the binder gives "this replica leads")."""
-        configuration = client_configuration(kubeconfig, context, pool_size)
+        try:
+            configuration = client_configuration(kubeconfig, context, pool_size)
+            transport = transport_for(configuration, pool_size, user_agent, CONNECT_TIMEOUT_SECONDS)
+        except KubeConfigError as e:
+            raise SettingsError(str(e)) from e
         self.session = session = Session(
             configuration,
-            transport_for(configuration, pool_size, user_agent, CONNECT_TIMEOUT_SECONDS),
+            transport,
             retry=retry,
             retry_while=retry_while,
             monotonic=monotonic,
@@ -76,7 +85,7 @@ class Kube:
         self.put_budget = models.put_budget
         self.delete_budget = models.delete_budget
 
-        recorder = EventRecorder(session)
+        recorder = EventRecorder(session, action="Scheduling")
         self.record_event = recorder.record_event
         self.record_object_event = recorder.record_object_event
 

@@ -43,8 +43,8 @@ from typing import Any
 
 from binder.api.kube import Kube
 from binder.api.leases import micro_time
-from binder.api.session import JsonObject
-from binder.errors import ApiError, ConflictError
+from common.kubeapi.errors import ApiError, ConflictError
+from common.kubeapi.session import JsonObject
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The binder's Lease calls over a binder.api.session.Session: read, create, replace and delete a
-coordination.k8s.io/v1 Lease, for the leader elector (binder.api.leader) and
+"""The binder's Lease calls over the one API session (common.kubeapi.session): read, create,
+replace and delete a coordination.k8s.io/v1 Lease, for the leader elector (binder.api.leader) and
 `tritonshare uninstall-cleanup`. One attempt each: the elector retries every retry period.
 """
 
@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from binder.api.listwatch import leases_in
-from binder.api.session import READ_TIMEOUT_SECONDS, JsonObject, Session
-from binder.errors import NotFoundError
+from common.kubeapi.errors import NotFoundError
+from common.kubeapi.session import READ_TIMEOUT_SECONDS, JsonObject, Session
 
 
 def micro_time(seconds: float) -> str:

@@ -1,5 +1,5 @@
 """What the binder lists and watches: the collections (`Kind`s) and `ListWatch`, which reads them
-as raw API dicts (camelCase, no model deserialisation) over a binder.api.session.Session.
+as raw API dicts (camelCase, no model deserialisation) over a common.kubeapi.session.Session.
 
 A list or a watch is tried once: their callers (the informers of binder.cluster.informer) own the
 retry. Watches can be cut from another thread (`close_watches`), so shutdown never waits for a
@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
-from binder.api.session import JsonObject, Session
-from binder.api.transport import Stream
-from binder.errors import UnavailableError, api_error
+from common.kubeapi.errors import UnavailableError, api_error
+from common.kubeapi.session import JsonObject, Session
+from common.kubeapi.transport import Stream
 
 WATCH_TIMEOUT_SECONDS = 300
 LIST_TIMEOUT_SECONDS = 60.0

@@ -1,5 +1,5 @@
 """What the TritonModel controller and the autoscaler write besides pods, over a
-binder.api.session.Session: a TritonModel's status, an object's `scale` subresource, a model's
+common.kubeapi.session.Session: a TritonModel's status, an object's `scale` subresource, a model's
 Service, and a model host's PodDisruptionBudget. Every write is retried as the session says.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 from urllib.parse import quote
 
-from binder.api.session import MERGE_PATCH, JsonObject, Session
-from binder.errors import ConflictError, NotFoundError
+from common.kubeapi.errors import ConflictError, NotFoundError
+from common.kubeapi.session import MERGE_PATCH, JsonObject, Session
 
 AUTOSCALER = "tritonshare-autoscaler"
 """The field manager of the built-in autoscaler's writes to `scale`."""

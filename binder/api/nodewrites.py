@@ -1,4 +1,4 @@
-"""The binder's Node writes over a binder.api.session.Session: annotations (the node autoscaling
+"""The binder's Node writes over a common.kubeapi.session.Session: annotations (the node autoscaling
 pass's scale-down guards) and merge patches of a Node or its status (`tritonshare
 uninstall-cleanup`, the CLI's quarantine commands). The binder's scheduling never writes a Node.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import quote
 
-from binder.api.session import MERGE_PATCH, READ_TIMEOUT_SECONDS, JsonObject, Session
+from common.kubeapi.session import MERGE_PATCH, READ_TIMEOUT_SECONDS, JsonObject, Session
 
 
 class NodeWrites:

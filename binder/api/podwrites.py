@@ -1,4 +1,4 @@
-"""What the binder writes to pods, over a binder.api.session.Session: the placement annotations
+"""What the binder writes to pods, over a common.kubeapi.session.Session: the placement annotations
 and the Binding, an eviction, the PodScheduled condition and the nomination, a failed or deleted
 pod, and the few pod reads its passes and the CLI need.
 
@@ -16,15 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from binder.api.session import (
+from common.conditions import Condition, condition_patch
+from common.kubeapi.errors import ConflictError, NotFoundError, UnavailableError
+from common.kubeapi.session import (
     MERGE_PATCH,
     READ_TIMEOUT_SECONDS,
     STRATEGIC_MERGE_PATCH,
     JsonObject,
     Session,
 )
-from binder.errors import ConflictError, NotFoundError, UnavailableError
-from common.conditions import Condition, condition_patch
 
 
 def pod_path(namespace: str, name: str, subresource: str = "") -> str:

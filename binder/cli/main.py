@@ -25,9 +25,7 @@ from typing import TextIO
 import yaml
 
 from binder.api.kube import Kube
-from binder.api.kubeconfig import kubeconfig_namespace
 from binder.api.listwatch import NODES, QUOTAS, TRITONMODELS, leases_in
-from binder.api.session import RetryPolicy
 from binder.cli import preflight, uninstall
 from binder.cli.quarantines import clear_quarantine, list_quarantines
 from binder.cli.report import (
@@ -52,9 +50,12 @@ from binder.cli.views import (
     status,
     write_usage,
 )
-from binder.errors import BinderError, NotFoundError, SettingsError, UnavailableError
+from binder.errors import BinderError, SettingsError
 from binder.framework.quota import usage
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
+from common.kubeapi.errors import ApiError, KubeConfigError, NotFoundError, UnavailableError
+from common.kubeapi.kubeconfig import kubeconfig_namespace
+from common.kubeapi.session import RetryPolicy
 from common.proofs import PlacementKeyError, load_key_ring
 from common.settings import Declaration, Setting, key_prefix, one_of, quantity, text
 from common.settings import path as directory
@@ -348,7 +349,7 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
             user_agent=f"tritonshare-cli/{VERSION}",
             retry=RetryPolicy(),
         )
-    except BinderError as e:
+    except (BinderError, KubeConfigError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
@@ -414,7 +415,7 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
                 file=sys.stderr,
             )
         return 1
-    except BinderError as e:
+    except (BinderError, ApiError) as e:
         print(f"{prog}: the cluster could not be read: {e}", file=sys.stderr)
         return 1
     finally:

@@ -22,13 +22,13 @@ from urllib.parse import quote
 
 from binder.api.kube import Kube
 from binder.api.listwatch import NODES, PODS, Kind
-from binder.api.session import JsonObject
 from binder.cli import checks, gpunodes
 from binder.cli.checks import FAIL, OK, WARN, Check, DryRun, Survey
 from binder.cli.gpunodes import GpuNode
 from binder.cli.report import write_document
-from binder.errors import ApiError, UnavailableError
 from common.contract import Keys
+from common.kubeapi.errors import ApiError, UnavailableError
+from common.kubeapi.session import JsonObject
 
 _SYMBOLS = {OK: "[ok]  ", WARN: "[warn]", FAIL: "[fail]"}
 _POLICIES = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"

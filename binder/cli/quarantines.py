@@ -19,8 +19,8 @@ from binder.cli.report import (
 )
 from binder.cli.views import prog_name
 from binder.cluster.objects import TERMINATED_PHASES
-from binder.errors import NotFoundError
 from common.contract import Keys
+from common.kubeapi.errors import NotFoundError
 
 
 def list_quarantines(

@@ -12,13 +12,13 @@ from typing import Any, TextIO
 
 import yaml
 
-from binder.api.session import JsonObject
 from binder.cluster.cache import ClusterCache
 from binder.cluster.modelviews import is_replica
 from binder.cluster.objects import NodeInfo, PodInfo
 from binder.framework.placement import Placement, explain, place
 from common.contract import BINDER_LEADER_LEASE, Keys
 from common.hosted import LOAD_FAILURE_REASONS, SLEEPING_REASON, host_label, loaded_condition
+from common.kubeapi.session import JsonObject
 from common.quantity import format_bytes
 from common.settings import names
 

@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from binder.api.kube import Kube
-from binder.api.session import JsonObject
 from binder.cluster.objects import lease_expiry
 from binder.nodescaling.guard import GUARDS, guard_annotation
 from common.contract import AGENT_LEASE_PREFIX, BINDER_LEADER_LEASE, Keys
+from common.kubeapi.session import JsonObject
 
 
 def written_node_annotations(keys: Keys) -> tuple[str, ...]:

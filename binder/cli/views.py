@@ -28,7 +28,6 @@ from binder.api.listwatch import (
     Kind,
     leases_in,
 )
-from binder.api.session import JsonObject
 from binder.cli.modelreport import find_model, model_document, write_model
 from binder.cli.report import (
     explain_document,
@@ -44,10 +43,11 @@ from binder.cluster.chargedpods import Unproven
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo, pod_from_api
-from binder.errors import ApiError, NotFoundError, UnavailableError
 from binder.framework.placement import Placement, explain, place
 from binder.framework.quota import Usage
 from common.contract import Keys
+from common.kubeapi.errors import ApiError, NotFoundError, UnavailableError
+from common.kubeapi.session import JsonObject
 from common.proofs import KeyRing
 from common.quantity import format_bytes
 

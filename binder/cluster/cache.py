@@ -20,7 +20,6 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Any, Protocol
 
-from binder.api.session import JsonObject
 from binder.cluster.budgets import budget_from_api
 from binder.cluster.chargedpods import Unproven, proven, same_proof
 from binder.cluster.ledger import Ledger
@@ -28,6 +27,7 @@ from binder.cluster.modelcache import ModelCache
 from binder.cluster.modelviews import is_replica
 from binder.cluster.objects import PodInfo, lease_expiry, node_from_api, pod_from_api
 from common.contract import AGENT_LEASE_PREFIX, MIN_GPU_MEM, Keys
+from common.kubeapi.session import JsonObject
 from common.proofs import KeyRing
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from typing import Any
 from binder.api.inbox import Inbox
 from binder.api.kube import Kube
 from binder.api.listwatch import Kind
-from binder.api.session import JsonObject
-from binder.errors import ApiError, GoneError, NotFoundError, UnavailableError
+from common.kubeapi.errors import ApiError, GoneError, NotFoundError, UnavailableError
+from common.kubeapi.session import JsonObject
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from binder.api.session import JsonObject
 from binder.cluster.budgets import Budget
 from binder.cluster.chargedpods import Unproven
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import PriorityClassInfo
+from common.kubeapi.session import JsonObject
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Any
 
-from binder.api.session import JsonObject
 from binder.cluster.chargedpods import proven, same_proof
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, model_from_api
@@ -28,6 +27,7 @@ from common.hosted import (
     host_secret_annotation,
     hosted_models_annotation,
 )
+from common.kubeapi.session import JsonObject
 from common.proofs import KeyRing
 
 

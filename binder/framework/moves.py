@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 
 from binder.api.kube import Kube
 from binder.cluster.objects import PodInfo
-from binder.errors import BinderError, NotFoundError, UnavailableError
+from binder.errors import BinderError
 from binder.framework.consolidation import Plan
 from binder.framework.preemption import Preemption
+from common.kubeapi.errors import NotFoundError, UnavailableError
 from common.logs import subject
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, Unpack
 
-from binder.api.session import JsonObject
-from binder.errors import ApiError
 from binder.nodescaling.guard import patches
 from binder.nodescaling.placeholders import (
     MAX_NAMED_WAITERS,
@@ -41,6 +39,8 @@ from binder.nodescaling.placeholders import (
 from common.contract import Keys
 from common.events import EventText
 from common.hosted import host_label
+from common.kubeapi.errors import ApiError
+from common.kubeapi.session import JsonObject
 
 log = logging.getLogger(__name__)
 

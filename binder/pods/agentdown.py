@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, Unpack
 
-from binder.api.session import JsonObject
-from binder.errors import ApiError
 from common.conditions import Condition, condition_for, find, rfc3339
 from common.events import EventText
+from common.kubeapi.errors import ApiError
+from common.kubeapi.session import JsonObject
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,6 @@ from binder.api.kube import Kube
 from binder.cluster.chargedpods import Unproven, sign
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo
-from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.framework.placement import Placement, Policy, Unschedulable, place
 from binder.framework.preemption import lower_holds
 from binder.framework.queue import SchedulingQueue
@@ -44,6 +43,7 @@ from binder.pods.preemptions import Preemptions
 from binder.pods.roommaking import RoomMaking
 from binder.pods.unprovenreports import UnprovenReports
 from common.contract import Keys
+from common.kubeapi.errors import ApiError, ConflictError, NotFoundError
 from common.logs import subject
 from common.proofs import KeyRing
 from common.quantity import format_bytes

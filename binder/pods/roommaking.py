@@ -24,9 +24,9 @@ from binder.api.handover import Handover
 from binder.api.kube import Kube
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import PodInfo
-from binder.errors import ApiError
 from binder.framework.consolidation import Cooldowns, plan
 from binder.framework.moves import carry_out
+from common.kubeapi.errors import ApiError
 from common.logs import subject
 from common.quantity import format_bytes
 

@@ -26,7 +26,7 @@ from binder.api.handover import Handover
 from binder.api.kube import Kube
 from binder.cluster.chargedpods import Unproven
 from binder.cluster.objects import PodInfo
-from binder.errors import NotFoundError
+from common.kubeapi.errors import NotFoundError
 
 log = logging.getLogger(__name__)
 

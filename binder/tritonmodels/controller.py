@@ -26,7 +26,6 @@ from binder.autoscaler.room import Room, capacity
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, is_replica
 from binder.cluster.objects import PodInfo
-from binder.errors import ApiError
 from binder.framework.moves import EvictionRefusedError, evict_victims
 from binder.framework.placement import Policy
 from binder.framework.queue import SchedulingQueue
@@ -38,6 +37,7 @@ from binder.tritonmodels.servicewriter import ServiceWriter
 from binder.tritonmodels.serving import Serving, ordinal_of
 from common.contract import Keys
 from common.hosted import replica_uid
+from common.kubeapi.errors import ApiError
 from common.modelpod import NodeAccess
 from common.proofs import KeyRing
 

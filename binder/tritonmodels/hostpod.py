@@ -19,9 +19,9 @@ import hashlib
 import json
 from collections.abc import Collection
 
-from binder.api.session import JsonObject
 from common import modelpod
 from common.contract import Keys
+from common.kubeapi.session import JsonObject
 from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, STORAGE_SECRET_DIR, NodeAccess
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 from common.storage import SECRET_KEYS

@@ -16,13 +16,13 @@ import logging
 import math
 from collections.abc import Callable, Container, Mapping
 
-from binder.api.session import JsonObject
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.tritonmodels.hostpod import host_image, mounted_secrets
 from binder.tritonmodels.rolling import Loaded
 from common.contract import Keys
 from common.hosted import host_template_annotation
+from common.kubeapi.session import JsonObject
 
 log = logging.getLogger(__name__)
 

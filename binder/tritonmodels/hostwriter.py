@@ -29,13 +29,11 @@ from concurrent.futures import Executor
 from typing import Any
 
 from binder.api.kube import Kube
-from binder.api.session import JsonObject
 from binder.cluster.budgets import Budget
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, event_object, owner_reference
 from binder.cluster.objects import PodInfo
 from binder.cluster.podterms import NOTHING
-from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.tritonmodels.hostbudget import BUDGET_NAME, budget, min_available
 from binder.tritonmodels.hostpod import host_spec, template_hash
 from binder.tritonmodels.hostreplace import HostReplacements, Replicas, Where
@@ -57,6 +55,8 @@ from common.hosted import (
     parked_models_annotation,
     serves_label,
 )
+from common.kubeapi.errors import ApiError, ConflictError, NotFoundError
+from common.kubeapi.session import JsonObject
 from common.modelpod import NodeAccess
 
 log = logging.getLogger(__name__)

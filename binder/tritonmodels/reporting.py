@@ -21,7 +21,6 @@ from concurrent.futures import Executor
 from typing import Any
 
 from binder.api.kube import Kube
-from binder.api.session import JsonObject
 from binder.cluster.modelviews import ModelInfo, event_object
 from binder.cluster.objects import PodInfo
 from binder.framework.moves import PREEMPTED, PREEMPTING
@@ -33,6 +32,7 @@ from binder.tritonmodels.status import StatusWriter, Write
 from common.conditions import Condition, condition_for, find
 from common.contract import Keys
 from common.hosted import LOAD_FAILURE_REASONS, host_name, serves_label
+from common.kubeapi.session import JsonObject
 
 READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""

@@ -15,11 +15,11 @@ import asyncio
 from concurrent.futures import Executor
 
 from binder.api.kube import Kube
-from binder.api.session import JsonObject
 from binder.cluster.modelviews import ModelInfo, event_object, owner_reference
-from binder.errors import ApiError, ConflictError
 from common.contract import Keys
 from common.hosted import serves_label
+from common.kubeapi.errors import ApiError, ConflictError
+from common.kubeapi.session import JsonObject
 
 SERVICE_PORTS = [
     {"name": "http", "port": 9000, "targetPort": "http", "appProtocol": "http"},

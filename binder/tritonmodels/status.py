@@ -21,9 +21,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from binder.api.kube import Kube
-from binder.api.session import JsonObject
-from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.framework.queue import SchedulingQueue
+from common.kubeapi.errors import ApiError, ConflictError, NotFoundError
+from common.kubeapi.session import JsonObject
 
 log = logging.getLogger(__name__)
 

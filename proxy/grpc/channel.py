@@ -89,6 +89,20 @@ class ChannelOwner(Scheduler, Protocol):
         """Triton accepted a connection."""
 
 
+def _hello() -> list[bytes]:
+    """What the proxy sends Triton first on a connection: the preface, its settings (no push;
+    each stream's window), and the larger connection window it grants."""
+    settings = {
+        frames.SETTINGS_ENABLE_PUSH: 0,
+        frames.SETTINGS_INITIAL_WINDOW_SIZE: RESPONSE_WINDOW,
+    }
+    return [
+        frames.PREFACE,
+        frames.settings(settings),
+        frames.window_update(0, _CONNECTION_WINDOW - frames.DEFAULT_WINDOW),
+    ]
+
+
 class TritonChannel(Channel, asyncio.Protocol):
     """One HTTP/2 client connection to Triton carrying streams of many tenant connections."""
 
@@ -108,17 +122,7 @@ class TritonChannel(Channel, asyncio.Protocol):
         self._got = 0  # flow-controlled bytes of the read in progress
         # What Triton may still send on the connection, credited as bytes arrive (streams bound it).
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
-        hello = [
-            frames.PREFACE,
-            frames.settings(
-                {
-                    frames.SETTINGS_ENABLE_PUSH: 0,
-                    frames.SETTINGS_INITIAL_WINDOW_SIZE: RESPONSE_WINDOW,
-                }
-            ),
-            frames.window_update(0, _CONNECTION_WINDOW - frames.DEFAULT_WINDOW),
-        ]
-        self.out = Outbox(relay, hello)  # leaves once connected; the listener marks it
+        self.out = Outbox(relay, _hello())  # leaves once connected; the listener marks it
         # The listener's hold and flush around each read, bound once (see connection.Connection).
         self._hold = relay.hold
         self._flush = relay.flush
@@ -141,19 +145,13 @@ class TritonChannel(Channel, asyncio.Protocol):
         """Open the connection; until then frames wait in the write buffer."""
         host, _, port = self.relay.settings.triton_grpc_url.rpartition(":")
         loop = asyncio.get_running_loop()
+        source = local_address(self.relay.settings.source_address)
 
         async def connection() -> object:
             if self.transport is not None or self.closing:
                 return None  # connected meanwhile (a test's transport), or given up
-            return await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: self,
-                    host,
-                    int(port),
-                    local_addr=local_address(self.relay.settings.source_address),
-                ),
-                CONNECT_TIMEOUT,
-            )
+            opening = loop.create_connection(lambda: self, host, int(port), local_addr=source)
+            return await asyncio.wait_for(opening, CONNECT_TIMEOUT)
 
         try:
             # Refused: the gateway (or Triton) restarts; the streams on this channel have not

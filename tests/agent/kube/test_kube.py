@@ -1,9 +1,11 @@
-"""The Kubernetes adapter against sim/ through the official client: the pod watch keeps going
-across server-side watch timeouts, sees only this node's pods and relists when its
-resourceVersion is too old (410 Expired); token reviews."""
+"""The Kubernetes adapter against sim/: the pod watch keeps going across server-side watch
+timeouts, sees only this node's pods and relists when its resourceVersion is too old (410
+Expired); token reviews; its calls go over a few kept connections (the product's one door to the
+API server), and a hanging server fails a call in time."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -13,11 +15,13 @@ import kubernetes.client
 import pytest
 
 from agent.errors import KubeError
-from agent.kube.client import KubeClient
+from agent.kube.client import WORKERS, KubeClient
+from common.conditions import Condition
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.apiserver.faults import Fault
 from sim.apiserver.settings import ApiServerSettings
 from tests.agent.conftest import NODE, eventually, make_pod
+from tests.fixtures_sim import core_v1
 
 
 async def test_the_pod_watch_survives_watch_timeouts_and_filters_by_node(
@@ -135,3 +139,33 @@ async def test_a_hanging_api_server_fails_a_call_after_the_timeout_not_never(
         assert await kube.get_pod("default", "p") is not None
     finally:
         await kube.close()
+
+
+async def test_the_agents_calls_go_over_a_few_kept_connections_with_its_own_user_agent(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kubeconfig: Path
+) -> None:
+    """Condition writes, reads and Events, several at once, reuse the adapter's connections
+    (at most one per worker thread), each request named as the agent's."""
+    make_pod(kube_api, "p", "m")
+    kube = KubeClient(str(kubeconfig))
+    try:
+        for i in range(25):
+            status = "True" if i % 2 else "False"
+            await asyncio.gather(
+                kube.set_pod_condition("default", "p", Condition("example.io/c", status, "R", "")),
+                kube.get_pod("default", "p"),
+                kube.record_pod_event(
+                    "default", "p", "uid-p", component="tritonshare-agent", reason="R", message="m"
+                ),
+            )
+    finally:
+        await kube.close()
+    calls = [r for r in apiserver.audit.snapshot() if r.user_agent.startswith("tritonshare-agent/")]
+    writes = [r for r in calls if r.is_write]
+    assert len([w for w in writes if w.resource == "pods"]) == 25, writes
+    assert len([w for w in writes if w.resource == "events"]) == 25  # one create, 24 counts
+    assert len(calls) == 75
+    # At most one connection per worker thread (and one the server closed, opened again).
+    assert len({c.peer for c in calls}) <= WORKERS + 1, sorted({c.peer for c in calls})
+    events = core_v1(kube_api).list_namespaced_event("default").items
+    assert [(e.reason, e.count) for e in events] == [("R", 25)]

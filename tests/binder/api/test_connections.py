@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes.client
 
 from binder.api.kube import Kube
-from binder.api.session import RetryPolicy
+from common.kubeapi.session import RetryPolicy
 from sim.apiserver import RunningApiServer
 from tests.binder.objects import GI, KEYS
 from tests.binder.simcluster import (

@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes.client
 
 from binder.api.kube import Kube
-from binder.api.session import RetryPolicy
+from common.kubeapi.session import RetryPolicy
 from tests.fixtures_sim import core_v1
 
 

@@ -17,8 +17,8 @@ import kubernetes.client
 import pytest
 
 from binder.api.kube import Kube
-from binder.api.session import RetryPolicy
-from binder.errors import ConflictError, UnavailableError
+from common.kubeapi.errors import ConflictError, UnavailableError
+from common.kubeapi.session import RetryPolicy
 from sim.apiserver import Fault, RunningApiServer
 from tests.binder.objects import GI, KEYS
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of

@@ -9,7 +9,7 @@ from pathlib import Path
 import kubernetes.client
 
 from binder.api.kube import Kube
-from binder.api.session import RetryPolicy
+from common.kubeapi.session import RetryPolicy
 from tests.fixtures_sim import core_v1
 
 LONG_AGO = "2026-01-01T00:00:00Z"

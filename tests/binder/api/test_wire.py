@@ -1,4 +1,4 @@
-"""binder.api.transport against a raw socket server that answers as scripted: Content-Length,
+"""common.kubeapi.transport against a raw socket server that answers as scripted: Content-Length,
 chunked and close-delimited bodies, an interim 100, an idle connection the server closed, garbage;
 and binder.api.kube's writes through it over TLS, configured from a kubeconfig (CA, token, path
 prefix)."""
@@ -19,9 +19,9 @@ import pytest
 
 from binder.api.kube import Kube
 from binder.api.listwatch import PODS
-from binder.api.session import RetryPolicy
-from binder.api.transport import Connections, WireError
-from binder.errors import UnavailableError
+from common.kubeapi.errors import UnavailableError
+from common.kubeapi.session import RetryPolicy
+from common.kubeapi.transport import Connections, WireError
 from tests.conftest import require_executable
 
 HEAD = b"PATCH /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n"

@@ -14,7 +14,6 @@ import pytest
 from binder.api.inbox import Inbox
 from binder.api.kube import Kube
 from binder.api.listwatch import NODES, Kind
-from binder.api.session import JsonObject, RetryPolicy
 from binder.cluster.cache import ClusterCache
 from binder.cluster.chargedpods import Unproven, sign
 from binder.cluster.clusterstate import ClusterState
@@ -22,8 +21,9 @@ from binder.cluster.informer import Informer
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import model_from_api
 from binder.cluster.objects import ModelKey, PodInfo, pod_from_api
-from binder.errors import GoneError
 from common.hosted import host_label, host_name
+from common.kubeapi.errors import GoneError
+from common.kubeapi.session import JsonObject, RetryPolicy
 from common.proofs import Claim, KeyRing, Proof
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj, signed

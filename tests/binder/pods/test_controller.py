@@ -14,7 +14,7 @@ import aiohttp
 import kubernetes.client
 import pytest
 
-from binder.api.session import USER_AGENT
+from binder.api.kube import USER_AGENT
 from binder.cluster.objects import pod_from_api
 from binder.framework.placement import Placement, place
 from common.proofs import Claim, ProofError

@@ -21,9 +21,9 @@ from binder.api.kube import Kube
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import lease_expiry, node_from_api
-from binder.errors import ApiError
 from binder.tritonmodels.placer import PLACEMENTS_PER_TURN
 from binder.tritonmodels.status import StatusWriter, Write
+from common.kubeapi.errors import ApiError
 from tests.binder.cluster.test_cache import make_cache
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj
 from tests.binder.simcluster import MakeBinder, add_node, eventually

@@ -1,5 +1,5 @@
-"""The binder's transport to the API server: every request (lists, watches, leases, writes) goes
-through one `Transport`, chosen once at start-up by binder.api.kubeconfig:
+"""The transport to the API server: every request of the agent and the binder (lists, watches,
+leases, writes) goes through one `Transport`, chosen once at start-up by common.kubeapi.kubeconfig:
 
 - `Direct`: a small HTTP/1.1 client on keep-alive connections (plain or TLS), one request at a
   time on each, answers framed by Content-Length, chunked encoding or the end of the connection;
@@ -10,9 +10,9 @@ through one `Transport`, chosen once at start-up by binder.api.kubeconfig:
 Why a client of our own: a pod costs the binder two writes, and through the official client and
 urllib3 one write took about 0.28 ms of CPU on the calling thread (argument checks, header
 objects, urllib3's retry and timeout objects, http.client's e-mail header parser); here it takes
-about 0.04 ms. It knows nothing of Kubernetes: binder.api.kubeconfig gives it the address and the
-TLS context; binder.api.session gives it the headers and turns its answers and errors into
-ApiErrors. Both transports raise only OSError (WireError included) for a request that got no
+about 0.04 ms. It knows nothing of Kubernetes: common.kubeapi.kubeconfig gives it the address
+and the TLS context; common.kubeapi.session gives it the headers and turns its answers and errors
+into ApiErrors. Both transports raise only OSError (WireError included) for a request that got no
 answer.
 
 A failure to connect, send or read is an OSError (WireError for an answer that is not HTTP), and
@@ -312,8 +312,8 @@ class Direct:
 
 
 _RETRY_ONCE = urllib3.Retry(total=1, connect=0, read=1, redirect=0, status=0)
-"""Connection failures are retried by binder.api.session's writes and the informers, with backoff
-and a sentence in the log; urllib3's own three immediate retries would only add noise. One
+"""Connection failures are retried by common.kubeapi.session's writes and the informers, with
+backoff and a sentence in the log; urllib3's own three immediate retries would only add noise. One
 immediate retry of a read stays, for a pooled connection the server closed while idle."""
 
 

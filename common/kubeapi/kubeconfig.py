@@ -1,10 +1,10 @@
-"""Where the binder finds its API server: the kubeconfig or the in-cluster service account, read
-by the `kubernetes` package (the only binder module importing it), and the one transport
-(binder.api.transport) that reaches the server it names.
+"""Where a part finds its API server: the kubeconfig or the in-cluster service account, read by
+the `kubernetes` package (the only product module importing it), and the one transport
+(common.kubeapi.transport) that reaches the server it names.
 
 The `kubernetes` package only reads these settings and refreshes the token (the configuration's
-`auth_settings()`, which binder.api.session calls); no request goes through its client. Bad or
-missing settings are SettingsErrors that say where they were read from.
+`auth_settings()`, which common.kubeapi.session calls); no request goes through its client. Bad or
+missing settings are KubeConfigErrors that say where they were read from.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import kubernetes.client
 import kubernetes.client.rest
 import kubernetes.config
 
-from binder.api.transport import Connections, Direct, Proxied, Transport
-from binder.errors import SettingsError
+from common.kubeapi.errors import KubeConfigError
+from common.kubeapi.transport import Connections, Direct, Proxied, Transport
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def client_configuration(kubeconfig: str | None, context: str | None, pool_size:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
         if context:
             where += f", context {context}"
-        raise SettingsError(
+        raise KubeConfigError(
             f"cannot configure the Kubernetes client from {where}: {e}; pass --kubeconfig "
             f"(or KUBECONFIG) outside a cluster"
         ) from e
@@ -54,18 +54,18 @@ def transport_for(
 ) -> Transport:
     """The one transport for every request, from the client configuration the kubeconfig (or the
     service account) filled in: the same server, CA, client certificate, SNI and proxy settings.
-    Our own connections (binder.api.transport.Direct), unless a proxy applies to the server: then
+    Our own connections (`Direct`), unless a proxy applies to the server: then
     the urllib3 proxy manager the official client would use."""
     try:
         return _transport(configuration, keep, user_agent, connect_timeout)
     except (OSError, ssl.SSLError) as e:
-        raise SettingsError(f"cannot set up TLS to the API server: {e}") from e
+        raise KubeConfigError(f"cannot set up TLS to the API server: {e}") from e
 
 
 def _transport(configuration: Any, keep: int, user_agent: str, connect_timeout: float) -> Transport:
     url = urlsplit(configuration.host)
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise SettingsError(f"the API server's URL {configuration.host!r} is not http(s)://host")
+        raise KubeConfigError(f"the API server's URL {configuration.host!r} is not http(s)://host")
     if configuration.proxy and not kubernetes.client.rest.should_bypass_proxies(
         configuration.host, configuration.no_proxy or ""
     ):
@@ -102,18 +102,18 @@ def _transport(configuration: Any, keep: int, user_agent: str, connect_timeout: 
 
 def kubeconfig_namespace(kubeconfig: str, context: str | None = None) -> str | None:
     """The namespace the kubeconfig's `context` (default: its current context) names, as kubectl
-    reads it; None when it names none. Raises SettingsError for an unreadable kubeconfig or an
+    reads it; None when it names none. Raises KubeConfigError for an unreadable kubeconfig or an
     unknown context."""
     try:
         loader: Any = kubernetes.config
         contexts, current = loader.list_kube_config_contexts(config_file=kubeconfig)
     except (kubernetes.config.ConfigException, OSError, ValueError) as e:
-        raise SettingsError(f"cannot read kubeconfig {kubeconfig}: {e}") from e
+        raise KubeConfigError(f"cannot read kubeconfig {kubeconfig}: {e}") from e
     if context:
         chosen = next((c for c in contexts if c.get("name") == context), None)
         if chosen is None:
             names = ", ".join(sorted(str(c.get("name")) for c in contexts)) or "none"
-            raise SettingsError(
+            raise KubeConfigError(
                 f"context {context!r} is not in kubeconfig {kubeconfig} (it has: {names})"
             )
     else:

@@ -1,8 +1,10 @@
-"""The binder's one Event recorder: core/v1 Events about pods and any other object, as
-kube-scheduler records them, over a binder.api.session.Session.
+"""The one Event recorder: core/v1 Events about pods, Nodes and any other object, over the one
+API session (common.kubeapi.session), for the agent and the binder alike.
 
 common/events.py builds each Event and decides, by kube's one de-duplication rule, whether to
-create it or raise the count of the one already there; this only sends what it says.
+create it or raise the count of the one already there; this only sends what it says. A recorder
+that retries (the binder's) rides out an unavailable API server as the session's writes do; one
+that does not (the agent's) tries each write once and leaves the next repeat to record it.
 """
 
 from __future__ import annotations
@@ -12,18 +14,22 @@ from collections.abc import Mapping
 from typing import Unpack
 from urllib.parse import quote
 
-from binder.api.session import MERGE_PATCH, Session
-from binder.errors import ConflictError, NotFoundError
 from common.events import EventAggregator, EventText, EventWrite, event, pod_ref
+from common.kubeapi.errors import ConflictError, NotFoundError
+from common.kubeapi.session import JSON, MERGE_PATCH, JsonObject, Session
 
 
 class EventRecorder:
     """Records Events over one session, every one through its aggregator."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, *, action: str, retry: bool = True) -> None:
+        """`action`: the Events' `action` unless a call names another (the binder: Scheduling);
+        `retry`: whether each write rides out an unavailable API server (`Session.write`)."""
         self._session = session
+        self._action = action
+        self._retry = retry
         self.events = EventAggregator()
-        """Every Event the binder records goes through it (one rule: common/events.py)."""
+        """Every Event recorded goes through it (one rule: common/events.py)."""
 
     def record_event(
         self,
@@ -33,13 +39,15 @@ class EventRecorder:
         *,
         reporting_instance: str,
         component: str = "tritonshare",
+        action: str = "",
         **said: Unpack[EventText],
     ) -> None:
-        """A core/v1 Event about a pod, as kube-scheduler records one."""
+        """A core/v1 Event about a pod, as kube-scheduler and the kubelet record one."""
         self.record_object_event(
             pod_ref(namespace, name, uid),
             reporting_instance=reporting_instance,
             component=component,
+            action=action,
             **said,
         )
 
@@ -49,22 +57,21 @@ class EventRecorder:
         *,
         reporting_instance: str,
         component: str = "tritonshare",
+        action: str = "",
         **said: Unpack[EventText],
     ) -> None:
-        """An Event about any object (`involved`: apiVersion, kind, namespace, name, uid), as
-        kube-scheduler records one; created, or its count raised, as the aggregator says
-        (common/events.py)."""
+        """An Event about any object (`involved`: apiVersion, kind, name, and namespace and uid
+        where it has them); created, or its count raised, as the aggregator says. NotFoundError
+        when its namespace is gone; any other ApiError as the session raises it."""
         body = event(
             involved,
             component=component,
             instance=reporting_instance,
-            action="Scheduling",
+            action=action or self._action,
             **said,
         )
-        what = (
-            f"recording a {said['reason']} event for {involved['kind']} "
-            f"{involved['namespace']}/{involved['name']}"
-        )
+        key = "/".join(filter(None, (involved.get("namespace"), involved["name"])))
+        what = f"recording a {said['reason']} event for {involved['kind']} {key}"
         write: EventWrite | None = self.events.write_for(body)
         while write is not None:
             try:
@@ -86,7 +93,13 @@ class EventRecorder:
         if write.create:
             # 409: a retry after a lost answer finds the Event it named already there.
             with contextlib.suppress(ConflictError):
-                self._session.write(what, "POST", events, write.body)
+                self._write(what, "POST", events, write.body, JSON)
             return
         path = f"{events}/{quote(write.name, safe='')}"
-        self._session.write(what, "PATCH", path, write.body, MERGE_PATCH)
+        self._write(what, "PATCH", path, write.body, MERGE_PATCH)
+
+    def _write(self, what: str, method: str, path: str, body: JsonObject, kind: str) -> None:
+        if self._retry:
+            self._session.write(what, method, path, body, kind)
+        else:
+            self._session.request(method, path, body=body, content_type=kind)

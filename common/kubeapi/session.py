@@ -1,15 +1,16 @@
-"""One request to the API server, the core every binder call goes through.
+"""One request to the API server, the core every call of the agent and the binder goes through.
 
 Blocking, meant for worker threads. `Session.request` sends one request (a watch: `stream`) over
-the transport binder.api.kubeconfig chose at start-up, with its credentials, and reads the
+the transport common.kubeapi.kubeconfig chose at start-up, with its credentials, and reads the
 answer whole, so calls reuse a few keep-alive connections instead of opening one each. Failures
-become binder.errors.ApiError subclasses carrying the status; an unreachable server (refused,
-reset, timed out) and 429/5xx answers are UnavailableError.
+become common.kubeapi.errors' ApiError subclasses carrying the status; an unreachable server
+(refused, reset, timed out) and 429/5xx answers are UnavailableError.
 
 Writes (`write`, `retrying`) ride those out with bounded exponential backoff (honouring
 Retry-After) for at most the RetryPolicy's budget and only while `retry_while()` holds (the
-replica leads): a write that outlives its leadership could double-book a GPU the next leader has
-given away. Reads are tried once: their callers own the retry. It knows no object kinds.
+binder's: while the replica leads, since a write that outlives its leadership could double-book
+a GPU the next leader has given away). Reads are tried once: their callers own the retry. It
+knows no object kinds.
 """
 
 from __future__ import annotations
@@ -23,14 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from binder.api.transport import Answer, Stream, Transport
-from binder.errors import ApiError, UnavailableError, api_error
-from common.version import VERSION
+from common.kubeapi.errors import ApiError, UnavailableError, api_error
+from common.kubeapi.transport import Answer, Stream, Transport
 
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
-USER_AGENT = f"tritonshare-binder/{VERSION}"
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_TIMEOUT_SECONDS = 30.0
 """No call may hang a worker thread forever."""
@@ -94,7 +93,7 @@ class Session:
         retry_while: Callable[[], bool] = lambda: True,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`configuration`: the client configuration binder.api.kubeconfig read (the server and
+        """`configuration`: the client configuration common.kubeapi.kubeconfig read (the server and
         the credentials); `transport`: the one it chose. Writes are retried under `retry` only
         while `retry_while()` holds (the binder gives "this replica leads")."""
         self._configuration = configuration
