@@ -32,6 +32,7 @@ from common.events import EventText, node_ref, pod_ref
 from common.kubeapi.errors import ApiError, KubeConfigError, NotFoundError
 from common.kubeapi.eventrecorder import EventRecorder
 from common.kubeapi.kubeconfig import client_configuration, transport_for
+from common.kubeapi.paths import namespace_path, node_path, pod_path
 from common.kubeapi.session import JSON, STRATEGIC_MERGE_PATCH, RetryPolicy, Session
 from common.kubeapi.transport import Stream
 
@@ -113,6 +114,10 @@ class KubeClient:
             )
             return json.loads(data) if data else None
 
+        return await self._in_pool(what, run)
+
+    async def _in_pool(self, what: str, run: Callable[[], T]) -> T | None:
+        """`run()` on the thread pool: its result, None for 404, else KubeError."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, run)
         except NotFoundError:
@@ -122,7 +127,7 @@ class KubeClient:
 
     # Node.
     async def get_node(self, name: str) -> JsonObject | None:
-        result: JsonObject | None = await self._call(f"read node {name}", "GET", _node(name))
+        result: JsonObject | None = await self._call(f"read node {name}", "GET", node_path(name))
         return result
 
     async def patch_node_annotations(
@@ -130,14 +135,16 @@ class KubeClient:
     ) -> None:
         """Merge `annotations` into the Node's (None removes one)."""
         body = {"metadata": {"annotations": annotations}}
-        await self._call(f"annotate node {name}", "PATCH", _node(name), body, STRATEGIC_MERGE_PATCH)
+        await self._call(
+            f"annotate node {name}", "PATCH", node_path(name), body, STRATEGIC_MERGE_PATCH
+        )
 
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
         body = {"status": {"capacity": resources, "allocatable": resources}}
         await self._call(
             f"update node {name} capacity",
             "PATCH",
-            f"{_node(name)}/status",
+            node_path(name, "status"),
             body,
             STRATEGIC_MERGE_PATCH,
         )
@@ -217,12 +224,7 @@ class KubeClient:
             action=action,
             **said,
         )
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, record)
-        except NotFoundError:
-            return
-        except ApiError as e:
-            raise _kube_error(what, e) from e
+        await self._in_pool(what, record)
 
     async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
         """Mark a pod Failed with a reason, as the kubelet does for an evicted pod."""
@@ -230,7 +232,7 @@ class KubeClient:
         await self._call(
             f"mark pod {namespace}/{name} Failed",
             "PATCH",
-            f"{_pod(namespace, name)}/status",
+            pod_path(namespace, name, "status"),
             body,
             STRATEGIC_MERGE_PATCH,
         )
@@ -246,7 +248,7 @@ class KubeClient:
         await self._call(
             f"set {condition.type}={condition.status} on pod {namespace}/{name}",
             "PATCH",
-            f"{_pod(namespace, name)}/status",
+            pod_path(namespace, name, "status"),
             body,
             STRATEGIC_MERGE_PATCH,
         )
@@ -257,7 +259,7 @@ class KubeClient:
         await self._call(
             f"remove {condition_type} from pod {namespace}/{name}",
             "PATCH",
-            f"{_pod(namespace, name)}/status",
+            pod_path(namespace, name, "status"),
             body,
             STRATEGIC_MERGE_PATCH,
         )
@@ -265,14 +267,14 @@ class KubeClient:
     # Pods.
     async def get_pod(self, namespace: str, name: str) -> JsonObject | None:
         result: JsonObject | None = await self._call(
-            f"read pod {namespace}/{name}", "GET", _pod(namespace, name)
+            f"read pod {namespace}/{name}", "GET", pod_path(namespace, name)
         )
         return result
 
     async def list_pods(self, namespace: str) -> list[JsonObject]:
         """Every pod of `namespace`."""
         result = await self._call(
-            f"list the pods of namespace {namespace}", "GET", f"{_namespace(namespace)}/pods"
+            f"list the pods of namespace {namespace}", "GET", f"{namespace_path(namespace)}/pods"
         )
         items: list[JsonObject] = (result or {}).get("items") or []
         return items
@@ -408,18 +410,6 @@ class PodWatch:
             self._response = None
             response.close()
         return version
-
-
-def _node(name: str) -> str:
-    return f"/api/v1/nodes/{quote(name, safe='')}"
-
-
-def _namespace(namespace: str) -> str:
-    return f"/api/v1/namespaces/{quote(namespace, safe='')}"
-
-
-def _pod(namespace: str, name: str) -> str:
-    return f"{_namespace(namespace)}/pods/{quote(name, safe='')}"
 
 
 def _kube_error(what: str, e: ApiError) -> KubeError:

@@ -9,6 +9,7 @@ import contextlib
 from urllib.parse import quote
 
 from common.kubeapi.errors import ConflictError, NotFoundError
+from common.kubeapi.paths import namespace_path
 from common.kubeapi.session import MERGE_PATCH, JsonObject, Session
 
 AUTOSCALER = "tritonshare-autoscaler"
@@ -50,7 +51,7 @@ class ModelWrites:
 
     def create_service(self, namespace: str, body: JsonObject) -> None:
         """Create the Service (ConflictError when one of that name is there)."""
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/services"
+        path = f"{namespace_path(namespace)}/services"
         what = f"creating Service {namespace}/{body['metadata']['name']}"
         self._session.write(what, "POST", path, body)
 

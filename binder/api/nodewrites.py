@@ -6,8 +6,8 @@ uninstall-cleanup`, the CLI's quarantine commands). The binder's scheduling neve
 from __future__ import annotations
 
 from collections.abc import Mapping
-from urllib.parse import quote
 
+from common.kubeapi.paths import node_path
 from common.kubeapi.session import MERGE_PATCH, READ_TIMEOUT_SECONDS, JsonObject, Session
 
 
@@ -19,12 +19,12 @@ class NodeWrites:
 
     def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
         """Set (None: remove) annotations of a Node, by a JSON merge patch; retried."""
-        path = f"/api/v1/nodes/{quote(name, safe='')}"
+        path = node_path(name)
         body = {"metadata": {"annotations": dict(annotations)}}
         self._session.write(f"annotating node {name}", "PATCH", path, body, MERGE_PATCH)
 
     def merge_patch_node(self, name: str, body: JsonObject, subresource: str = "") -> None:
         """A JSON merge patch (RFC 7386: `null` removes a key) of a Node or its `status`; one
         attempt."""
-        path = f"/api/v1/nodes/{quote(name, safe='')}" + (f"/{subresource}" if subresource else "")
+        path = node_path(name, subresource)
         self._session.request("PATCH", path, READ_TIMEOUT_SECONDS, body, MERGE_PATCH)

@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 from common.conditions import Condition, condition_patch
 from common.kubeapi.errors import ConflictError, NotFoundError, UnavailableError
+from common.kubeapi.paths import namespace_path, pod_path
 from common.kubeapi.session import (
     MERGE_PATCH,
     READ_TIMEOUT_SECONDS,
@@ -25,11 +26,6 @@ from common.kubeapi.session import (
     JsonObject,
     Session,
 )
-
-
-def pod_path(namespace: str, name: str, subresource: str = "") -> str:
-    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-    return f"{path}/{subresource}" if subresource else path
 
 
 class PodWrites:
@@ -199,7 +195,7 @@ class PodWrites:
         )
 
     def create_pod(self, namespace: str, body: JsonObject) -> None:
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
+        path = f"{namespace_path(namespace)}/pods"
         self._session.write(
             f"creating pod {namespace}/{body['metadata']['name']}", "POST", path, body
         )
@@ -229,7 +225,7 @@ class PodWrites:
         """Create the pod with `dryRun=All`: the API server defaults, validates and admits it
         (webhooks, Pod Security, ValidatingAdmissionPolicies, quotas) and stores nothing. The pod
         it would have stored, or the ApiError that refuses it; one attempt."""
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods?dryRun=All"
+        path = f"{namespace_path(namespace)}/pods?dryRun=All"
         result: JsonObject = json.loads(
             self._session.request("POST", path, READ_TIMEOUT_SECONDS, body)
         )

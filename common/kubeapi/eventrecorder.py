@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from common.events import EventAggregator, EventText, EventWrite, event, pod_ref
 from common.kubeapi.errors import ConflictError, NotFoundError
+from common.kubeapi.paths import namespace_path
 from common.kubeapi.session import JSON, MERGE_PATCH, JsonObject, Session
 
 
@@ -89,7 +90,7 @@ class EventRecorder:
             write = self.events.answered(write, found=True)
 
     def _send(self, what: str, write: EventWrite) -> None:
-        events = f"/api/v1/namespaces/{quote(write.namespace, safe='')}/events"
+        events = f"{namespace_path(write.namespace)}/events"
         if write.create:
             # 409: a retry after a lost answer finds the Event it named already there.
             with contextlib.suppress(ConflictError):
