@@ -169,3 +169,43 @@ async def test_the_agents_calls_go_over_a_few_kept_connections_with_its_own_user
     assert len({c.peer for c in calls}) <= WORKERS + 1, sorted({c.peer for c in calls})
     events = core_v1(kube_api).list_namespaced_event("default").items
     assert [(e.reason, e.count) for e in events] == [("R", 25)]
+
+
+async def test_the_pod_watch_and_the_calls_come_back_after_an_api_server_outage(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the API server refuses connections a call fails as unreachable and the watch
+    retries; once it is back, calls answer and the watch reports what happened meanwhile."""
+    caplog.set_level(logging.WARNING, logger="agent.kube.client")
+    listed: list[list[str]] = []
+    events: list[tuple[str, str]] = []
+    kube = KubeClient(str(kubeconfig), request_timeout=(1.0, 2.0))
+    watch = kube.watch_pods(
+        NODE,
+        lambda items: listed.append([i["metadata"]["name"] for i in items]),
+        lambda kind, obj: events.append((kind, obj["metadata"]["name"])),
+        timeout_seconds=1,
+    )
+    try:
+        await eventually(lambda: bool(listed), what="the first list")
+        apiserver.pause()
+        with pytest.raises(KubeError, match="unreachable while trying to read pod default/p"):
+            await kube.get_pod("default", "p")
+        # The outage ended the watch: it tries again while the server is away.
+        await eventually(
+            lambda: "Watching this node's pods failed" in caplog.text,
+            what="the watch to retry during the outage",
+        )
+        apiserver.resume()
+        make_pod(kube_api, "p", "m")
+        await eventually(
+            lambda: ("ADDED", "p") in events or any("p" in names for names in listed[1:]),
+            what="the watch to see the pod made after the outage",
+        )
+        assert await kube.get_pod("default", "p") is not None
+    finally:
+        watch.stop()
+        await kube.close()
