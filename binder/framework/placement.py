@@ -235,8 +235,11 @@ def place(
     if problem:
         return Unschedulable(fit_message(len(state.nodes), {}, problem), {})
     cls = state.constraint_class(pod.constraints)
-    filters = pod_filters(state, pod)
     view = state.view(pod.on_demand)
+    # Nodes its revision's pods left may hold its files: a tie-break the index cannot see, so
+    # such a pod is scored over its whole class.
+    kept = state.left_nodes(pod.model_key) if pod.model_id else set()
+    filters = pod_filters(state, pod)
     nodes = cls.nodes
     if pod.nominated_node:
         nominated = state.index.get(pod.nominated_node)
@@ -246,18 +249,14 @@ def place(
     # Whether the plugins that look at other pods tell any two nodes apart (if not over every
     # node that passes the node rules, then not over the feasible ones either).
     scored = nodes.size > 1 and filters.scores(nodes) is not None
-    # Nodes its revision's pods left may hold its files: a tie-break the index cannot see, so
-    # such a pod is scored over its whole class.
-    kept = state.left_nodes(pod.model_key) if pod.model_id else set()
     if not scored and not kept and scan_budget != 0 and not cls.preferred_error:
         # The common case: nothing but node rules and memory tells the nodes apart, so the
         # free-memory index finds the best, reading a few nodes one at a time.
         budget = math.inf if scan_budget is None else scan_budget
         index = state.free_index(pod.constraints, pod.on_demand)
-        if policy == "binpack":
-            found = _pack_indexed(state, pod, index, now, budget, filters.passes)
-        else:
-            found = _spread_indexed(state, pod, index, now, budget, filters.passes)
+        taken = state.model_nodes(pod.model_key) if pod.model_id else set()
+        indexed = _pack_indexed if policy == "binpack" else _spread_indexed
+        found = indexed(state, view, pod, index, now, budget, taken, filters.passes)
         if found is not None:
             return found
     if nodes.size:
@@ -282,10 +281,12 @@ def place(
 
 def _spread_indexed(
     state: ClusterState,
+    view: MemoryView,
     pod: PodInfo,
     index: FreeIndex,
     now: float,
     budget: float,
+    taken: set[int],
     fits: Callable[[int], bool],
 ) -> Placement | None:
     """spread from the index: the emptiest feasible node of each bucket, scored exactly as
@@ -293,10 +294,8 @@ def _spread_indexed(
     among the equal best; None when the budget runs out or nothing is feasible (the caller then
     scores the whole class)."""
     request = pod.request
-    view = state.view(pod.on_demand)
     max_free = view.max_free
     lease = state.lease_expiry
-    taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, list[int], int]] = []
     for (affinity, prefer, capacity), keys in index.buckets(view.capacity, view.free_total).items():
@@ -345,10 +344,12 @@ def _spread_indexed(
 
 def _pack_indexed(
     state: ClusterState,
+    view: MemoryView,
     pod: PodInfo,
     index: FreeIndex,
     now: float,
     budget: float,
+    taken: set[int],
     fits: Callable[[int], bool],
 ) -> Placement | None:
     """binpack from the index: in each bucket (one GPU size), the tightest block that fits on a
@@ -357,12 +358,9 @@ def _pack_indexed(
     feasible."""
     request = pod.request
     lease = state.lease_expiry
-    taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, int, int]] = []
-    for (affinity, prefer, size), keys in index.blocks(
-        state.view(pod.on_demand).gpu_blocks
-    ).items():
+    for (affinity, prefer, size), keys in index.blocks(view.gpu_blocks).items():
         for key in keys.from_key(request << BLOCK_SHIFT):
             read += 1
             if read > budget:

@@ -32,9 +32,10 @@ Pure: the quotas and the charges come from the cache's ledger.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
@@ -254,6 +255,7 @@ class QuotaCheck:
             if not exceeded:
                 continue
             self.refused = True
+            advice = allowance_advice(request, allowance, self.backend_key) if allowance else ""
             requested, used, limited = [], [], []
             for limit in exceeded:
                 total = use[limit.key]
@@ -262,7 +264,6 @@ class QuotaCheck:
                 used.append(f"{limit.key}={format_quantity(total, form)}")
                 hard = format_quantity(limit.hard, quantity_format(limit.hard_text))
                 limited.append(f"{limit.key}={hard}")
-            advice = allowance_advice(request, allowance, self.backend_key) if allowance else ""
             return (
                 f"exceeded quota: {name}, requested: {','.join(requested)},"
                 f" used: {','.join(used)}, limited: {','.join(limited)}{advice}"
@@ -287,6 +288,41 @@ class QuotaCheck:
         self.charged += request
         for name in self.charged_by_quota:
             self.charged_by_quota[name] += request
+
+    def refusal_after(self, booked: int, request: int, allowance: int = 0) -> str:
+        """`refusal` once `booked` more bytes are charged (fewer when negative)."""
+        self.charge(booked)
+        try:
+            return self.refusal(request, allowance)
+        finally:
+            self.charge(-booked)
+
+    def room(self, request: int, allowance: int = 0) -> tuple[int, str]:
+        """How many more replicas booking `request` bytes each (`allowance` of them the
+        per-process allowance) every quota allows, charged one after another, and the refusal
+        of the one past them, in `refusal`'s words once those are charged; (0, why) when a
+        quota's status does not count a key yet."""
+        by_quota: dict[str, list[Limit]] = {}
+        for limit in self.limits:
+            by_quota.setdefault(limit.quota, []).append(limit)
+        count = sys.maxsize
+        for name, limits in by_quota.items():
+            if not self.pod and any(limit.used is None for limit in limits):
+                count = 0
+                break
+            charged = self.charged_by_quota.get(name, self.charged)
+            for limit in limits:
+                spare = limit.hard - self.pods_use(limit, name) - charged
+                if spare < 0:
+                    count = 0
+                elif request > 0:
+                    count = min(count, spare // request)
+        if count == sys.maxsize:
+            return count, ""
+        refused = self.refused
+        exceeded = self.refusal_after(count * request, request, allowance)
+        self.refused = refused
+        return count, exceeded
 
 
 def replica_class(ledger: Ledger, model: ModelInfo) -> str:
@@ -331,6 +367,26 @@ def check_for(
         pods_allowance=pods_allowance,
         backend_key=keys.backend,
     )
+
+
+class ReplicaQuota(NamedTuple):
+    """The namespace's GPU memory quotas as they bind one model's replicas in its turn."""
+
+    check: QuotaCheck
+    room: int
+    """How many more replicas of the model they allow (`QuotaCheck.room`)."""
+    exceeded: str
+    """Their refusal of the one past `room`."""
+
+
+def replica_quota(ledger: Ledger, keys: Keys, model: ModelInfo) -> ReplicaQuota | None:
+    """The namespace's GPU memory quotas on `model`'s replicas, with the room they leave for
+    them; None when no quota binds them."""
+    check = check_for(ledger, keys, model.namespace, replica_class(ledger, model))
+    if check is None:
+        return None
+    template = model.template
+    return ReplicaQuota(check, *check.room(template.request, template.allowance))
 
 
 @dataclass(frozen=True)

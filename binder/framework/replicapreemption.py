@@ -159,12 +159,15 @@ class ReplicaPreemption:
         """Whether the replica holds a room its preemption made (it waits for its victims)."""
         return rid in self._nominations
 
-    def forget(
-        self, model_uid: str, wanted: Container[str] = (), draining: Container[str] = ()
-    ) -> None:
+    def forget(self, model_uid: str) -> None:
+        """The model is gone: what its replicas held or were preempted."""
+        self.keep(model_uid, (), ())
+
+    def keep(self, model_uid: str, wanted: Container[str], draining: Container[str]) -> list[int]:
         """What the model's replicas other than the `wanted` ones (those to be placed) held or
-        were preempted (the model was deleted, scaled down, or its roll ended), but those still
-        draining."""
+        were preempted is dropped (the model was scaled down, or its roll ended), but the
+        preemptions of those still draining; returns the ordinals of its replicas that still
+        hold a room."""
         for rid in [r for r in self._nominations if _model_of(r) == model_uid]:
             if rid not in wanted:
                 self.drop(rid)
@@ -174,6 +177,7 @@ class ReplicaPreemption:
         for rid in [r for r in self._refused if _model_of(r) == model_uid]:
             if rid not in wanted:
                 del self._refused[rid]
+        return self.held_ordinals(model_uid)
 
     def nominations(self, model_uid: str) -> list[dict[str, object]]:
         """The model's `status.nominations`: the rooms held for its replicas in the ledger."""

@@ -31,7 +31,7 @@ from binder.framework.placement import Policy
 from binder.framework.queue import SchedulingQueue
 from binder.framework.replicapreemption import REFUSED_RETRY_SECONDS
 from binder.tritonmodels.hostwriter import HostWriter
-from binder.tritonmodels.placer import ReplicaPlacer
+from binder.tritonmodels.placer import Hosted, ReplicaPlacer
 from binder.tritonmodels.reporting import Reporter
 from binder.tritonmodels.servicewriter import ServiceWriter
 from binder.tritonmodels.serving import Serving, ordinal_of
@@ -49,7 +49,6 @@ EVENT_BACKOFF_MAX_SECONDS = 10.0
 """The longest backoff of a refused model before a cluster change retries it (kube-scheduler's
 podMaxBackoffDuration)."""
 
-Hosted = frozenset[tuple[int, str, bool, str, str, int, bool]]
 """A model's charged replicas as its hosts serve them: (ordinal, node, draining, files, storage
 Secret: which of the node's hosts, minAvailable: their budget, idempotent); ordinal -1: parked
 there."""
@@ -349,12 +348,9 @@ class TritonModelController:
             self._retry.add(uid)
         else:
             self._retry.discard(uid)
-        await self._reporter.not_served(model, outcome.placed)
-        await self._reporter.preempted(model)
         await self._evict()
-        await self._reporter.roll(model, outcome.roll)
-        self._placer.park(model)
-        await self._write_hosts(model)
+        await self._reporter.events(model, outcome)
+        await self._write_hosts(model, outcome.hosted)
         await self._services.create(model)
         return bool(outcome.refusal)
 
@@ -408,11 +404,11 @@ class TritonModelController:
             if victims:
                 await self._reporter.preempting(preemptor, ordinal, node, victims)
 
-    async def _write_hosts(self, model: ModelInfo) -> None:
-        """The hosts of the model's namespace made to serve it as it is now placed: those of
-        its replicas' nodes before and now, or all of them when they are to be checked again."""
+    async def _write_hosts(self, model: ModelInfo, hosted: Hosted) -> None:
+        """The hosts of the model's namespace made to serve it as it is now placed (`hosted`):
+        those of its replicas' nodes before and now, or all of them when they are to be checked
+        again."""
         uid = model.uid
-        hosted = self._as_hosted(model)
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
             self._stale.discard(model.namespace)
@@ -421,27 +417,6 @@ class TritonModelController:
             nodes = {entry[1] for entry in hosted | (last or frozenset())}
             await self._hosts.reconcile(model.namespace, nodes)
         self._hosts_for[uid] = hosted
-
-    def _as_hosted(self, model: ModelInfo) -> Hosted:
-        """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
-        files, storage Secret: which of the node's hosts, minAvailable: their budget,
-        idempotent: what their proxy does with a lost call)."""
-        hosted = set()
-        for rid in self._ledger.replica_uids(model.uid):
-            charged = self._ledger.state.charged_pod(rid)
-            if charged is not None:
-                ordinal = int(rid.rpartition("/")[2])
-                draining = rid in self._draining
-                uri = self._placer.rollout.uri(model, ordinal)
-                secret, minimum = model.storage_secret, model.min_available
-                hosted.add(
-                    (ordinal, charged.node_name, draining, uri, secret, minimum, model.idempotent)
-                )
-        if model.uid in self._parked:
-            # -1: parked there
-            parked = self._parked[model.uid]
-            hosted.add((-1, parked, False, "", model.storage_secret, model.min_available, False))
-        return frozenset(hosted)
 
     async def _run(self, fn: Callable[..., list[str]], *args: Any) -> list[str]:
         loop = asyncio.get_running_loop()

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import bisect
 import logging
+import sys
 import time
 from collections.abc import Callable, Container, Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from binder.autoscaler.parkedmodels import park_node
@@ -32,7 +33,7 @@ from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
 from binder.framework.moves import PREEMPTED
 from binder.framework.placement import Placement, Policy, place
-from binder.framework.quota import EXCEEDED_QUOTA, QuotaCheck, check_for, replica_class
+from binder.framework.quota import EXCEEDED_QUOTA, QuotaCheck, replica_quota
 from binder.framework.replicapreemption import ReplicaPreemption
 from binder.tritonmodels.rolling import UNSUPPORTED_STORAGE, Roll, Rollout
 from binder.tritonmodels.serving import Serving
@@ -54,6 +55,12 @@ other namespaces' (replicas may share nodes, so a scaled model is bounded by GPU
 the node count: a turn's cost stays bounded whatever spec.replicas says)."""
 
 
+Hosted = frozenset[tuple[int, str, bool, str, str, int, bool]]
+"""A model's charged replicas as its hosts serve them: (ordinal, node, draining, files, storage
+Secret: which of the node's hosts, minAvailable: their budget, idempotent: what their proxy does
+with a lost call); ordinal -1: parked on that node's host at zero replicas."""
+
+
 class Outcome(NamedTuple):
     """What a model's turn came to, for its status."""
 
@@ -68,6 +75,45 @@ class Outcome(NamedTuple):
     """The `Placed` condition's reason while a replica is refused or waits."""
     unfinished: bool = False
     """PLACEMENTS_PER_TURN were placed and more are wanted: the model has another turn."""
+    hosted: Hosted = frozenset()
+    """The model's charged replicas as its hosts are to serve them (`Hosted`)."""
+
+
+@dataclass
+class Admission:
+    """Whether a model's replicas may be placed in its turn, decided once at its start: why none
+    may be (its files, its PriorityClass, another model of its id), and how many more the
+    namespace's GPU memory quotas allow (`binder.framework.quota`), counted down as they are
+    placed."""
+
+    problem: str = ""
+    room: int = sys.maxsize
+    exceeded: str = ""
+    """The quotas' refusal of the replica past `room`."""
+    quota: QuotaCheck | None = None
+    booked: int = 0
+    """Bytes booked for the replicas placed in this turn."""
+    refused: bool = False
+    """Whether a quota refused a replica (the condition's reason is then EXCEEDED_QUOTA)."""
+
+    def allows(self) -> bool:
+        """Whether the quotas allow one more replica."""
+        self.refused = self.refused or self.room <= 0
+        return self.room > 0
+
+    def take(self, request: int) -> None:
+        """A replica placed, booking `request` bytes."""
+        self.room -= 1
+        self.booked += request
+
+    def refusal_once_gone(self, leaving: int, request: int, allowance: int) -> str:
+        """The quotas' refusal of a replica of `request` bytes once a placement of `leaving`
+        bytes has left ("" when they allow it)."""
+        if self.quota is None:
+            return ""
+        exceeded = self.quota.refusal_after(self.booked - leaving, request, allowance)
+        self.refused = self.refused or bool(exceeded)
+        return exceeded
 
 
 class Missing(Container[str]):
@@ -109,6 +155,37 @@ class Missing(Container[str]):
                 given += 1
                 yield ordinal
             ordinal += 1
+
+
+def listed_draining(
+    ledger: Ledger, keys: Keys, ring: KeyRing
+) -> Iterator[tuple[ModelInfo, PodInfo, str]]:
+    """The replicas the hosts list as draining that the ledger does not charge, whose proofs
+    verify for their models as they are now: (model, replica as charged, its files)."""
+    state = ledger.state
+    annotation = hosted_models_annotation(keys)
+    for group, hosts in ledger.hosts.items():
+        namespace = group_namespace(group)
+        for node, host in hosts.items():
+            value = ((host.get("metadata") or {}).get("annotations") or {}).get(annotation)
+            try:
+                entries = decode_hosted(str(value or ""))
+            except HostedError:
+                continue  # not the binder's writing: rewritten at the next reconcile
+            for entry in entries:
+                model = ledger.models.get(entry.uid)
+                if (
+                    not entry.draining
+                    or model is None
+                    or model.namespace != namespace
+                    or model.name != entry.model
+                    or state.is_accounted(entry.replica_uid)
+                ):
+                    continue
+                replica = model.replica(entry.replica, node, entry.gpu, entry.proof)
+                verdict = proven(replica, ring)
+                if isinstance(verdict, PodInfo):
+                    yield model, verdict, entry.storage_uri
 
 
 class ReplicaPlacer:
@@ -156,9 +233,7 @@ class ReplicaPlacer:
         """The rooms held for the replicas' preemptions, and the evictions decided."""
         self.rollout = Rollout(
             ledger,
-            policy,
             loaded=serving.served,
-            place_one=self._place_one,
             leave=self._leave,
             holds=self.preemption.holds,
             draining=draining,
@@ -167,10 +242,12 @@ class ReplicaPlacer:
 
     def place(self, model: ModelInfo) -> Outcome:
         """The model's replicas after its turn: those it no longer wants freed or draining, the
-        missing ones the namespace's quotas allow placed, its roll a step further; and why one
-        is refused or waits, with the `Placed` condition's reason."""
-        quota = self._quota(model)
-        outcome = self._place(model, quota)
+        missing ones the namespace's quotas allow placed, its roll a step further, the model
+        parked or unparked; why one is refused or waits, with the `Placed` condition's reason;
+        and what its hosts are to serve."""
+        live, old, admission = self._start(model)
+        self._end_drains(model)
+        outcome = self._place(model, admission, live, old)
         refusal, waiting = outcome.refusal, outcome.waiting
         preemptions = self.preemption.preempted
         preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == model.uid)
@@ -182,13 +259,13 @@ class ReplicaPlacer:
             else UNSUPPORTED_STORAGE
             if refusal and model.storage_problem
             else EXCEEDED_QUOTA
-            if quota is not None and quota.refused
+            if admission.refused
             else "Unschedulable"
         )
         if preempted and refusal and not waiting:
             why = "; ".join(preemptions[r][0] for r in preempted)
             refusal = f"{why}; placed again when it fits: {refusal}"
-        return outcome._replace(refusal=refusal, reason=reason)
+        return outcome._replace(refusal=refusal, reason=reason, hosted=self._hosted(model))
 
     def forget(self, model_uid: str) -> None:
         """The model is gone (deleted: garbage collection's, nothing to drain for)."""
@@ -197,18 +274,26 @@ class ReplicaPlacer:
         self.rollout.forget(model_uid)
         self.preemption.forget(model_uid)
 
-    def park(self, model: ModelInfo) -> None:
-        """Park `model` at zero replicas on a host of its namespace, or unpark it once a
-        replica of it is served (`binder.autoscaler.parkedmodels`)."""
-        nodes, served = [], False
+    def _hosted(self, model: ModelInfo) -> Hosted:
+        """The model's charged replicas as its hosts are to serve them, after it is parked at
+        zero replicas on a host of its namespace, or unparked once a replica of it is served
+        (`binder.autoscaler.parkedmodels`)."""
+        secret, minimum = model.storage_secret, model.min_available
+        hosted, nodes, served = set(), [], False
         for rid in self._ledger.replica_uids(model.uid):
             charged = self._ledger.state.charged_pod(rid)
-            if charged is not None:
-                nodes.append(charged.node_name)
-                served = served or (
-                    rid not in self._draining and self._serving.served(model, charged).ready
-                )
-        node = park_node(
+            if charged is None:
+                continue
+            ordinal, node, draining = (
+                int(rid.rpartition("/")[2]),
+                charged.node_name,
+                rid in self._draining,
+            )
+            uri = self.rollout.uri(model, ordinal)
+            hosted.add((ordinal, node, draining, uri, secret, minimum, model.idempotent))
+            nodes.append(node)
+            served = served or (not draining and self._serving.served(model, charged).ready)
+        parked = park_node(
             model,
             current=self._parked.get(model.uid),
             replica_nodes=nodes,
@@ -216,11 +301,16 @@ class ReplicaPlacer:
             hosts=self._ledger.hosts.get(model.host_group, {}),
             keys=self._keys,
         )
-        if node is None:
+        if parked is None:
             self._parked.pop(model.uid, None)
-        elif self._parked.get(model.uid) != node:
-            log.info("TritonModel %s is at zero replicas: parked on node %s.", model.key, node)
-            self._parked[model.uid] = node
+        else:
+            if self._parked.get(model.uid) != parked:
+                log.info(
+                    "TritonModel %s is at zero replicas: parked on node %s.", model.key, parked
+                )
+                self._parked[model.uid] = parked
+            hosted.add((-1, parked, False, "", secret, minimum, False))
+        return frozenset(hosted)
 
     def recover_drains(self) -> None:
         """On taking the lead: the replicas the hosts list as draining, which the binder that
@@ -229,37 +319,15 @@ class ReplicaPlacer:
         instead of taking them again), and drain on, from now, to their end."""
         state = self._ledger.state
         now = self._clock()
-        for group, hosts in self._ledger.hosts.items():
-            namespace = group_namespace(group)
-            for node, host in hosts.items():
-                annotation = hosted_models_annotation(self._keys)
-                value = ((host.get("metadata") or {}).get("annotations") or {}).get(annotation)
-                try:
-                    entries = decode_hosted(str(value or ""))
-                except HostedError:
-                    continue  # not the binder's writing: rewritten at the next reconcile
-                for entry in entries:
-                    model = self._ledger.models.get(entry.uid)
-                    rid = entry.replica_uid
-                    if (
-                        not entry.draining
-                        or model is None
-                        or model.namespace != namespace
-                        or model.name != entry.model
-                        or state.is_accounted(rid)
-                    ):
-                        continue
-                    replica = model.replica(entry.replica, node, entry.gpu, entry.proof)
-                    verdict = proven(replica, self._ring())
-                    if not isinstance(verdict, PodInfo):
-                        continue
-                    state.set_pod(replace(verdict, deleting=True))
-                    self.rollout.files[rid] = entry.storage_uri
-                    spans = self._ledger.spans
-                    spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)
-                    self._draining[rid] = now + self._drain_seconds
-                    self._ledger.draining.add(rid)
-                    self._changed(model.uid)
+        for model, replica, uri in listed_draining(self._ledger, self._keys, self._ring()):
+            rid = replica.uid
+            state.set_pod(replace(replica, deleting=True))
+            self.rollout.files[rid] = uri
+            spans = self._ledger.spans
+            spans[model.uid] = max(spans.get(model.uid, 0), int(rid.rpartition("/")[2]) + 1)
+            self._draining[rid] = now + self._drain_seconds
+            self._ledger.draining.add(rid)
+            self._changed(model.uid)
 
     def preempt(self, victim: PodInfo, by: str, node: str) -> None:
         """A replica chosen as a preemption victim (on the loop, by the binder's pod scheduling
@@ -288,25 +356,30 @@ class ReplicaPlacer:
         )
         self._changed(rid.rpartition("/")[0])
 
-    def _quota(self, model: ModelInfo) -> QuotaCheck | None:
-        """The namespace's quotas on GPU memory, when a replica is to be placed."""
+    def _start(self, model: ModelInfo) -> tuple[dict[int, PodInfo], list[int], Admission]:
+        """What the model's turn starts from: its live replicas (those draining aside: the same
+        once their drains end), those of them on previous files, and what lets replicas be
+        placed when one is to be (fewer live than wanted, or some on previous files)."""
         live = self._live(model)
-        if len(live) >= model.replicas and not self.rollout.old(model, live):
-            return None
-        return check_for(
-            self._ledger, self._keys, model.namespace, replica_class(self._ledger, model)
-        )
+        old = self.rollout.old(model, live)
+        if len(live) >= model.replicas and not old:
+            return live, old, Admission()
+        problem = model.storage_problem or model.priority_problem or self._ledger.name_clash(model)
+        quota = replica_quota(self._ledger, self._keys, model)
+        if quota is None:
+            return live, old, Admission(problem)
+        return live, old, Admission(problem, quota.room, quota.exceeded, quota.check)
 
-    def _place(self, model: ModelInfo, quota: QuotaCheck | None) -> Outcome:
+    def _place(
+        self, model: ModelInfo, admission: Admission, placed: dict[int, PodInfo], old: list[int]
+    ) -> Outcome:
         """The model's charged replicas after freeing or draining those it no longer wants,
-        placing the missing ones that `quota` allows and taking its roll to new files a step
+        placing the missing ones that `admission` allows and taking its roll to new files a step
         (`binder.tritonmodels.rolling`); the refusal of the first refused or that fits nowhere
         ("" when all fit); which wanted replica waits for its previous placement to drain (""
-        when none); where the roll stands; and whether more are wanted than a turn places."""
+        when none); where the roll stands; and whether more are wanted than a turn places.
+        `placed`: its live replicas (changed here); `old`: those on previous files."""
         state = self._ledger.state
-        self._end_drains(model)
-        placed = self._live(model)
-        old = self.rollout.old(model, placed)
         allowed = model.replicas + (1 if old and model.replicas else 0)
         if len(placed) > allowed:
             # Scaled down: as a ReplicaSet, those not served leave first (the served ones keep
@@ -325,13 +398,13 @@ class ReplicaPlacer:
         wanted: Container[str] = missing
         if old and model.replicas:
             wanted = Missing(model.uid, placed, missing.count, self.rollout.surge_uid(model))
-        self.preemption.forget(model.uid, wanted, self._draining)
+        held = self.preemption.keep(model.uid, wanted, self._draining)
         turn_left, unfinished = PLACEMENTS_PER_TURN, False
-        for ordinal in missing.ordinals(self._kept(model)):
+        for ordinal in missing.ordinals(self._kept(model, held)):
             rid = replica_uid(model.uid, ordinal)
             charged = state.charged_pod(rid)
             if charged is not None:
-                kept = self._take_back(model, ordinal, charged, quota)
+                kept = self._take_back(model, ordinal, charged, admission)
                 if kept is not None:
                     placed[ordinal] = kept
                     continue
@@ -350,7 +423,7 @@ class ReplicaPlacer:
             if turn_left == 0:
                 unfinished = True
                 break
-            outcome = self._place_one(model, ordinal, quota)
+            outcome = self._place_one(model, ordinal, admission)
             if isinstance(outcome, PodInfo):
                 placed[ordinal] = outcome
                 turn_left -= 1
@@ -360,11 +433,19 @@ class ReplicaPlacer:
         if refusal or waiting or len(placed) < model.replicas:
             roll = self.rollout.where(model, placed, old, "")
         else:
-            roll = self.rollout.step(model, placed, old, quota)
+            roll = self.rollout.step(
+                model,
+                placed,
+                old,
+                place_surge=lambda ordinal: self._place_one(model, ordinal, admission),
+                no_room_once_gone=lambda ordinal, leaving: self._no_room_once_gone(
+                    model, ordinal, leaving, admission
+                ),
+            )
         return Outcome(placed, refusal, waiting, roll, unfinished=unfinished)
 
     def _take_back(
-        self, model: ModelInfo, ordinal: int, charged: PodInfo, quota: QuotaCheck | None
+        self, model: ModelInfo, ordinal: int, charged: PodInfo, admission: Admission
     ) -> PodInfo | None:
         """Replica `ordinal`, wanted again while its previous placement drains, kept where it
         is (as Knative's activator keeps a revision's last pod): its drain ends, it is charged
@@ -381,16 +462,15 @@ class ReplicaPlacer:
             or self.rollout.uri(model, ordinal) != model.storage_uri
         ):
             return None
-        replica = model.replica(ordinal)
-        if quota is not None and quota.refusal(replica.request, replica.allowance):
+        if not admission.allows():
             return None
         node, gpu, proof = charged.node_name, charged.gpu_uuid, charged.placement
-        if not isinstance(proven(model.replica(ordinal, node, gpu, proof), self._ring()), PodInfo):
+        replica = model.replica(ordinal)
+        if not isinstance(proven(replica.bound(node, gpu, proof), self._ring()), PodInfo):
             return None
         self._undrain(rid)
         self._ledger.state.assume(replica, node, gpu, proof)
-        if quota is not None:
-            quota.charge(replica.request)
+        admission.take(replica.request)
         log.info(
             "Replica %d of TritonModel %s is wanted again while it drains: kept on node %s, "
             "served there again once loaded.",
@@ -400,14 +480,14 @@ class ReplicaPlacer:
         )
         return replica.bound(node, gpu, proof)
 
-    def _kept(self, model: ModelInfo) -> list[int]:
+    def _kept(self, model: ModelInfo, held: list[int]) -> list[int]:
         """The ordinals of the model that hold something past a refusal: a charge (draining, or
-        preempted), or a room its preemption held."""
+        preempted), or a room its preemption `held`."""
         kept = {int(rid.rpartition("/")[2]) for rid in self._ledger.replica_uids(model.uid)}
-        kept.update(self.preemption.held_ordinals(model.uid))
+        kept.update(held)
         return sorted(kept)
 
-    def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
+    def _place_one(self, model: ModelInfo, ordinal: int, admission: Admission) -> PodInfo | str:
         """Replica `ordinal` placed (on the room its preemption held first), charged (assumed)
         and signed, with spec.storageUri; or why it is not. One that fits nowhere may preempt
         lower-priority pods and replicas (`binder.framework.replicapreemption`)."""
@@ -416,17 +496,9 @@ class ReplicaPlacer:
         nominated = self.preemption.take_room(replica.uid)
         if nominated:
             replica = replace(replica, nominated_node=nominated)
-        unfetchable = model.storage_problem
-        if unfetchable:
-            return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
-        if model.priority_problem:
-            return f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
-        clash = self._ledger.name_clash(model)
-        if clash:
-            return f'tritonmodel "{model.name}" replica {ordinal}: {clash}'
-        exceeded = quota.refusal(replica.request, replica.allowance) if quota is not None else ""
-        if exceeded:
-            return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
+        refused = admission.problem or ("" if admission.allows() else admission.exceeded)
+        if refused:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {refused}'
         now = time.time()
         decision = place(state, replica, now=now, policy=self._policy)
         if not isinstance(decision, Placement):
@@ -437,10 +509,26 @@ class ReplicaPlacer:
         state.assume(replica, decision.node, decision.gpu.uuid, proof)
         spans = self._ledger.spans
         spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
-        if quota is not None:
-            quota.charge(replica.request)
+        admission.take(replica.request)
         self.rollout.files[replica.uid] = model.storage_uri
         return replica.bound(decision.node, decision.gpu.uuid, proof)
+
+    def _no_room_once_gone(
+        self, model: ModelInfo, ordinal: int, leaving: PodInfo, admission: Admission
+    ) -> str:
+        """Why replica `ordinal` would fit nowhere on spec.storageUri once `leaving` (its
+        placement on previous files) is gone ("" when it would fit)."""
+        template = model.template  # every replica's request
+        exceeded = admission.refusal_once_gone(
+            leaving.request, template.request, template.allowance
+        )
+        if exceeded:
+            return exceeded
+        replica = model.replica(ordinal)
+        state = self._ledger.state
+        with state.without([leaving.uid]):
+            decision = place(state, replica, now=time.time(), policy=self._policy)
+        return "" if isinstance(decision, Placement) else decision.message
 
     def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
         """The model's charged replicas that are not draining, by ordinal."""

@@ -114,7 +114,14 @@ class Reporter:
         else:
             self._refused.pop(uid, None)
 
-    async def not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
+    async def events(self, model: ModelInfo, outcome: Outcome) -> None:
+        """The Events of the model's turn: its replicas not served, preempted, and its roll."""
+        await self._not_served(model, outcome.placed)
+        for why in self._preemption.unwritten(model.uid):
+            await self._event(model, PREEMPTED, why, "Normal")
+        await self._roll(model, outcome.roll)
+
+    async def _not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
         """A Warning Event on the model per replica and reason the agent gives for not serving
         it (once each, as the agent reports a model pod's)."""
         for ordinal, replica in sorted(placed.items()):
@@ -133,12 +140,6 @@ class Reporter:
             await self._event(model, NOT_SERVED_EVENT, message)
             self._reported[replica.uid] = said
 
-    async def preempted(self, model: ModelInfo) -> None:
-        """The `Preempted` Event of each replica of the model preempted since (Normal, as
-        kube-scheduler writes a victim pod's)."""
-        for why in self._preemption.unwritten(model.uid):
-            await self._event(model, PREEMPTED, why, "Normal")
-
     async def preempting(
         self, model: ModelInfo, ordinal: int, node: str, victims: list[str]
     ) -> None:
@@ -149,7 +150,7 @@ class Reporter:
         )
         await self._event(model, PREEMPTING, message, "Normal")
 
-    async def roll(self, model: ModelInfo, roll: Roll) -> None:
+    async def _roll(self, model: ModelInfo, roll: Roll) -> None:
         """A Warning Event on the model when its roll goes on without a surge replica, or
         stalls on new files a replica does not serve (once per message)."""
         if roll.fallback:

@@ -6,13 +6,12 @@ maxUnavailable 0. A surge replica takes the lowest ordinal not charged, and may 
 replica (it then waits for its victims); with no room for a surge, one replica on the previous files
 drains and is placed again as a missing replica; files no host fetches, or a missing PriorityClass,
 stop the roll with every replica on its files. Where the roll stands is the `Progressing` condition
-(`Roll`). Placing and draining are the placer's (`place_one`, `leave`); no I/O.
+(`Roll`). Placing and draining are the placer's (`place_surge`, `leave`); no I/O.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
@@ -20,8 +19,6 @@ from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
-from binder.framework.placement import Placement, Policy, place
-from binder.framework.quota import QuotaCheck
 from common.hosted import NOT_LOADED_REASON, replica_uid
 
 UNSUPPORTED_STORAGE = "UnsupportedStorage"
@@ -76,23 +73,19 @@ class Rollout:
     def __init__(
         self,
         ledger: Ledger,
-        policy: Policy,
         *,
         loaded: Callable[[ModelInfo, PodInfo], Loaded],
-        place_one: Callable[[ModelInfo, int, QuotaCheck | None], PodInfo | str],
         leave: Callable[[ModelInfo, PodInfo], None],
         holds: Callable[[str], bool],
         draining: Collection[str],
     ) -> None:
         """`loaded(model, replica)`: whether the replica's host serves it through its Service
         (loaded there, the host Ready);
-        `place_one(model, ordinal, quota)`: the replica placed, or why not; `leave(model,
+        `leave(model,
         replica)`: it drains or is freed; `holds(rid)`: its preemption holds a room for it;
         `draining`: the replicas draining (the placer's)."""
         self._ledger = ledger
-        self._policy = policy
         self._loaded = loaded
-        self._place_one = place_one
         self._leave = leave
         self._holds = holds
         self._draining = draining
@@ -129,14 +122,23 @@ class Rollout:
         return sorted(old, key=lambda o: (self._loaded(model, placed[o]).ready, -o))
 
     def step(
-        self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int], quota: QuotaCheck | None
+        self,
+        model: ModelInfo,
+        placed: dict[int, PodInfo],
+        old: list[int],
+        *,
+        place_surge: Callable[[int], PodInfo | str],
+        no_room_once_gone: Callable[[int, PodInfo], str],
     ) -> Roll:
         """One step of the roll to spec.storageUri, as a Deployment's RollingUpdate with
         maxSurge 1 and maxUnavailable 0: once every replica on the new files is served, one on
         the previous files drains if a surge replica stands in for it, else a surge replica is
         placed on the new files (on another node: a host holds one replica of a model). With
         no room for a surge, one on the previous files drains, and is placed again as a
-        missing replica once gone, unless that leaves fewer ready than spec.minAvailable."""
+        missing replica once gone, unless that leaves fewer ready than spec.minAvailable.
+        `place_surge(ordinal)`: the surge replica placed, or why not; `no_room_once_gone(ordinal,
+        leaving)`: why replica `ordinal` would fit nowhere on the new files once `leaving` is gone
+        ("" when it would fit)."""
         unfetchable = model.storage_problem
         if old and unfetchable:
             message = f"{unfetchable}; the replicas stay on their files"
@@ -154,7 +156,7 @@ class Rollout:
             return self.where(model, placed, old, "")  # its node is free once it has left
         surge = self.surge_uid(model)
         ordinal = int(surge.rpartition("/")[2])
-        outcome = self._place_one(model, ordinal, quota)
+        outcome = place_surge(ordinal)
         if isinstance(outcome, PodInfo):
             placed[ordinal] = outcome
             return self.where(model, placed, old, "")
@@ -168,7 +170,7 @@ class Rollout:
         # No room for a surge: one replica on the previous files leaves (it drains), and is
         # placed again on the new files once gone, as a new replica; unless even its own room
         # would not take it (a larger gpuMemory, other node rules): then nothing leaves.
-        no_room = self._no_room_once_gone(model, old[0], placed[old[0]], quota)
+        no_room = no_room_once_gone(old[0], placed[old[0]])
         if no_room:
             message = (
                 f"no room for a surge replica on the new files ({outcome}), nor for replica "
@@ -194,25 +196,6 @@ class Rollout:
         )
         self._without_surge[model.uid] = fallback
         return self.where(model, placed, old, fallback)
-
-    def _no_room_once_gone(
-        self, model: ModelInfo, ordinal: int, leaving: PodInfo, quota: QuotaCheck | None
-    ) -> str:
-        """Why replica `ordinal` would fit nowhere on the new files once `leaving` (its
-        placement on the previous ones) is gone ("" when it would fit)."""
-        replica = model.replica(ordinal)
-        if quota is not None:
-            quota.charged -= leaving.request
-            try:
-                exceeded = quota.refusal(replica.request, replica.allowance)
-            finally:
-                quota.charged += leaving.request
-            if exceeded:
-                return exceeded
-        state = self._ledger.state
-        with state.without([leaving.uid]):
-            decision = place(state, replica, now=time.time(), policy=self._policy)
-        return "" if isinstance(decision, Placement) else decision.message
 
     def _waits_for_new(self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int]) -> bool:
         """Whether a replica on the new files is not served yet (the roll waits for it)."""

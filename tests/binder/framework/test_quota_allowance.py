@@ -7,6 +7,7 @@ the official client, and `tritonshare quota` showing the allowance in the namesp
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from binder.app import Binder
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import pod_from_api
-from binder.framework.quota import QuotaCheck, limits_from_api, pods_allowance_in
+from binder.framework.quota import Limit, QuotaCheck, limits_from_api, pods_allowance_in
 from common.contract import Keys
 from tests.binder.cli.test_cli_output import run_cli
 from tests.binder.framework.test_model_quota import KEY, _quota
@@ -236,3 +237,56 @@ async def test_model_pods_that_declare_no_backend_book_no_more_than_the_quota(
         what="the pods' use in `tritonshare quota`",
     )
     assert (row["replicas"], row["used"], row["allowance"]) == (0, GI + ALLOWANCE, ALLOWANCE)
+
+
+def _one_by_one(check: QuotaCheck, request: int, allowance: int, most: int) -> tuple[int, str]:
+    """How many replicas `refusal` lets in, each charged before the next is asked, and the
+    refusal of the first it does not (at most `most`)."""
+    for count in range(most + 1):
+        refused = check.refusal(request, allowance)
+        if refused:
+            return count, refused
+        check.charge(request)
+    raise AssertionError(f"more than {most} replicas fit")
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_turns_room_is_what_charging_replicas_one_by_one_allows(seed: int) -> None:
+    # A model's turn counts its replicas down from `room` instead of asking every quota per
+    # replica: for any quotas, keys, uses, scopes and sizes, both say the same.
+    rng = random.Random(seed)
+    keys = [KEY, "limits.tritonshare.io/gpu-mem", "tritonshare.io/gpu-mem"]
+    limits, scoped = [], {}
+    for name in ["a", "b", "c"][: rng.randint(1, 3)]:
+        for key in rng.sample(keys, rng.randint(1, 3)):
+            hard = rng.randint(0, 40) * 256 * MIB + rng.choice([0, 1000])
+            used = None if rng.random() < 0.1 else rng.randint(0, 8) * 256 * MIB
+            limits.append(Limit(name, key, hard, str(hard), used, "BinarySI"))
+        if rng.random() < 0.4:
+            scoped[name] = rng.randint(0, 8) * 256 * MIB
+    request = rng.choice([0, rng.randint(1, 8) * 256 * MIB, rng.randint(1, 3 * GI)])
+    allowance = rng.choice([0, min(request, ALLOWANCE)])
+
+    def check() -> QuotaCheck:
+        return QuotaCheck(
+            list(limits),
+            rng_charged,
+            dict(scoped),
+            pods_placed=placed,
+            pods_allowance={"a": ALLOWANCE} if seed % 2 else {},
+        )
+
+    rng_charged, placed = rng.randint(0, 8) * 256 * MIB, rng.randint(0, 8) * 256 * MIB
+    counted = check()
+    room, exceeded = counted.room(request, allowance)
+    assert not counted.refused, "room does not mark the check refused"
+    if request == 0 and room > 200:
+        assert exceeded == "" and check().refusal(request, allowance) == ""
+        return
+    assert (room, exceeded) == _one_by_one(check(), request, allowance, 200)
+    # Once `booked` bytes leave again, the check answers as it would have with them gone.
+    gone = check()
+    gone.charge(request * room)
+    assert counted.refusal_after(
+        request * room - request, request, allowance
+    ) == gone.refusal_after(-request, request, allowance)
