@@ -408,7 +408,8 @@ class Exchange(Connection):
                 self.transport.abort()  # the tenant must not mistake a cut answer for a whole one
             return
         self._answer_failure(
-            f"Triton at {self._relay.upstream_address} failed: {reason}; retry shortly"
+            upstream.said
+            or f"Triton at {self._relay.upstream_address} failed: {reason}; retry shortly"
         )
 
     def _answer_failure(self, text: str) -> None:

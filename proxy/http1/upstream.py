@@ -7,13 +7,15 @@ connection can be reused. `UpstreamPool` keeps the idle ones, most recently used
 parsed response heads Triton sends again and again (the same status, headers and body length);
 each connection also remembers the last head it read, so a response that begins with the same
 bytes is recognised without searching for the head's end or hashing it.
-What it must not do: look into bodies, or reuse a connection whose exchange did not end cleanly.
+What it must not do: look into bodies (but the node gateway's own short answer that Triton lost a
+request, whose words say why), or reuse a connection whose exchange did not end cleanly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import Final, Protocol
 
 from proxy.http1.framing import (
@@ -31,6 +33,8 @@ _RESPONSE_HEADS: Final = 256
 """Distinct response heads kept (each at most 4 KiB); past that the cache starts again."""
 _KNOWN_HEAD_BYTES: Final = 4096
 """The largest response head a connection remembers as its last one."""
+_MAX_WORDS: Final = 4096
+"""The largest body of the node gateway's unanswered 502 read for its words."""
 # `Upstream._remaining` below 0: no body length to count down.
 _HEAD: Final = -1  # reading the head
 _UNTIL_CLOSE: Final = -2  # the body ends when Triton closes the connection
@@ -72,6 +76,7 @@ class Upstream(asyncio.Protocol):
         "client",
         "code",
         "keep_alive",
+        "said",
         "transport",
     )
 
@@ -87,6 +92,9 @@ class Upstream(asyncio.Protocol):
         self.keep_alive = True
         self.code = ""
         """The response's status code as text; empty until its head is read."""
+        self.said = ""
+        """The node gateway's words when it answered that Triton left the request unanswered
+        ("" otherwise, or when they could not be read); the connection is not used again."""
         # The last final response head read on this connection, with its blank line, and what it
         # set: (code, keep_alive, _remaining) for a request other than HEAD.
         self._known = b""
@@ -168,8 +176,15 @@ class Upstream(asyncio.Protocol):
                 data = data[head_end + 4 :]
                 continue
             if head.status == 502 and UNANSWERED in data[: head_end + 4]:
-                # The node gateway's: Triton's connection was lost under the request (Triton
-                # exited). As a connection lost before the answer: sent again if it may be.
+                # The node gateway's: Triton lost the request (it exited, or started again
+                # without the model). As a connection lost before the answer: sent again if it
+                # may be, else answered with the gateway's words once its short body is here.
+                body, length = data[head_end + 4 :], head.content_length
+                if length is not None and length <= _MAX_WORDS:
+                    if len(body) < length:
+                        self._buffer = data
+                        return data, -1
+                    self.said = _words(body[:length])
                 raise UpstreamError("Triton exited with the request unanswered")
             self.code = str(head.status)
             self.keep_alive = head.keep_alive
@@ -227,6 +242,15 @@ class Upstream(asyncio.Protocol):
         self.client = None
         if self.transport is not None:
             self.transport.abort()
+
+
+def _words(body: bytes) -> str:
+    """The message of a JSON error body (`{"error": "..."}`); "" when it is not one."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    return error if isinstance(error, str) else ""
 
 
 class UpstreamPool:

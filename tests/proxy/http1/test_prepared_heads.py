@@ -8,6 +8,8 @@ every time, and the memory stays bounded however many distinct heads a client se
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from proxy.http1.framing import parse_request_head, parse_response_head
@@ -226,3 +228,45 @@ def test_triton_gets_the_checked_head_whether_or_not_it_is_sent_as_received() ->
     assert triton_side.data == checked
     upstream.data_received(_OK)
     assert triton_side.data == checked + checked
+
+
+def _unanswered(body: bytes) -> bytes:
+    """The node gateway's answer that Triton lost the request, as `framing.answer` writes it."""
+    return (
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Tritonshare-Unanswered: 1\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 5])
+def test_the_gateways_words_for_a_lost_request_reach_the_client_in_any_pieces(
+    pieces: int,
+) -> None:
+    """A model not marked idempotent: its request lost under Triton is answered 502 with the
+    gateway's words (why Triton lost it), however the gateway's answer arrives."""
+    tenant, tenant_side, upstream, _ = _connection()
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\n{}")
+    words = "Triton at 10.0.0.1:8000 started again and did not have model m loaded again; retry"
+    answer = _unanswered(json.dumps({"error": words}).encode())
+    step = -(-len(answer) // pieces)
+    for start in range(0, len(answer), step):
+        upstream.data_received(answer[start : start + step])
+    reply = tenant_side.data.rsplit(b"HTTP/1.1 ", 1)[1]
+    assert reply.startswith(b"502")
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1]) == {"error": words}
+
+
+@pytest.mark.parametrize(
+    "body", [b"not json", b'{"error": 3}', json.dumps({"error": "x" * 5000}).encode()]
+)
+def test_a_lost_request_whose_words_cannot_be_read_says_triton_exited(body: bytes) -> None:
+    """Words that are not the gateway's JSON, or longer than the proxy reads, are not passed on."""
+    tenant, tenant_side, upstream, _ = _connection()
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\n{}")
+    upstream.data_received(_unanswered(body))
+    reply = tenant_side.data.rsplit(b"HTTP/1.1 ", 1)[1]
+    assert reply.startswith(b"502")
+    assert b"Triton exited with the request unanswered" in reply
