@@ -25,11 +25,14 @@ request fails on an answer other than 200 (gRPC: OK), a connection error, or no 
   node SIGKILLed; gateway: the gateway's serving process SIGKILLed (as the OOM killer would; its
   keeper, the container's main process, starts it again); binder: the leader binder SIGKILLed;
   apiserver: the API server down 20 s (`RunningApiServer.pause`); crasher: a model pod in
-  namespace `crash` whose model kills its node's Triton as it loads.
+  namespace `crash` whose model kills its node's Triton as it loads; host-image: both binders
+  restarted with another `--host-image` (an upgrade of the model hosts), the non-leader first,
+  so `team-a`'s hosts are replaced (its lone models served meanwhile by a stand-in replica).
 
 A change touches the model it changes (the neighbour, secret and crasher changes: only their own
 model, which no client calls); node-pod and gateway touch every model served on that node when
-they begin; agent, binder and apiserver touch none (they are not on the requests' path).
+they begin; host-image touches the models `team-a`'s hosts serve; agent, binder and apiserver
+touch none (they are not on the requests' path).
 
 The simulated cluster restarts the node pods' containers (Triton's keeper, agent, gateway) as the
 kubelet restarts those of a `restartPolicy: Always` pod (`sim.node.nodepods`: at once, then with its
@@ -90,7 +93,7 @@ from tritonclient.utils import InferenceServerException
 
 from benchmarks import command_line
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys
-from sim.cluster import NodeSpec, SimCluster
+from sim.cluster import BinderHandle, NodeSpec, SimCluster
 from sim.crashers import load_killer
 from sim.demo.autoscale import slow_model
 from sim.demo.rollout import deployment_manifest, new_release
@@ -132,6 +135,7 @@ KINDS = (
     "binder",
     "apiserver",
     "crasher",
+    "host-image",
 )
 TWO_REPLICAS = frozenset({"steady", "pods"})
 """Models with two replicas throughout: no change may fail their requests."""
@@ -462,6 +466,7 @@ class Churn:
         self.requests: list[Request] = []
         self.clients: dict[str, Client] = {}
         self.releases = 0
+        self.host_images = 0
         self.slow_lazy = slow_lazy
         """Seconds `lazy`'s model takes per request (0: add_one as it is)."""
 
@@ -748,6 +753,53 @@ class Churn:
 
         wait_until("the leader lease renewed by a live binder", led_again, 90)
         change.note = f"{leader} killed; {self.binder_lease()[0]} leads"
+
+    def do_host_image(self, change: Change) -> None:
+        self.host_images += 1
+        image = f"tritonshare:churn-{self.host_images}"
+        change.touched = self.models_on_hosts()
+        leader, _ = self.binder_lease()
+        for binder in sorted(self.cluster.binders, key=lambda b: b.identity == leader):
+            argv = list(binder.process.argv)
+            if "--host-image" in argv:
+                del argv[argv.index("--host-image") : argv.index("--host-image") + 2]
+            binder.process.argv = [*argv, "--host-image", image]
+            assert binder.process.process is not None
+            pid = binder.process.process.pid
+            self.kubelet.causes[binder.process.name] = (
+                f"SIGTERM by the churn (--host-image {image})"
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+
+            def restarted(binder: BinderHandle = binder, pid: int = pid) -> bool:
+                process = binder.process.process
+                return process is not None and process.pid != pid and binder.process.alive()
+
+            wait_until(f"{binder.identity} running with {image}", restarted, 180)
+
+        def replaced() -> bool:
+            hosts = self.core.list_namespaced_pod(
+                TEAM_A, label_selector=f"{KEYS.prefix}model-host=true"
+            )
+            return bool(hosts.items) and all(
+                not pod.metadata.deletion_timestamp
+                and {c.image for c in pod.spec.containers} == {image}
+                for pod in hosts.items
+            )
+
+        wait_until(f"team-a's hosts on {image}", replaced, 300)
+        self.wait_ready("steady", 2, 120)
+        self.wait_ready("scaled", 1, 120)  # its stand-in gone
+        change.note = f"hosts on {image}"
+
+    def models_on_hosts(self) -> frozenset[str]:
+        """The models `team-a`'s hosts serve now (their serves labels)."""
+        found: set[str] = set()
+        for pod in self.core.list_namespaced_pod(TEAM_A).items:
+            labels = pod.metadata.labels or {}
+            found |= {k.removeprefix(SERVES) for k in labels if k.startswith(SERVES)}
+        return frozenset(found)
 
     def do_apiserver(self, change: Change) -> None:
         assert self.cluster.apiserver is not None

@@ -153,6 +153,7 @@ class Turns:
             serving=Serving(ledger, KEYS, draining, Room(), refused=lambda where: None),
             draining=draining,
             parked={},
+            stand_ins={},
             drain_seconds=30.0,
             preemption=True,
             clock=time.monotonic,

@@ -102,6 +102,13 @@ class Constraints:
     --tenant-code-namespaces): such a pod goes only to nodes dedicated to tenant code, any
     other only to nodes that are not."""
 
+    def avoiding(self, node: str) -> Constraints:
+        """These constraints, and never on `node` (a required `metadata.name NotIn` field)."""
+        away = Requirement("metadata.name", "NotIn", (node,))
+        terms = (SelectorTerm(),) if self.required_terms is None else self.required_terms
+        required = tuple(replace(t, match_fields=(*t.match_fields, away)) for t in terms)
+        return replace(self, required_terms=required)
+
 
 @dataclass(frozen=True, slots=True)
 class Gpu:

@@ -109,6 +109,9 @@ class TritonModelController:
         """(namespace, node) of hosts whose labels, annotation or conditions changed."""
         self._draining: dict[str, float] = {}
         """Replica uid -> when its drain ends at the latest: the placer's (`ReplicaPlacer`)."""
+        self._stand_ins: dict[str, str] = {}
+        """Model uid -> the node whose host a stand-in replica of it serves for while it is
+        replaced: the host writer's (`binder.tritonmodels.hostreplace`)."""
         self._serving = Serving(
             ledger,
             keys,
@@ -125,6 +128,7 @@ class TritonModelController:
             serving=self._serving,
             draining=self._draining,
             parked=self._parked,
+            stand_ins=self._stand_ins,
             drain_seconds=drain_seconds,
             preemption=preemption,
             clock=clock,
@@ -158,6 +162,7 @@ class TritonModelController:
             served=self._serving.served,
             serves_value=self._serving.serves_value,
             uri=self._placer.rollout.uri,
+            stand_ins=self._stand_ins,
             changed=self.changed,
         )
         """The namespace's model hosts (`binder.tritonmodels.hostwriter`)."""

@@ -6,8 +6,11 @@ pod settings: another binder's), or without a storage Secret its replicas need, 
 created anew (`binder.tritonmodels.hostwriter`). Replacements go one host of a namespace at a
 time, so its models stay served by their replicas on other nodes: the next waits until no host
 of the namespace is being deleted and every other one serves its replicas, or
---host-drain-seconds after the last replacement at most. This module decides; the host writer
-deletes.
+--host-drain-seconds after the last replacement at most. A model the host serves and no other
+does first gets a stand-in: one replica more (`stand_ins`, placed by the replica placer on
+another node), and the host waits until it is served, or --host-drain-seconds (no room for
+it); the stand-in leaves once the new host serves the model. This module decides; the host
+writer deletes.
 """
 
 from __future__ import annotations
@@ -44,7 +47,13 @@ class HostReplacements:
         clock: Callable[[], float],
         draining: Container[str],
         served: Callable[[ModelInfo, PodInfo], Loaded],
+        stand_ins: dict[str, str],
+        models: Mapping[str, ModelInfo],
+        changed: Callable[[str], None],
     ) -> None:
+        """`stand_ins`: model uid -> the node whose host it stands in for (changed here alone,
+        read by the placer); `models`: the ledger's, by uid; `changed(uid)`: the model's turn,
+        to place or drain its stand-in."""
         self._keys = keys
         self._drain_seconds = drain_seconds
         self._clock = clock
@@ -54,6 +63,11 @@ class HostReplacements:
         """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
         self._replacing: dict[str, str] = {}
         """Namespace -> the uid of the host it replaced last."""
+        self._stand_ins = stand_ins
+        self._models = models
+        self._changed = changed
+        self._asked: dict[str, tuple[str, float]] = {}
+        """Model uid -> the outdated host its stand-in was asked for (uid), and when."""
 
     def outdated(self, there: JsonObject, body: JsonObject) -> str:
         """Why the host `there` no longer matches the host the binder would create now, `body`
@@ -109,3 +123,76 @@ class HostReplacements:
         )
         self._replaced_at[namespace] = self._clock()
         self._replacing[namespace] = str(meta.get("uid"))
+
+    def stood_in(self, where: Where, there: JsonObject, wanted: Mapping[Where, Replicas]) -> bool:
+        """Whether the outdated host `there` at `where` may go as far as its models are
+        concerned: each it serves that no other host does has a stand-in served elsewhere, or
+        was asked one --host-drain-seconds ago (none came: no room). Asks for those missing."""
+        host_uid = str((there.get("metadata") or {}).get("uid"))
+        now = self._clock()
+        ready = True
+        for model, _, replica in wanted.get(where, []):
+            if (
+                not model.replicas
+                or replica.uid in self._draining
+                or self._elsewhere(model, where, wanted)
+            ):
+                continue
+            asked = self._asked.get(model.uid)
+            if asked is None or asked[0] != host_uid:
+                log.info(
+                    "TritonModel %s is served by the model host on node %s alone: a stand-in "
+                    "replica is placed on another node before that host is replaced.",
+                    model.key,
+                    where[0],
+                )
+                self._asked[model.uid] = (host_uid, now)
+                self._stand_ins[model.uid] = where[0]
+                self._changed(model.uid)
+                ready = False
+            elif now < asked[1] + self._drain_seconds:
+                ready = False
+        return ready
+
+    def release(
+        self,
+        namespace: str,
+        wanted: Mapping[Where, Replicas],
+        there_now: Mapping[Where, JsonObject],
+    ) -> bool:
+        """The namespace's stand-ins no longer needed leave: their model is served by the host
+        that replaced the one they stood in for (or has no replica on its node any more).
+        Returns whether one of the namespace's stays."""
+        kept = False
+        for uid, node in list(self._stand_ins.items()):
+            model = self._models.get(uid)
+            if model is not None and model.namespace != namespace:
+                continue
+            if model is not None:
+                where = (node, model.storage_secret)
+                there = there_now.get(where)
+                meta = (there or {}).get("metadata") or {}
+                mine = [r for m, _, r in wanted.get(where, []) if m.uid == uid]
+                replaced = there is not None and meta.get("uid") != self._asked.get(uid, ("",))[0]
+                if mine and not (
+                    replaced
+                    and not meta.get("deletionTimestamp")
+                    and any(self._served(model, r).ready for r in mine)
+                ):
+                    kept = True
+                    continue
+            del self._stand_ins[uid]
+            self._asked.pop(uid, None)
+            self._changed(uid)
+        return kept
+
+    def _elsewhere(self, model: ModelInfo, where: Where, wanted: Mapping[Where, Replicas]) -> bool:
+        """Whether another host serves a replica of `model` now."""
+        return any(
+            other != where
+            and m.uid == model.uid
+            and r.uid not in self._draining
+            and self._served(m, r).ready
+            for other, replicas in wanted.items()
+            for m, _, r in replicas
+        )

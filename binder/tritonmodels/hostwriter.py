@@ -84,13 +84,15 @@ class HostWriter:
         served: Callable[[ModelInfo, PodInfo], Loaded],
         serves_value: Callable[[ModelInfo, str], str],
         uri: Callable[[ModelInfo, int], str],
+        stand_ins: dict[str, str],
         changed: Callable[[str], None],
     ) -> None:
         """`draining` (replica uids) and `parked` (model uid -> node) are the model writer's
         own, read as they change; `loaded`, `served` and `serves_value` say whether a replica is
         loaded on its host, served through its Service, and its host's `serves-` label; `uri`
-        the files a replica was placed with; `changed(uid)` queues a model whose Ready
-        condition a host's refusal changes."""
+        the files a replica was placed with; `stand_ins` the replicas asked to stand in for a
+        replaced host (`binder.tritonmodels.hostreplace`); `changed(uid)` queues a model whose
+        Ready condition a host's refusal changes, or whose stand-in comes or goes."""
         self._kube = kube
         self._ledger = ledger
         self._keys = keys
@@ -117,7 +119,14 @@ class HostWriter:
         self._templates: dict[str, str] = {}
         """Node -> `template_hash` of the hosts this binder makes there."""
         self._replacements = HostReplacements(
-            keys, drain_seconds=drain_seconds, clock=clock, draining=draining, served=served
+            keys,
+            drain_seconds=drain_seconds,
+            clock=clock,
+            draining=draining,
+            served=served,
+            stand_ins=stand_ins,
+            models=ledger.models,
+            changed=changed,
         )
         self._budgets: dict[str, int] = {}
         """Namespace -> the minAvailable of the budget on its hosts this binder wrote last."""
@@ -202,7 +211,12 @@ class HostWriter:
                     self._host_accepted(namespace, where, replicas)
                 continue
             outdated = self._replacements.outdated(there, body)
-            if outdated and self._replacements.may_replace(namespace, where, wanted, there_now):
+            replacements = self._replacements
+            if (
+                outdated
+                and replacements.may_replace(namespace, where, wanted, there_now)
+                and replacements.stood_in(where, there, wanted)
+            ):
                 await self._replace(namespace, node, there, outdated)
                 continue
             if outdated:
@@ -237,6 +251,8 @@ class HostWriter:
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
         for key in [k for k in self.refused if k[0] == namespace and k[1] not in wanted]:
             del self.refused[key]  # no replica of the namespace there any more
+        if self._replacements.release(namespace, wanted, there_now):
+            self.waiting.add(namespace)  # checked again until the new host serves its model
         await self._keep_budget(namespace, wanted)
         for where, there in list(there_now.items()):
             meta = there.get("metadata") or {}

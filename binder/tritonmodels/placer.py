@@ -21,7 +21,7 @@ import bisect
 import logging
 import sys
 import time
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -188,6 +188,33 @@ def listed_draining(
                     yield model, verdict, entry.storage_uri
 
 
+def wanted_replicas(model: ModelInfo, old: list[int], stand_ins: Container[str]) -> int:
+    """spec.replicas, and one more while a stand-in serves the model as its host is replaced
+    (`stand_ins`; none during a roll: its surge stands in)."""
+    return model.replicas + (1 if model.replicas and not old and model.uid in stand_ins else 0)
+
+
+def no_room_once_gone(
+    ledger: Ledger,
+    policy: Policy,
+    model: ModelInfo,
+    ordinal: int,
+    leaving: PodInfo,
+    admission: Admission,
+) -> str:
+    """Why replica `ordinal` would fit nowhere on spec.storageUri once `leaving` (its placement
+    on previous files) is gone ("" when it would fit)."""
+    template = model.template  # every replica's request
+    exceeded = admission.refusal_once_gone(leaving.request, template.request, template.allowance)
+    if exceeded:
+        return exceeded
+    replica = model.replica(ordinal)
+    state = ledger.state
+    with state.without([leaving.uid]):
+        decision = place(state, replica, now=time.time(), policy=policy)
+    return "" if isinstance(decision, Placement) else decision.message
+
+
 class ReplicaPlacer:
     """Places, keeps and drains the replicas of the ledger's models, on the loop."""
 
@@ -201,6 +228,7 @@ class ReplicaPlacer:
         serving: Serving,
         draining: dict[str, float],
         parked: dict[str, str],
+        stand_ins: Mapping[str, str],
         drain_seconds: float,
         preemption: bool,
         clock: Callable[[], float],
@@ -211,7 +239,9 @@ class ReplicaPlacer:
         longer has it loaded; changed here alone, read by `serving` and the hosts' writer, and
         mirrored in the ledger's `draining`, which keeps the cache from freeing it. `parked`:
         model uid -> the node of the host it is parked on at zero replicas
-        (`binder.autoscaler.parkedmodels`), read by the hosts' writer.
+        (`binder.autoscaler.parkedmodels`), read by the hosts' writer. `stand_ins`: model uid ->
+        the node whose host is replaced (`binder.tritonmodels.hostreplace`): the model wants one
+        replica more, on no such node, until the new host serves it.
         `changed(uid)`: a model whose replicas changed outside its turn (a replica preempted,
         a drain recovered) is reconciled again."""
         self._ledger = ledger
@@ -221,6 +251,7 @@ class ReplicaPlacer:
         self._serving = serving
         self._draining = draining
         self._parked = parked
+        self._stand_ins = stand_ins
         self._drain_seconds = drain_seconds
         self._clock = clock
         self._changed = changed
@@ -362,7 +393,7 @@ class ReplicaPlacer:
         placed when one is to be (fewer live than wanted, or some on previous files)."""
         live = self._live(model)
         old = self.rollout.old(model, live)
-        if len(live) >= model.replicas and not old:
+        if len(live) >= wanted_replicas(model, old, self._stand_ins) and not old:
             return live, old, Admission()
         problem = model.storage_problem or model.priority_problem or self._ledger.name_clash(model)
         quota = replica_quota(self._ledger, self._keys, model)
@@ -380,7 +411,8 @@ class ReplicaPlacer:
         when none); where the roll stands; and whether more are wanted than a turn places.
         `placed`: its live replicas (changed here); `old`: those on previous files."""
         state = self._ledger.state
-        allowed = model.replicas + (1 if old and model.replicas else 0)
+        wanted_count = wanted_replicas(model, old, self._stand_ins)
+        allowed = wanted_count + (1 if old and model.replicas else 0)
         if len(placed) > allowed:
             # Scaled down: as a ReplicaSet, those not served leave first (the served ones keep
             # the model answering, and its minAvailable); then those on previous files, then
@@ -394,7 +426,7 @@ class ReplicaPlacer:
                     self._scaled_away.add(leaving.uid)
             old = [o for o in old if o in placed]
         refusal = waiting = ""
-        missing = Missing(model.uid, placed, model.replicas - len(placed))
+        missing = Missing(model.uid, placed, wanted_count - len(placed))
         wanted: Container[str] = missing
         if old and model.replicas:
             wanted = Missing(model.uid, placed, missing.count, self.rollout.surge_uid(model))
@@ -430,6 +462,8 @@ class ReplicaPlacer:
             else:
                 refusal = outcome
                 missing.stop_at(ordinal)  # the rest only counted, but held rooms and drains
+        if refusal and len(placed) >= model.replicas:
+            refusal = ""  # a stand-in's: the model is served; its host's replacement waits
         if refusal or waiting or len(placed) < model.replicas:
             roll = self.rollout.where(model, placed, old, "")
         else:
@@ -438,8 +472,8 @@ class ReplicaPlacer:
                 placed,
                 old,
                 place_surge=lambda ordinal: self._place_one(model, ordinal, admission),
-                no_room_once_gone=lambda ordinal, leaving: self._no_room_once_gone(
-                    model, ordinal, leaving, admission
+                no_room_once_gone=lambda ordinal, leaving: no_room_once_gone(
+                    self._ledger, self._policy, model, ordinal, leaving, admission
                 ),
             )
         return Outcome(placed, refusal, waiting, roll, unfinished=unfinished)
@@ -493,6 +527,9 @@ class ReplicaPlacer:
         lower-priority pods and replicas (`binder.framework.replicapreemption`)."""
         state = self._ledger.state
         replica = model.replica(ordinal)
+        avoid = self._stand_ins.get(model.uid)
+        if avoid:  # a stand-in, and any replica placed beside it: not where the host is replaced
+            replica = replace(replica, constraints=replica.constraints.avoiding(avoid))
         nominated = self.preemption.take_room(replica.uid)
         if nominated:
             replica = replace(replica, nominated_node=nominated)
@@ -512,23 +549,6 @@ class ReplicaPlacer:
         admission.take(replica.request)
         self.rollout.files[replica.uid] = model.storage_uri
         return replica.bound(decision.node, decision.gpu.uuid, proof)
-
-    def _no_room_once_gone(
-        self, model: ModelInfo, ordinal: int, leaving: PodInfo, admission: Admission
-    ) -> str:
-        """Why replica `ordinal` would fit nowhere on spec.storageUri once `leaving` (its
-        placement on previous files) is gone ("" when it would fit)."""
-        template = model.template  # every replica's request
-        exceeded = admission.refusal_once_gone(
-            leaving.request, template.request, template.allowance
-        )
-        if exceeded:
-            return exceeded
-        replica = model.replica(ordinal)
-        state = self._ledger.state
-        with state.without([leaving.uid]):
-            decision = place(state, replica, now=time.time(), policy=self._policy)
-        return "" if isinstance(decision, Placement) else decision.message
 
     def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
         """The model's charged replicas that are not draining, by ordinal."""

@@ -343,3 +343,63 @@ async def test_hosts_made_from_another_template_are_replaced_one_at_a_time(
     loaded(core, other, "resnet")
     await eventually(lambda: read(custom, "resnet")["status"].get("readyReplicas") == 2)
     assert not terminating(core), "up to date: nothing more replaced"
+
+
+async def test_a_model_one_host_serves_gets_a_stand_in_before_that_host_is_replaced(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A binder upgraded to another --host-image, and a TritonModel of one replica: before its
+    host is replaced, a stand-in replica is placed on another node and served, so the model keeps
+    a served replica throughout; the stand-in drains once the new host serves the model."""
+    for node in ("n1", "n2"):
+        add_node(kube_api, node, [16 * GI])
+    old = await make_binder(host_image="tritonshare:1.0")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("solo", 1))
+    [first] = await eventually(lambda: len(hosts(core)) == 1 and list(hosts(core)), what="a host")
+    loaded(core, first, "solo")
+    await eventually(lambda: read(custom, "solo")["status"].get("readyReplicas") == 1)
+    await make_binder.stop(old)
+
+    await make_binder(host_image="tritonshare:1.1")
+    [other] = {"n1", "n2"} - {first}
+    stand_in = await eventually(lambda: hosts(core).get(other), what="the stand-in's host")
+    assert [(e["model"], e["replica"]) for e in hosted(stand_in)] == [("solo", 1)]
+    assert not terminating(core), "the old host stays until the stand-in serves"
+    status = read(custom, "solo")["status"]
+    assert condition(custom, "solo", "Placed").get("status") == "True", status
+    loaded(core, other, "solo")
+    await eventually(functools.partial(terminating, core), what="then the old host goes")
+    assert {c.image for c in stand_in.spec.containers} == {"tritonshare:1.1"}
+    kubelet_removes_deleted(core)
+    again = await eventually(lambda: hosts(core).get(first), what="the new host")
+    assert {c.image for c in again.spec.containers} == {"tritonshare:1.1"}
+    assert not any(e.get("draining") for e in hosted(hosts(core)[other])), "it serves meanwhile"
+    loaded(core, first, "solo")
+
+    def stand_in_drains() -> bool:
+        entries = hosted(hosts(core)[other]) if other in hosts(core) else []
+        return all(e.get("draining") for e in entries)
+
+    await eventually(stand_in_drains, what="the stand-in drains")
+    assert [(e["model"], e["replica"]) for e in hosted(hosts(core)[first])] == [("solo", 0)]
+    assert not any(e.get("draining") for e in hosted(hosts(core)[first]))
+
+
+async def test_with_no_room_for_a_stand_in_the_host_is_replaced_after_the_drain_bound(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """One node: no stand-in fits anywhere, the model's status says nothing of it (it is
+    served), and its host is replaced --host-drain-seconds after the stand-in was asked."""
+    add_node(kube_api, "n1", [16 * GI])
+    old = await make_binder(host_image="tritonshare:1.0")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("solo", 1))
+    await eventually(lambda: "n1" in hosts(core), what="a host")
+    loaded(core, "n1", "solo")
+    await eventually(lambda: read(custom, "solo")["status"].get("readyReplicas") == 1)
+    await make_binder.stop(old)
+
+    await make_binder(host_image="tritonshare:1.1", host_drain_seconds=2.0)
+    await eventually(functools.partial(terminating, core), what="the host replaced")
+    assert condition(custom, "solo", "Placed").get("status") == "True"
+    going = core.read_namespaced_pod(host_name("n1"), "default")
+    assert [(e["model"], e["replica"]) for e in hosted(going)] == [("solo", 0)], "no stand-in"
