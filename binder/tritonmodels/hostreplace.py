@@ -154,6 +154,16 @@ class HostReplacements:
                 ready = False
         return ready
 
+    def settled(self, where: Where, there: JsonObject) -> None:
+        """The host `there` at `where` is up to date: a stand-in asked for it while it was
+        outdated (its template changed back before it was replaced) is not needed."""
+        host_uid = (there.get("metadata") or {}).get("uid")
+        for uid, (asked_for, _) in list(self._asked.items()):
+            if asked_for == host_uid and self._stand_ins.get(uid) == where[0]:
+                del self._asked[uid]
+                self._stand_ins.pop(uid, None)
+                self._changed(uid)
+
     def release(
         self,
         namespace: str,

@@ -1,0 +1,115 @@
+"""The stand-in rule of a host's replacement (`binder.tritonmodels.hostreplace`), decided alone:
+which models a replaced host leaves unserved, when the host may go, and when a stand-in leaves.
+The whole flow against the simulated API server is in test_host_gaps.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from binder.tritonmodels.hostreplace import HostReplacements, Replicas, Where
+from binder.tritonmodels.rolling import Loaded
+from common.contract import Keys
+
+N1: Where = ("n1", "")
+N2: Where = ("n2", "")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _model(uid: str, replicas: int = 1) -> Any:
+    return SimpleNamespace(uid=uid, replicas=replicas, namespace="ns", storage_secret="", key=uid)
+
+
+def _host(uid: str) -> dict[str, Any]:
+    return {"metadata": {"uid": uid}}
+
+
+class Rule:
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.served: set[str] = set()
+        self.draining: set[str] = set()
+        self.stand_ins: dict[str, str] = {}
+        self.changed: list[str] = []
+        self.models = {"solo": _model("solo"), "pair": _model("pair", 2)}
+        self.replacements = HostReplacements(
+            Keys(),
+            drain_seconds=60.0,
+            clock=self.clock,
+            draining=self.draining,
+            served=lambda model, replica: Loaded(replica.uid in self.served, ""),
+            stand_ins=self.stand_ins,
+            models=self.models,
+            changed=self.changed.append,
+        )
+
+    def wanted(self, stand_in: bool = False) -> dict[Where, Replicas]:
+        solo, pair = self.models["solo"], self.models["pair"]
+        on_n1: Replicas = [
+            (solo, 0, SimpleNamespace(uid="solo/0")),  # type: ignore[list-item]
+            (pair, 0, SimpleNamespace(uid="pair/0")),  # type: ignore[list-item]
+        ]
+        on_n2: Replicas = [(pair, 1, SimpleNamespace(uid="pair/1"))]  # type: ignore[list-item]
+        if stand_in:
+            on_n2.append((solo, 1, SimpleNamespace(uid="solo/1")))  # type: ignore[arg-type]
+        return {N1: on_n1, N2: on_n2}
+
+
+def test_only_a_model_no_other_host_serves_gets_a_stand_in_and_the_host_waits_for_it() -> None:
+    rule = Rule()
+    rule.served |= {"solo/0", "pair/0", "pair/1"}
+    old = _host("old-n1")
+    assert not rule.replacements.stood_in(N1, old, rule.wanted())
+    assert rule.stand_ins == {"solo": "n1"}, "pair is served on n2 too"
+    assert rule.changed == ["solo"]
+    rule.clock.now += 30
+    assert not rule.replacements.stood_in(N1, old, rule.wanted(stand_in=True)), "not served yet"
+    assert rule.changed == ["solo"], "asked once"
+    rule.served.add("solo/1")
+    assert rule.replacements.stood_in(N1, old, rule.wanted(stand_in=True))
+
+
+def test_with_no_stand_in_served_the_host_goes_after_the_drain_bound() -> None:
+    rule = Rule()
+    rule.served |= {"solo/0", "pair/0", "pair/1"}
+    old = _host("old-n1")
+    assert not rule.replacements.stood_in(N1, old, rule.wanted())
+    rule.clock.now += 59
+    assert not rule.replacements.stood_in(N1, old, rule.wanted())
+    rule.clock.now += 1
+    assert rule.replacements.stood_in(N1, old, rule.wanted())
+
+
+def test_a_stand_in_leaves_once_the_new_host_serves_its_model_and_not_before() -> None:
+    rule = Rule()
+    rule.served |= {"solo/0", "pair/0", "pair/1"}
+    rule.replacements.stood_in(N1, _host("old-n1"), rule.wanted())
+    rule.served |= {"solo/1"}
+    rule.served.discard("solo/0")  # the old host gone, the new one loading
+    there = {N1: _host("new-n1"), N2: _host("n2")}
+    assert rule.replacements.release("ns", rule.wanted(stand_in=True), there)
+    assert rule.stand_ins == {"solo": "n1"}
+    assert rule.replacements.release("ns", rule.wanted(stand_in=True), {N2: _host("n2")})
+    rule.served.add("solo/0")
+    assert not rule.replacements.release("ns", rule.wanted(stand_in=True), there)
+    assert rule.stand_ins == {} and rule.changed == ["solo", "solo"]
+
+
+def test_a_host_whose_template_comes_back_keeps_no_stand_in() -> None:
+    rule = Rule()
+    rule.served |= {"solo/0", "pair/0", "pair/1"}
+    old = _host("old-n1")
+    rule.replacements.stood_in(N1, old, rule.wanted())
+    rule.replacements.settled(N2, _host("n2"))
+    assert rule.stand_ins == {"solo": "n1"}, "another host settling releases nothing"
+    rule.replacements.settled(N1, old)
+    assert rule.stand_ins == {}
+    # Nor does the old host, still there as it was, keep one through `release`.
+    assert not rule.replacements.release("ns", rule.wanted(), {N1: old})
