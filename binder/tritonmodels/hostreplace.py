@@ -66,8 +66,9 @@ class HostReplacements:
         self._stand_ins = stand_ins
         self._models = models
         self._changed = changed
-        self._asked: dict[str, tuple[str, float]] = {}
-        """Model uid -> the outdated host its stand-in was asked for (uid), and when."""
+        self._asked: dict[str, dict[str, tuple[str, float]]] = {}
+        """Namespace -> model uid -> the outdated host its stand-in was asked for (uid), and
+        when."""
 
     def outdated(self, there: JsonObject, body: JsonObject) -> str:
         """Why the host `there` no longer matches the host the binder would create now, `body`
@@ -131,14 +132,11 @@ class HostReplacements:
         host_uid = str((there.get("metadata") or {}).get("uid"))
         now = self._clock()
         ready = True
+        elsewhere = self._served_elsewhere(where, wanted)
         for model, _, replica in wanted.get(where, []):
-            if (
-                not model.replicas
-                or replica.uid in self._draining
-                or self._elsewhere(model, where, wanted)
-            ):
+            if not model.replicas or replica.uid in self._draining or model.uid in elsewhere:
                 continue
-            asked = self._asked.get(model.uid)
+            asked = self._asked.get(model.namespace, {}).get(model.uid)
             if asked is None or asked[0] != host_uid:
                 log.info(
                     "TritonModel %s is served by the model host on node %s alone: a stand-in "
@@ -146,7 +144,7 @@ class HostReplacements:
                     model.key,
                     where[0],
                 )
-                self._asked[model.uid] = (host_uid, now)
+                self._asked.setdefault(model.namespace, {})[model.uid] = (host_uid, now)
                 self._stand_ins[model.uid] = where[0]
                 self._changed(model.uid)
                 ready = False
@@ -154,15 +152,13 @@ class HostReplacements:
                 ready = False
         return ready
 
-    def settled(self, where: Where, there: JsonObject) -> None:
-        """The host `there` at `where` is up to date: a stand-in asked for it while it was
-        outdated (its template changed back before it was replaced) is not needed."""
+    def settled(self, namespace: str, where: Where, there: JsonObject) -> None:
+        """The namespace's host `there` at `where` is up to date: a stand-in asked for it while
+        it was outdated (its template changed back before it was replaced) is not needed."""
         host_uid = (there.get("metadata") or {}).get("uid")
-        for uid, (asked_for, _) in list(self._asked.items()):
+        for uid, (asked_for, _) in list(self._asked.get(namespace, {}).items()):
             if asked_for == host_uid and self._stand_ins.get(uid) == where[0]:
-                del self._asked[uid]
-                self._stand_ins.pop(uid, None)
-                self._changed(uid)
+                self._drop(namespace, uid)
 
     def release(
         self,
@@ -171,19 +167,17 @@ class HostReplacements:
         there_now: Mapping[Where, JsonObject],
     ) -> bool:
         """The namespace's stand-ins no longer needed leave: their model is served by the host
-        that replaced the one they stood in for (or has no replica on its node any more).
-        Returns whether one of the namespace's stays."""
+        that replaced the one they stood in for (or has no replica on its node any more, or is
+        gone). Returns whether one of the namespace's stays."""
         kept = False
-        for uid, node in list(self._stand_ins.items()):
-            model = self._models.get(uid)
-            if model is not None and model.namespace != namespace:
-                continue
+        for uid, (asked_for, _) in list(self._asked.get(namespace, {}).items()):
+            model, node = self._models.get(uid), self._stand_ins.get(uid, "")
             if model is not None:
                 where = (node, model.storage_secret)
                 there = there_now.get(where)
                 meta = (there or {}).get("metadata") or {}
                 mine = [r for m, _, r in wanted.get(where, []) if m.uid == uid]
-                replaced = there is not None and meta.get("uid") != self._asked.get(uid, ("",))[0]
+                replaced = there is not None and meta.get("uid") != asked_for
                 if mine and not (
                     replaced
                     and not meta.get("deletionTimestamp")
@@ -191,18 +185,25 @@ class HostReplacements:
                 ):
                     kept = True
                     continue
-            del self._stand_ins[uid]
-            self._asked.pop(uid, None)
-            self._changed(uid)
+            self._drop(namespace, uid)
         return kept
 
-    def _elsewhere(self, model: ModelInfo, where: Where, wanted: Mapping[Where, Replicas]) -> bool:
-        """Whether another host serves a replica of `model` now."""
-        return any(
-            other != where
-            and m.uid == model.uid
-            and r.uid not in self._draining
-            and self._served(m, r).ready
+    def _drop(self, namespace: str, uid: str) -> None:
+        """Model `uid`'s stand-in is no longer wanted: its next turn drains it."""
+        asked = self._asked.get(namespace, {})
+        asked.pop(uid, None)
+        if not asked:
+            self._asked.pop(namespace, None)
+        self._stand_ins.pop(uid, None)
+        self._changed(uid)
+
+    def _served_elsewhere(self, where: Where, wanted: Mapping[Where, Replicas]) -> set[str]:
+        """The models another host than `where` serves a replica of now (one pass over the
+        namespace's replicas, whatever their number)."""
+        return {
+            model.uid
             for other, replicas in wanted.items()
-            for m, _, r in replicas
-        )
+            if other != where
+            for model, _, replica in replicas
+            if replica.uid not in self._draining and self._served(model, replica).ready
+        }

@@ -222,7 +222,7 @@ class HostWriter:
             if outdated:
                 self.waiting.add(namespace)  # its turn comes once the namespace's hosts settle
             else:
-                replacements.settled(where, there)
+                replacements.settled(namespace, where, there)
             meta = there.get("metadata") or {}
             labels = meta.get("labels") or {}
             patch_labels: dict[str, Any] = dict(body["metadata"]["labels"])

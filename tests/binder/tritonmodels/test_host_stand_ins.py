@@ -107,9 +107,9 @@ def test_a_host_whose_template_comes_back_keeps_no_stand_in() -> None:
     rule.served |= {"solo/0", "pair/0", "pair/1"}
     old = _host("old-n1")
     rule.replacements.stood_in(N1, old, rule.wanted())
-    rule.replacements.settled(N2, _host("n2"))
+    rule.replacements.settled("ns", N2, _host("n2"))
     assert rule.stand_ins == {"solo": "n1"}, "another host settling releases nothing"
-    rule.replacements.settled(N1, old)
+    rule.replacements.settled("ns", N1, old)
     assert rule.stand_ins == {}
     # Nor does the old host, still there as it was, keep one through `release`.
     assert not rule.replacements.release("ns", rule.wanted(), {N1: old})
