@@ -49,10 +49,6 @@ EVENT_BACKOFF_MAX_SECONDS = 10.0
 """The longest backoff of a refused model before a cluster change retries it (kube-scheduler's
 podMaxBackoffDuration)."""
 
-"""A model's charged replicas as its hosts serve them: (ordinal, node, draining, files, storage
-Secret: which of the node's hosts, minAvailable: their budget, idempotent); ordinal -1: parked
-there."""
-
 
 class TritonModelController:
     """Reconciles TritonModels one at a time, on the loop, while this replica leads."""

@@ -10,9 +10,11 @@ at once and signed (`binder.cluster.chargedpods.sign`), at most PLACEMENTS_PER_T
 stops at the first refusal, the rest only counted (`Missing`). A replica that fits nowhere may
 preempt lower-priority pods and replicas (`binder.framework.replicapreemption`); one preempted
 drains as one scaled away does. A new spec.storageUri rolls a step per turn
-(`binder.tritonmodels.rolling`). A model at zero replicas is parked on a host of its namespace
-(`binder.autoscaler.parkedmodels`). Changes the ledger's charges, drains and parkings only; the
-controller writes what it decides.
+(`binder.tritonmodels.rolling`). A model whose only served host is replaced wants one replica more,
+a stand-in on no node of that host (`binder.tritonmodels.hostreplace`). A model at zero replicas is
+parked on a host of its namespace (`binder.autoscaler.parkedmodels`). What lets a turn place
+(`Admission`: the model's problems, the quotas' room) is read once at its start. Changes the
+ledger's charges, drains and parkings only; the controller writes what it decides.
 """
 
 from __future__ import annotations
