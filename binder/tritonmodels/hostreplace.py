@@ -1,5 +1,5 @@
 """When a namespace's model host no longer matches what the binder would create, and when it may
-be replaced.
+be replaced; the stand-in replicas that serve for a host that goes.
 
 A pod's spec cannot change, so a host made from another template (another --host-image, ports or
 pod settings: another binder's), or without a storage Secret its replicas need, is deleted and
@@ -9,8 +9,9 @@ of the namespace is being deleted and every other one serves its replicas, or
 --host-drain-seconds after the last replacement at most. A model the host serves and no other
 does first gets a stand-in: one replica more (`stand_ins`, placed by the replica placer on
 another node), and the host waits until it is served, or --host-drain-seconds (no room for
-it); the stand-in leaves once the new host serves the model. This module decides; the host
-writer deletes.
+it); the stand-in leaves once the new host serves the model. So too a model served alone on a
+node whose node pod stops, until that node serves it again. This module decides; the host writer
+deletes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from binder.cluster.objects import PodInfo
 from binder.tritonmodels.hostpod import host_image, mounted_secrets
 from binder.tritonmodels.rolling import Loaded
 from common.contract import Keys
-from common.hosted import host_template_annotation
+from common.hosted import NODE_STOPPING_REASON, host_template_annotation
 from common.kubeapi.session import JsonObject
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,37 @@ class HostReplacements:
             elif now < asked[1] + self._drain_seconds:
                 ready = False
         return ready
+
+    def stopping(self, namespace: str, where: Where, wanted: Mapping[Where, Replicas]) -> None:
+        """Each replica on `where` whose node pod stops (the agent's NodePodStopping) and that
+        alone serves its model gets a stand-in on another node, so the model stays served once
+        the node's Triton stops (the agent waits for its host to leave the Service, which it
+        does once the stand-in serves); the stand-in leaves once the replica there serves again
+        (`release`)."""
+        stops = [
+            (model, replica)
+            for model, _, replica in wanted.get(where, [])
+            if model.replicas
+            and replica.uid not in self._draining
+            and model.uid not in self._stand_ins
+            and self._served(model, replica).reason == NODE_STOPPING_REASON
+        ]
+        if not stops:
+            return
+        elsewhere = self._served_elsewhere(where, wanted)
+        for model, _ in stops:
+            if model.uid in elsewhere:
+                continue
+            log.info(
+                "TritonModel %s is served on node %s alone, whose node pod stops: a stand-in "
+                "replica is placed on another node until it serves there again.",
+                model.key,
+                where[0],
+            )
+            # No host uid: released once a replica on that node serves again (`release`).
+            self._asked.setdefault(namespace, {})[model.uid] = ("", self._clock())
+            self._stand_ins[model.uid] = where[0]
+            self._changed(model.uid)
 
     def settled(self, namespace: str, where: Where, there: JsonObject) -> None:
         """The namespace's host `there` at `where` is up to date: a stand-in asked for it while

@@ -212,6 +212,7 @@ class HostWriter:
                 continue
             outdated = self._replacements.outdated(there, body)
             replacements = self._replacements
+            replacements.stopping(namespace, where, wanted)
             if (
                 outdated
                 and replacements.may_replace(namespace, where, wanted, there_now)

@@ -403,3 +403,55 @@ async def test_with_no_room_for_a_stand_in_the_host_is_replaced_after_the_drain_
     assert condition(custom, "solo", "Placed").get("status") == "True"
     going = core.read_namespaced_pod(host_name("n1"), "default")
     assert [(e["model"], e["replica"]) for e in hosted(going)] == [("solo", 0)], "no stand-in"
+
+
+def node_pod_stopping(core: Any, node: str, model_name: str) -> None:
+    """What the agent of `node` writes on its host as its node pod stops."""
+    conditions = [
+        {"type": loaded, "status": "False", "reason": "NodePodStopping", "message": "stopping"}
+        for loaded in loaded_types(core, node, model_name)
+    ] + [HOST_READY]
+    core.patch_namespaced_pod_status(
+        host_name(node),
+        "default",
+        {"status": {"conditions": conditions}},
+        _content_type="application/strategic-merge-patch+json",
+    )
+
+
+async def test_a_model_served_alone_on_a_stopping_node_gets_a_stand_in_until_it_serves_there(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A node pod replaced under a TritonModel of one replica: as its agent says the node pod
+    stops, the model gets a stand-in on another node; the stopping host keeps it in its Service
+    until the stand-in serves (then the agent's drain may end), and the stand-in drains once the
+    node's new node pod serves the model again."""
+    for node in ("n1", "n2"):
+        add_node(kube_api, node, [16 * GI])
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("solo", 1))
+    [first] = await eventually(lambda: len(hosts(core)) == 1 and list(hosts(core)), what="a host")
+    [other] = {"n1", "n2"} - {first}
+    loaded(core, first, "solo")
+    await eventually(lambda: read(custom, "solo")["status"].get("readyReplicas") == 1)
+    label = "tritonshare.io/serves-solo"
+
+    node_pod_stopping(core, first, "solo")
+    stand_in = await eventually(lambda: hosts(core).get(other), what="the stand-in's host")
+    assert [(e["model"], e["replica"]) for e in hosted(stand_in)] == [("solo", 1)]
+    assert hosts(core)[first].metadata.labels.get(label) == "true", "the last served answers on"
+    loaded(core, other, "solo")
+    await eventually(
+        lambda: label not in (hosts(core)[first].metadata.labels or {}),
+        what="the stopping host out of the Service once the stand-in serves",
+    )
+    assert hosts(core)[other].metadata.labels.get(label) == "true"
+
+    loaded(core, first, "solo")  # the new node pod's agent loaded it again
+
+    def stand_in_drains() -> bool:
+        entries = hosted(hosts(core)[other]) if other in hosts(core) else []
+        return all(e.get("draining") for e in entries)
+
+    await eventually(stand_in_drains, what="the stand-in drains")
+    assert not any(e.get("draining") for e in hosted(hosts(core)[first]))

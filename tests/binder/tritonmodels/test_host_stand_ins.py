@@ -35,6 +35,7 @@ class Rule:
     def __init__(self) -> None:
         self.clock = Clock()
         self.served: set[str] = set()
+        self.stopping: set[str] = set()
         self.draining: set[str] = set()
         self.stand_ins: dict[str, str] = {}
         self.changed: list[str] = []
@@ -44,11 +45,16 @@ class Rule:
             drain_seconds=60.0,
             clock=self.clock,
             draining=self.draining,
-            served=lambda model, replica: Loaded(replica.uid in self.served, ""),
+            served=self._served,
             stand_ins=self.stand_ins,
             models=self.models,
             changed=self.changed.append,
         )
+
+    def _served(self, model: Any, replica: Any) -> Loaded:
+        if replica.uid in self.stopping:
+            return Loaded(False, "NodePodStopping: stopping", "NodePodStopping")
+        return Loaded(replica.uid in self.served, "")
 
     def wanted(self, stand_in: bool = False) -> dict[Where, Replicas]:
         solo, pair = self.models["solo"], self.models["pair"]
@@ -113,3 +119,20 @@ def test_a_host_whose_template_comes_back_keeps_no_stand_in() -> None:
     assert rule.stand_ins == {}
     # Nor does the old host, still there as it was, keep one through `release`.
     assert not rule.replacements.release("ns", rule.wanted(), {N1: old})
+
+
+def test_a_model_served_alone_on_a_stopping_node_gets_a_stand_in_until_it_serves_there() -> None:
+    rule = Rule()
+    rule.served |= {"pair/1"}
+    rule.stopping |= {"solo/0", "pair/0"}  # n1's node pod stops
+    rule.replacements.stopping("ns", N1, rule.wanted())
+    assert rule.stand_ins == {"solo": "n1"}, "pair is served on n2"
+    rule.replacements.stopping("ns", N1, rule.wanted(stand_in=True))
+    assert rule.changed == ["solo"], "asked once"
+    n1 = {N1: _host("n1"), N2: _host("n2")}  # the same host: nodes' hosts outlive node pods
+    rule.served.add("solo/1")
+    assert rule.replacements.release("ns", rule.wanted(stand_in=True), n1), "n1 serves it not"
+    rule.stopping.clear()
+    rule.served |= {"solo/0", "pair/0"}  # the new node pod loaded them again
+    assert not rule.replacements.release("ns", rule.wanted(stand_in=True), n1)
+    assert rule.stand_ins == {}
