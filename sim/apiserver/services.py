@@ -5,8 +5,10 @@ allocated on create from the simulated service range.
 The range is 127.2.0.0/16 (pods have 127.1.0.0/16): loopback addresses, so a program on this
 machine reaches a Service's address as a pod reaches it on a cluster; `sim.service.ServiceProxy`
 plays kube-proxy for it. Several simulated clusters may run on one machine (the tests' workers
-do), so an address is taken at random in the range, as kube-apiserver takes one, and only where
-no simulated pod holds it (`sim.claims`) and no process listens on one of the Service's ports.
+do), so each cluster starts at a random address of the range, as kube-apiserver takes one, and
+takes the next free one after the last it gave (two clusters' Services draw apart: they meet
+only when their starts are as close as their counts), only where no simulated pod holds it
+(`sim.claims`) and no process listens on one of the Service's ports.
 Headless (`clusterIP: None`) and explicit addresses are kept as written.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import secrets
 from typing import Any
 
 from sim.apiserver.errors import ApiError
@@ -58,9 +59,10 @@ def _free_address(store: Store, ports: list[int]) -> str:
         for stored in store.objects(SERVICES, None)
     }
     size = SERVICE_RANGE.num_addresses - 2
-    start = secrets.randbelow(size)  # at random in the range, as kube-apiserver allocates
+    start = store.service_cursor
     for step in range(size):
-        address = str(SERVICE_RANGE.network_address + 1 + (start + step) % size)
+        at = (start + step) % size
+        address = str(SERVICE_RANGE.network_address + 1 + at)
         if address in taken:
             continue
         descriptor = claim(address)
@@ -68,6 +70,7 @@ def _free_address(store: Store, ports: list[int]) -> str:
             continue  # a pod of a simulated cluster of the machine holds it
         os.close(descriptor)
         if ports_free(address, ports):
+            store.service_cursor = at + 1
             return address
     raise ApiError(
         500,

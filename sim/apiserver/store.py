@@ -20,6 +20,7 @@ import asyncio
 import bisect
 import functools
 import json
+import secrets
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -148,6 +149,10 @@ class Store:
             raise ValueError(f"history_size must be at least 1, got {history_size}")
         self.rv = 0
         self.history_size = history_size
+        self.service_cursor = secrets.randbelow(1 << 16)
+        """Where in the service range this cluster looks for its next Service's cluster IP
+        (`sim.apiserver.services`): at random, then onward, so that clusters of one machine
+        draw apart."""
         self._ring: list[Event | None] = [None] * history_size
         self._first_event_rv = 1
         # Keyed by group_resource: a custom resource's bucket appears with its first write.

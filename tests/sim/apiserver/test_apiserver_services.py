@@ -40,7 +40,7 @@ def test_services_get_cluster_ips_of_their_own_and_keep_them(kube_api: client.Ap
     second = json.loads(
         core.create_namespaced_service("default", _service("b"), _preload_content=False).data
     )
-    # At random in the range, each its own.
+    # From a random start in the range, each its own.
     assert _address(first) in SERVICE_RANGE and _address(second) in SERVICE_RANGE
     assert first["spec"]["clusterIP"] != second["spec"]["clusterIP"]
     assert first["spec"]["type"] == "ClusterIP"
