@@ -153,16 +153,18 @@ def test_an_unreachable_triton_is_a_clear_502_and_unavailable(
     import grpc
     from tritonclient.grpc import service_pb2
 
-    from sim.triton import free_port
-
-    down = f"127.0.0.1:{free_port()}"
+    # A port held and never listened on: connections to it are refused, and no other process of
+    # the machine (another test's server on a free port) can take it meanwhile.
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    down = f"127.0.0.1:{holder.getsockname()[1]}"
     settings = replace(
         proxy_settings(served_triton, grpc_mode=grpc_mode),
         triton_http_url=down,
         triton_grpc_url=down,
         connect_retry_seconds=0.0,  # at once: waiting for it to listen is test_upstream_restart's
     )
-    with running_proxy(settings) as running:
+    with holder, running_proxy(settings) as running:
         with _connect(running) as sock:
             sock.sendall(_post("/v2/models/add_one/infer", INFER))
             [(status, body)] = _read_responses(sock, 1)

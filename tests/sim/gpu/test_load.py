@@ -4,6 +4,7 @@ NVML sees no error of the API server's."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,7 +14,6 @@ import kubernetes.client
 import pytest
 
 from sim.gpu.load import ModelFootprints
-from sim.triton import free_port
 
 
 class _Index(BaseHTTPRequestHandler):
@@ -45,7 +45,9 @@ def triton() -> Iterator[str]:
 
 def test_an_unreachable_api_server_leaves_the_memory_as_it_was(tmp_path: Path, triton: str) -> None:
     configuration = kubernetes.client.Configuration()
-    configuration.host = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    holder = socket.socket()  # held, never listened on: refused, and no other server takes it
+    holder.bind(("127.0.0.1", 0))
+    configuration.host = f"http://127.0.0.1:{holder.getsockname()[1]}"
     configuration.retries = 0
     api = kubernetes.client.ApiClient(configuration)
     try:
@@ -54,3 +56,4 @@ def test_an_unreachable_api_server_leaves_the_memory_as_it_was(tmp_path: Path, t
         assert footprints() == {0: 1 << 30}
     finally:
         api.close()  # type: ignore[no-untyped-call]
+        holder.close()
