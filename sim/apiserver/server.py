@@ -200,7 +200,14 @@ class RunningApiServer:
             await asyncio.sleep(0.05)
             for _ in range(_SETUP_TURNS):
                 await asyncio.sleep(0)
+            server = runner.server
             await runner.cleanup()
+            # One whose set-up still came after the cleanup (a busier loop than the turns above
+            # allow for) registered with the server since: closed too.
+            for _ in range(_SETUP_TURNS):
+                await asyncio.sleep(0)
+            for handler in server.connections if server is not None else ():
+                handler.force_close()
 
         self.run(close())
         self._runner = None
