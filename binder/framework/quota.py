@@ -241,10 +241,7 @@ class QuotaCheck:
         allowance, may not be placed ("" when every quota allows it), in the API server's
         words: the first quota (by name) it would exceed, with each of that quota's keys it
         would exceed; then, with an allowance, `allowance_advice`."""
-        by_quota: dict[str, list[Limit]] = {}
-        for limit in self.limits:
-            by_quota.setdefault(limit.quota, []).append(limit)
-        for name, limits in by_quota.items():
+        for name, limits in self._by_quota().items():
             unknown = [limit.key for limit in limits if limit.used is None]
             if unknown and not self.pod:  # a pod was admitted: its use is known to be counted
                 self.refused = True
@@ -269,6 +266,13 @@ class QuotaCheck:
                 f" used: {','.join(used)}, limited: {','.join(limited)}{advice}"
             )
         return ""
+
+    def _by_quota(self) -> dict[str, list[Limit]]:
+        """The limits, by the quota they are a key of (in the order of `limits`)."""
+        by_quota: dict[str, list[Limit]] = {}
+        for limit in self.limits:
+            by_quota.setdefault(limit.quota, []).append(limit)
+        return by_quota
 
     def pods_use(self, limit: Limit, quota: str) -> int:
         """The pods' use of the limit's key but the pod being decided's, their allowance
@@ -302,11 +306,8 @@ class QuotaCheck:
         per-process allowance) every quota allows, charged one after another, and the refusal
         of the one past them, in `refusal`'s words once those are charged; (0, why) when a
         quota's status does not count a key yet."""
-        by_quota: dict[str, list[Limit]] = {}
-        for limit in self.limits:
-            by_quota.setdefault(limit.quota, []).append(limit)
         count = sys.maxsize
-        for name, limits in by_quota.items():
+        for name, limits in self._by_quota().items():
             if not self.pod and any(limit.used is None for limit in limits):
                 count = 0
                 break

@@ -139,15 +139,7 @@ class HostReplacements:
                 continue
             asked = self._asked.get(model.namespace, {}).get(model.uid)
             if asked is None or asked[0] != host_uid:
-                log.info(
-                    "TritonModel %s is served by the model host on node %s alone: a stand-in "
-                    "replica is placed on another node before that host is replaced.",
-                    model.key,
-                    where[0],
-                )
-                self._asked.setdefault(model.namespace, {})[model.uid] = (host_uid, now)
-                self._stand_ins[model.uid] = where[0]
-                self._changed(model.uid)
+                self._ask(model, where[0], host_uid, "before that host is replaced")
                 ready = False
             elif now < asked[1] + self._drain_seconds:
                 ready = False
@@ -173,16 +165,8 @@ class HostReplacements:
         for model, _ in stops:
             if model.uid in elsewhere:
                 continue
-            log.info(
-                "TritonModel %s is served on node %s alone, whose node pod stops: a stand-in "
-                "replica is placed on another node until it serves there again.",
-                model.key,
-                where[0],
-            )
             # No host uid: released once a replica on that node serves again (`release`).
-            self._asked.setdefault(namespace, {})[model.uid] = ("", self._clock())
-            self._stand_ins[model.uid] = where[0]
-            self._changed(model.uid)
+            self._ask(model, where[0], "", "its node pod stops, until it serves there again")
 
     def settled(self, namespace: str, where: Where, there: JsonObject) -> None:
         """The namespace's host `there` at `where` is up to date: a stand-in asked for it while
@@ -219,6 +203,20 @@ class HostReplacements:
                     continue
             self._drop(namespace, uid)
         return kept
+
+    def _ask(self, model: ModelInfo, node: str, host_uid: str, when: str) -> None:
+        """A stand-in of `model` is wanted away from `node`, for the host `host_uid` there ("":
+        until a replica on that node serves again); the model's turn places it."""
+        log.info(
+            "TritonModel %s is served on node %s alone: a stand-in replica is placed on another "
+            "node (%s).",
+            model.key,
+            node,
+            when,
+        )
+        self._asked.setdefault(model.namespace, {})[model.uid] = (host_uid, self._clock())
+        self._stand_ins[model.uid] = node
+        self._changed(model.uid)
 
     def _drop(self, namespace: str, uid: str) -> None:
         """Model `uid`'s stand-in is no longer wanted: its next turn drains it."""

@@ -63,6 +63,20 @@ async def test_the_pod_watch_survives_watch_timeouts_and_filters_by_node(
         await kube.close()
 
 
+def _watched(kube: KubeClient) -> tuple[Any, list[list[str]], list[tuple[str, str]]]:
+    """The node's pod watch (1 s server-side timeouts), the names of each list it hands on,
+    and each event's (kind, name)."""
+    listed: list[list[str]] = []
+    events: list[tuple[str, str]] = []
+    watch = kube.watch_pods(
+        NODE,
+        lambda items: listed.append([i["metadata"]["name"] for i in items]),
+        lambda kind, obj: events.append((kind, obj["metadata"]["name"])),
+        timeout_seconds=1,
+    )
+    return watch, listed, events
+
+
 async def test_the_pod_watch_relists_quietly_when_its_version_expired(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -75,14 +89,7 @@ async def test_the_pod_watch_relists_quietly_when_its_version_expired(
     server = start_in_thread(settings=settings)
     api = server.api_client()
     kube = KubeClient(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
-    listed: list[list[str]] = []
-    events: list[tuple[str, str]] = []
-    watch = kube.watch_pods(
-        NODE,
-        lambda items: listed.append([i["metadata"]["name"] for i in items]),
-        lambda kind, obj: events.append((kind, obj["metadata"]["name"])),
-        timeout_seconds=1,
-    )
+    watch, listed, events = _watched(kube)
     try:
         await eventually(lambda: bool(listed), what="the first list")
         make_pod(api, "before", "m0")
@@ -180,15 +187,8 @@ async def test_the_pod_watch_and_the_calls_come_back_after_an_api_server_outage(
     """While the API server refuses connections a call fails as unreachable and the watch
     retries; once it is back, calls answer and the watch reports what happened meanwhile."""
     caplog.set_level(logging.WARNING, logger="agent.kube.client")
-    listed: list[list[str]] = []
-    events: list[tuple[str, str]] = []
     kube = KubeClient(str(kubeconfig), request_timeout=(1.0, 2.0))
-    watch = kube.watch_pods(
-        NODE,
-        lambda items: listed.append([i["metadata"]["name"] for i in items]),
-        lambda kind, obj: events.append((kind, obj["metadata"]["name"])),
-        timeout_seconds=1,
-    )
+    watch, listed, events = _watched(kube)
     try:
         await eventually(lambda: bool(listed), what="the first list")
         apiserver.pause()

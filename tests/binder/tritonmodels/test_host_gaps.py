@@ -71,10 +71,14 @@ def ready_with(custom: Any, name: str, reason: str) -> dict[str, Any]:
 
 def loaded(core: Any, node: str, *models: str) -> None:
     """What the agent writes on the host on `node` once it serves `models`."""
+    agent_writes(core, node, models, {"status": "True", "reason": "ModelReady"})
+
+
+def agent_writes(core: Any, node: str, models: tuple[str, ...], state: dict[str, str]) -> None:
+    """The agent's loaded condition (`state`) of each replica of `models` on the host on `node`,
+    the host Ready."""
     conditions = [
-        {"type": loaded, "status": "True", "reason": "ModelReady"}
-        for m in models
-        for loaded in loaded_types(core, node, m)
+        {"type": loaded, **state} for m in models for loaded in loaded_types(core, node, m)
     ] + [HOST_READY]
     core.patch_namespaced_pod_status(
         host_name(node),
@@ -407,16 +411,8 @@ async def test_with_no_room_for_a_stand_in_the_host_is_replaced_after_the_drain_
 
 def node_pod_stopping(core: Any, node: str, model_name: str) -> None:
     """What the agent of `node` writes on its host as its node pod stops."""
-    conditions = [
-        {"type": loaded, "status": "False", "reason": "NodePodStopping", "message": "stopping"}
-        for loaded in loaded_types(core, node, model_name)
-    ] + [HOST_READY]
-    core.patch_namespaced_pod_status(
-        host_name(node),
-        "default",
-        {"status": {"conditions": conditions}},
-        _content_type="application/strategic-merge-patch+json",
-    )
+    stopping = {"status": "False", "reason": "NodePodStopping", "message": "stopping"}
+    agent_writes(core, node, (model_name,), stopping)
 
 
 async def test_a_model_served_alone_on_a_stopping_node_gets_a_stand_in_until_it_serves_there(
