@@ -351,6 +351,7 @@ class Agent:
             self.events,
             on_reinstall=self.conditions.reinstalling,
             on_loaded=self.conditions.loaded,
+            on_unloading=self.conditions.unloading,
             load_failures=self.load_failures,
             on_failures_reported=self.conditions.failures_reported,
             caller_keys=self.caller_keys,

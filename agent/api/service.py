@@ -81,6 +81,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         *,
         on_reinstall: Callable[[Proven], None],
         on_loaded: Callable[[], None],
+        on_unloading: Callable[[Proven], None],
         load_failures: LoadFailures,
         on_failures_reported: Callable[[], None],
         caller_keys: CallerKeys | None,
@@ -98,6 +99,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self.on_loaded = on_loaded
         """Called when a LoadModel call has loaded its model (agent.status.conditions says so at
         once)."""
+        self.on_unloading = on_unloading
+        """Called when a draining host replica's loader unloads its model, before the unload
+        (agent.status.conditions says at once that it is no longer served there)."""
         self.load_failures = load_failures
         """Where ListHosted keeps what a host's loader reports it cannot load."""
         self.on_failures_reported = on_failures_reported
@@ -245,6 +249,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                     f"{request.model_id!r} stays loaded (a container restart must not unload "
                     f"it); delete the pod to unload it"
                 )
+            if pod.pod.host and pod.pod.draining:
+                self.on_unloading(pod)
             status = await self.models.unload_for(pod, reason=f"asked by pod {pod.key}")
         except AgentError as e:
             return self._fail(context, "UnloadModel", e, caller)

@@ -106,6 +106,16 @@ class ConditionWriter(Protocol):
     ) -> None: ...
 
 
+def drained(pod: PodInfo) -> Verdict:
+    """The condition of a draining replica no longer served on its host."""
+    return Verdict(
+        "False",
+        DRAINED_REASON,
+        f"model {pod.model_id} is not served here: replica {pod.name} is leaving the model "
+        f"host (draining)",
+    )
+
+
 def missing(model_id: str) -> Verdict:
     return Verdict(
         *CONDITIONS[ModelState.ABSENT],
@@ -225,7 +235,8 @@ class ModelConditions:
         self._status_of = status_of
         self._clock = clock
         self.writes = 0
-        self._reinstalls: dict[str, float] = {}
+        self._said_at_once: dict[str, float] = {}
+        """Pod uid -> when a condition was last written at once for it (`_at_once`)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self.stopping = ""
@@ -237,19 +248,32 @@ class ModelConditions:
 
     def reinstalling(self, proven: Proven) -> None:
         """A Running pod (its loader long done) installs its model again: the node had lost it.
-        Said at once, not at the next pass, which a fast reinstall would beat. Returns at once;
-        at most one such write per pod per REINSTALL_WRITE_SECONDS, whatever a tenant calls."""
+        Said at once, not at the next pass, which a fast reinstall would beat."""
+        self._at_once(proven, missing(proven.pod.model_id))
+
+    def unloading(self, proven: Proven) -> None:
+        """A draining host replica's loader unloads its model: the host's proxy has drained it,
+        so it serves nothing here from now on. Said at once (ModelDrained), not once Triton has
+        unloaded it (seconds for a large model, while Triton still reports it READY): the binder
+        must not count it served meanwhile, for instance when it wants the replica again and
+        keeps it (it is loaded again first) while another replica's host leaves its Service."""
+        if proven.pod.model_loaded != ("False", DRAINED_REASON):
+            self._at_once(proven, drained(proven.pod))
+
+    def _at_once(self, proven: Proven, wanted: Verdict) -> None:
+        """Write `wanted` now; returns at once. At most one such write per pod per
+        REINSTALL_WRITE_SECONDS, whatever a tenant calls."""
         pod = proven.pod
         now = self._clock()
-        last = self._reinstalls.get(pod.uid)
+        last = self._said_at_once.get(pod.uid)
         if last is not None and now - last < REINSTALL_WRITE_SECONDS:
             return
-        if len(self._reinstalls) >= REMEMBERED:
-            self._reinstalls.clear()
-        self._reinstalls[pod.uid] = now
+        if len(self._said_at_once) >= REMEMBERED:
+            self._said_at_once.clear()
+        self._said_at_once[pod.uid] = now
         spawn(
             f"Setting {self.condition_type} on pod {pod.key}",
-            self._write(proven, missing(pod.model_id)),
+            self._write(proven, wanted),
             consequence="the pod does not show it",
             keep=self._tasks,
         )
@@ -345,12 +369,7 @@ class ModelConditions:
                 continue
             wanted = verdict(pod.model_id, status, triton_live)
             if wanted is not None and pod.draining and wanted.status == "False":
-                wanted = Verdict(
-                    "False",
-                    DRAINED_REASON,
-                    f"model {pod.model_id} is not served here: replica {pod.name} is leaving the "
-                    f"model host (draining)",
-                )
+                wanted = drained(pod)
             elif wanted is not None and pod.host and not pod.running and wanted.status == "False":
                 failure = self._load_failure(pod) if self._load_failure is not None else None
                 wanted = pending(pod, wanted, failure)

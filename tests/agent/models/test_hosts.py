@@ -215,6 +215,76 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
+SLOW_UNLOAD = """
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
+
+    def finalize(self):
+        deadline = time.monotonic() + 120  # its unload ends when the test says
+        while not Path("RELEASE").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+"""
+
+
+async def test_a_draining_replica_reads_drained_as_its_unload_starts_not_once_it_ends(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """Its host's proxy has drained it when its loader unloads it: from then on it serves
+    nothing there, though Triton reports it READY until the unload ends (seconds for a large
+    model). The binder, which may want it again meanwhile and keep it (it is then loaded
+    again), must not count it served while another replica's host leaves its Service."""
+    running = await start_custom_agent()
+    core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
+    gpu = running.mock.gpus[0].uuid
+    slow = replica("team-a", "slow", gpu)
+    make_host(kube_api, "team-a", [slow], pod_ip=ADDRESS)
+    token = apiserver.mint_token("team-a", HOST)
+    release = tmp_path / "release"
+    source = copy_model("add_one", tmp_path / "slow", as_name="slow")
+    (source / "1" / "model.py").write_text(SLOW_UNLOAD.replace("RELEASE", str(release)))
+    await install_dir(running.stub, token, source, "slow")
+    status = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="slow"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    keys = Keys()
+    kind = loaded_condition(keys, "slow", 0)
+    await eventually(
+        lambda: conditions(kube_api, "team-a").get(kind) == ("True", "ModelReady"),
+        what="the replica's condition True",
+    )
+    set_hosted(kube_api, "team-a", [replace(slow, draining=True)])
+    unloading = asyncio.ensure_future(
+        running.stub.UnloadModel(
+            agent_pb2.UnloadModelRequest(model_id="slow"), metadata=bearer(token)
+        )
+    )
+    try:
+        await eventually(
+            lambda: conditions(kube_api, "team-a").get(kind) == ("False", "ModelDrained"),
+            what="the draining replica's condition False as its unload starts",
+        )
+        entry = await running.agent.triton.state(replica_triton_name(slow, "team-a"))
+        assert entry is not None and entry.state in ("READY", "UNLOADING"), entry
+        assert not unloading.done()
+    finally:
+        release.touch()
+        status = await unloading
+    assert status.state == agent_pb2.MODEL_STATE_ABSENT, status
+    assert conditions(kube_api, "team-a")[kind] == ("False", "ModelDrained")
+
+
 async def test_a_model_pods_token_cannot_list_hosted_replicas(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
