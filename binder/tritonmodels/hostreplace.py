@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
@@ -126,16 +126,28 @@ class HostReplacements:
         self._replaced_at[namespace] = self._clock()
         self._replacing[namespace] = str(meta.get("uid"))
 
-    def stood_in(self, where: Where, there: JsonObject, wanted: Mapping[Where, Replicas]) -> bool:
+    def stood_in(
+        self,
+        where: Where,
+        there: JsonObject,
+        wanted: Mapping[Where, Replicas],
+        parked: Iterable[ModelInfo] = (),
+    ) -> bool:
         """Whether the outdated host `there` at `where` may go as far as its models are
-        concerned: each it serves that no other host does has a stand-in served elsewhere, or
-        was asked one --host-drain-seconds ago (none came: no room). Asks for those missing."""
+        concerned: each it serves that no other host does, and each at zero replicas it holds
+        the requests of (`parked` there), has a stand-in served elsewhere, or was asked one
+        --host-drain-seconds ago (none came: no room). Asks for those missing."""
         host_uid = str((there.get("metadata") or {}).get("uid"))
         now = self._clock()
         ready = True
         elsewhere = self._served_elsewhere(where, wanted)
-        for model, _, replica in wanted.get(where, []):
-            if not model.replicas or replica.uid in self._draining or model.uid in elsewhere:
+        alone = [
+            model
+            for model, _, replica in wanted.get(where, [])
+            if model.replicas and replica.uid not in self._draining
+        ]
+        for model in [*alone, *parked]:
+            if model.uid in elsewhere:
                 continue
             asked = self._asked.get(model.namespace, {}).get(model.uid)
             if asked is None or asked[0] != host_uid:
@@ -193,12 +205,17 @@ class HostReplacements:
                 there = there_now.get(where)
                 meta = (there or {}).get("metadata") or {}
                 mine = [r for m, _, r in wanted.get(where, []) if m.uid == uid]
-                replaced = there is not None and meta.get("uid") != asked_for
-                if mine and not (
-                    replaced
+                replaced = (
+                    there is not None
+                    and meta.get("uid") != asked_for
                     and not meta.get("deletionTimestamp")
-                    and any(self._served(model, r).ready for r in mine)
-                ):
+                )
+                if mine and not (replaced and any(self._served(model, r).ready for r in mine)):
+                    kept = True
+                    continue
+                if not mine and not model.replicas and not replaced:
+                    # At zero: it holds the model's requests until the host is replaced; then
+                    # it drains and the model is parked on the stand-in's host.
                     kept = True
                     continue
             self._drop(namespace, uid)

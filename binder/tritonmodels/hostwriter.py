@@ -216,7 +216,7 @@ class HostWriter:
             if (
                 outdated
                 and replacements.may_replace(namespace, where, wanted, there_now)
-                and replacements.stood_in(where, there, wanted)
+                and replacements.stood_in(where, there, wanted, self._parked_on(namespace, where))
             ):
                 await self._replace(namespace, node, there, outdated)
                 continue

@@ -192,8 +192,9 @@ def listed_draining(
 
 def wanted_replicas(model: ModelInfo, old: list[int], stand_ins: Container[str]) -> int:
     """spec.replicas, and one more while a stand-in serves the model as its host is replaced
-    (`stand_ins`; none during a roll: its surge stands in)."""
-    return model.replicas + (1 if model.replicas and not old and model.uid in stand_ins else 0)
+    (`stand_ins`: for a model at zero, parked on that host, the one replica that holds its
+    requests meanwhile; none during a roll: its surge stands in)."""
+    return model.replicas + (1 if not old and model.uid in stand_ins else 0)
 
 
 def no_room_once_gone(

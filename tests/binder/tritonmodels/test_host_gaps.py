@@ -451,3 +451,60 @@ async def test_a_model_served_alone_on_a_stopping_node_gets_a_stand_in_until_it_
 
     await eventually(stand_in_drains, what="the stand-in drains")
     assert not any(e.get("draining") for e in hosted(hosts(core)[first]))
+
+
+def parked_models(host: Any) -> list[str]:
+    value = (host.metadata.annotations or {}).get("tritonshare.io/parked-models") or "[]"
+    return [entry["model"] for entry in json.loads(value)]
+
+
+async def test_a_model_parked_at_zero_on_a_replaced_host_gets_a_stand_in_first(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A TritonModel scaled to zero is parked on its namespace's host, whose proxy holds its
+    requests: before a binder of another --host-image replaces that host, a stand-in replica of
+    it is served on another node (its Service never empty); once the new host is there the
+    stand-in drains and the model is parked on the stand-in's host."""
+    for node in ("n1", "n2"):
+        add_node(kube_api, node, [16 * GI])
+    # No autoscaler: a new model at zero would be scaled to one until a request-free window.
+    old = await make_binder(host_image="tritonshare:1.0", autoscale_period_seconds=0)
+    zero = model("zero", 0)
+    zero["spec"]["autoscaling"] = {"target": 1, "minReplicas": 0}
+    for obj in (model("solo", 1), zero):
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, obj)
+    [first] = await eventually(lambda: len(hosts(core)) == 1 and list(hosts(core)), what="a host")
+    await eventually(lambda: parked_models(hosts(core)[first]) == ["zero"], what="zero parked")
+    loaded(core, first, "solo")
+    await eventually(lambda: read(custom, "solo")["status"].get("readyReplicas") == 1)
+    await make_binder.stop(old)
+
+    await make_binder(host_image="tritonshare:1.1", autoscale_period_seconds=0)
+    [other] = {"n1", "n2"} - {first}
+
+    def stand_ins() -> set[str]:
+        there = hosts(core).get(other)
+        return {e["model"] for e in hosted(there)} if there is not None else set()
+
+    await eventually(lambda: stand_ins() == {"solo", "zero"}, what="both stand-ins on n2")
+    assert not terminating(core), "the old host stays until the stand-ins serve"
+    assert parked_models(hosts(core)[first]) == ["zero"], "it holds zero's requests meanwhile"
+    loaded(core, other, "solo", "zero")
+    await eventually(functools.partial(terminating, core), what="then the old host goes")
+    assert hosts(core)[other].metadata.labels.get("tritonshare.io/serves-zero") == "true"
+    kubelet_removes_deleted(core)
+    await eventually(lambda: hosts(core).get(first), what="the new host")
+
+    def parked_on_the_stand_ins_host() -> bool:
+        there = hosts(core).get(other)
+        entries = hosted(there) if there is not None else []
+        zero_entries = [e for e in entries if e["model"] == "zero"]
+        return (
+            there is not None
+            and all(e.get("draining") for e in zero_entries)
+            and parked_models(there) == ["zero"]
+            and there.metadata.labels.get("tritonshare.io/serves-zero") == "true"
+        )
+
+    await eventually(parked_on_the_stand_ins_host, what="zero's stand-in drains, zero parked")
+    assert read(custom, "zero")["spec"]["replicas"] == 0

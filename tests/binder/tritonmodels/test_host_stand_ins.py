@@ -136,3 +136,29 @@ def test_a_model_served_alone_on_a_stopping_node_gets_a_stand_in_until_it_serves
     rule.served |= {"solo/0", "pair/0"}  # the new node pod loaded them again
     assert not rule.replacements.release("ns", rule.wanted(stand_in=True), n1)
     assert rule.stand_ins == {}
+
+
+def test_a_model_parked_at_zero_on_a_replaced_host_gets_a_stand_in_until_it_is_replaced() -> None:
+    """Scaled to zero, the model's requests are held by the host it is parked on: before that
+    host goes, a stand-in replica serves it on another node; it leaves once a new host stands
+    where the old one was (the model is then parked on the stand-in's host as it drains)."""
+    rule = Rule()
+    zero = rule.models["zero"] = _model("zero", 0)
+    rule.served |= {"solo/0", "pair/0", "pair/1", "solo/1"}
+    old = _host("old-n1")
+    on_n2: Replicas = [(zero, 0, SimpleNamespace(uid="zero/0"))]  # type: ignore[list-item]
+    wanted = rule.wanted(stand_in=True)
+    assert not rule.replacements.stood_in(N1, old, wanted, [zero])
+    assert rule.stand_ins == {"zero": "n1"}, "solo is served on n2 too"
+    assert not rule.replacements.stood_in(N1, old, wanted, [zero]), "not served yet"
+    rule.served.add("zero/0")
+    wanted = {N1: wanted[N1], N2: [*wanted[N2], *on_n2]}
+    assert rule.replacements.stood_in(N1, old, wanted, [zero])
+    # The old host goes: the stand-in stays until the new one is there.
+    assert rule.replacements.release("ns", wanted, {N1: old, N2: _host("n2")})
+    deleting = {"metadata": {"uid": "old-n1", "deletionTimestamp": "now"}}
+    assert rule.replacements.release("ns", wanted, {N1: deleting, N2: _host("n2")})
+    assert rule.replacements.release("ns", wanted, {N2: _host("n2")})
+    assert rule.stand_ins == {"zero": "n1"}
+    assert not rule.replacements.release("ns", wanted, {N1: _host("new-n1"), N2: _host("n2")})
+    assert rule.stand_ins == {}
