@@ -27,7 +27,8 @@ request fails on an answer other than 200 (gRPC: OK), a connection error, or no 
   apiserver: the API server down 20 s (`RunningApiServer.pause`); crasher: a model pod in
   namespace `crash` whose model kills its node's Triton as it loads; host-image: both binders
   restarted with another `--host-image` (an upgrade of the model hosts), the non-leader first,
-  so `team-a`'s hosts are replaced (its lone models served meanwhile by a stand-in replica).
+  so `team-a`'s hosts are replaced (its lone models served meanwhile by a stand-in replica);
+  every other one with `zero` at zero first, its client sending again once the binders run.
 
 A change touches the model it changes (the neighbour, secret and crasher changes: only their own
 model, which no client calls); node-pod and gateway touch every model served on that node when
@@ -617,17 +618,16 @@ class Churn:
         change.touched = frozenset({"zero"})
         client = self.clients["zero/rest"]
         client.active.clear()
-
-        def at_zero() -> bool:
-            return bool(((self.tm("zero") or {}).get("spec") or {}).get("replicas") == 0)
-
-        wait_until("zero scaled to 0 by the autoscaler", at_zero, 180)
+        wait_until("zero scaled to 0 by the autoscaler", self.zero_at_zero, 180)
         time.sleep(5)
         client.active.set()
         woke = time.monotonic()
         self.wait_ready("zero", 1, 120)
         change.note = f"answered again after {time.monotonic() - woke:.1f} s"
         time.sleep(5)
+
+    def zero_at_zero(self) -> bool:
+        return bool(((self.tm("zero") or {}).get("spec") or {}).get("replicas") == 0)
 
     def do_neighbour(self, change: Change) -> None:
         change.touched = frozenset({"neighbour"})
@@ -757,6 +757,13 @@ class Churn:
     def do_host_image(self, change: Change) -> None:
         self.host_images += 1
         image = f"tritonshare:churn-{self.host_images}"
+        # Every other one finds `zero` at zero, parked on a host: its client sends again once
+        # the binders run the new image, while that host is replaced.
+        zero = self.clients["zero/rest"]
+        parked = self.host_images % 2 == 0
+        if parked:
+            zero.active.clear()
+            wait_until("zero scaled to 0 by the autoscaler", self.zero_at_zero, 180)
         change.touched = self.models_on_hosts()
         leader, _ = self.binder_lease()
         for binder in sorted(self.cluster.binders, key=lambda b: b.identity == leader):
@@ -777,6 +784,7 @@ class Churn:
                 return process is not None and process.pid != pid and binder.process.alive()
 
             wait_until(f"{binder.identity} running with {image}", restarted, 180)
+        zero.active.set()
 
         def replaced() -> bool:
             hosts = self.core.list_namespaced_pod(
@@ -791,7 +799,7 @@ class Churn:
         wait_until(f"team-a's hosts on {image}", replaced, 300)
         self.wait_ready("steady", 2, 120)
         self.wait_ready("scaled", 1, 120)  # its stand-in gone
-        change.note = f"hosts on {image}"
+        change.note = f"hosts on {image}" + ("; zero parked" if parked else "")
 
     def models_on_hosts(self) -> frozenset[str]:
         """The models `team-a`'s hosts serve now (their serves labels)."""

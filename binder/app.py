@@ -265,7 +265,7 @@ class Binder:
                 if ledger.on_tritonshare_node(verdict.pod):
                     self.controller.unproven_seen(verdict)
             # And reconciles every TritonModel: what the old leader left half done, the drains
-            # it began included.
+            # and parks it began included.
             self.models.recover_drains()
             for uid in list(ledger.models):
                 self.models.changed(uid)

@@ -9,7 +9,8 @@ its namespace's model hosts made to serve it (`binder.tritonmodels.hostwriter`, 
 its Service created (`binder.tritonmodels.servicewriter`). A model with a replica refused backs
 off as kube-scheduler's pods do; one whose roll or drain waits, or whose turn failed, is tried again
 every RETRY_SECONDS. A new leader first holds again the rooms its predecessor's replica preemptions
-held (`recover_nominations`), then charges the drains under way (`recover_drains`).
+held (`recover_nominations`), then charges the drains under way and parks again what its hosts
+park (`recover_drains`).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ class TritonModelController:
 
     def recover_drains(self) -> None:
         """On taking the lead: the drains the binder that led before began are charged again
-        and drain on (`ReplicaPlacer.recover_drains`)."""
+        and drain on, and its parks are kept (`ReplicaPlacer.recover_drains`)."""
         self._placer.recover_drains()
 
     def preempt(self, victim: PodInfo, by: str, node: str) -> None:

@@ -93,7 +93,14 @@ class HostReplacements:
         wanted: Mapping[Where, Replicas],
         there_now: Mapping[Where, JsonObject],
     ) -> bool:
-        """Whether the namespace's host `where` may be replaced now."""
+        """Whether the namespace's host `where` may be replaced now: not while another host's
+        stand-ins are asked (that host goes first, so no stand-in is placed on a host that
+        goes), nor while one is being deleted; then once every other host serves its replicas,
+        or --host-drain-seconds after the last replacement."""
+        there = there_now.get(where) or {}
+        uid = str((there.get("metadata") or {}).get("uid"))
+        if any(host and host != uid for host, _ in self._asked.get(namespace, {}).values()):
+            return False  # another host's stand-ins were asked: that host goes first
         deleted = self._replacing.get(namespace)
         for host in there_now.values():
             meta = host.get("metadata") or {}

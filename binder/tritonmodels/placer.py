@@ -27,7 +27,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from binder.autoscaler.parkedmodels import park_node
+from binder.autoscaler.parkedmodels import park_node, parked_on
 from binder.cluster.chargedpods import proven, sign
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
@@ -190,6 +190,22 @@ def listed_draining(
                     yield model, verdict, entry.storage_uri
 
 
+def listed_parked(ledger: Ledger, keys: Keys) -> Iterator[tuple[ModelInfo, str]]:
+    """The models the hosts' parked-models annotations name, each with the node of the first
+    host (by node) that names it: (model, node). Only a model that the built-in autoscaler
+    scales, of the host's namespace and storage Secret."""
+    by_name = {(m.namespace, m.name, m.storage_secret): m for m in ledger.models.values()}
+    seen: set[str] = set()
+    for group, hosts in ledger.hosts.items():
+        namespace, _, secret = group.partition("/")
+        for node in sorted(hosts):
+            for name in parked_on(hosts[node], keys):
+                model = by_name.get((namespace, name, secret))
+                if model is not None and model.autoscaling is not None and model.uid not in seen:
+                    seen.add(model.uid)
+                    yield model, node
+
+
 def wanted_replicas(model: ModelInfo, old: list[int], stand_ins: Container[str]) -> int:
     """spec.replicas, and one more while a stand-in serves the model as its host is replaced
     (`stand_ins`: for a model at zero, parked on that host, the one replica that holds its
@@ -350,7 +366,10 @@ class ReplicaPlacer:
         """On taking the lead: the replicas the hosts list as draining, which the binder that
         led before began to drain (no status lists them), are charged again (their proofs
         checked as the cache checks a status's), counted as leaving (a preemptor waits for them
-        instead of taking them again), and drain on, from now, to their end."""
+        instead of taking them again), and drain on, from now, to their end. The models the
+        hosts park are parked there again before any host is written (or replaced)."""
+        for model, node in listed_parked(self._ledger, self._keys):
+            self._parked.setdefault(model.uid, node)
         state = self._ledger.state
         now = self._clock()
         for model, replica, uri in listed_draining(self._ledger, self._keys, self._ring()):

@@ -4,12 +4,19 @@ The whole flow against the simulated API server is in test_host_gaps.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from binder.cluster.clusterstate import ClusterState
+from binder.cluster.ledger import Ledger
+from binder.cluster.modelviews import ModelInfo, model_from_api
 from binder.tritonmodels.hostreplace import HostReplacements, Replicas, Where
+from binder.tritonmodels.placer import listed_parked
 from binder.tritonmodels.rolling import Loaded
 from common.contract import Keys
+from common.hosted import Parked, encode_parked
+from tests.binder.tritonmodels.test_tritonmodels import model as tritonmodel
 
 N1: Where = ("n1", "")
 N2: Where = ("n2", "")
@@ -162,3 +169,51 @@ def test_a_model_parked_at_zero_on_a_replaced_host_gets_a_stand_in_until_it_is_r
     assert rule.stand_ins == {"zero": "n1"}
     assert not rule.replacements.release("ns", wanted, {N1: _host("new-n1"), N2: _host("n2")})
     assert rule.stand_ins == {}
+
+
+def test_no_other_host_of_the_namespace_is_replaced_while_one_hosts_stand_ins_are_asked() -> None:
+    """The host whose stand-ins were asked goes first: another replaced meanwhile could be
+    where its stand-ins are placed."""
+    rule = Rule()
+    rule.served |= {"solo/0", "pair/0", "pair/1"}
+    old_n1, n2 = _host("old-n1"), _host("old-n2")
+    there = {N1: old_n1, N2: n2}
+    assert rule.replacements.may_replace("ns", N2, rule.wanted(), there)
+    assert not rule.replacements.stood_in(N1, old_n1, rule.wanted())
+    assert not rule.replacements.may_replace("ns", N2, rule.wanted(), there)
+    assert rule.replacements.may_replace("ns", N1, rule.wanted(), there)
+    # Once released (the new host on n1 serves solo), n2's turn comes.
+    rule.served.add("solo/1")
+    new = {N1: _host("new-n1"), N2: n2}
+    assert not rule.replacements.release("ns", rule.wanted(stand_in=True), new)
+    assert rule.replacements.may_replace("ns", N2, rule.wanted(), new)
+
+
+def _autoscaled(name: str, secret: str = "") -> ModelInfo:
+    obj = tritonmodel(name, 0)
+    obj["metadata"].update(uid=f"uid-{name}", namespace="ns")
+    obj["spec"]["autoscaling"] = {"target": 1, "minReplicas": 0}
+    if secret:
+        obj["spec"]["storageSecret"] = secret
+    return model_from_api(obj, Keys(), "tritonshare")
+
+
+def _parking_host(*names: str) -> dict[str, Any]:
+    value = encode_parked(Parked(name, name, 0) for name in names)
+    return {"metadata": {"annotations": {"tritonshare.io/parked-models": value}}}
+
+
+def test_a_new_leader_finds_the_parks_its_hosts_name_before_it_writes_or_replaces_one() -> None:
+    """What the last leader parked is in its hosts' annotations: the new one parks the same
+    models there before its first host write, which would otherwise drop the annotation (and
+    replace the host under a parked model's held requests)."""
+    ledger = Ledger(ClusterState())
+    zero, private, plain = _autoscaled("zero"), _autoscaled("private", "creds"), _autoscaled("x")
+    plain = replace(plain, autoscaling=None)
+    for found in (zero, private, plain):
+        ledger.models[found.uid] = found
+    ledger.hosts["ns"] = {"n2": _parking_host("zero", "private", "x"), "n1": _parking_host("zero")}
+    ledger.hosts["other"] = {"n1": _parking_host("zero")}
+    ledger.hosts["ns/creds"] = {"n3": _parking_host("private")}
+    parks = sorted((m.name, node) for m, node in listed_parked(ledger, Keys()))
+    assert parks == [("private", "n3"), ("zero", "n1")]
