@@ -58,13 +58,18 @@ def park_node(
     its charged replicas' nodes (the last one, draining, when it has just been scaled to zero);
     `hosts`: its namespace's hosts by node. After a restart the host whose annotation names it
     is kept, whatever its replicas: a park moved would put a host whose proxy does not hold the
-    model yet behind its Service, and take away the one holding its requests."""
+    model yet behind its Service, and take away the one holding its requests. A host being
+    deleted is never chosen."""
     if served or (model.replicas == 0 and model.autoscaling is None):
         return None  # served again, or nothing would scale it up
     if current is not None:
         return current
     if model.autoscaling is None:
         return None  # never parked: no host's annotation to read
+    # A host being deleted (replaced) holds nothing new: its proxy is leaving.
+    hosts = {
+        n: h for n, h in hosts.items() if not (h.get("metadata") or {}).get("deletionTimestamp")
+    }
     named = sorted(node for node, host in hosts.items() if model.name in parked_on(host, keys))
     if named:
         return named[0]

@@ -89,6 +89,17 @@ def test_a_new_leader_keeps_the_annotated_host_over_its_replicas_nodes() -> None
     assert where(model(1), replica_nodes=["n1"], hosts=hosts, served=True) is None
 
 
+def test_a_host_being_deleted_is_never_chosen_to_park_on() -> None:
+    """A host being replaced still names the model in its annotation: the park goes to the
+    last replica's node (a stand-in's, as the host is replaced), not to the leaving host."""
+    going = host("a", ["m"])
+    going["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+    hosts = {"n1": going, "n2": host("b")}
+    assert where(model(0), replica_nodes=["n2"], hosts=hosts) == "n2"
+    assert where(model(0), hosts=hosts) == "n2"
+    assert where(model(0), hosts={"n1": going}) is None
+
+
 def test_a_malformed_or_oversized_parked_annotation_parks_nothing() -> None:
     for value in (
         "{",
