@@ -32,6 +32,7 @@ from tests.agent.conftest import (
     make_pod,
 )
 from tests.agent.hosts import make_host, replica, replica_triton_name, set_hosted
+from tests.agent.models.test_residency import SLOW_UNLOAD
 from tests.agent.test_attacks import infer
 from tests.conftest import copy_model
 from tests.fixtures_sim import core_v1
@@ -213,24 +214,6 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stub.GetModel(agent_pb2.GetModelRequest(model_id="two"), metadata=bearer(token))
     assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
-
-
-SLOW_UNLOAD = """
-import time
-from pathlib import Path
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
-
-    def finalize(self):
-        deadline = time.monotonic() + 120  # its unload ends when the test says
-        while not Path("RELEASE").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-"""
 
 
 async def test_a_draining_replica_reads_drained_as_its_unload_starts_not_once_it_ends(
