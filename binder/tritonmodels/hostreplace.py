@@ -153,8 +153,12 @@ class HostReplacements:
             for model, _, replica in wanted.get(where, [])
             if model.replicas and replica.uid not in self._draining
         ]
+        parked = list(parked)
         for model in [*alone, *parked]:
             if model.uid in elsewhere:
+                # Parked here still: its turn unparks it (its stand-in serves), then the host's
+                # write takes the park off before it goes (its held requests answered).
+                ready = ready and model not in parked
                 continue
             asked = self._asked.get(model.namespace, {}).get(model.uid)
             if asked is None or asked[0] != host_uid:

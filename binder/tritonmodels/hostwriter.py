@@ -218,40 +218,16 @@ class HostWriter:
                 and replacements.may_replace(namespace, where, wanted, there_now)
                 and replacements.stood_in(where, there, wanted, self._parked_on(namespace, where))
             ):
+                # Its labels and parks first: a model parked here and now served elsewhere has
+                # its held requests answered (503, Retry-After) rather than left to the end.
+                await self._write(namespace, there, body)
                 await self._replace(namespace, node, there, outdated)
                 continue
             if outdated:
                 self.waiting.add(namespace)  # its turn comes once the namespace's hosts settle
             else:
                 replacements.settled(namespace, where, there)
-            meta = there.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            patch_labels: dict[str, Any] = dict(body["metadata"]["labels"])
-            for key in labels:
-                if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
-                    patch_labels[key] = None
-            # The template annotation is written at creation only: it says what made the host.
-            annotations = {
-                key: body["metadata"]["annotations"].get(key)
-                for key in (
-                    hosted_models_annotation(self._keys),
-                    parked_models_annotation(self._keys),
-                )
-            }
-            if (
-                any(labels.get(k) != v for k, v in patch_labels.items())
-                or any((meta.get("annotations") or {}).get(k) != v for k, v in annotations.items())
-                or meta.get("ownerReferences") != body["metadata"]["ownerReferences"]
-            ):
-                # One write: a replica leaves its Service as it is marked draining.
-                patch = {
-                    "metadata": {
-                        "labels": patch_labels,
-                        "annotations": annotations,
-                        "ownerReferences": body["metadata"]["ownerReferences"],
-                    }
-                }
-                await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
+            await self._write(namespace, there, body)
         for key in [k for k in self.refused if k[0] == namespace and k[1] not in wanted]:
             del self.refused[key]  # no replica of the namespace there any more
         if self._replacements.release(namespace, wanted, there_now):
@@ -324,6 +300,38 @@ class HostWriter:
                 continue  # not the binder's writing: rewritten below
             listed.update((entry.replica_uid, where) for entry in entries)
         return listed
+
+    async def _write(self, namespace: str, there: JsonObject, body: JsonObject) -> None:
+        """Patch the host `there` to the labels, replicas, parks and owners of `body` (the
+        host the binder would create now), when any differ: one write."""
+        meta = there.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        patch_labels: dict[str, Any] = dict(body["metadata"]["labels"])
+        for key in labels:
+            if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
+                patch_labels[key] = None
+        # The template annotation is written at creation only: it says what made the host.
+        annotations = {
+            key: body["metadata"]["annotations"].get(key)
+            for key in (
+                hosted_models_annotation(self._keys),
+                parked_models_annotation(self._keys),
+            )
+        }
+        if (
+            any(labels.get(k) != v for k, v in patch_labels.items())
+            or any((meta.get("annotations") or {}).get(k) != v for k, v in annotations.items())
+            or meta.get("ownerReferences") != body["metadata"]["ownerReferences"]
+        ):
+            # One write: a replica leaves its Service as it is marked draining.
+            patch = {
+                "metadata": {
+                    "labels": patch_labels,
+                    "annotations": annotations,
+                    "ownerReferences": body["metadata"]["ownerReferences"],
+                }
+            }
+            await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
 
     async def _replace(self, namespace: str, node: str, there: JsonObject, why: str) -> None:
         """Delete the outdated host on `node`: its proxy drains as a model pod's does (out of

@@ -491,6 +491,9 @@ async def test_a_model_parked_at_zero_on_a_replaced_host_gets_a_stand_in_first(
     assert parked_models(hosts(core)[first]) == ["zero"], "it holds zero's requests meanwhile"
     loaded(core, other, "solo", "zero")
     await eventually(functools.partial(terminating, core), what="then the old host goes")
+    going = core.read_namespaced_pod(host_name(first), "default")
+    assert parked_models(going) == [], "the park is taken off first: its held requests answered"
+    assert (going.metadata.labels or {}).get("tritonshare.io/serves-zero") is None
     assert hosts(core)[other].metadata.labels.get("tritonshare.io/serves-zero") == "true"
     kubelet_removes_deleted(core)
     await eventually(lambda: hosts(core).get(first), what="the new host")

@@ -160,7 +160,8 @@ def test_a_model_parked_at_zero_on_a_replaced_host_gets_a_stand_in_until_it_is_r
     assert not rule.replacements.stood_in(N1, old, wanted, [zero]), "not served yet"
     rule.served.add("zero/0")
     wanted = {N1: wanted[N1], N2: [*wanted[N2], *on_n2]}
-    assert rule.replacements.stood_in(N1, old, wanted, [zero])
+    assert not rule.replacements.stood_in(N1, old, wanted, [zero]), "parked here until its turn"
+    assert rule.replacements.stood_in(N1, old, wanted, [])
     # The old host goes: the stand-in stays until the new one is there.
     assert rule.replacements.release("ns", wanted, {N1: old, N2: _host("n2")})
     deleting = {"metadata": {"uid": "old-n1", "deletionTimestamp": "now"}}
