@@ -7,11 +7,12 @@ created anew (`binder.tritonmodels.hostwriter`). Replacements go one host of a n
 time, so its models stay served by their replicas on other nodes: the next waits until no host
 of the namespace is being deleted and every other one serves its replicas, or
 --host-drain-seconds after the last replacement at most. A model the host serves and no other
-does first gets a stand-in: one replica more (`stand_ins`, placed by the replica placer on
-another node), and the host waits until it is served, or --host-drain-seconds (no room for
-it); the stand-in leaves once the new host serves the model. So too a model served alone on a
-node whose node pod stops, until that node serves it again. This module decides; the host writer
-deletes.
+does, or parks at zero, first gets a stand-in: one replica more (`stand_ins`, placed by the
+replica placer on another node), and the host waits until it is served (and the model unparked),
+or --host-drain-seconds (no room for it); no other host of the namespace goes meanwhile. The
+stand-in leaves once the new host serves the model (a parked one: once the new host is there).
+So too a model served alone on a node whose node pod stops, until that node serves it again.
+This module decides; the host writer deletes.
 """
 
 from __future__ import annotations
@@ -154,11 +155,12 @@ class HostReplacements:
             if model.replicas and replica.uid not in self._draining
         ]
         parked = list(parked)
+        parked_here = {model.uid for model in parked}
         for model in [*alone, *parked]:
             if model.uid in elsewhere:
                 # Parked here still: its turn unparks it (its stand-in serves), then the host's
                 # write takes the park off before it goes (its held requests answered).
-                ready = ready and model not in parked
+                ready = ready and model.uid not in parked_here
                 continue
             asked = self._asked.get(model.namespace, {}).get(model.uid)
             if asked is None or asked[0] != host_uid:
