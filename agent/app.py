@@ -45,6 +45,7 @@ from agent.metrics import AgentMetrics
 from agent.models.evictor import Evictor
 from agent.models.nodemodels import ModelLimits, Models
 from agent.models.probationhold import ProbationHold, latest_use
+from agent.models.quietwindow import QuietWindow
 from agent.models.reconcile import Reconciler
 from agent.models.tritonram import HostMemory, HostMemoryRules
 from agent.pods.callerkeys import CallerKeys, secret_beside
@@ -242,6 +243,7 @@ class Agent:
                 floor=settings.triton_memory_floor,
                 namespace_percent=settings.triton_memory_namespace_percent,
             ),
+            quiet=QuietWindow(settings.activity_path, max_age=settings.activity_max_age_seconds),
         )
 
         # The models, and what keeps them in line with the pods.

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,14 @@ class TritonTree:
     pids: frozenset[int]
     rss: int
     """Bytes resident, summed over the processes (shared pages count once per process)."""
+    models: Mapping[str, int] = field(default_factory=dict)
+    """Of `rss`, what each model's own processes hold (its Python backend stubs and what runs
+    under them), by its name in Triton."""
+
+    @property
+    def own(self) -> int:
+        """Of `rss`, what Triton's own processes hold: the tree less the models' processes."""
+        return self.rss - sum(self.models.values())
 
 
 class TritonProcesses:
@@ -74,8 +83,13 @@ class TritonProcesses:
         root = self.root()
         if root is None:
             return None
-        pids = _under(root, self._children())
-        return TritonTree(frozenset(pids), sum(self._rss(pid) for pid in pids))
+        children = self._children()
+        rss = {pid: self._rss(pid) for pid in _under(root, children)}
+        models = {
+            name: sum(rss.get(pid, 0) for pid in pids)
+            for name, pids in self._models_under(root, children).items()
+        }
+        return TritonTree(frozenset(rss), sum(rss.values()), models)
 
     def by_model(self) -> dict[str, frozenset[int]] | None:
         """Each model's processes by its name in Triton: every Python backend stub in Triton's
@@ -84,7 +98,9 @@ class TritonProcesses:
         root = self.root()
         if root is None:
             return None
-        children = self._children()
+        return self._models_under(root, self._children())
+
+    def _models_under(self, root: int, children: dict[int, list[int]]) -> dict[str, frozenset[int]]:
         found: dict[str, set[int]] = {}
         todo = [root]
         while todo:

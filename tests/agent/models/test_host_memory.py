@@ -5,6 +5,7 @@ OOM-killed with every model in it."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import urllib.request
 from pathlib import Path
@@ -12,11 +13,16 @@ from typing import Any
 
 import grpc
 import kubernetes.client
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 from agent.errors import HostMemoryExhaustedError
 from agent.gpus.processes import TritonProcesses, TritonTree
+from agent.models.quietwindow import QuietWindow
 from agent.models.tritonram import HostMemory, HostMemoryRules
+from common.activity import Activity, ActivityTable
+from common.activity import write_table as write_activity
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.gpu.nvml import MockNvml
@@ -135,29 +141,50 @@ async def test_a_load_past_triton_s_memory_limit_is_refused_and_a_load_is_measur
 
 
 class Readings(TritonProcesses):
-    """Triton's tree as a test sets it."""
+    """Triton's tree as a test sets it: Triton's own process (`rss`) and each model's own
+    processes (`models`)."""
 
     def __init__(self, rss: int) -> None:
         super().__init__(Path("/nonexistent"))
         self.rss = rss
+        self.models: dict[str, int] = {}
 
     def tree(self) -> TritonTree | None:
-        return TritonTree(frozenset({1}), self.rss)
+        return TritonTree(frozenset({1}), self.rss + sum(self.models.values()), dict(self.models))
+
+
+class Windows:
+    """The gateway's word on load windows, as a test sets it (`agent.models.quietwindow`)."""
+
+    def __init__(self, answer: bool | None = True) -> None:
+        self.answer = answer
+
+    def __call__(self, name: str, since: float, until: float) -> bool | None:
+        return self.answer
 
 
 def test_loads_under_way_count_and_a_measured_figure_admits_the_same_files() -> None:
     readings = Readings(1000 * MIB)
-    host = HostMemory(readings, HostMemoryRules(limit=3000 * MIB, reserve=500 * MIB))
+    rules = HostMemoryRules(limit=3000 * MIB, reserve=500 * MIB)
+    host = HostMemory(readings, rules, quiet=Windows())
     # Unmeasured: 512Mi each. Two fit beside each other (1000 + 512 + 512 <= 2500), not three.
     first = host.admit("a", "digest-a", 10, "a", "ns/a")
     second = host.admit("b", "digest-b", 10, "b", "ns/b")
     with pytest.raises(HostMemoryExhaustedError, match="loads under way 1024 MiB"):
         host.admit("c", "digest-c", 10, "c", "ns/c")
-    # b fails: its share is free again; a loads and is measured at 100 MiB.
+    # b fails: its share is free again; a loads and is measured at 100 MiB. b's load shared its
+    # window, so the figure is billed (no more than a was admitted on) but not kept for its files.
     host.finished(second, False)
     readings.rss = 1100 * MIB
     host.finished(first, True)
     assert host.models() == {"a": 100 * MIB}
+    assert host.by_digest == {}
+    # Loaded again alone, in a quiet window: measured, and kept for its files.
+    host.forget("a")
+    again = host.admit("a", "digest-a", 10, "a", "ns/a")
+    readings.rss = 1200 * MIB
+    host.finished(again, True)
+    assert host.models() == {"a": 100 * MIB} and host.by_digest == {"digest-a": 100 * MIB}
     # The same files again: admitted on 100 MiB (but never below their size) where 512 would not.
     readings.rss = 2300 * MIB
     with pytest.raises(HostMemoryExhaustedError, match="not measured yet"):
@@ -167,6 +194,62 @@ def test_loads_under_way_count_and_a_measured_figure_admits_the_same_files() -> 
         host.admit("a3", "digest-a", 300 * MIB, "a", "ns/a3")
     # No limit known: nothing is admitted here.
     assert HostMemory(Readings(0), HostMemoryRules(limit=0)).admit("x", "d", 1, "x", "p") is None
+
+
+def test_triton_s_growth_beside_a_neighbour_s_requests_is_not_billed_to_the_load() -> None:
+    readings = Readings(1000 * MIB)
+    windows = Windows(False)
+    rules = HostMemoryRules(limit=5000 * MIB, reserve=0, per_load=300 * MIB, floor=10 * MIB)
+    host = HostMemory(readings, rules, quiet=windows)
+    # A Python model (a stub of its own): while it loaded, a neighbour's request grew Triton by
+    # 600 MiB. It is billed its stub alone, and nothing is kept for its files.
+    admitted = host.admit("py", "d-py", 1, "m", "team-b/py")
+    readings.models["py"] = 70 * MIB
+    readings.rss += 600 * MIB
+    host.finished(admitted, True)
+    assert host.models() == {"py": 70 * MIB} and host.by_digest == {}
+    # A model inside Triton's process: billed its window's growth up to what it was admitted on.
+    admitted = host.admit("onnx", "d-onnx", 1, "m", "team-b/onnx")
+    readings.rss += 600 * MIB
+    host.finished(admitted, True)
+    assert host.models()["onnx"] == 300 * MIB and host.by_digest == {}
+    # Not known yet (the gateway's table does not reach the load's end): billed what no
+    # neighbour could inflate until the window is found quiet, then the whole growth, kept.
+    windows.answer = None
+    admitted = host.admit("py2", "d-py2", 1, "m", "team-b/py2")
+    readings.models["py2"] = 70 * MIB
+    readings.rss += 5 * MIB
+    host.finished(admitted, True)
+    assert host.models()["py2"] == 70 * MIB
+    windows.answer = True
+    host.settle()
+    assert host.models()["py2"] == 75 * MIB and host.by_digest == {"d-py2": 75 * MIB}
+    # A model's own processes are its alone: their growth after load is billed to it, read again
+    # at the next admission, and fills its own namespace's share, not a neighbour's.
+    readings.models["py"] = 2000 * MIB
+    assert host.admit("other", "d-o", 1, "m", "team-c/other") is not None
+    assert host.models()["py"] == 2000 * MIB
+    with pytest.raises(HostMemoryExhaustedError, match="namespace team-b already holds"):
+        host.admit("py3", "d-py3", 1, "m", "team-b/py3")
+
+
+def test_a_window_is_quiet_only_when_the_gateway_saw_no_other_model_served(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "activity.json"
+    now = 1000.0
+    quiet = QuietWindow(path, max_age=5, wall=lambda: now)
+    assert quiet("m", 990, 995) is False  # no table: nothing can be told
+    assert QuietWindow(None, max_age=5)("m", 990, 995) is False  # no gateway
+    write_activity(path, ActivityTable(998, {"m": Activity(1, 997), "n": Activity(0, 900)}))
+    assert quiet("m", 990, 995) is True
+    assert quiet("m", 990, 999) is None  # written before the window's end: not yet
+    write_activity(path, ActivityTable(998, {"n": Activity(0, 992)}))
+    assert quiet("m", 990, 995) is False  # n was served during the window
+    write_activity(path, ActivityTable(998, {"n": Activity(1, 900)}))
+    assert quiet("m", 990, 995) is False  # n had a request in flight
+    write_activity(path, ActivityTable(990, {}))
+    assert quiet("m", 980, 985) is False  # stale
 
 
 async def test_one_namespace_of_tiny_models_cannot_fill_triton_s_host_memory(
@@ -261,3 +344,124 @@ def test_a_namespace_holds_its_share_each_model_charged_at_least_the_floor() -> 
     # An unloaded model gives its namespace its charge back.
     host.forget("a0")
     assert host.admit("a5", "d5", 1, "tiny", "team-a/tiny-5") is not None
+
+
+HOARDER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+KEPT = []
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            KEPT.append(np.ones(int(data.flat[0]) * 262144, dtype=np.float32))  # resident
+            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+SLOW = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(3)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+
+
+def _own_model(tmp_path: Path, pod: str, code: str) -> Path:
+    files = tmp_path / pod
+    shutil.copytree(MODELS_DIR / "add_one", files)
+    (files / "1" / "model.py").write_text(code)
+    return files
+
+
+async def test_a_neighbours_request_during_a_load_is_not_billed_to_the_loading_model(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+    node: str,
+    mock_nvml: MockNvml,
+    tmp_path: Path,
+) -> None:
+    """The attack: while a neighbour's model loads, a tenant's request makes its own model hold
+    600 MiB more. Measured as the growth of Triton's whole tree, it was billed to the loading
+    model, which then held most of its namespace's share and refused the namespace's next
+    model. Each model is billed what its own processes hold: the loading one its stub, the
+    attacker its 600 MiB (read again at the next admission), and the neighbour's next model
+    loads."""
+    assert triton.process is not None
+    pid_file = _pid_file(triton, tmp_path)
+    now = TritonProcesses(pid_file).tree()
+    assert now is not None
+    limit = now.rss + 1600 * MIB
+    settings = agent_settings(
+        kubeconfig,
+        triton,
+        model_repository,
+        triton_pid_file=pid_file,
+        triton_memory_limit=limit,
+        triton_memory_reserve=0,
+        triton_memory_per_load=256 * MIB,
+    )
+    share = limit // 2
+    for name in ("team-a", "team-b"):
+        core_v1(kube_api).create_namespace({"metadata": {"name": name}})
+    running = await start_agent(settings, mock_nvml)
+
+    async def serve(namespace: str, pod: str, files: Path) -> Any:
+        make_pod(kube_api, pod, "add_one", namespace=namespace, request=1)
+        token = apiserver.mint_token(namespace, pod)
+        await install_dir(running.stub, token, files, "add_one")
+        return await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="add_one"), metadata=bearer(token)
+        )
+
+    def hoard(name: str, mib: int) -> None:
+        with httpclient.InferenceServerClient(triton.http_url, network_timeout=60) as client:
+            tensor = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[mib]], dtype=np.float32))
+            client.infer(name, [tensor])
+
+    try:
+        await eventually(lambda: not running.agent.not_ready(), what="the agent to be ready")
+        status = await serve("team-a", "attacker", _own_model(tmp_path, "attacker", HOARDER))
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        attacker = name_in_triton(kube_api, "attacker", "add_one", "team-a")
+        # The neighbour's model loads (3 s); the attacker's request lands in the middle.
+        loading = asyncio.create_task(serve("team-b", "good-1", _own_model(tmp_path, "g1", SLOW)))
+        await asyncio.sleep(1.0)
+        assert not loading.done()
+        await asyncio.to_thread(hoard, attacker, 600)
+        status = await loading
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        good = name_in_triton(kube_api, "good-1", "add_one", "team-b")
+        billed = running.agent.host_memory.models()[good]
+        stub = TritonProcesses(pid_file).tree()
+        assert stub is not None
+        assert 0 < billed <= stub.models[good] + 64 * MIB < 300 * MIB, (billed, stub.models)
+        # The namespace's next model is admitted: its share holds its own stub only.
+        status = await serve("team-b", "good-2", _own_model(tmp_path, "g2", SLOW))
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        # The attacker is billed its own growth, read again at that admission.
+        assert running.agent.host_memory.models()[attacker] >= 600 * MIB
+        assert billed < share
+    finally:
+        await running.stop()
+    assert triton.process.poll() is None
