@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -42,6 +43,7 @@ from binder.cluster.informer import Informer
 from binder.cluster.ledger import Ledger
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.framework.queue import SchedulingQueue
+from binder.framework.quota import check_for
 from binder.metrics import Metrics
 from binder.nodescaling.loop import Config as NodeScalingConfig
 from binder.nodescaling.loop import NodeScaling
@@ -200,6 +202,7 @@ class Binder:
             period=settings.autoscale_period_seconds,
             port=DEFAULT_PROXY_METRICS_PORT,
             identity=settings.identity,
+            verdicts=self.models.status_writer.autoscaling,
             keys=settings.keys,
             on_load=self.models.observe_load,
         )
@@ -214,10 +217,14 @@ class Binder:
                     settings.placeholder_node_selector,
                     settings.placeholder_grace_seconds,
                     settings.identity,
+                    settings.node_group_gpu_mem,
+                    settings.gpu_mem_reserve,
                 ),
                 serves=self._serves,
                 leading=leading.is_set,
                 executor=self._executor,
+                largest_gpu=self._largest_gpu,
+                quota_room=self._quota_room,
             )
             if settings.node_autoscaling
             else None
@@ -229,6 +236,19 @@ class Binder:
         state = self.ledger.state
         info = state.nodes.get(node)
         return info is not None and bool(info.gpus) and state.leases.get(node, 0.0) > time.time()
+
+    def _largest_gpu(self) -> int:
+        """The bytes the largest healthy GPU of the cluster offers a model, after the reserve."""
+        return self.ledger.state.memory.largest_usable()
+
+    def _quota_room(self, namespace: str) -> int | None:
+        """The GPU memory the namespace's quotas leave for one more replica, in bytes (None: no
+        quota binds its replicas)."""
+        check = check_for(self.ledger, self.settings.keys, namespace, None)
+        if check is None:
+            return None
+        room, _ = check.room(1)
+        return None if room == sys.maxsize else room
 
     def role(self) -> str:
         return "leader" if self.elector.is_leader else "follower"

@@ -8,13 +8,16 @@ in whole seconds with a `Z`, as `metav1.Time` serialises. Three shapes of write 
 list (`set_condition`: a merge patch that replaces `status.conditions`), one condition beside
 others the writer builds (`condition_for`), and one condition merged by type by the API server
 (`condition_patch`: a strategic-merge patch of pods/status, which keeps the fields it leaves out).
-Pure: it reads the clock only where no `now` is given, and writes nothing.
+A kind whose status has several conditions declares them once as a `ConditionSet` (Knative's
+`apis.ConditionSet`): which ones it carries, which writer owns each, and how its happy condition
+(`Ready`) follows from its dependents. Pure: it reads the clock only where no `now` is given, and
+writes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -116,3 +119,73 @@ def condition_patch(
     if new.observed_generation is not None:
         patch["observedGeneration"] = new.observed_generation
     return patch
+
+
+@dataclass(frozen=True)
+class ConditionSet:
+    """The conditions one kind's status carries, declared once: `owners` maps each type to the
+    one writer that decides it; `happy` (its `Ready`) also reads False while a `dependents`
+    condition does, and Unknown while one is Unknown (Knative's `ConditionSet.Manage`). A type
+    not declared is refused, so no writer can add a condition nobody else knows of."""
+
+    happy: str
+    dependents: tuple[str, ...]
+    owners: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [t for t in (self.happy, *self.dependents) if t not in self.owners]
+        if missing:
+            raise ValueError(f"conditions {', '.join(missing)} have no owner in the set")
+
+    def owned_by(self, owner: str) -> frozenset[str]:
+        """The types `owner` decides."""
+        return frozenset(t for t, o in self.owners.items() if o == owner)
+
+    def happy_of(self, own: Condition, said: Mapping[str, Condition]) -> Condition:
+        """The happy condition: `own` (what its owner judges of it alone) while that is not
+        True; else False with the first False dependent's reason and message, else Unknown
+        with the first Unknown one's, else `own`. A dependent not in `said` is not judged."""
+        if own.type != self.happy:
+            raise ValueError(f"condition {own.type} is not this set's happy one ({self.happy})")
+        if own.status != "True":
+            return own
+        for wanted in ("False", "Unknown"):
+            for kind in self.dependents:
+                dependent = said.get(kind)
+                if dependent is not None and dependent.status == wanted:
+                    return Condition(
+                        self.happy,
+                        wanted,
+                        dependent.reason,
+                        dependent.message,
+                        own.observed_generation,
+                    )
+        return own
+
+    def compose(
+        self,
+        old: Iterable[Any] | None,
+        said: Mapping[str, Condition | None],
+        *,
+        now: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        """The status's conditions once `said` (type -> its new condition, None: removed) is
+        written over `old`: each said one through `condition_for` (its lastTransitionTime
+        moves only with its status), the others of `old` kept as they are, in the set's
+        order, then any other writer's types as they were. Raises ValueError for a type the
+        set does not declare."""
+        unknown = sorted(set(said) - set(self.owners))
+        if unknown:
+            raise ValueError(f"conditions {', '.join(unknown)} are not declared in the set")
+        kept = [c for c in old or () if isinstance(c, dict)]
+        written: list[dict[str, Any]] = []
+        for kind in self.owners:
+            previous = find(kept, kind)
+            if kind in said:
+                new = said[kind]
+                if new is not None:
+                    written.append(condition_for(new, previous, now=now))
+            elif previous is not None:
+                written.append(previous)
+        written.extend(c for c in kept if c.get("type") not in self.owners)
+        return written

@@ -17,8 +17,10 @@ seconds handed to the model controller (`on_load`), so one request per host a pe
 
 One owner of `scale` at a time: an object an autoscaling/v2 HorizontalPodAutoscaler targets
 (KEDA's ScaledObject makes one) is left to it. A TritonModel's `Autoscaling` condition says who
-scales it (reason `BuiltIn`, `HorizontalPodAutoscaler`, `KEDAScaledObject` or `InvalidSettings`);
-a Deployment's status is its controller's, so it gets an Event with that reason when it changes.
+scales it (reason `BuiltIn`, `HorizontalPodAutoscaler`, `KEDAScaledObject` or `InvalidSettings`):
+the loop hands that verdict to the model's one status writer (`verdicts`), which writes it with
+the model's other conditions; a Deployment's status is its controller's, so it gets an Event with
+that reason when it changes.
 Until the HPAs and Deployments have been listed the loop scales nothing. Its windows start afresh
 when this replica begins to lead; a follower decides nothing, and a write stops being retried once
 leadership is lost (`Session.retrying`).
@@ -54,7 +56,7 @@ from binder.autoscaler.targets import (
 )
 from binder.cluster.informer import Informer
 from binder.cluster.ledger import Ledger
-from common.conditions import Condition, find, set_condition
+from binder.cluster.modelviews import event_object
 from common.contract import PROXY_AUTOSCALING_PATH, Keys
 from common.hosted import group_namespace
 
@@ -62,7 +64,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KEYS = Keys()
 
-CONDITION = "Autoscaling"
 WARNINGS = frozenset({INVALID_SETTINGS, NOT_MODEL_PODS})
 """Reasons a Deployment's Event is a Warning for."""
 GROUPS = {
@@ -75,6 +76,9 @@ Readings = Mapping[str, Mapping[str, float]]
 """Model uid -> source (node) -> the seconds its requests were held there (cumulative)."""
 Report = tuple[str, str, str]
 """(status, reason, message) of who scales a target."""
+Verdicts = Callable[[dict[str, Any], Any, Report | None, int], bool]
+"""The model status writer's `autoscaling(involved, its conditions as cached, verdict (None: not
+scaled by the autoscaler), generation)`: whether a write was queued."""
 MAX_ANSWER_BYTES = 4 << 20
 """The most of one proxy's /autoscaling answer read: a host of 10,000 models with ids of 128
 characters answers at most 1.9 MiB. A pod's own bound is smaller: `answer_bound` of the models
@@ -91,9 +95,6 @@ YIELD_EVERY = 100
 MAX_SOURCES_EXTRA = 5
 """A Deployment's pods read beyond its replicas (a roll's surge): more pods matching its selector,
 which its namespace could create, cost the binder no more reads."""
-REWRITE_SECONDS = 5.0
-"""A condition written that the cache does not show after this long is written again (the
-model controller's status write may have replaced the list meanwhile)."""
 
 
 def describe(scaling: Scaling) -> str:
@@ -121,11 +122,13 @@ class Autoscaling:
         period: float,
         port: int,
         identity: str,
+        verdicts: Verdicts,
         keys: Keys = DEFAULT_KEYS,
         monotonic: Callable[[], float] = time.monotonic,
         on_load: Callable[[float, Readings], None] | None = None,
     ) -> None:
         self._kube = kube
+        self._verdicts = verdicts
         self._ledger = ledger
         self.index = index
         self._leading = leading
@@ -338,30 +341,13 @@ class Autoscaling:
             del self._written[uid]
 
     async def _clear_stale(self) -> None:
-        """Remove the condition of a TritonModel whose spec.autoscaling is gone."""
+        """The verdict on a TritonModel whose spec.autoscaling is gone: none (its condition
+        goes; the writer writes only where the cache still shows one)."""
         for model in list(self._ledger.models.values()):
-            conditions = model.status.get("conditions") or []
-            if model.autoscaling is not None or not any(
-                isinstance(c, dict) and c.get("type") == CONDITION for c in conditions
-            ):
-                continue
-            written = self._written.get(model.uid)
-            if (
-                written is not None
-                and written[0] is None
-                and self._monotonic() - written[1] < REWRITE_SECONDS
-            ):
-                continue
-            kept = [c for c in conditions if isinstance(c, dict) and c.get("type") != CONDITION]
-            if await self._call(
-                f"Removing the Autoscaling condition of TritonModel {model.key}",
-                self._kube.patch_model_status,
-                model.namespace,
-                model.name,
-                model.uid,
-                {"conditions": kept},
-            ):
-                self._written[model.uid] = (None, self._monotonic())
+            if model.autoscaling is None and model.status.get("conditions"):
+                self._verdicts(
+                    event_object(model), model.status.get("conditions"), None, model.generation
+                )
 
     async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         loop = asyncio.get_running_loop()
@@ -373,14 +359,7 @@ class Autoscaling:
         return True
 
     def _event(self, target: Target, reason: str, message: str, kind: str) -> Awaitable[bool]:
-        group, version, _ = GROUPS[target.kind]
-        involved = {
-            "apiVersion": f"{group}/{version}",
-            "kind": target.kind,
-            "namespace": target.namespace,
-            "name": target.name,
-            "uid": target.uid,
-        }
+        involved = _involved(target)
         return self._call(
             f"Recording a {reason} Event for {target.kind} {target.key}",
             self._kube.record_object_event,
@@ -426,7 +405,6 @@ class Autoscaling:
         if not self._leading.is_set() or writes[target.namespace] >= WRITES_PER_NAMESPACE:
             return
         written = self._written.get(target.uid)
-        fresh = written is not None and self._monotonic() - written[1] < REWRITE_SECONDS
         if target.kind == "Deployment":
             if written is None or written[0] != wanted:
                 writes[target.namespace] += 1
@@ -435,25 +413,21 @@ class Autoscaling:
                 if await self._event(target, reason, message, kind):
                     self._written[target.uid] = (wanted, self._monotonic())
             return
-        conditions = [c for c in target.status.get("conditions") or [] if isinstance(c, dict)]
-        old = find(conditions, CONDITION)
-        if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == wanted:
-            return
-        if fresh and written is not None and written[0] == wanted:
-            return  # written, and the cache has not seen it yet
-        writes[target.namespace] += 1
-        conditions = set_condition(
-            conditions, Condition(CONDITION, *wanted, observed_generation=target.generation)
-        )
-        if await self._call(
-            f"Writing the Autoscaling condition of TritonModel {target.key}",
-            self._kube.patch_model_status,
-            target.namespace,
-            target.name,
-            target.uid,
-            {"conditions": conditions},
-        ):
-            self._written[target.uid] = (wanted, self._monotonic())
+        conditions = target.status.get("conditions")
+        if self._verdicts(_involved(target), conditions, wanted, target.generation):
+            writes[target.namespace] += 1
+
+
+def _involved(target: Target) -> dict[str, Any]:
+    """`target` as an Event's involvedObject, or the object a status verdict is on."""
+    group, version, _ = GROUPS[target.kind]
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": target.kind,
+        "namespace": target.namespace,
+        "name": target.name,
+        "uid": target.uid,
+    }
 
 
 def _held(room: list[tuple[str, str, list[Source]]], counts: Mapping[str, Counts]) -> Readings:

@@ -6,6 +6,11 @@ who owns its `scale`. A source is read only for the models it serves: a host for
 namespace's replicas placed (or parked) on it, a Deployment's model pod (placed by the binder,
 its proof verified) for its own model id.
 
+A TritonModel is kept at one replica or more until its current files have loaded once, or failed
+to (`first_load_pending`, as Knative keeps a new revision at its initial scale until it is ready
+once): a model at `minReplicas: 0` is Ready before it first reaches zero, and one whose files
+cannot load says so rather than reading Ready at zero.
+
 A Deployment of model pods is never scaled below one pod (`deployment_floor`): with none, its
 Service has no endpoint and its next request nothing to wait on. At min-scale 0 its zero is one
 pod whose model sleeps while idle (residency on-demand, read from its pod template); for pods
@@ -100,6 +105,10 @@ def model_target(
         scaling = scaling_from(model.autoscaling)
     except ScalingError as e:
         problem = f"spec.autoscaling: {e}"
+    note = ""
+    if scaling is not None and scaling.min_replicas == 0 and first_load_pending(model):
+        scaling = replace(scaling, min_replicas=1)
+        note = "kept at one replica until its files have loaded once"
     sources = list(host_sources(model, hosts))
     model_id = model.template.model_id  # the hosts count requests by the id clients send
     ready = model.status.get("readyReplicas")
@@ -119,9 +128,18 @@ def model_target(
         ready=ready if isinstance(ready, int) else 0,
         scaling=scaling,
         problem=problem,
+        note=note,
         sources=tuple(sources),
         status=model.status,
     )
+
+
+def first_load_pending(model: ModelInfo) -> bool:
+    """Whether no replica of the model's current files has been ready, nor failed to load
+    (its status's `loadedStorageUri` and `failedStorageUri`, the model controller's)."""
+    status = model.status
+    uri = model.storage_uri
+    return status.get("loadedStorageUri") != uri and status.get("failedStorageUri") != uri
 
 
 def host_sources(

@@ -36,6 +36,7 @@ from binder.tritonmodels.placer import Hosted, ReplicaPlacer
 from binder.tritonmodels.reporting import Reporter
 from binder.tritonmodels.servicewriter import ServiceWriter
 from binder.tritonmodels.serving import Serving, ordinal_of
+from binder.tritonmodels.status import StatusWriter
 from common.contract import Keys
 from common.hosted import replica_uid
 from common.kubeapi.errors import ApiError
@@ -164,6 +165,11 @@ class TritonModelController:
         )
         """The namespace's model hosts (`binder.tritonmodels.hostwriter`)."""
         self._services = ServiceWriter(kube, executor, keys=keys, identity=identity)
+
+    @property
+    def status_writer(self) -> StatusWriter:
+        """The one writer of the models' status; the autoscaler hands it its verdicts."""
+        return self._reporter.writer
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""

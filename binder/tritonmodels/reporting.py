@@ -4,9 +4,12 @@
 The status: `placements[]` ({replica, node, gpu, proof, host, ready, message, storageUri}),
 `nominations[]` (the rooms held for its replicas' preemptions, only while there are some),
 `replicas`, `readyReplicas` (and `availableReplicas`), `updatedReplicas`, `selector`,
-`observedGeneration`, and the conditions `Placed` (False with kube-scheduler's refusal, and a
-`FailedScheduling` Event only when the refusal changes), `Ready` (False naming the replicas not
-served and why) and `Progressing` (the roll); others' conditions are kept as they are. Events,
+`observedGeneration`, `loadedStorageUri` (the files a replica was last ready with) and
+`failedStorageUri` (files that failed to load before any replica of them was ready), and the
+conditions of `binder.tritonmodels.status.CONDITIONS` this turn owns: `Placed` (False with
+kube-scheduler's refusal, and a `FailedScheduling` Event only when the refusal changes), `Ready`
+(False naming the replicas not served and why; not True while `Loaded` is not), `Progressing`
+(the roll) and `Loaded`. Events,
 once per cause: `ReplicaNotServed` per replica and reason the agent gives (per message for a host's
 loader failing to load it: its reason, FetchFailed, ModelInvalid..., is then Ready's), `Preempted`
 and `Preempting`, and the roll's Warnings. Decides no placement; writes only through
@@ -26,16 +29,22 @@ from binder.cluster.objects import PodInfo
 from binder.framework.moves import PREEMPTED, PREEMPTING
 from binder.framework.replicapreemption import ReplicaPreemption
 from binder.tritonmodels.placer import Outcome
-from binder.tritonmodels.rolling import PLACED, PROGRESSING, ROLLING_WITHOUT_SURGE, Roll, Rollout
+from binder.tritonmodels.rolling import ROLLING_WITHOUT_SURGE, Roll, Rollout
 from binder.tritonmodels.serving import HOST_REFUSED, Serving
-from binder.tritonmodels.status import StatusWriter, Write
-from common.conditions import Condition, condition_for, find
+from binder.tritonmodels.status import (
+    CONDITIONS,
+    LOADED,
+    PLACED,
+    PROGRESSING,
+    READY,
+    StatusWriter,
+    Write,
+)
+from common.conditions import Condition, find
 from common.contract import Keys
 from common.hosted import LOAD_FAILURE_REASONS, host_name, serves_label
 from common.kubeapi.session import JsonObject
 
-READY = "Ready"
-"""The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
 """The Warning Event's reason when the agent reports a replica not loaded on its host."""
 QUIET_REASONS = frozenset({"ModelPending", "ModelDrained"})
@@ -81,6 +90,11 @@ class Reporter:
         self._roll_said: dict[str, str] = {}
         """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
 
+    @property
+    def writer(self) -> StatusWriter:
+        """The one writer of the models' status (the autoscaler hands it its verdicts)."""
+        return self._writes
+
     async def run_writes(self, stop: asyncio.Event) -> None:
         """The models' status writes and refusal Events, off the turns, until `stop`."""
         await self._writes.run(stop)
@@ -104,11 +118,15 @@ class Reporter:
         """The model's status after its turn, handed to the writer when it changed, with the
         refusal's Event when the refusal is new."""
         uid, refusal = model.uid, outcome.refusal
-        status = self._status(model, outcome)
+        status, said = self._status(model, outcome)
+        current = model.status.get("conditions") or []
         changed = any(model.status.get(k) != v for k, v in status.items())
+        changed = changed or CONDITIONS.compose(current, said) != current
         new_refusal = refusal if refusal and self._refused.get(uid) != refusal else ""
         if changed or new_refusal:
-            self._writes.put(Write(event_object(model), status if changed else None, new_refusal))
+            write = Write(event_object(model), status if changed else None, new_refusal)
+            write.said, write.current = dict(said), list(current)
+            self._writes.put(write)
         if refusal:
             self._refused[uid] = refusal
         else:
@@ -165,7 +183,11 @@ class Reporter:
         await self._event(model, said[0], said[1])
         self._roll_said[model.uid] = said[1]
 
-    def _status(self, model: ModelInfo, outcome: Outcome) -> JsonObject:
+    def _status(
+        self, model: ModelInfo, outcome: Outcome
+    ) -> tuple[JsonObject, dict[str, Condition | None]]:
+        """The model's status fields (all but its conditions) and the conditions its turn
+        says."""
         placed, refusal, waiting, roll = (
             outcome.placed,
             outcome.refusal,
@@ -173,19 +195,24 @@ class Reporter:
             outcome.roll,
         )
         reason = outcome.reason
+        generation = model.generation
         if refusal:
-            condition = self._condition(model, PLACED, "False", reason, refusal)
+            placed_said = Condition(PLACED, "False", reason, refusal, generation)
         elif waiting:
             why = reason if reason == PREEMPTED else "ReplicaDraining"
-            condition = self._condition(model, PLACED, "False", why, waiting)
+            placed_said = Condition(PLACED, "False", why, waiting, generation)
         else:
             message = f"{min(len(placed), model.replicas)} of {model.replicas} replicas placed"
-            condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
+            placed_said = Condition(PLACED, "True", "AllReplicasPlaced", message, generation)
         placements = []
         why_not: list[str] = []
         not_ready = "ReplicasNotReady"
+        files = _Files(model)
         for ordinal, replica in sorted(placed.items()):
             ready, why, agent_reason = self._serving.served(model, replica)
+            uri = self._rollout.uri(model, ordinal)
+            where = f"replica {ordinal} on {replica.node_name}"
+            files.replica(uri, ready, agent_reason, f"{where}: {why}")
             if agent_reason == HOST_REFUSED:
                 not_ready = HOST_REFUSED
             elif agent_reason in LOAD_FAILURE_REASONS and not_ready == "ReplicasNotReady":
@@ -197,7 +224,7 @@ class Reporter:
                 "proof": replica.placement,
                 "host": host_name(replica.node_name, model.storage_secret),
                 "ready": ready,
-                "storageUri": self._rollout.uri(model, ordinal),
+                "storageUri": uri,
             }
             if why:
                 entry["message"] = why
@@ -211,45 +238,34 @@ class Reporter:
             shown = why_not[:READY_REASONS_SHOWN]
             if len(why_not) > len(shown):
                 shown.append(f"{len(why_not) - len(shown)} more")
-            ready_condition = self._condition(
-                model, READY, "False", not_ready, f"{message}; {'; '.join(shown)}"
-            )
+            own = Condition(READY, "False", not_ready, f"{message}; {'; '.join(shown)}")
         else:
-            ready_condition = self._condition(model, READY, "True", "AllReplicasReady", message)
+            own = Condition(READY, "True", "AllReplicasReady", message)
+        own = Condition(own.type, own.status, own.reason, own.message, generation)
+        loaded = files.condition(generation)
         status: JsonObject = {
-            "observedGeneration": model.generation,
+            "observedGeneration": generation,
             "replicas": len(placed),
             "readyReplicas": ready_count,
             "availableReplicas": ready_count,
             "updatedReplicas": roll.updated,
             "selector": f"{serves_label(self._keys, model.name)}=true",
             "placements": placements,
-            "conditions": [
-                condition,
-                ready_condition,
-                self._condition(model, PROGRESSING, roll.status, roll.reason, roll.message),
-                # Others' conditions (the autoscaler's, binder.autoscaler.loop) are kept as they
-                # are.
-                *(
-                    c
-                    for c in model.status.get("conditions") or []
-                    if isinstance(c, dict) and c.get("type") not in (PLACED, READY, PROGRESSING)
-                ),
-            ],
+            # A merge patch's null removes a field.
+            "loadedStorageUri": files.loaded or None,
+            "failedStorageUri": files.failed or None,
         }
         nominations = self._preemption.nominations(model.uid)
         if nominations or model.status.get("nominations"):
-            status["nominations"] = nominations or None  # a merge patch's null removes it
-        return status
-
-    def _condition(
-        self, model: ModelInfo, kind: str, status: str, reason: str, message: str
-    ) -> dict[str, Any]:
-        """A condition of the model's status, its lastTransitionTime kept while its status
-        stays, and kept whole while nothing of it changes."""
-        old = find(model.status.get("conditions"), kind)
-        new = Condition(kind, status, reason, message, observed_generation=model.generation)
-        return condition_for(new, old)
+            status["nominations"] = nominations or None
+        progressing = Condition(PROGRESSING, roll.status, roll.reason, roll.message, generation)
+        said: dict[str, Condition | None] = {
+            PLACED: placed_said,
+            READY: CONDITIONS.happy_of(own, {LOADED: loaded}),
+            PROGRESSING: progressing,
+            LOADED: loaded,
+        }
+        return status, said
 
     async def _event(
         self, model: ModelInfo, reason: str, message: str, event_type: str = "Warning"
@@ -264,4 +280,69 @@ class Reporter:
                 reporting_instance=self._identity,
                 event_type=event_type,
             ),
+        )
+
+
+class _Files:
+    """Whether the model's current files (spec.storageUri) have loaded: the `Loaded`
+    condition. True once a replica of them has been ready (remembered in
+    `status.loadedStorageUri`, so it holds at zero replicas), or while any replica is ready (a
+    roll's old files serve); False with the load's failure while none of them has been ready
+    (remembered in `status.failedStorageUri`); Unknown before either."""
+
+    def __init__(self, model: ModelInfo) -> None:
+        self.current = model.storage_uri
+        status = model.status
+        self.loaded = str(status.get("loadedStorageUri") or "")
+        self.failed = str(status.get("failedStorageUri") or "")
+        self._old = find(status.get("conditions"), LOADED)
+        self._serving = False
+        self._failure: tuple[str, str] | None = None
+        """(reason, message) of the current files' failure to load."""
+
+    def replica(self, uri: str, ready: bool, agent_reason: str, said: str) -> None:
+        """One replica of `uri`: `ready`, or not for `agent_reason`, as `said` (its host's
+        word)."""
+        if ready:
+            self._serving = True
+            if uri == self.current:
+                self.loaded = uri
+            return
+        failed = uri == self.current and agent_reason in LOAD_FAILURE_REASONS
+        if failed and self._failure is None:
+            self._failure = (agent_reason, f"no replica of {uri} has been ready: {said}")
+
+    def condition(self, generation: int) -> Condition:
+        current = self.current
+        if self.loaded == current:
+            self.failed = ""
+            return Condition(
+                LOADED, "True", "FilesLoaded", f"a replica of {current} has been ready", generation
+            )
+        old = self._old
+        kept = old is not None and old.get("status") == "False" and self.failed == current
+        if self._failure is None and old is not None and kept:
+            # Said while a replica failed: kept at zero replicas, until one loads.
+            self._failure = (str(old.get("reason")), str(old.get("message")))
+        if self._failure is not None:
+            self.failed = current
+        else:
+            self.failed = ""
+        if self._serving:
+            return Condition(
+                LOADED,
+                "True",
+                "ReplicasServing",
+                f"replicas of earlier files serve; no replica of {current} has been ready yet",
+                generation,
+            )
+        if self._failure is not None:
+            reason, message = self._failure
+            return Condition(LOADED, "False", reason, message, generation)
+        return Condition(
+            LOADED,
+            "Unknown",
+            "NotLoadedYet",
+            f"no replica of {current} has been ready yet",
+            generation,
         )

@@ -19,15 +19,12 @@ from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
+from binder.tritonmodels.status import PLACED
 from common.hosted import NOT_LOADED_REASON, replica_uid
 
 UNSUPPORTED_STORAGE = "UnsupportedStorage"
 """The Placed condition's reason for a model whose files no model host can fetch (and the
 Progressing condition's, for a roll to them)."""
-PLACED = "Placed"
-"""The condition type: every wanted replica is placed."""
-PROGRESSING = "Progressing"
-"""The condition type: where the roll to a new spec.storageUri stands."""
 ROLL_COMPLETE = "NewFilesServed"
 ROLL_UPDATING = "ReplicaUpdating"
 ROLL_STALLED = "NewFilesNotServed"

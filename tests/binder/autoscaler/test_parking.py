@@ -185,6 +185,7 @@ def test_another_namespace_s_host_naming_the_model_is_no_source_of_its_demand() 
         period=1.0,
         port=9002,
         identity="test",
+        verdicts=lambda involved, conditions, verdict, generation: False,
         keys=KEYS,
     )
     [target] = autoscaling.targets()

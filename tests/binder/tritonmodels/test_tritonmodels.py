@@ -164,8 +164,12 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
         verify(placement_keys, obj, entry)
         assert entry["host"] == host_name(entry["node"])
     assert status["selector"] == f"{SERVES}=true"
-    placed_, ready, progressing = status["conditions"]
+    placed_, ready, progressing, loaded = status["conditions"]
     assert (placed_["type"], placed_["status"]) == ("Placed", "True")
+    # No replica loaded yet: the files have not been ready once.
+    assert (loaded["type"], loaded["status"], loaded["reason"]) == (
+        "Loaded", "Unknown", "NotLoadedYet"
+    )  # fmt: skip
     assert (ready["type"], ready["status"], ready["reason"]) == (
         "Ready", "False", "ReplicasNotReady"
     )  # fmt: skip
