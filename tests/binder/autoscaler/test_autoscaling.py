@@ -32,7 +32,7 @@ from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.claims import claim, ports_free
 from tests.binder.objects import GI, pod_obj
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
-from tests.binder.tritonmodels.test_host_gaps import loaded
+from tests.binder.tritonmodels.test_host_gaps import loaded as agent_loaded
 from tests.binder.tritonmodels.test_model_hosts import HOST_READY
 from tests.binder.tritonmodels.test_tritonmodels import SERVES, hosts, loaded_types
 from tests.conftest import require_executable
@@ -647,7 +647,7 @@ async def test_a_poisoned_answer_leaves_a_neighbour_parked_at_zero_to_wake(
     )
     # Ready once (a model is held at one replica until its files have loaded).
     await eventually(lambda: loaded_types(core, node, "resnet"), what="its replica on the host")
-    loaded(core, node, "resnet")
+    agent_loaded(core, node, "resnet")
     await eventually(lambda: replicas(custom, "resnet") == 0, within=40, what="scaled to zero")
     assert answers.read_at[evil], "the poison was read"
 
