@@ -9,6 +9,7 @@ import pytest
 
 from common.conditions import (
     Condition,
+    ConditionSet,
     condition_for,
     condition_patch,
     find,
@@ -117,3 +118,44 @@ def test_a_patch_leaves_the_time_to_the_server_while_the_status_stays() -> None:
         assert condition_patch(said, was, now=T1)["lastTransitionTime"] == "2026-11-26T10:05:00Z"
     with_generation = Condition("Ready", "True", "R", "m", observed_generation=7)
     assert condition_patch(with_generation, "True")["observedGeneration"] == 7
+
+
+SET = ConditionSet(
+    happy="Ready",
+    dependents=("Loaded",),
+    owners={"Placed": "turn", "Ready": "turn", "Loaded": "turn", "Autoscaling": "scaler"},
+)
+
+
+def test_the_happy_condition_follows_its_dependents() -> None:
+    own = Condition("Ready", "True", "AllReplicasReady", "0 of 0 replicas ready")
+    failed = Condition("Loaded", "False", "FetchFailed", "404")
+    assert SET.happy_of(own, {"Loaded": failed}) == Condition(
+        "Ready", "False", "FetchFailed", "404"
+    )
+    pending = Condition("Loaded", "Unknown", "NotLoadedYet", "not yet")
+    assert SET.happy_of(own, {"Loaded": pending}).status == "Unknown"
+    loaded = Condition("Loaded", "True", "FilesLoaded", "loaded")
+    assert SET.happy_of(own, {"Loaded": loaded}) == own
+    # Its own verdict, when not True, stands whatever the dependents say.
+    not_ready = Condition("Ready", "False", "ReplicasNotReady", "0 of 1 replicas ready")
+    assert SET.happy_of(not_ready, {"Loaded": failed}) == not_ready
+    with pytest.raises(ValueError, match="not this set's happy one"):
+        SET.happy_of(failed, {})
+
+
+def test_a_set_composes_each_owners_latest_and_refuses_an_undeclared_type() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    old = SET.compose([], {"Autoscaling": Condition("Autoscaling", "True", "BuiltIn", "x")}, now=at)
+    later = at + timedelta(minutes=5)
+    ready = Condition("Ready", "True", "AllReplicasReady", "1 of 1")
+    written = SET.compose(
+        [*old, {"type": "Foreign", "status": "True"}], {"Ready": ready}, now=later
+    )
+    assert [c["type"] for c in written] == ["Ready", "Autoscaling", "Foreign"]
+    assert written[1] == old[0], "another owner's condition is kept whole"
+    assert SET.compose(written, {"Autoscaling": None}, now=later)[1]["type"] == "Foreign"
+    with pytest.raises(ValueError, match="not declared"):
+        SET.compose(written, {"Invented": ready})
+    with pytest.raises(ValueError, match="no owner"):
+        ConditionSet(happy="Ready", dependents=("Loaded",), owners={"Ready": "turn"})
