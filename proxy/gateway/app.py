@@ -5,7 +5,8 @@ the node pod too, listens for the model pods' proxies. The agent's caller table
 (`gateway.callerbook`) maps each proven model pod of this node that owns its model to that model,
 and each model host to its replicas' models. A connection names its pod by the caller key it sends
 first, or by its source address where it sends none (`gateway.identity`); its first bytes are read
-once, apart from the accept loop when they are not there yet, bounded in time and number. A
+once, apart from the accept loop when they are not there yet, bounded in time
+(`--caller-key-timeout`), per source address (`--max-silent-connections-per-address`) and in all. A
 connection that names no caller is closed before a byte of its protocol is read; one from a caller
 is handed to that pod's relays (`gateway.tenants`), which are the proxy's own, bound to the pod's
 model. When a pod leaves the table its connections are dropped at once.
@@ -144,8 +145,10 @@ class Gateway:
         self._down: dict[str, str] = {}
         """Why each listener that stopped accepting did; a listener never comes back."""
         self._stopping: asyncio.Event | None = None
-        self._waiting: dict[asyncio.Task[None], None] = {}
-        """Connections waiting for their first bytes, oldest first."""
+        self._waiting: dict[asyncio.Task[None], str] = {}
+        """Connections waiting for their first bytes, oldest first, with their source address."""
+        self._silent: dict[str, int] = {}
+        """How many of them each source address holds (`--max-silent-connections-per-address`)."""
 
     def _probation_changed(self, caller: Caller) -> None:
         """A pod's probation or hold changed: follow it, and say so in the activity table at
@@ -279,6 +282,11 @@ class Gateway:
                 sock.close()
                 continue
             if first is None:
+                if self._silent.get(address, 0) >= self.settings.max_silent_per_address:
+                    # Its address holds its bound of silent connections already: no waiting room
+                    # for another, so one address's flood takes none of another's.
+                    self._refuse(protocol, address, sock, why="too_many_silent")
+                    continue
                 # Its first bytes are not here yet: wait for them apart, accepting meanwhile.
                 self._wait_for_key(protocol, address, sock, reader)
                 continue
@@ -288,17 +296,32 @@ class Gateway:
         self, protocol: str, address: str, sock: socket.socket, reader: KeyReader
     ) -> None:
         if len(self._waiting) >= MAX_WAITING:
-            oldest = next(iter(self._waiting))
-            del self._waiting[oldest]
+            # The longest-waiting of the address that holds the most: many addresses' floods
+            # close their own connections, not a lone caller's.
+            most = max(self._silent, key=self._silent.__getitem__)
+            oldest = next(t for t, a in self._waiting.items() if a == most)
+            self._unwait(oldest)
             oldest.cancel()
         task = asyncio.get_running_loop().create_task(
             self._read_key(protocol, address, sock, reader)
         )
-        self._waiting[task] = None
+        self._waiting[task] = address
+        self._silent[address] = self._silent.get(address, 0) + 1
         task.add_done_callback(self._waiting_done)
 
+    def _unwait(self, task: asyncio.Task[None]) -> None:
+        """The connection no longer waits for its first bytes: its address's count drops."""
+        address = self._waiting.pop(task, None)
+        if address is None:
+            return
+        left = self._silent[address] - 1
+        if left:
+            self._silent[address] = left
+        else:
+            del self._silent[address]
+
     def _waiting_done(self, task: asyncio.Task[None]) -> None:
-        self._waiting.pop(task, None)
+        self._unwait(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("Admitting a connection has failed: %s", task.exception())
 
@@ -327,7 +350,7 @@ class Gateway:
         # No longer waiting: neither the bound nor shutdown may cancel it halfway into a relay.
         task = asyncio.current_task()
         if task is not None:
-            self._waiting.pop(task, None)
+            self._unwait(task)
         await self._admit(protocol, address, sock, first)
 
     async def _admit(self, protocol: str, address: str, sock: socket.socket, first: bytes) -> None:
@@ -373,7 +396,12 @@ class Gateway:
         if len(self._refusals) >= _REMEMBERED_REFUSALS:
             self._refusals.clear()
         self._refusals[address] = now
-        if reason == "too_many_connections":
+        if reason == "too_many_silent":
+            said = (
+                f"the address already holds {self.settings.max_silent_per_address} connections "
+                "that have sent nothing yet (--max-silent-connections-per-address)"
+            )
+        elif reason == "too_many_connections":
             said = (
                 f"the pod already holds {self.settings.max_connections_per_pod} connections "
                 "(--max-connections-per-pod)"

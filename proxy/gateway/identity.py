@@ -25,8 +25,10 @@ from proxy.gateway.callerbook import CallerBook, Rows
 NO_KEY: Final = b""
 """What `KeyReader.step` returns for a connection that presents no key."""
 MAX_WAITING: Final = 1024
-"""Connections waiting for their first bytes at once; past it the longest-waiting is closed (a
-proxy's key comes with its first packet, so only a flood of silent connections waits that long)."""
+"""Connections waiting for their first bytes at once; past it the longest-waiting of the source
+address that holds the most is closed (a proxy's key comes with its first packet, so only a flood
+of silent connections waits that long). Each address holds at most
+`--max-silent-connections-per-address` of them."""
 
 
 class ClosedError(Exception):

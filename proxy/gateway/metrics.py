@@ -223,8 +223,12 @@ class GatewayMetrics:
             "tritonshare_gateway_refused_connections",
             "Connections closed at accept, by reason: not_a_caller (the address is no proven "
             "model pod of this node), no_table (no fresh caller table), too_many_connections "
-            "(the pod holds --max-connections-per-pod already) or over_budget (the pod is stopped "
-            "for holding more than its share of --max-buffered-bytes).",
+            "(the pod holds --max-connections-per-pod already), too_many_silent (its source "
+            "address holds --max-silent-connections-per-address connections that have sent "
+            "nothing yet), "
+            "over_budget (the pod is stopped for holding more than its share of "
+            "--max-buffered-bytes), or a caller key's reason (no_key, bad_key, address_mismatch, "
+            "no_key_in_time).",
             ["protocol", "reason"],
             registry=self.registry,
         )

@@ -151,6 +151,16 @@ class GatewaySettings:
     )
     """A connection whose first bytes have not come within this is closed; a proxy sends its key
     with the connection's first packet, so only a stalled peer waits."""
+    max_silent_per_address: int = setting(
+        "max-silent-connections-per-address",
+        "connections from one source address that may wait at once for their first bytes",
+        whole(minimum=1),
+        default="64",
+    )
+    """Connections from one source address that have sent nothing yet (no caller key, no
+    protocol byte) and wait for it, each at most `caller_key_timeout_seconds`; one more from that
+    address that has sent nothing when it is accepted is reset at once, so one address's flood of
+    silent connections neither takes the waiting room of another's nor slows its accept."""
     # The relay's limits, with the proxy's flags, variables and defaults.
     max_body_bytes: int = max_body()
     max_inflated_bytes: int = max_inflated()
