@@ -74,6 +74,26 @@ def pinned_config(config: ModelConfig, model_id: str, gpu_index: int | None) -> 
     return pinned
 
 
+ORT_ARENA = "enable_mem_arena"
+ORT_ARENA_SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+
+
+def arena_released(config: ModelConfig) -> ModelConfig:
+    """A copy whose ONNX Runtime session keeps no CPU memory arena (`enable_mem_arena` "0", any
+    `memory.enable_memory_arena_shrinkage` removed: it names an arena, and would fail every
+    request without one); other backends' configs unchanged. ONNX Runtime's arena grows to a
+    request's peak inside Triton's own process and keeps it, where no model can be billed for it
+    (`agent.models.tritonram`): without it, what a request allocates is freed when it ends."""
+    if backend_of(config) != "onnxruntime":
+        return config
+    released = model_config_pb2.ModelConfig()
+    released.CopyFrom(config)
+    released.parameters[ORT_ARENA].string_value = "0"
+    if ORT_ARENA_SHRINKAGE in released.parameters:
+        del released.parameters[ORT_ARENA_SHRINKAGE]
+    return released
+
+
 def pinned_as(config: dict[str, Any], gpu_index: int | None) -> bool:
     """True when a model config as Triton reports it (JSON) runs every instance where
     `pinned_config` would: on GPU `gpu_index`, or on the CPU when it is None."""

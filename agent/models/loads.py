@@ -35,6 +35,7 @@ from agent.errors import (
 from agent.gpus.inventory import gpu_for
 from agent.installs.limits import ModelLimits
 from agent.installs.modelconfig import (
+    arena_released,
     backend_of,
     check_declared_backend,
     override_json,
@@ -56,7 +57,7 @@ from agent.phases import Event, Phase, given_up
 from agent.pods.ownership import OwnerRecord
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import CrashLedger, Marker
-from agent.triton import LOADING, READY, TritonClient
+from agent.triton import KNOWN_TO_THIS_PROCESS, READY, TritonClient
 from common.backends import runs_in_own_process
 from common.logs import subject
 
@@ -158,7 +159,8 @@ class Loads:
             backend_of(config), config.runtime
         )
         # Triton requires the config's name to be the directory's: the name in Triton.
-        override = override_json(pinned_config(config, name, pin))
+        # ONNX Runtime keeps no arena in Triton's process: what a request takes, it gives back.
+        override = override_json(arena_released(pinned_config(config, name, pin)))
         entry = await self.triton.state(name)
         if (
             entry is not None
@@ -171,7 +173,8 @@ class Loads:
         died_under = (
             left is not None
             and not left.finished_at
-            and (entry is None or entry.state not in (READY, LOADING))
+            # A model this Triton holds, unloads or refused was sent to it: no exit since.
+            and (entry is None or entry.state not in KNOWN_TO_THIS_PROCESS)
         )
         if died_under:
             # The reconciler's pass over that exit will not find it: a load was in flight there.
@@ -256,6 +259,7 @@ class Loads:
                 started_at=self._wall(),
                 restore=not settle,
                 trial=trial,
+                triton=self.crashes.triton,
             )
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:

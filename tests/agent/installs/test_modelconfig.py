@@ -9,6 +9,7 @@ import pytest
 from agent.errors import InvalidRequestError
 from agent.installs.modelconfig import (
     ModelPolicy,
+    arena_released,
     override_json,
     parse_config,
     pinned_config,
@@ -38,6 +39,28 @@ def test_cpu_pinning_and_a_config_without_groups() -> None:
     pinned = json.loads(override_json(pinned_config(config, "m", None)))
     assert pinned["instance_group"] == [{"count": 1, "kind": "KIND_CPU"}]
     assert pinned["name"] == "m", "Triton needs the name in the override"
+
+
+def test_an_onnx_runtime_model_is_loaded_without_a_cpu_memory_arena() -> None:
+    """ONNX Runtime's arena keeps a request's peak inside Triton's process, billed to no model:
+    the override turns it off (and drops a shrinkage that names it, which would fail every
+    request without one); other backends' configs are left as they are."""
+    for head in ('platform: "onnxruntime_onnx"', 'backend: "onnxruntime"'):
+        config = parse_config(
+            f'{head} parameters {{ key: "enable_mem_arena" value: {{ string_value: "1" }} }}'
+            ' parameters { key: "memory.enable_memory_arena_shrinkage"'
+            ' value: { string_value: "cpu:0" } }'
+            ' parameters { key: "intra_op_thread_count" value: { string_value: "1" } }',
+            "m",
+        )
+        loaded = json.loads(override_json(arena_released(pinned_config(config, "m", None))))
+        assert loaded["parameters"] == {
+            "enable_mem_arena": {"string_value": "0"},
+            "intra_op_thread_count": {"string_value": "1"},
+        }
+        assert config.parameters["enable_mem_arena"].string_value == "1", "a copy"
+    python = parse_config(ADD_ONE, "add_one")
+    assert arena_released(python) is python
 
 
 def test_the_shipped_model_keeps_its_inputs_in_the_override() -> None:
