@@ -36,7 +36,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.parking import MOST_WAITING, Parking
 from proxy.policy.limiter import Limiter
 from proxy.processflags import ProxyState
-from proxy.readiness import OwnModel, Readiness
+from proxy.readiness import ASLEEP, PARKED, OwnModel, Readiness
 from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_flags
 from proxy.residency import IdlePolicy, Residencies, Residency
 from proxy.settings import Settings
@@ -160,12 +160,11 @@ class Proxy:
             )
         reinstaller = self.reinstaller
         self.readiness = Readiness(
-            settings.model_id,
             self.state,
             self.own_model,
             self.table.names,
             (lambda: reinstaller.reason) if reinstaller is not None else lambda: "",
-            lambda model_id: self.residencies.asleep(model_id) or self.parking.asleep(model_id),
+            self.asleep_as,
         )
         host, port = settings.listen_metrics
         self.metrics_server = HttpServer(
@@ -223,6 +222,7 @@ class Proxy:
             lambda: limiter.queue_limit or MOST_WAITING,
             self.settings.wake_timeout_seconds,
         )
+        self.sleep_changed()
 
     def on_demand(
         self, model_id: str, idle_seconds: float, limiter: Limiter, metrics: ProxyMetrics
@@ -248,7 +248,7 @@ class Proxy:
                 wake_timeout_seconds=self.settings.wake_timeout_seconds,
             ),
             on_wake=metrics.woke,
-            answers_readiness=model_id == self.settings.model_id,
+            on_change=self.sleep_changed,
         )
         limiter.residency = residency
         metrics.residency(residency)
@@ -277,6 +277,7 @@ class Proxy:
             if entry.residency == RESIDENCY_ON_DEMAND:
                 idle = entry.idle_seconds or self.settings.idle_seconds
                 self.on_demand(served.model_id, idle, served.limiter, served.metrics)
+            self.sleep_changed()
             return
         residency = self.residencies.models.get(served.model_id)
         idle_seconds = served.entry.idle_seconds or self.settings.idle_seconds
@@ -293,11 +294,33 @@ class Proxy:
         self.rest.forget_heads()
         for model_id in [m for m in self.parking.models if m not in self.table.names]:
             self.parking.unpark(model_id, gone=True)
+        self.sleep_changed()
 
     def removed(self, served: Served) -> None:
         """A model left the host's table: no more sleeps or wakes of it from here."""
         self.residencies.remove(served.model_id)
         self.parking.unpark(served.model_id, gone=True)
+        self.sleep_changed()
+
+    def asleep_as(self, model_id: str) -> str:
+        """What keeps `model_id` out of Triton for now, its next request undoing it: `PARKED`
+        here at zero replicas, or on-demand and `ASLEEP`; '' when neither (Triton should have
+        it loaded)."""
+        if self.parking.asleep(model_id):
+            return PARKED
+        if self.residencies.asleep(model_id):
+            return ASLEEP
+        return ""
+
+    def sleep_changed(self) -> None:
+        """A model slept or woke, was parked or unparked, joined or left the table: the pod
+        answers its readiness itself, ready (`ProxyState.model_asleep`), while its table is not
+        empty and every model of it is asleep or parked. Triton has none of them loaded then,
+        and a host's node gateway no longer knows a host with nothing loaded, so asking them
+        would take the pod out of its models' Services, whose next requests are the ones that
+        wake them. One rule for a model pod (a table of one) and a host."""
+        names = self.table.names
+        self.state.model_asleep = bool(names) and all(self.asleep_as(m) for m in names)
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Listen on the metrics, REST and gRPC ports; with --model-dir, watch the model."""

@@ -1,16 +1,18 @@
 """Scale to zero's activator in a model host's proxy: the requests of a model parked here.
 
-A TritonModel scaled to zero replicas is parked by the binder on one of its namespace's model
-hosts (the node of its last replica); the host stays behind the model's Service, and its loader
-lists the model, under the id its clients send (spec.modelName), with `parked` in the models
-file until a replica of it is ready here. A call for a parked model, REST or gRPC, inference,
-metadata, config or statistics, waits (`Parked.wake`, the limiter's `Sleeper`), counted as held
-by the model's limiter: the built-in autoscaler reads that as the model's concurrency, scales it
-to one or more replicas, and does not scale it back to zero while calls wait. The call goes on
-once the entry is served (`unpark`), or is answered 503 with Retry-After (gRPC UNAVAILABLE with
-`retry-after` and `grpc-retry-pushback-ms` trailers) past --wake-timeout-seconds, never left
-hanging. Its readiness (REST and gRPC ModelReady) is answered at once, not ready, and wakes
-nothing (`routing.parked_message`): a probe must not keep a model from zero.
+A TritonModel scaled to zero replicas is parked by the binder on one of its namespace's model hosts
+(the node of its last replica); the host stays behind the model's Service (while every model it
+serves is parked or asleep, its proxy answers the host's readiness itself, ready:
+`ProxyState.model_asleep`), and its loader lists the model, under the id its clients send
+(spec.modelName), with `parked` in the models file until a replica of it is ready here. A call for a
+parked model, REST or gRPC, inference, metadata, config or statistics, waits (`Parked.wake`, the
+limiter's `Sleeper`), counted as held by the model's limiter: the built-in autoscaler reads that as
+the model's concurrency, scales it to one or more replicas, and does not scale it back to zero while
+calls wait. The call goes on once the entry is served (`unpark`), or is answered 503 with
+Retry-After (gRPC UNAVAILABLE with `retry-after` and `grpc-retry-pushback-ms` trailers) past
+--wake-timeout-seconds, never left hanging. Its readiness (REST and gRPC ModelReady) is answered at
+once, not ready, and wakes nothing (`routing.parked_message`): a probe must not keep a model from
+zero.
 
 Bounds: the host is its namespace's own pod, so it holds that namespace's requests only; at
 most the model's queue limit (without a concurrency limit, the host's) wait for one model, and

@@ -1,6 +1,8 @@
 """Whether the pod is ready: every model of its table (a model pod's one, a host's all) is ready
-in Triton or asleep (an on-demand model unloaded while idle, that its next request loads), and the
-proxy is not draining.
+in Triton, asleep (an on-demand model unloaded while idle, that its next request loads) or parked
+(at zero replicas, that its next request scales up), and the proxy is not draining. A table whose
+every model is asleep or parked is ready without asking Triton (`ProxyState.model_asleep`, the
+same rule as the REST and gRPC readiness answers); an empty table is not ready.
 
 `Readiness.not_ready` is the callback common/health.py's /readyz awaits. It asks Triton through
 `OwnModel`, over one client session held for the process (closed at shutdown). It serves nothing
@@ -114,19 +116,23 @@ async def _node_stop(response: aiohttp.ClientResponse) -> str:
     return str(said.get("error") or "the node pod is stopping")
 
 
+ASLEEP = "asleep (unloaded while idle)"
+"""How /readyz's text says an on-demand model is asleep."""
+PARKED = "parked (at zero replicas)"
+"""How /readyz's text says a model is parked on this host."""
+
+
 class Readiness:
-    """Answers why the pod is not ready, asking Triton about the own model each time."""
+    """Answers why the pod is not ready, asking Triton about each model it has loaded."""
 
     def __init__(
         self,
-        model_id: str,
         state: ProxyState,
         own_model: OwnModel,
         table: Collection[str],
         why_not_served: Callable[[], str] = lambda: "",
-        asleep: Callable[[str], bool] = lambda model_id: False,
+        asleep: Callable[[str], str] = lambda model_id: "",
     ) -> None:
-        self._model_id = model_id
         self._state = state
         self._own_model = own_model
         self._why_not_served = why_not_served
@@ -134,8 +140,8 @@ class Readiness:
         self._table = table
         """The model ids of the proxy's table (live): a host's, or a model pod's one."""
         self._asleep = asleep
-        """Whether a model is on-demand and asleep: not asked about (its next request loads
-        it)."""
+        """`ASLEEP` or `PARKED` for a model not asked about (its next request loads it), ''
+        for one Triton should have loaded."""
 
     async def not_ready(self) -> list[str]:
         """The reasons the pod is not ready; none when it is."""
@@ -143,7 +149,9 @@ class Readiness:
             return ["draining: the pod is shutting down"]
         if not self._table:
             return ["the models file lists no model yet"]
-        models = sorted(m for m in self._table if not self._is_asleep(m))
+        if self._state.model_asleep:
+            return []
+        models = sorted(m for m in self._table if not self._asleep(m))
         answers = await asyncio.gather(*(self._own_model.is_ready(m) for m in models))
         why = self._why_not_served()
         return [
@@ -152,18 +160,21 @@ class Readiness:
             if not ready
         ]
 
-    def _is_asleep(self, model_id: str) -> bool:
-        """A model pod's own model sleeps as its state says (`Residency` answers it); a host's
-        each as `asleep` says."""
-        if model_id == self._model_id and self._state.model_asleep:
-            return True
-        return self._asleep(model_id)
-
     def ready_text(self) -> str:
-        """The /readyz body when ready: says when the model is asleep."""
-        if self._state.model_asleep:
-            return (
-                f"ready: model {self._model_id} is asleep (unloaded while idle); its next "
-                f"request loads it"
+        """The /readyz body when ready: names each model asleep or parked, and says when the
+        pod is ready by itself (none of its models is loaded)."""
+        every = self._state.model_asleep
+        said = [
+            f"model {model} is {self._asleep(model) or ASLEEP}"
+            for model in sorted(self._table)
+            if every or self._asleep(model)
+        ]
+        if not said:
+            return "ready"
+        if every:
+            said.append(
+                "its next request loads it"
+                if len(said) == 1
+                else "each one's next request loads it"
             )
-        return "ready"
+        return "ready: " + "; ".join(said)

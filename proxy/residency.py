@@ -98,12 +98,12 @@ class Residency:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_wake: Callable[[float], None] = lambda seconds: None,
-        answers_readiness: bool = True,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.model_id = model_id
-        self._answers_readiness = answers_readiness
-        """Whether its sleep answers the pod's readiness (`ProxyState.model_asleep`: a model
-        pod's); a host's readiness asks about each model (`Residencies.asleep`)."""
+        self._on_change = on_change
+        """Told after `asleep` changes: the proxy decides its pod's readiness from every
+        model's (`ProxyState.model_asleep`)."""
         self._on_wake = on_wake
         self._agent = agent
         self._limiter = limiter
@@ -133,9 +133,10 @@ class Residency:
 
     def _set(self, state: str) -> None:
         self.state = state
-        self.asleep = state != LOADED
-        if self._answers_readiness:
-            self._proxy_state.model_asleep = self.asleep
+        asleep = state != LOADED
+        if asleep != self.asleep:
+            self.asleep = asleep
+            self._on_change()
 
     # The idle side.
 

@@ -36,7 +36,9 @@ HOST_READINESS = {"periodSeconds": 1, "failureThreshold": 10}
 before its first replica is loaded, so its first probe fails: probed every second, the host is
 Ready (and in its Services) within a second of that replica loading, not a period later; ten
 failures, so a host still leaves its Services after about ten seconds of failing, as a model pod
-does. One probe costs one call to the node's Triton, whatever the host serves."""
+does. One probe costs one call to the node's Triton, whatever the host serves, and none while
+every model it serves is parked or asleep (its proxy answers ready itself, so that the host stays
+in their Services however long they are at zero)."""
 HOST_PROXY_LIMIT_EXTRA = 384 << 20
 """A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
 

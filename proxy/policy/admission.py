@@ -3,7 +3,7 @@
 After the router's allow/deny decision (`policy.routing`) and before a byte reaches Triton, every
 relay asks `admit` what becomes of the call: relayed now, relayed once its model's limiter gives
 a slot, refused with the pod's quarantine, or answered here about readiness (the proxy draining,
-the node pod stopping, the on-demand model asleep, the model parked at zero). The REST relay
+the node pod stopping, every model asleep or parked, the model parked at zero). The REST relay
 asks per request head (`http1.gate`), the gRPC relay per unary call's message (`grpc.gate`) and
 at a ServerReady call's headers (`grpc.relay`), grpc.aio per call (`grpc.grpcio`); each renders
 the verdict in its own protocol (docs/proxy.md's table).
@@ -32,8 +32,9 @@ STOPPING: Final = 4
 """Answer a readiness call not ready here, saying why: the node gateway takes the model pod out
 of its Service while the node pod stops (`Limiter.unready`)."""
 ASLEEP: Final = 5
-"""Answer the pod's readiness ready here: Triton no longer has the on-demand model loaded, and
-its next request wakes it, so the pod stays in its Service."""
+"""Answer the pod's readiness ready here: every model it serves is on-demand and asleep or
+parked at zero replicas (`ProxyState.model_asleep`), so Triton has none of them loaded, and
+their next requests wake them: the pod stays in their Services."""
 PARKED: Final = 6
 """Answer the model's readiness not ready here: it is parked at zero replicas; asking wakes
 nothing, its other calls do."""

@@ -241,7 +241,9 @@ class HttpRouter:
                 health=kind == "ready",
             )
         if path == "/v2/health/ready":
-            if not self.model_id:  # a host: Triton's own readiness, not one model's
+            # A host: Triton's own readiness, not one model's (answered here while every
+            # model of its table is asleep or parked: `admission.ASLEEP`).
+            if not self.model_id:
                 return Forward("server_ready", raw_path, readiness=True, health=True)
             return Forward("server_ready", self._own_ready + suffix, readiness=True, health=True)
         if path == "/v2/health/live":
@@ -433,7 +435,9 @@ class GrpcRouter:
         if kind in _PASS_THROUGH:
             return GrpcForward(kind, kind, request)
         if kind == "ServerReady":
-            if not self.model_id:  # a host: Triton's own readiness, not one model's
+            # A host: Triton's own readiness, not one model's (answered here while every
+            # model of its table is asleep or parked: `admission.ASLEEP`).
+            if not self.model_id:
                 return GrpcForward(kind, kind, request, readiness=True)
             return GrpcForward(kind, "ModelReady", self._ready_request, readiness=True)
         if kind == "ModelStatistics":

@@ -228,3 +228,60 @@ def test_a_request_while_the_last_replica_drains_takes_it_back_and_is_answered_a
         wait_until("ready again", lambda: _model(custom)["status"].get("readyReplicas") == 1, 30)
         placed = {c["type"]: c for c in _model(custom)["status"]["conditions"]}["Placed"]
         assert placed["status"] == "True", placed
+
+
+AT_ZERO_SECONDS = 60.0
+"""How long the model stays at zero, unloaded, before its next request: past the node gateway's
+forgetting the host (which then has nothing loaded in Triton) and past the host's readiness
+probe's failure threshold."""
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_a_host_at_zero_stays_in_the_service_and_a_request_a_minute_later_wakes_the_model(
+    cluster: SimCluster,
+) -> None:
+    """The host of a lone TritonModel parked at zero has nothing loaded in Triton, yet stays
+    Ready and behind the model's Service for as long as the model is at zero: its readiness is
+    its own (every model it serves is parked), not Triton's. A request through the Service a
+    minute later wakes the model and is answered."""
+    assert cluster.model_store is not None and cluster.kube is not None
+    kube = cluster.kube
+    core = cast(Any, kubernetes.client.CoreV1Api(kube))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(kube))
+    uri = cluster.model_store.publish(MODEL, MODELS_DIR / "add_one")
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, scale_to_zero_model(uri)
+    )
+    wait_until("scaled to zero", lambda: _model(custom)["spec"]["replicas"] == 0, 120)
+    wait_until("no replica", lambda: not _model(custom).get("status", {}).get("replicas"), 60)
+    wait_until("parked", lambda: parked_on(_host(core, NAMESPACE).to_dict(), KEYS) == [MODEL], 60)
+    service = Endpoints(kube, NAMESPACE, f"{serves_label(KEYS, MODEL)}=true")
+    with service:
+        address = wait_until("the Service's endpoint", service.pick, 60)
+        wait_until("unloaded", lambda: agent_metric(cluster, UNLOADS) >= 1, 90)
+        wait_until("no longer loaded on the host", lambda: not loaded_here(core), 30)
+        zero = time.monotonic()
+        while (waited := time.monotonic() - zero) < AT_ZERO_SECONDS:
+            routed = service.addresses()
+            assert routed == [address], (
+                f"{waited:.0f} s after its model was unloaded, the host is no longer behind the "
+                f"Service (routed: {routed}; Ready: {_ready(core)})"
+            )
+            time.sleep(1.0)
+        assert _model(custom)["spec"]["replicas"] == 0, "still at zero: nothing asked for it"
+        target = service.pick()
+        assert target is not None and target == address
+        started = time.monotonic()
+        status, _, at = post(target, started)
+        print(f"a request {AT_ZERO_SECONDS:.0f} s after the unload answered {status} in {at:.2f} s")
+        assert status == 200 and at < 30.0, (status, at)  # the wake's bound: --wake-timeout
+        assert service.addresses() == [address]
+        wait_until("unparked", lambda: parked_on(_host(core, NAMESPACE).to_dict(), KEYS) == [], 30)
+
+
+def _ready(core: Any) -> str:
+    """The host's Ready condition, for a failure's message."""
+    host = _host(core, NAMESPACE)
+    conditions = (host.status.conditions or []) if host is not None else []
+    return next((f"{c.status} ({c.reason})" for c in conditions if c.type == "Ready"), "none")

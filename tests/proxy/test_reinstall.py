@@ -188,7 +188,7 @@ async def test_readyz_says_why_the_model_is_not_served() -> None:
     )
     own_model = OwnModel(settings, ProxyState())
     why = [""]
-    readiness = Readiness("add_one", ProxyState(), own_model, {"add_one"}, lambda: why[0])
+    readiness = Readiness(ProxyState(), own_model, {"add_one"}, lambda: why[0])
     await own_model.start()
     try:
         assert await readiness.not_ready() == ["model add_one is not ready in Triton"]

@@ -86,7 +86,7 @@ def residency(
 
 async def test_the_model_sleeps_only_after_the_idle_time_with_nothing_held() -> None:
     clock, agent = Clock(), FakeAgent()
-    model, limiter, state, _ = residency(clock, agent)
+    model, limiter, _, _ = residency(clock, agent)
     await limiter.acquire()
     clock.now += 600
     await model.check_idle()
@@ -99,7 +99,7 @@ async def test_the_model_sleeps_only_after_the_idle_time_with_nothing_held() -> 
     await model.check_idle()
     assert (agent.sleeps, model.state, model.sleeps) == (1, ASLEEP, 1)
     assert limiter.residency is model and not limiter.try_acquire(), "asleep: wake first"
-    assert state.model_asleep, "readiness and health answers read this"
+    assert model.asleep, "the proxy's readiness reads this (`Proxy.sleep_changed`)"
 
 
 async def test_no_sleep_while_draining_and_a_refused_sleep_waits_another_idle_period() -> None:
@@ -112,7 +112,7 @@ async def test_no_sleep_while_draining_and_a_refused_sleep_waits_another_idle_pe
     state.draining = False
     agent.sleep_answer = AgentAnswer(False, "UNAVAILABLE", "the agent is restarting")
     await model.check_idle()
-    assert (agent.sleeps, model.state, state.model_asleep) == (1, LOADED, False)
+    assert (agent.sleeps, model.state, model.asleep) == (1, LOADED, False)
     assert model.refused_sleeps == 1
     clock.now += 30
     await model.check_idle()
@@ -135,7 +135,7 @@ async def test_a_permanent_refusal_of_the_sleep_stops_the_asking() -> None:
 
 async def test_one_wake_serves_every_request_that_finds_the_model_asleep() -> None:
     clock, agent = Clock(), FakeAgent()
-    model, limiter, state, woke = residency(clock, agent, limit=2)
+    model, limiter, _, woke = residency(clock, agent, limit=2)
     clock.now += 61
     await model.check_idle()
     agent.release.clear()
@@ -152,7 +152,7 @@ async def test_one_wake_serves_every_request_that_finds_the_model_asleep() -> No
     await asyncio.wait(pending, timeout=1)
     assert all(task.done() and task.exception() is None for task in waiting)
     assert limiter.in_flight == 2
-    assert (agent.wakes, model.wakes, model.state, state.model_asleep) == (1, 1, LOADED, False)
+    assert (agent.wakes, model.wakes, model.state, model.asleep) == (1, 1, LOADED, False)
     assert woke == [0.5]
 
 
