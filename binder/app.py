@@ -219,6 +219,7 @@ class Binder:
                     settings.identity,
                     settings.node_group_gpu_mem,
                     settings.gpu_mem_reserve,
+                    settings.placeholder_pending_seconds,
                 ),
                 serves=self._serves,
                 leading=leading.is_set,

@@ -314,6 +314,26 @@ class Settings:
     )
     """Seconds models may still wait once each node their placeholders were bound to serves
     models before one more placeholder asks for another node. Default 120."""
+    placeholder_pending_seconds: float = setting(
+        "placeholder-pending-timeout",
+        "seconds a placeholder may stay pending before its models ask for no node (0: never)",
+        seconds(),
+        default="900",
+    )
+    """Seconds a placeholder may stay pending (no node autoscaler added a node it fits) before
+    its models are told that no node group matches them and ask for no node for 30 minutes.
+    Default 900, Cluster Autoscaler's --max-node-provision-time."""
+    node_group_gpu_mem: int = setting(
+        "node-group-gpu-mem",
+        "memory of the largest GPU a node group can add, a quantity (0: the cluster's nodes')",
+        quantity(),
+        default="0",
+    )
+    """The memory of the largest GPU any node group of the node autoscaler can add (a quantity
+    such as 80Gi), for a model larger than every GPU of the cluster's nodes: a model that asks
+    more than the largest of these, the reserve taken off, gets no placeholder. Node
+    autoscalers publish no node group's GPUs through the API. Default 0: the largest GPU of the
+    cluster's nodes bounds it (none: no model is refused for its size)."""
     agent_down_grace_seconds: float = setting(
         "agent-down-grace",
         "seconds a node's agent may be down before its model pods are deleted (0: never)",

@@ -4,11 +4,15 @@ while this replica leads.
 Fed by the binder's watches (pods, nodes, TritonModels: the raw objects, on the loop), it keeps
 what its decisions need: the waiting models, the placeholders, which nodes run a model pod or a
 model host, and each node's annotations. Every PERIOD_SECONDS, and at once when a model starts
-or stops waiting, it plans on the loop (`binder.nodescaling.placeholders.plan`,
-`binder.nodescaling.guard.patches`, both pure) and writes in the API executor: placeholders made
-(a name taken already is one made before) with a `WaitingForNode` Event on each model they stand
-for, placeholders deleted (by uid), guards set and removed. A failed write is logged and tried
-again next pass.
+or stops waiting, it plans on the loop (`binder.nodescaling.planning.plan`,
+`binder.nodescaling.guard.patches`, both pure, with the largest GPU and each namespace's quota
+room as the binder's cache holds them) and writes in the API executor: placeholders made (a name
+taken already is one made before) with a `WaitingForNode` Event on each model they stand for,
+placeholders deleted (by uid), a `NoNodeScaleUp` Warning on each model refused one (once per
+reason), guards set and removed. A group whose added node did not take it, or whose placeholder
+stayed pending `--placeholder-pending-timeout`, stays refused for REFUSED_SECONDS, or until none
+of its models waits. A failed write is logged and tried again
+next pass.
 """
 
 from __future__ import annotations
@@ -16,26 +20,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, Unpack
 
 from binder.nodescaling.guard import patches
 from binder.nodescaling.placeholders import (
     MAX_NAMED_WAITERS,
+    Group,
     Placeholder,
-    Plan,
-    Selection,
     Waiting,
     manifest,
     next_name,
     placeholder_of,
-    plan,
     waiting_model,
     waiting_pod,
 )
+from binder.nodescaling.planning import Bounds, Plan, Refusal, plan
 from common.contract import Keys
 from common.events import EventText
 from common.hosted import host_label
@@ -46,6 +49,10 @@ log = logging.getLogger(__name__)
 
 PERIOD_SECONDS = 2.0
 EVENT_REASON = "WaitingForNode"
+REFUSED_REASON = "NoNodeScaleUp"
+REFUSED_SECONDS = 1800.0
+"""How long a group whose added node did not take it asks for no node (Cluster Autoscaler's
+longest backoff of a node group that failed to scale up, --max-node-group-backoff-duration)."""
 _ENDED = frozenset({"Succeeded", "Failed"})
 
 
@@ -79,6 +86,14 @@ class Config:
     grace_seconds: float
     identity: str
     """This replica, as its Events' reportingInstance."""
+    node_group_gpu_mem: int = 0
+    """The largest GPU, in bytes, a node group can add (`--node-group-gpu-mem`; 0: none
+    beyond the cluster's nodes')."""
+    gpu_mem_reserve: int = 0
+    """Bytes kept free on every GPU (`--gpu-mem-reserve`)."""
+    pending_seconds: float = 0.0
+    """Seconds a placeholder may stay pending before its group is refused
+    (`--placeholder-pending-timeout`; 0: never)."""
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -94,6 +109,20 @@ class Creation:
     waiting: Sequence[Waiting]
 
 
+@dataclass(frozen=True)
+class Writes:
+    """One pass's API writes."""
+
+    delete: Sequence[Placeholder] = ()
+    create: Sequence[Creation] = ()
+    refused: Sequence[Refusal] = ()
+    """Models to tell, once per reason, that no placeholder asks a node for them."""
+    guards: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.delete or self.create or self.refused or self.guards)
+
+
 class NodeScaling:
     """Keeps one placeholder per kind of node waiting models need, and guards serving nodes."""
 
@@ -105,13 +134,26 @@ class NodeScaling:
         serves: Callable[[str], bool],
         leading: Callable[[], bool],
         executor: Executor,
+        largest_gpu: Callable[[], int] = lambda: 0,
+        quota_room: Callable[[str], int | None] = lambda namespace: None,
         period: float = PERIOD_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`serves(node)`: the node has a live agent and published GPUs (binder.cluster)."""
+        """`serves(node)`: the node has a live agent and published GPUs (binder.cluster);
+        `largest_gpu()`: the bytes the largest healthy GPU of the cluster offers after the
+        reserve; `quota_room(namespace)`: the GPU memory its quotas leave (None: no quota)."""
         self._kube = kube
         self.config = config
         self._serves = serves
+        self._largest_gpu = largest_gpu
+        self._quota_room = quota_room
+        self._largest_seen = 0
+        self._pending_since: dict[str, float] = {}
+        """Placeholder name -> when this replica first saw it pending."""
+        self._refused: dict[str, tuple[str, float]] = {}
+        """Group key -> why it asks for no node, and since when."""
+        self._told: dict[str, str] = {}
+        """Refused model (its `what`) -> the reason it was last told."""
         self._leading = leading
         self._executor = executor
         self._period = period
@@ -152,7 +194,7 @@ class NodeScaling:
         if placeholder is not None and key[0] == self.config.namespace:
             self.placeholders[placeholder.name] = placeholder
             return
-        waiting = waiting_pod(obj, self.config.scheduler_name)
+        waiting = waiting_pod(obj, self.config.scheduler_name, self.config.keys)
         if waiting is not None:
             self._waiting_pods[key] = waiting
         if (waiting is not None) != was_waiting:
@@ -211,29 +253,69 @@ class NodeScaling:
         now = self._monotonic()
         return now - self._serving_since.setdefault(node, now)
 
-    def plan(self) -> tuple[Plan, list[Creation], dict[str, dict[str, str | None]]]:
-        """This pass's writes: the plan, the placeholder pods it makes (with the models each
-        stands for), the node patches."""
+    def _pending_for(self, placeholder: Placeholder) -> float:
+        """Seconds this replica has seen the placeholder pending."""
+        now = self._monotonic()
+        return now - self._pending_since.setdefault(placeholder.name, now)
+
+    def bounds(self, namespaces: Iterable[str]) -> Bounds:
+        """The largest GPU a new node could bring (of those the cluster's nodes have had since
+        this replica started, and `--node-group-gpu-mem`) and the namespaces' quota room."""
+        config = self.config
+        # The largest GPU seen since this replica started: a node scaled down still tells what
+        # its group adds, so a model too large for it does not have one added and removed in turn.
+        self._largest_seen = max(self._largest_seen, self._largest_gpu())
+        largest = max(self._largest_seen, config.node_group_gpu_mem - config.gpu_mem_reserve)
+        headroom = {}
+        for namespace in sorted(set(namespaces)):
+            room = self._quota_room(namespace)
+            if room is not None:
+                headroom[namespace] = room
+        return Bounds(largest, headroom)
+
+    def plan(self) -> tuple[Plan, Writes]:
+        """This pass's decisions and writes: placeholders deleted, the placeholder pods made
+        (with the models each stands for), the models told why none is made, the node
+        patches."""
         waiting = self.waiting()
+        now = self._monotonic()
+        groups = {w.group.key for w in waiting}
+        for key, (_, since) in list(self._refused.items()):
+            if key not in groups or now - since >= REFUSED_SECONDS:
+                del self._refused[key]
+        pending = {p.name for p in self.placeholders.values() if not p.node and not p.ended}
+        for name in set(self._pending_since) - pending:
+            del self._pending_since[name]
         decided = plan(
-            waiting, self.placeholders.values(), self._served_for, self.config.grace_seconds
+            waiting,
+            self.placeholders.values(),
+            self._served_for,
+            self.config.grace_seconds,
+            running=self.serving_nodes(),
+            bounds=self.bounds(w.namespace for w in waiting),
+            refused={key: why for key, (why, _) in self._refused.items()},
+            pending_for=self._pending_for,
+            pending_limit=self.config.pending_seconds,
         )
+        for key, why in decided.unhelped:
+            self._refused[key] = (why, now)
         creations = []
         taken = set(self.placeholders)
-        for selection in decided.create:
-            name = next_name(selection.group, taken)
+        for group in decided.create:
+            name = next_name(group.key, taken)
             taken.add(name)
-            mine = sorted(
-                (w for w in waiting if w.selection.group == selection.group), key=lambda w: w.what
-            )
-            creations.append(Creation(self._manifest(selection, name, mine), mine))
+            mine = sorted((w for w in waiting if w.group == group), key=lambda w: w.what)
+            creations.append(Creation(self._manifest(group, name, mine), mine))
+        told = {r.waiting.what: r.reason for r in decided.refused}
+        refusals = [r for r in decided.refused if self._told.get(r.waiting.what) != r.reason]
+        self._told = told
         guards = patches(self._annotations, self.serving_nodes(), self.config.keys)
-        return decided, creations, guards
+        return decided, Writes(decided.delete, creations, refusals, guards)
 
-    def _manifest(self, selection: Selection, name: str, waiting: list[Waiting]) -> JsonObject:
+    def _manifest(self, group: Group, name: str, waiting: list[Waiting]) -> JsonObject:
         config = self.config
         return manifest(
-            selection,
+            group,
             name=name,
             namespace=config.namespace,
             keys=config.keys,
@@ -249,11 +331,9 @@ class NodeScaling:
         while not stop.is_set():
             self._waiting_changed.clear()  # a change during the writes wakes the next pass
             if self._leading():
-                decided, creations, guards = self.plan()
-                if creations or decided.delete or guards:
-                    await loop.run_in_executor(
-                        self._executor, self.write, decided.delete, creations, guards
-                    )
+                _, writes = self.plan()
+                if writes:
+                    await loop.run_in_executor(self._executor, self.write, writes)
             stopping = asyncio.ensure_future(stop.wait())
             changed = asyncio.ensure_future(self._waiting_changed.wait())
             try:
@@ -264,15 +344,10 @@ class NodeScaling:
                 stopping.cancel()
                 changed.cancel()
 
-    def write(
-        self,
-        delete: Sequence[Placeholder],
-        create: Sequence[Creation],
-        guards: Mapping[str, Mapping[str, str | None]],
-    ) -> None:
+    def write(self, writes: Writes) -> None:
         """The pass's API writes (blocking: run in the API executor)."""
         namespace = self.config.namespace
-        for placeholder in delete:
+        for placeholder in writes.delete:
             if not self._leading():
                 return
             log.info(
@@ -286,7 +361,7 @@ class NodeScaling:
                 partial(self._kube.delete_pod, namespace, placeholder.name, placeholder.uid),
                 quiet=404,
             )
-        for creation in create:
+        for creation in writes.create:
             if not self._leading():
                 return
             name = creation.body["metadata"]["name"]
@@ -315,7 +390,29 @@ class NodeScaling:
                     ),
                     quiet=404,
                 )
-        for node, wanted in sorted(guards.items()):
+        for refusal in writes.refused:
+            if not self._leading():
+                return
+            waiting = refusal.waiting
+            log.info(
+                "No node a node autoscaler adds would take %s (%s): no placeholder asks for one.",
+                waiting.what,
+                refusal.reason,
+            )
+            self._try(
+                f"record a {REFUSED_REASON} Event for {waiting.what}",
+                partial(
+                    self._kube.record_object_event,
+                    waiting.involved,
+                    reporting_instance=self.config.identity,
+                    reason=REFUSED_REASON,
+                    message="No placeholder asks the node autoscaler for a node: "
+                    f"{refusal.reason}.",
+                    event_type="Warning",
+                ),
+                quiet=404,
+            )
+        for node, wanted in sorted(writes.guards.items()):
             if not self._leading():
                 return
             what = "guarding" if any(v is not None for v in wanted.values()) else "unguarding"

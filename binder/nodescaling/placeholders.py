@@ -13,22 +13,20 @@ only a node that serves no model and asks for no other node, which is what the a
 template of a node group is (its DaemonSet pods, the node pod among them, are none of those). Not
 a `kubernetes.io/hostname NotIn` of the existing nodes: Karpenter ignores a pod whose node
 affinity names that label. The binder reads no placeholder's anti-affinity
-(binder.cluster.objects), so none keeps a model off the node added for it. Placeholders are
-grouped by node selection, so models waiting for the same kind of node ask for one node at a time:
+(binder.cluster.objects), so none keeps a model off the node added for it. A placeholder is
+`cluster-autoscaler.kubernetes.io/safe-to-evict: "true"`: it is never why Cluster Autoscaler
+keeps a node it could move it from.
 
-- a group with waiting models and no placeholder gets one;
-- while one of its placeholders is pending, the group waits for the autoscaler;
-- once every placeholder of the group is bound and each of their nodes has served models (a live
-  agent, its GPUs published) for `grace` seconds while models still wait, the group gets one more
-  (up to MAX_PER_GROUP): the new node was not enough;
-- a group that no longer waits has its placeholders deleted, as has a placeholder that ended.
+Placeholders are grouped by namespace and node selection (`Group`): a namespace's models waiting
+for the same kind of node ask for one node at a time, and every placeholder belongs to one
+namespace, which `binder.nodescaling.planning` bounds.
 
 A model waits when the binder reported kube-scheduler's FitError for it ("0/N nodes are
 available: ...", after "replica N: " for a TritonModel): a pod's `PodScheduled=False`
 `Unschedulable`, a TritonModel's `Placed=False` `Unschedulable`. A spec problem, a quota or a
 missing PriorityClass is no reason to add a node.
 
-Pure: decisions from API-shaped objects and the times it is given; no I/O, no clock.
+Pure: decisions from API-shaped objects; no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -36,14 +34,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from binder.cluster.objects import effective_request
 from common.conditions import find
 from common.contract import Keys
 from common.hosted import host_label
 from common.modelpod import gpu_tolerations
+from common.quantity import QuantityError, parse_quantity
 
 JsonObject = dict[str, Any]
 
@@ -58,10 +58,14 @@ ROLE_LABEL = "tritonshare.io/role"
 MAX_PER_GROUP = 8
 """Placeholders of one group at most: nodes asked for the same waiting models at once."""
 MAX_PLACEHOLDERS = 32
-"""Placeholders at most, all groups together."""
+"""Placeholders at most, all namespaces together."""
+MAX_PER_NAMESPACE = 8
+"""Placeholders of one namespace at most."""
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 MAX_NAMED_WAITERS = 5
 """Waiting models named in a placeholder's annotation (the rest are counted)."""
 _ENDED = frozenset({"Succeeded", "Failed"})
+_DEFAULT_KEYS = Keys()
 # kube-scheduler's FitError, as a pod's message or after a TritonModel's "replica N: ".
 _FIT_ERROR = re.compile(r"(?:^|: )0/\d+ nodes are available")
 
@@ -69,6 +73,11 @@ _FIT_ERROR = re.compile(r"(?:^|: )0/\d+ nodes are available")
 def placeholder_label(keys: Keys) -> str:
     """The label on every placeholder; its value is the placeholder's group."""
     return f"{keys.prefix}placeholder"
+
+
+def namespace_label(keys: Keys) -> str:
+    """The label on every placeholder naming the namespace whose models it stands for."""
+    return f"{keys.prefix}placeholder-namespace"
 
 
 def waiting_for_annotation(keys: Keys) -> str:
@@ -85,11 +94,26 @@ class Selection:
     """Required node affinity terms (OR'ed); empty: any node."""
     tolerations: tuple[JsonObject, ...] = ()
 
+
+@dataclass(frozen=True)
+class Group:
+    """The models of one namespace that wait for one kind of node: a placeholder stands for
+    them."""
+
+    namespace: str
+    selection: Selection
+
     @property
-    def group(self) -> str:
-        """A short stable digest of the selection (a label value and part of a pod name)."""
+    def key(self) -> str:
+        """A short stable digest (a label value and part of a pod name)."""
+        selection = self.selection
         text = json.dumps(
-            [dict(self.node_selector), list(self.terms), list(self.tolerations)],
+            [
+                self.namespace,
+                dict(selection.node_selector),
+                list(selection.terms),
+                list(selection.tolerations),
+            ],
             sort_keys=True,
             separators=(",", ":"),
         )
@@ -104,6 +128,13 @@ class Waiting:
     selection: Selection
     involved: Mapping[str, str] = field(default_factory=dict, compare=False)
     """The object as an Event's involvedObject (apiVersion, kind, namespace, name, uid)."""
+    namespace: str = ""
+    request: int = 0
+    """The GPU memory one replica (or the pod) asks, in bytes."""
+
+    @property
+    def group(self) -> Group:
+        return Group(self.namespace, self.selection)
 
 
 def _involved(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, str]:
@@ -124,17 +155,12 @@ class Placeholder:
     name: str
     uid: str
     group: str
+    """Its group's key."""
     node: str
     """Where the default scheduler bound it; empty while pending."""
     ended: bool
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one pass writes: placeholders to make (their groups), placeholders to delete."""
-
-    create: tuple[Selection, ...] = ()
-    delete: tuple[Placeholder, ...] = ()
+    namespace: str = ""
+    """The namespace whose models it stands for."""
 
 
 def selection_of(spec: Mapping[str, Any]) -> Selection:
@@ -163,7 +189,9 @@ def _fit_error(condition: Mapping[str, Any] | None) -> bool:
     )
 
 
-def waiting_pod(pod: Mapping[str, Any], scheduler_name: str) -> Waiting | None:
+def waiting_pod(
+    pod: Mapping[str, Any], scheduler_name: str, keys: Keys = _DEFAULT_KEYS
+) -> Waiting | None:
     """A pending model pod the binder reported unschedulable, else None."""
     metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -176,10 +204,16 @@ def waiting_pod(pod: Mapping[str, Any], scheduler_name: str) -> Waiting | None:
         or not _fit_error(find(status.get("conditions"), "PodScheduled"))
     ):
         return None
+    try:
+        request = effective_request(spec, keys.gpu_mem)
+    except QuantityError:
+        request = 0
     return Waiting(
         f"pod {metadata.get('namespace')}/{metadata.get('name')}",
         selection_of(spec),
         _involved(pod, "v1", "Pod"),
+        str(metadata.get("namespace", "")),
+        request,
     )
 
 
@@ -192,17 +226,24 @@ def waiting_model(model: Mapping[str, Any]) -> Waiting | None:
     if not _fit_error(find(status.get("conditions"), "Placed")):
         return None
     spec = model.get("spec") or {}
+    try:
+        request = parse_quantity(str(spec.get("gpuMemory") or "0"))
+    except QuantityError:
+        request = 0
     return Waiting(
         f"tritonmodel {metadata.get('namespace')}/{metadata.get('name')}",
         selection_of(spec),
         _involved(model, "tritonshare.io/v1alpha1", "TritonModel"),
+        str(metadata.get("namespace", "")),
+        request,
     )
 
 
 def placeholder_of(pod: Mapping[str, Any], keys: Keys) -> Placeholder | None:
     """The placeholder a pod is (by its label), else None."""
     metadata = pod.get("metadata") or {}
-    group = (metadata.get("labels") or {}).get(placeholder_label(keys))
+    labels = metadata.get("labels") or {}
+    group = labels.get(placeholder_label(keys))
     if not group or not str(metadata.get("name", "")).startswith(NAME_PREFIX):
         return None
     return Placeholder(
@@ -212,45 +253,8 @@ def placeholder_of(pod: Mapping[str, Any], keys: Keys) -> Placeholder | None:
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
         ended=bool(metadata.get("deletionTimestamp"))
         or (pod.get("status") or {}).get("phase") in _ENDED,
+        namespace=str(labels.get(namespace_label(keys), "")),
     )
-
-
-def plan(
-    waiting: Iterable[Waiting],
-    placeholders: Iterable[Placeholder],
-    served_for: Callable[[str], float | None],
-    grace: float,
-) -> Plan:
-    """This pass's placeholder writes. `served_for(node)`: seconds the node has served models
-    (None: not yet)."""
-    groups: dict[str, Selection] = {}
-    for entry in waiting:
-        groups.setdefault(entry.selection.group, entry.selection)
-    delete: list[Placeholder] = []
-    by_group: dict[str, list[Placeholder]] = {}
-    for placeholder in placeholders:
-        if placeholder.ended:
-            continue  # going already (or to be deleted by whoever ended it)
-        if placeholder.group not in groups:
-            delete.append(placeholder)
-        else:
-            by_group.setdefault(placeholder.group, []).append(placeholder)
-    total = sum(len(v) for v in by_group.values())
-    create: list[Selection] = []
-    for group, selection in sorted(groups.items()):
-        mine = by_group.get(group, [])
-        if total >= MAX_PLACEHOLDERS:
-            break
-        if any(not p.node for p in mine) or len(mine) >= MAX_PER_GROUP:
-            continue
-        if all(_served(served_for(p.node), grace) for p in mine):
-            create.append(selection)
-            total += 1
-    return Plan(tuple(create), tuple(sorted(delete, key=lambda p: p.name)))
-
-
-def _served(seconds: float | None, grace: float) -> bool:
-    return seconds is not None and seconds >= grace
 
 
 def next_name(group: str, taken: Iterable[str]) -> str:
@@ -263,7 +267,7 @@ def next_name(group: str, taken: Iterable[str]) -> str:
 
 
 def manifest(
-    selection: Selection,
+    group: Group,
     *,
     name: str,
     namespace: str,
@@ -272,9 +276,10 @@ def manifest(
     node_selector: Sequence[tuple[str, str | None]],
     waiting_for: Sequence[str],
 ) -> JsonObject:
-    """The placeholder pod for `selection`: it fits only a node that runs no model pod, model
-    host or other placeholder, and that the waiting models' node rules and `node_selector`
+    """The placeholder pod for `group`: it fits only a node that runs no model pod, model host
+    or other placeholder, and that the waiting models' node rules and `node_selector`
     accept."""
+    selection = group.selection
     extra = [
         {"key": key, "operator": "In", "values": [value]}
         if value is not None
@@ -314,8 +319,15 @@ def manifest(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {placeholder_label(keys): selection.group},
-            "annotations": {waiting_for_annotation(keys): ", ".join(named)},
+            "labels": {
+                placeholder_label(keys): group.key,
+                namespace_label(keys): group.namespace,
+            },
+            "annotations": {
+                waiting_for_annotation(keys): ", ".join(named),
+                # Never why Cluster Autoscaler keeps a node (a pod without a controller is).
+                SAFE_TO_EVICT: "true",
+            },
         },
         "spec": {
             "priorityClassName": PRIORITY_CLASS,

@@ -7,6 +7,7 @@ node is removed."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +16,13 @@ import kubernetes.client
 import pytest
 
 from binder.nodescaling.guard import GUARDS
-from binder.nodescaling.placeholders import PRIORITY_CLASS
+from binder.nodescaling.loop import PERIOD_SECONDS, REFUSED_REASON
+from binder.nodescaling.placeholders import (
+    HOSTNAME,
+    MAX_PER_NAMESPACE,
+    PRIORITY_CLASS,
+    waiting_model,
+)
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.defaultscheduler import DefaultScheduler, list_json
 from sim.controllers.nodeautoscaler import (
@@ -282,4 +289,228 @@ async def test_a_model_pod_no_gpu_fits_gets_a_new_node(
         assert not [e for e in events.items if e.reason == "TriggeredScaleUp"], (
             "the pod alone triggers no scale-up"
         )
+    api.close()  # type: ignore[no-untyped-call]
+
+
+def selected_model(name: str, gpu_memory: str, node_selector: dict[str, str]) -> dict[str, Any]:
+    body = model(name, 1, gpu_memory)
+    body["spec"]["nodeSelector"] = node_selector
+    return body
+
+
+def placeholders_for(core: Any, namespace: str) -> list[Any]:
+    return [
+        p
+        for p in placeholders(core)
+        if p.metadata.annotations["tritonshare.io/placeholder-for"].startswith(
+            f"tritonmodel {namespace}/"
+        )
+    ]
+
+
+async def test_one_namespaces_unsatisfiable_models_keep_no_other_from_a_node(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    custom: Any,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    """32 small TritonModels of one namespace, each with a nodeSelector no node group has, hold
+    at most that namespace's share of placeholders: another namespace's model that needs a new
+    node still gets a placeholder and the node."""
+    placeholder_class(kube_api)
+    add_gpu_node(kube_api, "gpu-0")
+    group = gpu_group(kube_api)
+    api = apiserver.api_client()
+    autoscaler = ClusterAutoscaler(api, [group], period=0.1, scale_down_delay_after_add=600.0)
+    await make_binder(node_autoscaling=True)
+    with autoscaler:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, model("filler", 1, "12Gi")
+        )
+        await eventually(lambda: placed(custom, "filler", 1), what="gpu-0 filled")
+        core.create_namespace({"metadata": {"name": "attacker"}})
+        for i in range(32):
+            custom.create_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                "attacker",
+                PLURAL,
+                selected_model(f"m{i}", "64Mi", {"pool": f"none-{i}"}),
+            )
+
+        def all_waiting() -> bool:
+            items = custom.list_namespaced_custom_object(GROUP, VERSION, "attacker", PLURAL)
+            return sum(waiting_model(m) is not None for m in items["items"]) == 32
+
+        await eventually(all_waiting, what="the attacker's models reported unschedulable")
+        # The binder's pass after the last one (at once on a change, else every 2 s).
+        await asyncio.sleep(2 * PERIOD_SECONDS)
+        assert len(placeholders_for(core, "attacker")) == MAX_PER_NAMESPACE
+        started = time.monotonic()
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, model("victim", 1, "12Gi")
+        )
+        await eventually(lambda: placeholders_for(core, "default"), what="the victim's placeholder")
+        await eventually(lambda: placed(custom, "victim", 1), what="the victim placed")
+        elapsed = time.monotonic() - started
+        assert group.added == ["gpu-1"]
+        assert len(placeholders_for(core, "attacker")) == MAX_PER_NAMESPACE
+        assert elapsed < 15.0, f"the victim waited {elapsed:.1f} s"
+    api.close()  # type: ignore[no-untyped-call]
+
+
+async def test_a_model_bigger_than_any_gpu_adds_no_node_and_says_why(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    custom: Any,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    """A 40Gi TritonModel on a cluster whose nodes and node group have 16 GiB GPUs: no
+    placeholder, so no node is added (none kept), and the model is told why."""
+    placeholder_class(kube_api)
+    add_gpu_node(kube_api, "gpu-0")
+    group = gpu_group(kube_api)
+    api = apiserver.api_client()
+    autoscaler = ClusterAutoscaler(
+        api, [group], period=0.1, scale_down_unneeded_time=1.0, scale_down_delay_after_add=3.0
+    )
+    await make_binder(node_autoscaling=True)
+    with autoscaler:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, model("huge", 1, "40Gi")
+        )
+
+        def refused() -> list[Any]:
+            events = core.list_namespaced_event(
+                "default", field_selector="involvedObject.name=huge"
+            )
+            return [e for e in events.items if e.reason == REFUSED_REASON]
+
+        [told] = await eventually(refused, what="the model told why no node is added")
+        assert told.involved_object.kind == "TritonModel"
+        assert "more than the largest GPU" in told.message, told.message
+        passes = autoscaler.syncs
+        await eventually(lambda: autoscaler.syncs > passes + 20, what="more autoscaler passes")
+        assert not placeholders(core) and group.added == [], "no node for a model none holds"
+        assert not waiting_events(core, "huge")
+    api.close()  # type: ignore[no-untyped-call]
+
+
+async def test_a_namespaces_placeholders_stay_within_its_gpu_memory_quota(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    custom: Any,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    """An unplaced replica charges no quota, so each of many waiting models passes it alone:
+    their placeholders together stay within what the quota leaves (2Gi: two of 1Gi)."""
+    placeholder_class(kube_api)
+    add_gpu_node(kube_api, "gpu-0")
+    key = "requests.tritonshare.io/gpu-mem"
+    quota = {"metadata": {"name": "gpu"}, "spec": {"hard": {key: "14Gi"}}}
+    core.create_namespaced_resource_quota("default", quota)
+    await make_binder(node_autoscaling=True)
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, model("filler", 1, "12Gi")
+    )
+    await eventually(lambda: placed(custom, "filler", 1), what="12Gi of 14Gi booked")
+    for i in range(4):
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, selected_model(f"m{i}", "1Gi", {"pool": f"p{i}"})
+        )
+
+    def all_waiting() -> bool:
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
+        return sum(waiting_model(m) is not None for m in items["items"]) == 4
+
+    await eventually(all_waiting, what="the models reported unschedulable")
+    await asyncio.sleep(2 * PERIOD_SECONDS)
+    assert len(placeholders(core)) == 2
+
+
+async def test_a_node_added_that_takes_none_of_its_models_is_let_go(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    custom: Any,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    """A model whose required pod affinity no pod meets fits a node group's template as its
+    placeholder does, but no node: the node added for it serves, runs no model, and once the
+    grace has passed its placeholder goes, no other node is asked for, and the node is removed."""
+    placeholder_class(kube_api)
+    add_gpu_node(kube_api, "gpu-0")
+    group = gpu_group(kube_api)
+    api = apiserver.api_client()
+    autoscaler = ClusterAutoscaler(
+        api, [group], period=0.1, scale_down_unneeded_time=0.5, scale_down_delay_after_add=2.0
+    )
+    await make_binder(node_autoscaling=True, placeholder_grace_seconds=1.0)
+    lonely = model("lonely", 1, "12Gi")
+    term = {"labelSelector": {"matchLabels": {"app": "none"}}, "topologyKey": HOSTNAME}
+    lonely["spec"]["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    }
+    with autoscaler:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, model("filler", 1, "2Gi")
+        )
+        await eventually(lambda: placed(custom, "filler", 1), what="gpu-0 serves")
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, lonely)
+        await eventually(lambda: group.added, what="a node added for it")
+
+        def refused() -> list[Any]:
+            events = core.list_namespaced_event(
+                "default", field_selector="involvedObject.name=lonely"
+            )
+            return [e for e in events.items if e.reason == REFUSED_REASON]
+
+        [told] = await eventually(refused, what="the model told the node did not take it")
+        assert "was added for it and has served for 1 s without taking it" in told.message
+        await eventually(lambda: not placeholders(core), what="its placeholder deleted")
+        await eventually(lambda: group.removed == group.added, what="the node removed")
+        assert len(group.added) == 1, "no other node asked for"
+    api.close()  # type: ignore[no-untyped-call]
+
+
+async def test_a_model_no_node_group_matches_is_told_and_asks_no_more(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    custom: Any,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    """Its placeholder stays pending (no node group has the label it selects): past
+    --placeholder-pending-timeout it goes and the model is told why."""
+    placeholder_class(kube_api)
+    add_gpu_node(kube_api, "gpu-0")
+    group = gpu_group(kube_api)
+    api = apiserver.api_client()
+    autoscaler = ClusterAutoscaler(api, [group], period=0.1, scale_down_delay_after_add=600.0)
+    await make_binder(node_autoscaling=True, placeholder_pending_seconds=1.0)
+    with autoscaler:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, selected_model("nowhere", "1Gi", {"pool": "none"})
+        )
+        await eventually(lambda: placeholders(core), what="a placeholder")
+
+        def refused() -> list[Any]:
+            events = core.list_namespaced_event(
+                "default", field_selector="involvedObject.name=nowhere"
+            )
+            return [e for e in events.items if e.reason == REFUSED_REASON]
+
+        [told] = await eventually(refused, what="the model told why no node is added")
+        assert "no node group matches its node selection" in told.message, told.message
+        await eventually(lambda: not placeholders(core), what="its placeholder deleted")
+        await asyncio.sleep(2 * PERIOD_SECONDS)
+        assert not placeholders(core) and group.added == [], "none asked for again"
     api.close()  # type: ignore[no-untyped-call]
