@@ -41,6 +41,10 @@ READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
 LOADING = "LOADING"
 UNLOADING = "UNLOADING"
+KNOWN_TO_THIS_PROCESS = (READY, LOADING, UNLOADING, UNAVAILABLE)
+"""States only the Triton process that answers can have given a model (loaded, loading, being
+unloaded, unloaded or failed): a Triton started again lists its repository's models with no
+state, so a model in one of these was sent to it, and it has not exited since."""
 
 
 @dataclass(frozen=True)

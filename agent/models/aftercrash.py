@@ -1,6 +1,8 @@
 """What a reconciliation pass does after Triton exits: crash markers, suspects, reload order.
 
 A crash marker left over (`agent.quarantine.crashledger`: a load Triton died under, or just after)
+whose model the Triton that answers does not know (a Triton started again lists it with no state;
+one in the middle of unloading it, or that unloaded it, has not exited: `KNOWN_TO_THIS_PROCESS`)
 is counted against its model's files, unless pods' requests were at Triton then (only suspected
 when they were other pods' and the load had finished); at the node's limit the model is
 quarantined (never loaded again here, its pod told by a Warning Event and, when a controller
@@ -34,7 +36,7 @@ from agent.models.passplan import Action
 from agent.phases import Event
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import Marker
-from agent.triton import LOADING, READY, IndexEntry
+from agent.triton import KNOWN_TO_THIS_PROCESS, LOADING, READY, UNLOADING, IndexEntry
 from common.logs import subject
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,12 @@ class AfterCrash:
                 loads_under_way = True
             elif entry is not None and entry.state == READY:
                 models.crashes.answered(name)  # Triton finished it after the agent stopped
+            elif entry is not None and entry.state == UNLOADING:
+                # An unload under way in the Triton the load went to (its instances finish
+                # their queues): no exit. The marker stays, so an exit before it ends counts.
+                continue
+            elif entry is not None and entry.state in KNOWN_TO_THIS_PROCESS:
+                models.crashes.answered(name)  # unloaded, or refused, by the same Triton
             elif marker.finished_at:
                 died_after.append(marker)
             else:

@@ -155,7 +155,7 @@ class Models:
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load is under way or just
         ended (`agent.models.probationhold`); None: never held."""
-        self.restore_gate = RestoreGate()
+        self.restore_gate = RestoreGate(on_gone=self.crashes.triton_exited)
         """Closed from Triton's exit until what it held is loaded again: a load Triton died under,
         asked for again, waits for it (`Loads`)."""
         self.bookings = Bookings(

@@ -13,7 +13,8 @@ On every change of this node's pods (the watch) and every resync period:
 - a wanted model Triton already runs but the agent does not remember (the agent restarted) is
   adopted only if the agent can vouch for it, and checked again every resync period
   (`agent.models.vouching`);
-- a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again;
+- a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again,
+  once Triton has finished unloading it if it was (an unload under way is no exit of Triton);
   an `on-demand` model asleep is not (its next request wakes it), and one at rest whose pod runs
   is put to sleep (after an agent restart, or a reinstall);
   one whose load failed waits, and is given up after a number of failures
@@ -50,7 +51,7 @@ from agent.phases import Event, Phase
 from agent.pods.modelpods import PodInfo, init_failure, pod_from_dict
 from agent.pods.nodepods import NodePods
 from agent.pods.provenpods import Proven
-from agent.triton import LOADING, READY
+from agent.triton import LOADING, READY, UNLOADING
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -214,6 +215,8 @@ class Reconciler:
                 elif now - record.vouched_at >= self.resync_seconds:
                     plan[name] = Action(name, Check.RECHECK, pod)
                 continue
+            if entry is not None and entry.state == UNLOADING:
+                continue  # Triton is still unloading it (no exit): loaded again once it is over
             held = record is not None and record.life.held_loaded
             if pod.on_demand and not held:
                 # Wanted but asleep: only its own next request loads it. One at rest (the agent

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Final
 
 WAIT_SECONDS: Final = 20.0
@@ -22,7 +23,9 @@ WAIT_SECONDS: Final = 20.0
 class RestoreGate:
     """Closed from Triton's exit until the reconciler's first pass after it has acted."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_gone: Callable[[], None] | None = None) -> None:
+        """`on_gone` is called at each exit (the crash ledger names the next Triton process)."""
+        self._on_gone = on_gone
         self._open = asyncio.Event()
         self._open.set()
         self.generation = 0
@@ -36,6 +39,8 @@ class RestoreGate:
         """Triton exited: what it held is loaded again first."""
         self.generation += 1
         self._open.clear()
+        if self._on_gone is not None:
+            self._on_gone()
 
     def restored(self, generation: int) -> None:
         """A reconciler pass that began at `generation` has acted: open, unless Triton exited

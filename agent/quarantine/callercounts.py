@@ -42,10 +42,10 @@ class CallerCounts:
         self._owed: dict[str, dict[str, tuple[float, float]]] = {}
         """By digest of a load in flight at an exit it shared with requests: the pods that exit
         put on probation, with their probation before and the one it gave (`forgive`)."""
-        self._owed_exits: dict[str, tuple[int, int]] = {}
-        """By digest: the exits its loads in flight shared with requests since it last loaded,
-        and how many of them were counted against its namespace then
-        (`CrashLedger.explained`)."""
+        self._owed_exits: dict[str, list[tuple[str | None, bool]]] = {}
+        """By digest: the exits its loads in flight shared with requests since it last loaded
+        (by name, `agent.quarantine.markers.Marker.exit`), each once, and whether it was counted
+        against its namespace then (`CrashLedger.explained`)."""
 
     def reset(self) -> None:
         """Forget every pod's record (before the saved ones are read)."""
@@ -104,23 +104,23 @@ class CallerCounts:
             if r.quarantined and not (pod in before and before[pod].quarantined)
         ]
 
-    def shared_exit(self, digest: str, *, against_namespace: bool) -> None:
-        """A load in flight of the files `digest` shared an exit with pods' requests; the exit
-        was counted `against_namespace` of the load, or not."""
-        exits, namespace_exits = self._owed_exits.get(digest, (0, 0))
-        if against_namespace:
-            namespace_exits += 1
-        self._owed_exits[digest] = (exits + 1, namespace_exits)
+    def shared_exit(self, digest: str, exit: str | None, *, against_namespace: bool) -> None:
+        """A load in flight of the files `digest` shared the exit `exit` (None: one with no
+        name) with pods' requests; the exit was counted `against_namespace` of the load, or
+        not. Loads of the same files at one exit owe it once."""
+        owed = self._owed_exits.setdefault(digest, [])
+        if exit is None or all(exit != e for e, _ in owed):
+            owed.append((exit, against_namespace))
 
-    def forgive(self, digest: str) -> tuple[int, int]:
+    def forgive(self, digest: str) -> list[tuple[str | None, bool]]:
         """The files of `digest` are counted for an exit: the probations their loads' shared
-        exits gave end (those renewed since by another exit stay); returns those exits, and how
-        many of them were counted against the namespace already."""
+        exits gave end (those renewed since by another exit stay); returns those exits, each
+        with whether it was counted against the namespace already."""
         for pod, (before, given) in self._owed.pop(digest, {}).items():
             record = self._records.get(pod)
             if record is not None and record.probation_until == given:
                 self._records[pod] = replace(record, probation_until=before)
-        return self._owed_exits.pop(digest, (0, 0))
+        return self._owed_exits.pop(digest, [])
 
     def loaded(self, digest: str) -> None:
         """Triton answered a load of the files `digest` READY: they owe nothing (the requests

@@ -34,14 +34,17 @@ last, alone, each with a quiet period of `quiet_seconds` whose exit still counts
 beside other pods' requests too); at `quarantine_after` + `namespace_quarantine_after` the node
 loads none of the namespace's models (those installed before too), until an operator clears
 `NAMESPACE/*`. So a namespace's loads take Triton down at most that many times per node,
-however many versions or models they try at once. An exit a load in flight shared with pods'
-requests is counted against neither (`explained`; the pods go on probation), until that load's
-files are counted for an exit alone: then it is counted against them too, and the probation it
-gave ends (`agent.quarantine.callercounts.CallerCounts.forgive`; kept in memory only). `CrashLedger`
-stores and counts, with the marker files in `agent.quarantine.markers` and the counts of files,
-namespaces and pods in `agent.quarantine.filecounts`, `.namespaces` and `.callers`;
-`agent.models.nodemodels` writes the markers around its loads; `agent.models.aftercrash` decides
-when a marker is a crash and what the pod is told.
+however many versions or models they try at once: each exit of Triton is counted once against a
+namespace and once against a model's files, however many of their loads it left over, by the name
+of the Triton process that exited (`triton`, written in each marker: `Marker.triton`). An exit a
+load in flight shared with pods' requests is counted against neither (`explained`; the pods go on
+probation), until that load's files are counted for an exit alone: then it is counted against
+them too, and the probation it gave ends (`agent.quarantine.callercounts.CallerCounts.forgive`;
+kept in memory only). `CrashLedger` stores and counts, with the marker files in
+`agent.quarantine.markers` and the counts of files, namespaces and pods in
+`agent.quarantine.filecounts`, `.namespaces` and `.callers`; `agent.models.nodemodels` writes the
+markers around its loads; `agent.models.aftercrash` decides when a marker is a crash and what the
+pod is told.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -126,9 +130,29 @@ class CrashLedger:
         load), by digest, with when (Unix seconds): `shared_before`."""
         self._in_flight_taken = False
         """A load in flight at the last exit was decided before the reconciler's pass over it."""
+        self._boot = uuid.uuid4().hex[:12]
+        self._exits_seen = 0
         self.witnessed: Callable[[Marker], list[str]] | None = None
         """The pods whose requests the node gateway saw at Triton when it died since the load
         of a marker began (`agent.status.requestcrash`); None: no gateway witnesses."""
+
+    @property
+    def triton(self) -> str:
+        """The name of the Triton process loads go to now (`Marker.triton`): it changes at each
+        exit the agent sees (`triton_exited`), so the markers an exit leaves over name it, and
+        it is counted once however many loads it had."""
+        return f"{self._boot}.{self._exits_seen}"
+
+    def triton_exited(self) -> None:
+        """Triton exited (its liveness or the sentinel says so): loads from now on go to another
+        process."""
+        self._exits_seen += 1
+
+    def _exit_found(self, marker: Marker) -> None:
+        # An exit found by a marker left over, which the liveness watch missed (Triton came
+        # back between two polls): the loads from now on go to another process all the same.
+        if marker.triton == self.triton:
+            self.triton_exited()
 
     @property
     def namespace_quarantine_after(self) -> int:
@@ -227,15 +251,16 @@ class CrashLedger:
             return []
         if pods:
             self._decide(marker)
+            self._exit_found(marker)
             self.answered(marker.name)
             if not marker.finished_at:
                 held = self.held(marker.pod.partition("/")[0])
                 if held:
                     # A held namespace's load in flight stays its suspect beside requests too,
                     # or a neighbour's traffic would buy it exits past its bound.
-                    self._count_namespace(marker)
+                    self._count_namespace(marker, marker.exit)
                     self._save()
-                self._callers.shared_exit(marker.digest, against_namespace=held)
+                self._callers.shared_exit(marker.digest, marker.exit, against_namespace=held)
             log.warning(
                 "Triton exited while model %s of pod %s loaded or settled, with requests of %s "
                 "at it: the exit is not counted against the model's files.",
@@ -287,16 +312,19 @@ class CrashLedger:
         the marker; not `alone` (another load, more recent, was there too), the files are only
         suspected: their run stays as it is, and they load again alone (`suspected`)."""
         self._decide(marker)
-        # Found guilty, its loads' exits shared with requests were its own too.
-        shared, counted = self._callers.forgive(marker.digest) if alone else (0, 0)
-        for _ in range(1 + shared - counted if alone else 0):  # once an exit
-            self._count_namespace(marker)
+        self._exit_found(marker)
+        exits: list[str | None] = []
         if alone:
+            # Found guilty, its loads' exits shared with requests were its own too.
+            shared = [(marker.exit, False), *self._callers.forgive(marker.digest)]
+            for exit, counted in shared:
+                if not counted:
+                    self._count_namespace(marker, exit)  # once an exit, whatever its loads
+            exits = [exit for exit, _ in shared]
             self._shared.pop(marker.digest, None)
         else:
             self._shared[marker.digest] = self._wall()
-        crashes = 1 + shared if alone else 0
-        record = self._files.crashed(marker.digest, marker.model_id, marker.pod, crashes)
+        record = self._files.crashed(marker.digest, marker.model_id, marker.pod, exits)
         self._save()
         self.answered(marker.name)
         return record
@@ -362,8 +390,8 @@ class CrashLedger:
         """The crashes of a namespace's loads at which its loads are quarantined on the node."""
         return self._namespaces.bound
 
-    def _count_namespace(self, marker: Marker) -> None:
-        self._namespaces.count(marker.pod)
+    def _count_namespace(self, marker: Marker, exit: str | None) -> None:
+        self._namespaces.count(marker.pod, exit)
         self._held = None
 
     def settle_of(self, marker: Marker) -> float:

@@ -8,8 +8,9 @@ record, or until it lapses `expiry_seconds` after it began (`FileCounts.expire`)
 stays one short of the limit, so one more crash in a row quarantines the files again. At most
 `kept` counts are kept (the oldest unquarantined go first), so a tenant cannot fill the disk.
 
-`FileCounts` keeps the counts in memory and answers for them; the crash ledger
-(`agent.quarantine.crashledger.CrashLedger`) decides how many crashes an exit adds, and saves the
+`FileCounts` keeps the counts in memory and answers for them, each exit of Triton once (by its
+name, `CrashRecord.exits`); the crash ledger (`agent.quarantine.crashledger.CrashLedger`) decides
+which exits a crash adds, and saves the
 counts in `crashes.json` (its `records` list: `CrashRecord`'s fields, `quarantined_at` absent in
 the oldest files, read as the time they are read).
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from agent.quarantine.namespaces import EXITS_KEPT
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class CrashRecord:
     quarantined: bool = False
     quarantined_at: float = 0.0
     """When it was quarantined (Unix seconds; for `CrashLedger.expire`)."""
+    exits: tuple[str, ...] = ()
+    """The exits counted in its run, by name (the latest `EXITS_KEPT`): each is counted once."""
 
     @property
     def namespace(self) -> str:
@@ -73,6 +78,7 @@ class FileCounts:
                 bool(item["quarantined"]),
                 float(item.get("quarantined_at", 0.0))
                 or (self._wall() if item["quarantined"] else 0.0),
+                tuple(str(e) for e in item.get("exits", ())),
             )
             self._records[record.digest] = record
 
@@ -80,11 +86,21 @@ class FileCounts:
         """The counts as `crashes.json` keeps them."""
         return [asdict(r) for r in self._records.values()]
 
-    def crashed(self, digest: str, model_id: str, pod: str, crashes: int) -> CrashRecord:
-        """Add `crashes` (0: none, the files only suspected) to the run of the files `digest`,
-        loaded for `pod` (namespace/name) as `model_id`; returns their record."""
+    def crashed(
+        self, digest: str, model_id: str, pod: str, exits: Iterable[str | None]
+    ) -> CrashRecord:
+        """Add the exits `exits` (none: the files only suspected; None: an exit with no name)
+        to the run of the files `digest`, loaded for `pod` (namespace/name) as `model_id`, each
+        exit once; returns their record."""
         before = self._records.get(digest)
-        crashes += before.crashes if before else 0
+        crashes = before.crashes if before else 0
+        named = before.exits if before else ()
+        for exit in exits:
+            if exit is not None and exit in named:
+                continue
+            crashes += 1
+            if exit is not None:
+                named = (*named, exit)[-EXITS_KEPT:]
         record = CrashRecord(
             digest,
             model_id,
@@ -92,6 +108,7 @@ class FileCounts:
             crashes,
             quarantined=crashes >= self.quarantine_after,
             quarantined_at=self._wall() if crashes >= self.quarantine_after else 0.0,
+            exits=named,
         )
         self._records[digest] = record
         self._trim()

@@ -1,12 +1,12 @@
 """The crash markers on disk: one file for each load under way, synced before it reaches Triton.
 
 A marker (`<name>.loading` in the state directory) says which files a load of the model `name`
-sends to Triton (their manifest digest), for which pod, when it was sent and when Triton answered
-it READY. `MarkerFiles` writes, rewrites (finished), removes and reads back the files, and only
-that: what a marker left over means, and what is counted for it, is decided by
-`agent.quarantine.crashledger.CrashLedger`. A marker that cannot be read names no load to count, so
-it is removed with a warning. The file is the marker's fields as JSON; the fields added since
-the first have defaults, so an upgraded agent reads the markers an older one wrote.
+sends to Triton (their manifest digest), for which pod, to which Triton process, when it was sent
+and when Triton answered it READY. `MarkerFiles` writes, rewrites (finished), removes and reads
+back the files, and only that: what a marker left over means, and what is counted for it, is
+decided by `agent.quarantine.crashledger.CrashLedger`. A marker that cannot be read names no load
+to count, so it is removed with a warning. The file is the marker's fields as JSON; the fields
+added since the first have defaults, so an upgraded agent reads the markers an older one wrote.
 
 `write_durably` is how the ledger writes each of its files (the markers and `crashes.json`): to
 a temporary file, synced, then renamed over the old one, so an agent killed while writing leaves
@@ -49,6 +49,16 @@ class Marker:
     """A suspect's load with probationers held through its settling window
     (`agent.models.probationhold`): requests at Triton beside it are not a probationer's, so sharing
     a second exit with them does not make the exit theirs (`CrashLedger.shared_before`)."""
+    triton: str = ""
+    """The Triton process the load was sent to (`CrashLedger.triton`): an exit that leaves the
+    marker over is that process's, so the markers of one exit name the same one and it is
+    counted once (`exit`). "" (an older marker): its own exit."""
+
+    @property
+    def exit(self) -> str | None:
+        """The exit that leaves this marker over, as the counts know it (None: no name, an exit
+        of its own)."""
+        return self.triton or None
 
     def at_exit(self, first_down: float, settle_seconds: float, slack: float) -> bool:
         """Whether this load was in flight, or settling, when Triton was found gone at
@@ -88,6 +98,7 @@ class MarkerFiles:
                     float(data.get("started_at", 0.0)),
                     bool(data.get("restore", False)),
                     bool(data.get("trial", False)),
+                    str(data.get("triton", "")),
                 )
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("The crash marker %s is unreadable (%s): removing it.", path, e)

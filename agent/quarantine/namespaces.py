@@ -8,6 +8,11 @@ loads against the namespace (`NamespaceRecord`), never reset by a good load. At
 of its models until an operator clears `NAMESPACE/*`. An unquarantined count lapses
 `expiry_seconds` after its last crash (`NamespaceCounts.expire`).
 
+A crash is one exit of Triton: the loads of a namespace in flight or settling at one exit (several
+versions, several models), and the files found guilty of it later, add one crash between them, as
+each record keeps the names of the exits it counted (`NamespaceRecord.exits`, the Triton process
+that exited: `agent.quarantine.markers.Marker.triton`).
+
 `NamespaceCounts` keeps the counts in memory and answers for them; the ledger decides which
 crashes count, works out which namespaces are held (a quarantine of one of their files holds
 them too), and saves the counts in `crashes.json` (its `namespaces` list: `NamespaceRecord`'s
@@ -19,6 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+EXITS_KEPT = 64
+"""Names of counted exits kept per record: far more than an exit's loads and the files found
+guilty of it later, which come within the bound's few exits."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,8 @@ class NamespaceRecord:
     at: float = 0.0
     """When its last crash was counted (Unix seconds): an unquarantined count lapses
     `expiry_seconds` after it (`CrashLedger.expire`)."""
+    exits: tuple[str, ...] = ()
+    """The exits counted, by name (the latest `EXITS_KEPT`): each is counted once."""
 
     def matches(self, selector: str) -> bool:
         """Whether an operator's `selector` names it: `NAMESPACE/*`."""
@@ -69,6 +80,7 @@ class NamespaceCounts:
                 int(item["crashes"]),
                 bool(item["quarantined"]),
                 float(item.get("at", 0.0)),
+                tuple(str(e) for e in item.get("exits", ())),
             )
             self._records[held.namespace] = held
 
@@ -92,10 +104,15 @@ class NamespaceCounts:
     def records(self) -> list[NamespaceRecord]:
         return sorted(self._records.values(), key=lambda r: r.namespace)
 
-    def count(self, pod: str) -> None:
-        """Count one crash of a load of `pod` (namespace/name) against its namespace."""
+    def count(self, pod: str, exit: str | None) -> bool:
+        """Count the exit `exit` of Triton under a load of `pod` (namespace/name) against its
+        namespace, unless it is counted already (None: an exit with no name, counted);
+        returns whether it was counted now."""
         namespace = pod.partition("/")[0]
         before = self._records.get(namespace)
+        exits = before.exits if before else ()
+        if exit is not None and exit in exits:
+            return False
         crashes = (before.crashes if before else 0) + 1
         self._records[namespace] = NamespaceRecord(
             namespace,
@@ -103,7 +120,9 @@ class NamespaceCounts:
             crashes,
             (before is not None and before.quarantined) or crashes >= self.bound,
             self._wall(),
+            (*exits, exit)[-EXITS_KEPT:] if exit is not None else exits,
         )
+        return True
 
     def clear(self, selectors: Iterable[str]) -> list[NamespaceRecord]:
         """Forget the namespaces any of `selectors` names (`NAMESPACE/*`); returns them."""

@@ -1,7 +1,9 @@
 """The documented bound on Triton's exits per namespace, through a real Triton and a real agent:
 whatever the order of a namespace's crashing loads, the node's Triton goes down at most
 `--crash-quarantine-after` times for one version of the files and
-`--crash-quarantine-after` + `--crash-namespace-quarantine-after` times for the namespace in all.
+`--crash-quarantine-after` + `--crash-namespace-quarantine-after` times for the namespace in all,
+and the namespace is quarantined only then: each exit counts once, however many of its versions
+were loading at it.
 
 Before: five crashers (one byte apart) whose loaders ask at once took Triton down 9 to 12 times
 (a load that died, never READY, was reloaded as "what Triton held"; an exit beside a neighbour's
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,11 +22,20 @@ import grpc
 import kubernetes.client
 import pytest
 
+from agent.quarantine.crashledger import Marker
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.crashers import load_killer
 from sim.triton import TritonServer
-from tests.agent.conftest import RunningAgent, StartAgent, bearer, eventually, install_dir, make_pod
+from tests.agent.conftest import (
+    RunningAgent,
+    StartAgent,
+    bearer,
+    eventually,
+    install_dir,
+    make_pod,
+    name_in_triton,
+)
 from tests.agent.quarantine.test_quarantine import kubelet_restarts
 from tests.conftest import copy_model
 
@@ -112,7 +124,8 @@ async def test_five_crashers_of_a_namespace_asking_at_once_take_triton_down_at_m
             what="the namespace quarantined",
         )
         await quiet(running, restarts)
-    assert len(restarts) <= FILES_AFTER + NAMESPACE_AFTER, len(restarts)
+    # Each exit counted once, however many versions were loading at it: the bound, exactly.
+    assert len(restarts) == FILES_AFTER + NAMESPACE_AFTER, len(restarts)
     counts = [r.crashes for r in running.agent.crashes.records()]
     assert max(counts) <= FILES_AFTER, counts
 
@@ -148,3 +161,59 @@ async def test_a_second_version_after_the_first_is_quarantined_buys_the_namespac
             )
             await quiet(running, restarts)
     assert len(restarts) == FILES_AFTER + NAMESPACE_AFTER
+
+
+async def test_versions_in_flight_at_one_exit_asked_for_again_at_once_count_it_once(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Three versions of a namespace's crasher were in flight together when Triton died (their
+    markers left as such loads leave them, naming the Triton they were sent to), and each pod's
+    loader asks again before any pass: each version's files count the exit, the namespace once."""
+    running = await start_custom_agent(
+        crash_quarantine_after=FILES_AFTER,
+        crash_namespace_quarantine_after=NAMESPACE_AFTER,
+        resync_seconds=3600,
+        crash_settle_seconds=0.0,  # READY at once: the records of the files end, not the
+        crash_hold_seconds=0.0,  # namespace's count, which a good load never resets
+    )
+    caplog.set_level(logging.WARNING)
+    crashes = running.agent.crashes
+    tokens = {}
+    for version in range(3):
+        # Each version loads fine now: only the markers tell of the exit.
+        model = copy_model("add_one", tmp_path / str(version), as_name=f"v-{version}")
+        (model / "1" / "model.py").write_text(
+            (model / "1" / "model.py").read_text() + "#" * version
+        )
+        gpu = running.mock.gpus[0].uuid
+        make_pod(kube_api, f"v-{version}", f"v-{version}", gpu_uuid=gpu)  # loaders: Pending
+        tokens[version] = apiserver.mint_token("default", f"v-{version}")
+        await install_dir(running.stub, tokens[version], model, f"v-{version}")
+    while True:  # no pass under way: the loaders ask before any pass finds the markers
+        seen = running.agent.reconciler.passes
+        await asyncio.sleep(0.5)
+        if running.agent.reconciler.passes == seen:
+            break
+    for version in tokens:
+        name = name_in_triton(kube_api, f"v-{version}", f"v-{version}")
+        owned = running.agent.owners.get(name)
+        assert owned is not None
+        pod = f"default/v-{version}"
+        marker = Marker(name, owned.digest, f"v-{version}", pod, triton=crashes.triton)
+        crashes.loading(marker)
+    await asyncio.gather(
+        *(
+            running.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id=f"v-{v}"), metadata=bearer(token)
+            )
+            for v, token in tokens.items()
+        )
+    )
+    # As it loads again, or by a pass that found its marker first.
+    found = [r for r in caplog.records if "Triton exited while loading" in r.getMessage()]
+    assert len(found) == 3, "each version's files counted the exit"
+    assert [n.crashes for n in crashes.namespaces()] == [1], "the namespace counted it once"
