@@ -57,7 +57,7 @@ from agent.phases import Event, Phase, given_up
 from agent.pods.ownership import OwnerRecord
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import CrashLedger, Marker
-from agent.triton import LOADING, READY, TritonClient
+from agent.triton import KNOWN_TO_THIS_PROCESS, READY, TritonClient
 from common.backends import runs_in_own_process
 from common.logs import subject
 
@@ -173,7 +173,8 @@ class Loads:
         died_under = (
             left is not None
             and not left.finished_at
-            and (entry is None or entry.state not in (READY, LOADING))
+            # A model this Triton holds, unloads or refused was sent to it: no exit since.
+            and (entry is None or entry.state not in KNOWN_TO_THIS_PROCESS)
         )
         if died_under:
             # The reconciler's pass over that exit will not find it: a load was in flight there.
@@ -258,6 +259,7 @@ class Loads:
                 started_at=self._wall(),
                 restore=not settle,
                 trial=trial,
+                triton=self.crashes.triton,
             )
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:
