@@ -99,7 +99,8 @@ class _HostMemoryCollector(Collector):
         )
         models = GaugeMetricFamily(
             "tritonshare_agent_model_host_memory_bytes",
-            "Host memory a model's load was measured to take",
+            "Host memory a model is billed: its own processes, and Triton's growth across its "
+            "load when no other model was served meanwhile",
             labels=["model"],
         )
         for name, grown in sorted(self._models().items()):

@@ -25,9 +25,7 @@ shared by namespace: a namespace's loaded models (each charged its billed figure
 way stay within `--triton-memory-namespace-percent` of it, so no namespace can fill Triton before
 another loads (the namespace is the first part of the pod's key, a replica's too). Otherwise it is
 refused with `HostMemoryExhaustedError` before Triton sees it: a load that would take the container
-past its limit gets the OOM killer, which ends every tenant's model at once. A model that runs apart
-and whose own processes grow past its namespace's share is named by `over_share`, for the agent to
-unload.
+past its limit gets the OOM killer, which ends every tenant's model at once.
 With no limit or no Triton PID nothing is admitted here. Blocking reads: callers run it off the
 event loop. It must not call Triton.
 """

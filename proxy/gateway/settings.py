@@ -160,7 +160,7 @@ class GatewaySettings:
     """Connections from one source address that have sent nothing yet (no caller key, no
     protocol byte) and wait for it, each at most `caller_key_timeout_seconds`; one more from that
     address that has sent nothing when it is accepted is reset at once, so one address's flood of
-    silent connections neither takes the waiting room of another's nor slows its accept."""
+    silent connections takes none of another's waiting room."""
     # The relay's limits, with the proxy's flags, variables and defaults.
     max_body_bytes: int = max_body()
     max_inflated_bytes: int = max_inflated()
