@@ -41,6 +41,7 @@ from binder.framework.placement import Placement, place
 from binder.framework.queue import SchedulingQueue
 from binder.tritonmodels.controller import EVENT_BACKOFF_MAX_SECONDS, RETRY_SECONDS
 from binder.tritonmodels.placer import ReplicaPlacer
+from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.serving import Serving
 from common.contract import Keys
 from common.proofs import KeyRing
@@ -144,16 +145,14 @@ class Turns:
         self.queue = SchedulingQueue(
             initial_seconds=RETRY_SECONDS, event_backoff_max=EVENT_BACKOFF_MAX_SECONDS
         )
-        draining: dict[str, float] = {}
+        book = ReplicaBook(ledger, drain_seconds=30.0, clock=time.monotonic)
         self.placer = ReplicaPlacer(
             ledger,
             keys=KEYS,
             policy="binpack",
             placement_keys=lambda: RING,
-            serving=Serving(ledger, KEYS, draining, Room(), refused=lambda where: None),
-            draining=draining,
-            parked={},
-            stand_ins={},
+            serving=Serving(ledger, KEYS, book, Room()),
+            book=book,
             drain_seconds=30.0,
             preemption=True,
             clock=time.monotonic,

@@ -33,6 +33,7 @@ from binder.framework.queue import SchedulingQueue
 from binder.framework.replicapreemption import REFUSED_RETRY_SECONDS
 from binder.tritonmodels.hostwriter import HostWriter
 from binder.tritonmodels.placer import Hosted, ReplicaPlacer
+from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.reporting import Reporter
 from binder.tritonmodels.servicewriter import ServiceWriter
 from binder.tritonmodels.serving import Serving, ordinal_of
@@ -99,24 +100,13 @@ class TritonModelController:
         """(model uid, node) where the model was last seen awake (`_awake_first`)."""
         self._room = Room()
         """The models whose awake replicas have no room: their sleeping ones are served too."""
-        self._parked: dict[str, str] = {}
-        """Model uid -> where it is parked at zero replicas: the placer's (`ReplicaPlacer.park`)."""
         self._stale: set[str] = set()
         """Namespaces whose hosts are all to be checked again."""
         self._hosts_seen: set[tuple[str, str]] = set()
         """(namespace, node) of hosts whose labels, annotation or conditions changed."""
-        self._draining: dict[str, float] = {}
-        """Replica uid -> when its drain ends at the latest: the placer's (`ReplicaPlacer`)."""
-        self._stand_ins: dict[str, str] = {}
-        """Model uid -> the node whose host a stand-in replica of it serves for while it is
-        replaced: the host writer's (`binder.tritonmodels.hostreplace`)."""
-        self._serving = Serving(
-            ledger,
-            keys,
-            self._draining,
-            self._room,
-            lambda where: self._hosts.refused.get(where),
-        )
+        self._book = ReplicaBook(ledger, drain_seconds=drain_seconds, clock=clock)
+        """Drains and parks (the placer's), stand-ins and host refusals (the host writer's)."""
+        self._serving = Serving(ledger, keys, self._book, self._room)
         """Whether each replica is served, and which hosts its Service selects."""
         self._placer = ReplicaPlacer(
             ledger,
@@ -124,9 +114,7 @@ class TritonModelController:
             policy=policy,
             placement_keys=placement_keys,
             serving=self._serving,
-            draining=self._draining,
-            parked=self._parked,
-            stand_ins=self._stand_ins,
+            book=self._book,
             drain_seconds=drain_seconds,
             preemption=preemption,
             clock=clock,
@@ -154,13 +142,11 @@ class TritonModelController:
             access=access,
             drain_seconds=drain_seconds,
             clock=clock,
-            draining=self._draining,
-            parked=self._parked,
+            book=self._book,
             loaded=self._serving.routable,
             served=self._serving.served,
             serves_value=self._serving.serves_value,
             uri=self._placer.rollout.uri,
-            stand_ins=self._stand_ins,
             changed=self.changed,
         )
         """The namespace's model hosts (`binder.tritonmodels.hostwriter`)."""
@@ -235,7 +221,7 @@ class TritonModelController:
                 charged = self._ledger.state.charged_pod(rid)
                 if (
                     charged is not None
-                    and rid not in self._draining
+                    and not self._book.draining(rid)
                     and self._serving.awake(model, charged.node_name, ordinal_of(charged))
                 ):
                     awake.add(charged.node_name)
@@ -294,7 +280,7 @@ class TritonModelController:
             self._tick = self._clock() + RETRY_SECONDS
             for again in list(self._retry):
                 self.changed(again)
-            for draining in {rid.rpartition("/")[0] for rid in self._draining}:
+            for draining in self._book.draining_models():
                 self.changed(draining)
             waiting, self._hosts.waiting = self._hosts.waiting, set()
             for namespace in waiting:
@@ -375,7 +361,7 @@ class TritonModelController:
             before = self._hosts_for.get(uid, frozenset())
             await self._hosts.reconcile(namespace, {entry[1] for entry in before})
         self._hosts_for.pop(uid, None)
-        self._parked.pop(uid, None)
+        self._book.unpark(uid)
         self._awake_seen = {k for k in self._awake_seen if k[0] != uid}
         self._room.forget(uid)
 

@@ -7,7 +7,7 @@ created anew (`binder.tritonmodels.hostwriter`). Replacements go one host of a n
 time, so its models stay served by their replicas on other nodes: the next waits until no host
 of the namespace is being deleted and every other one serves its replicas, or
 --host-drain-seconds after the last replacement at most. A model the host serves and no other
-does, or parks at zero, first gets a stand-in: one replica more (`stand_ins`, placed by the
+does, or parks at zero, first gets a stand-in: one replica more (the replica book's, placed by the
 replica placer on another node), and the host waits until it is served (and the model unparked),
 or --host-drain-seconds (no room for it); no other host of the namespace goes meanwhile. The
 stand-in leaves once the new host serves the model (a parked one: once the new host is there).
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.tritonmodels.hostpod import host_image, mounted_secrets
+from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.rolling import Loaded
 from common.contract import Keys
 from common.hosted import NODE_STOPPING_REASON, host_template_annotation
@@ -38,8 +39,8 @@ Where = tuple[str, str]
 
 
 class HostReplacements:
-    """Which hosts are outdated, and whether a namespace's may be replaced now; `draining`
-    (replica uids) and `served` are the model writer's, read as they change."""
+    """Which hosts are outdated, and whether a namespace's may be replaced now; the book's
+    drains and `served` are read as they change."""
 
     def __init__(
         self,
@@ -47,25 +48,23 @@ class HostReplacements:
         *,
         drain_seconds: float,
         clock: Callable[[], float],
-        draining: Container[str],
+        book: ReplicaBook,
         served: Callable[[ModelInfo, PodInfo], Loaded],
-        stand_ins: dict[str, str],
         models: Mapping[str, ModelInfo],
         changed: Callable[[str], None],
     ) -> None:
-        """`stand_ins`: model uid -> the node whose host it stands in for (changed here alone,
-        read by the placer); `models`: the ledger's, by uid; `changed(uid)`: the model's turn,
-        to place or drain its stand-in."""
+        """`book`: the replicas' drains, read, and the models' stand-ins, asked and released
+        here alone (the placer reads them); `models`: the ledger's, by uid; `changed(uid)`: the
+        model's turn, to place or drain its stand-in."""
         self._keys = keys
         self._drain_seconds = drain_seconds
         self._clock = clock
-        self._draining = draining
+        self._book = book
         self._served = served
         self._replaced_at: dict[str, float] = {}
         """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
         self._replacing: dict[str, str] = {}
         """Namespace -> the uid of the host it replaced last."""
-        self._stand_ins = stand_ins
         self._models = models
         self._changed = changed
         self._asked: dict[str, dict[str, tuple[str, float]]] = {}
@@ -115,7 +114,7 @@ class HostReplacements:
             if other not in there_now:
                 return False
             for model, _, replica in replicas:
-                if replica.uid not in self._draining and not self._served(model, replica).ready:
+                if not self._book.draining(replica.uid) and not self._served(model, replica).ready:
                     return False
         return True
 
@@ -152,7 +151,7 @@ class HostReplacements:
         alone = [
             model
             for model, _, replica in wanted.get(where, [])
-            if model.replicas and replica.uid not in self._draining
+            if model.replicas and not self._book.draining(replica.uid)
         ]
         parked = list(parked)
         parked_here = {model.uid for model in parked}
@@ -180,8 +179,8 @@ class HostReplacements:
             (model, replica)
             for model, _, replica in wanted.get(where, [])
             if model.replicas
-            and replica.uid not in self._draining
-            and model.uid not in self._stand_ins
+            and not self._book.draining(replica.uid)
+            and self._book.stand_in(model.uid) is None
             and self._served(model, replica).reason == NODE_STOPPING_REASON
         ]
         if not stops:
@@ -198,7 +197,7 @@ class HostReplacements:
         it was outdated (its template changed back before it was replaced) is not needed."""
         host_uid = (there.get("metadata") or {}).get("uid")
         for uid, (asked_for, _) in list(self._asked.get(namespace, {}).items()):
-            if asked_for == host_uid and self._stand_ins.get(uid) == where[0]:
+            if asked_for == host_uid and self._book.stand_in(uid) == where[0]:
                 self._drop(namespace, uid)
 
     def release(
@@ -212,7 +211,7 @@ class HostReplacements:
         gone). Returns whether one of the namespace's stays."""
         kept = False
         for uid, (asked_for, _) in list(self._asked.get(namespace, {}).items()):
-            model, node = self._models.get(uid), self._stand_ins.get(uid, "")
+            model, node = self._models.get(uid), self._book.stand_in(uid) or ""
             if model is not None:
                 where = (node, model.storage_secret)
                 there = there_now.get(where)
@@ -245,7 +244,7 @@ class HostReplacements:
             when,
         )
         self._asked.setdefault(model.namespace, {})[model.uid] = (host_uid, self._clock())
-        self._stand_ins[model.uid] = node
+        self._book.ask_stand_in(model.uid, node)
         self._changed(model.uid)
 
     def _drop(self, namespace: str, uid: str) -> None:
@@ -254,7 +253,7 @@ class HostReplacements:
         asked.pop(uid, None)
         if not asked:
             self._asked.pop(namespace, None)
-        self._stand_ins.pop(uid, None)
+        self._book.release_stand_in(uid)
         self._changed(uid)
 
     def _served_elsewhere(self, where: Where, wanted: Mapping[Where, Replicas]) -> set[str]:
@@ -265,5 +264,5 @@ class HostReplacements:
             for other, replicas in wanted.items()
             if other != where
             for model, _, replica in replicas
-            if replica.uid not in self._draining and self._served(model, replica).ready
+            if not self._book.draining(replica.uid) and self._served(model, replica).ready
         }

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -37,6 +37,7 @@ from binder.cluster.podterms import NOTHING
 from binder.tritonmodels.hostbudget import BUDGET_NAME, budget, min_available
 from binder.tritonmodels.hostpod import host_spec, template_hash
 from binder.tritonmodels.hostreplace import HostReplacements, Replicas, Where
+from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.rolling import Loaded
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
@@ -78,20 +79,18 @@ class HostWriter:
         access: NodeAccess,
         drain_seconds: float,
         clock: Callable[[], float],
-        draining: Container[str],
-        parked: Mapping[str, str],
+        book: ReplicaBook,
         loaded: Callable[[ModelInfo, PodInfo], Loaded],
         served: Callable[[ModelInfo, PodInfo], Loaded],
         serves_value: Callable[[ModelInfo, str], str],
         uri: Callable[[ModelInfo, int], str],
-        stand_ins: dict[str, str],
         changed: Callable[[str], None],
     ) -> None:
-        """`draining` (replica uids) and `parked` (model uid -> node) are the model writer's
-        own, read as they change; `loaded`, `served` and `serves_value` say whether a replica is
-        loaded on its host, served through its Service, and its host's `serves-` label; `uri`
-        the files a replica was placed with; `stand_ins` the replicas asked to stand in for a
-        replaced host (`binder.tritonmodels.hostreplace`); `changed(uid)` queues a model whose
+        """`book`: the replicas' drains and the models' parks, read as they change; the hosts'
+        refusals, written here; the stand-ins asked for a replaced host
+        (`binder.tritonmodels.hostreplace`); `loaded`, `served` and `serves_value` say whether
+        a replica is loaded on its host, served through its Service, and its host's `serves-`
+        label; `uri` the files a replica was placed with; `changed(uid)` queues a model whose
         Ready condition a host's refusal changes, or whose stand-in comes or goes."""
         self._kube = kube
         self._ledger = ledger
@@ -101,8 +100,7 @@ class HostWriter:
         self._scheduler_name = scheduler_name
         self._host_image = host_image
         self._access = access
-        self._draining = draining
-        self._parked = parked
+        self._book = book
         self._loaded = loaded
         self._served = served
         self._serves_value = serves_value
@@ -111,9 +109,6 @@ class HostWriter:
         self.waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating, or whose
         host the API server refuses: tried again every second."""
-        self.refused: dict[tuple[str, Where], str] = {}
-        """(namespace, (node, Secret)) -> why the API server refuses that host now (the Ready
-        condition of the models placed there says it)."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
         self._templates: dict[str, str] = {}
@@ -122,9 +117,8 @@ class HostWriter:
             keys,
             drain_seconds=drain_seconds,
             clock=clock,
-            draining=draining,
+            book=book,
             served=served,
-            stand_ins=stand_ins,
             models=ledger.models,
             changed=changed,
         )
@@ -137,12 +131,12 @@ class HostWriter:
 
     def _parked_on(self, namespace: str, where: Where) -> list[ModelInfo]:
         """The namespace's models parked on its host `where`."""
-        models = self._ledger.models
+        models, book = self._ledger.models, self._book
         return sorted(
             (
                 models[uid]
                 for uid in self._ledger.by_namespace.get(namespace, ())
-                if uid in models and (self._parked.get(uid), models[uid].storage_secret) == where
+                if uid in models and (book.parked_at(uid), models[uid].storage_secret) == where
             ),
             key=lambda m: m.name,
         )
@@ -176,9 +170,10 @@ class HostWriter:
         serve the replicas charged there."""
         wanted = self._hosted(namespace)
         for uid in self._ledger.by_namespace.get(namespace, ()):
-            if uid in self._parked:
+            parked = self._book.parked_at(uid)
+            if parked is not None:
                 secret = self._ledger.models[uid].storage_secret
-                wanted.setdefault((self._parked[uid], secret), [])
+                wanted.setdefault((parked, secret), [])
         label = host_label(self._keys)
         there_now = self._there(namespace)
         listed = self._listed(there_now)
@@ -228,8 +223,8 @@ class HostWriter:
             else:
                 replacements.settled(namespace, where, there)
             await self._write(namespace, there, body)
-        for key in [k for k in self.refused if k[0] == namespace and k[1] not in wanted]:
-            del self.refused[key]  # no replica of the namespace there any more
+        for unwanted in [w for w in self._book.refused_hosts(namespace) if w not in wanted]:
+            self._book.accept_host(namespace, unwanted)  # no replica of the namespace there now
         if self._replacements.release(namespace, wanted, there_now):
             self.waiting.add(namespace)  # checked again until the new host serves its model
         await self._keep_budget(namespace, wanted)
@@ -256,7 +251,7 @@ class HostWriter:
                     continue
                 minimums[model.uid] = model.min_available
                 counts = served.setdefault(model.uid, {})
-                if replica.uid not in self._draining and self._served(model, replica).ready:
+                if not self._book.draining(replica.uid) and self._served(model, replica).ready:
                     host = host_name(*where)
                     counts[host] = counts.get(host, 0) + 1
         for uid in self._ledger.by_namespace.get(namespace, ()):
@@ -357,8 +352,7 @@ class HostWriter:
         node, secret = where
         message = f"the binder cannot create model host {host_name(node, secret)} on node "
         message += f"{node}: {error.message}"
-        if self.refused.get((namespace, where)) != message:
-            self.refused[(namespace, where)] = message
+        if self._book.refuse_host(namespace, where, message):
             for model, _, _ in replicas:
                 self._changed(model.uid)  # its Ready condition says so
         for model in {model.uid: model for model, _, _ in replicas}.values():
@@ -375,7 +369,7 @@ class HostWriter:
 
     def _host_accepted(self, namespace: str, where: Where, replicas: Replicas) -> None:
         """The host refused before is created: its models' conditions no longer say so."""
-        if self.refused.pop((namespace, where), None) is not None:
+        if self._book.accept_host(namespace, where):
             for model, _, _ in replicas:
                 self._host_refusals.pop(model.uid, None)
                 self._changed(model.uid)
@@ -389,7 +383,7 @@ class HostWriter:
         owners: dict[str, JsonObject] = {}
         hosted = []
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
-            draining = replica.uid in self._draining
+            draining = self._book.draining(replica.uid)
             if not draining and self._loaded(model, replica).ready:
                 labels[serves_label(self._keys, model.name)] = self._serves_value(model, node)
             owners.setdefault(model.uid, owner_reference(model, controller=False))

@@ -23,7 +23,7 @@ import bisect
 import logging
 import sys
 import time
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -37,6 +37,7 @@ from binder.framework.moves import PREEMPTED
 from binder.framework.placement import Placement, Policy, place
 from binder.framework.quota import EXCEEDED_QUOTA, QuotaCheck, replica_quota
 from binder.framework.replicapreemption import ReplicaPreemption
+from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.rolling import UNSUPPORTED_STORAGE, Roll, Rollout
 from binder.tritonmodels.serving import Serving
 from common.contract import Keys
@@ -206,11 +207,11 @@ def listed_parked(ledger: Ledger, keys: Keys) -> Iterator[tuple[ModelInfo, str]]
                     yield model, node
 
 
-def wanted_replicas(model: ModelInfo, old: list[int], stand_ins: Container[str]) -> int:
+def wanted_replicas(model: ModelInfo, old: list[int], stand_in: bool) -> int:
     """spec.replicas, and one more while a stand-in serves the model as its host is replaced
     (`stand_ins`: for a model at zero, parked on that host, the one replica that holds its
     requests meanwhile; none during a roll: its surge stands in)."""
-    return model.replicas + (1 if not old and model.uid in stand_ins else 0)
+    return model.replicas + (1 if not old and stand_in else 0)
 
 
 def no_room_once_gone(
@@ -245,22 +246,15 @@ class ReplicaPlacer:
         policy: Policy,
         placement_keys: Callable[[], KeyRing],
         serving: Serving,
-        draining: dict[str, float],
-        parked: dict[str, str],
-        stand_ins: Mapping[str, str],
+        book: ReplicaBook,
         drain_seconds: float,
         preemption: bool,
         clock: Callable[[], float],
         changed: Callable[[str], None],
     ) -> None:
-        """`draining`: replica uid -> when its drain ends at the latest (`clock`): past
-        spec.replicas, out of its Service, still listed (draining) and charged until its host no
-        longer has it loaded; changed here alone, read by `serving` and the hosts' writer, and
-        mirrored in the ledger's `draining`, which keeps the cache from freeing it. `parked`:
-        model uid -> the node of the host it is parked on at zero replicas
-        (`binder.autoscaler.parkedmodels`), read by the hosts' writer. `stand_ins`: model uid ->
-        the node whose host is replaced (`binder.tritonmodels.hostreplace`): the model wants one
-        replica more, on no such node, until the new host serves it.
+        """`book`: the replicas' drains and the models' parks, written here; their stand-ins
+        (`binder.tritonmodels.hostreplace`'s), read: a model with one wants one replica more, on
+        no such node, until the new host serves it (`binder.tritonmodels.replicabook`).
         `changed(uid)`: a model whose replicas changed outside its turn (a replica preempted,
         a drain recovered) is reconciled again."""
         self._ledger = ledger
@@ -268,9 +262,7 @@ class ReplicaPlacer:
         self._policy = policy
         self._ring = placement_keys
         self._serving = serving
-        self._draining = draining
-        self._parked = parked
-        self._stand_ins = stand_ins
+        self._book = book
         self._drain_seconds = drain_seconds
         self._clock = clock
         self._changed = changed
@@ -286,7 +278,7 @@ class ReplicaPlacer:
             loaded=serving.served,
             leave=self._leave,
             holds=self.preemption.holds,
-            draining=draining,
+            book=book,
         )
         """The replicas' files, and the rolls to new ones."""
 
@@ -319,7 +311,7 @@ class ReplicaPlacer:
 
     def forget(self, model_uid: str) -> None:
         """The model is gone (deleted: garbage collection's, nothing to drain for)."""
-        for rid in [r for r in self._draining if r.rpartition("/")[0] == model_uid]:
+        for rid in self._book.drains_of(model_uid):
             self._undrain(rid)
         self.rollout.forget(model_uid)
         self.preemption.forget(model_uid)
@@ -337,7 +329,7 @@ class ReplicaPlacer:
             ordinal, node, draining = (
                 int(rid.rpartition("/")[2]),
                 charged.node_name,
-                rid in self._draining,
+                self._book.draining(rid),
             )
             uri = self.rollout.uri(model, ordinal)
             hosted.add((ordinal, node, draining, uri, secret, minimum, model.idempotent))
@@ -345,20 +337,19 @@ class ReplicaPlacer:
             served = served or (not draining and self._serving.served(model, charged).ready)
         parked = park_node(
             model,
-            current=self._parked.get(model.uid),
+            current=self._book.parked_at(model.uid),
             replica_nodes=nodes,
             served=served,
             hosts=self._ledger.hosts.get(model.host_group, {}),
             keys=self._keys,
         )
         if parked is None:
-            self._parked.pop(model.uid, None)
+            self._book.unpark(model.uid)
         else:
-            if self._parked.get(model.uid) != parked:
+            if self._book.park(model.uid, parked):
                 log.info(
                     "TritonModel %s is at zero replicas: parked on node %s.", model.key, parked
                 )
-                self._parked[model.uid] = parked
             hosted.add((-1, parked, False, "", secret, minimum, False))
         return frozenset(hosted)
 
@@ -369,17 +360,16 @@ class ReplicaPlacer:
         instead of taking them again), and drain on, from now, to their end. The models the
         hosts park are parked there again before any host is written (or replaced)."""
         for model, node in listed_parked(self._ledger, self._keys):
-            self._parked.setdefault(model.uid, node)
+            if self._book.parked_at(model.uid) is None:
+                self._book.park(model.uid, node)
         state = self._ledger.state
-        now = self._clock()
         for model, replica, uri in listed_draining(self._ledger, self._keys, self._ring()):
             rid = replica.uid
             state.set_pod(replace(replica, deleting=True))
             self.rollout.files[rid] = uri
             spans = self._ledger.spans
             spans[model.uid] = max(spans.get(model.uid, 0), int(rid.rpartition("/")[2]) + 1)
-            self._draining[rid] = now + self._drain_seconds
-            self._ledger.draining.add(rid)
+            self._book.drain(rid)
             self._changed(model.uid)
 
     def preempt(self, victim: PodInfo, by: str, node: str) -> None:
@@ -392,12 +382,11 @@ class ReplicaPlacer:
             return  # the room held for a lower-priority replica: it tries again
         state = self._ledger.state
         charged = state.charged_pod(rid)
-        if charged is None or rid in self._draining:
+        if charged is None or self._book.draining(rid):
             return
         ordinal = rid.rpartition("/")[2]
         self.preemption.victim(rid, f"replica {ordinal} was preempted by {by} on node {node}")
-        self._draining[rid] = self._clock() + self._drain_seconds
-        self._ledger.draining.add(rid)
+        self._book.drain(rid)
         state.set_pod(replace(charged, deleting=True))
         log.info(
             "Replica %s of TritonModel %s on node %s is preempted by %s: it drains from its "
@@ -415,7 +404,8 @@ class ReplicaPlacer:
         placed when one is to be (fewer live than wanted, or some on previous files)."""
         live = self._live(model)
         old = self.rollout.old(model, live)
-        if len(live) >= wanted_replicas(model, old, self._stand_ins) and not old:
+        stand_in = self._book.stand_in(model.uid) is not None
+        if len(live) >= wanted_replicas(model, old, stand_in) and not old:
             return live, old, Admission()
         problem = model.storage_problem or model.priority_problem or self._ledger.name_clash(model)
         quota = replica_quota(self._ledger, self._keys, model)
@@ -433,7 +423,7 @@ class ReplicaPlacer:
         when none); where the roll stands; and whether more are wanted than a turn places.
         `placed`: its live replicas (changed here); `old`: those on previous files."""
         state = self._ledger.state
-        wanted_count = wanted_replicas(model, old, self._stand_ins)
+        wanted_count = wanted_replicas(model, old, self._book.stand_in(model.uid) is not None)
         allowed = wanted_count + (1 if old and model.replicas else 0)
         if len(placed) > allowed:
             # Scaled down: as a ReplicaSet, those not served leave first (the served ones keep
@@ -444,7 +434,7 @@ class ReplicaPlacer:
             for ordinal in order[: len(placed) - allowed]:
                 leaving = placed.pop(ordinal)
                 self._leave(model, leaving)
-                if leaving.uid in self._draining:
+                if self._book.draining(leaving.uid):
                     self._scaled_away.add(leaving.uid)
             old = [o for o in old if o in placed]
         refusal = waiting = ""
@@ -452,7 +442,7 @@ class ReplicaPlacer:
         wanted: Container[str] = missing
         if old and model.replicas:
             wanted = Missing(model.uid, placed, missing.count, self.rollout.surge_uid(model))
-        held = self.preemption.keep(model.uid, wanted, self._draining)
+        held = self.preemption.keep(model.uid, wanted, set(self._book.drains_of(model.uid)))
         turn_left, unfinished = PLACEMENTS_PER_TURN, False
         for ordinal in missing.ordinals(self._kept(model, held)):
             rid = replica_uid(model.uid, ordinal)
@@ -549,7 +539,7 @@ class ReplicaPlacer:
         lower-priority pods and replicas (`binder.framework.replicapreemption`)."""
         state = self._ledger.state
         replica = model.replica(ordinal)
-        avoid = self._stand_ins.get(model.uid)
+        avoid = self._book.stand_in(model.uid)
         if avoid:  # a stand-in, and any replica placed beside it: not where the host is replaced
             replica = replace(replica, constraints=replica.constraints.avoiding(avoid))
         nominated = self.preemption.take_room(replica.uid)
@@ -578,7 +568,7 @@ class ReplicaPlacer:
         live = {}
         for rid in self._ledger.replica_uids(model.uid):
             charged = state.charged_pod(rid)
-            if charged is not None and rid not in self._draining:
+            if charged is not None and not self._book.draining(rid):
                 live[int(rid.rpartition("/")[2])] = charged
         return live
 
@@ -587,8 +577,7 @@ class ReplicaPlacer:
         draining) until its host no longer has it loaded or the drain's bound passes
         (`_end_drains`); another is freed at once."""
         if self._serving.loaded(model, replica).ready:
-            self._draining[replica.uid] = self._clock() + self._drain_seconds
-            self._ledger.draining.add(replica.uid)
+            self._book.drain(replica.uid)
         else:
             self._free(replica.uid)
 
@@ -603,7 +592,7 @@ class ReplicaPlacer:
         bound passes (or, wanted again, it is taken back: `_take_back`)."""
         state = self._ledger.state
         now = self._clock()
-        for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:
+        for rid in self._book.drains_of(model.uid):
             charged = state.charged_pod(rid)
             if charged is None or not state.is_accounted(rid):
                 self._undrain(rid)  # freed meanwhile (its node went away)
@@ -612,7 +601,7 @@ class ReplicaPlacer:
             if not self._serving.loaded(model, charged).ready:
                 self._free(rid)
                 continue
-            if now < self._draining[rid]:
+            if now < self._book.drain_ends(rid):
                 continue
             log.warning(
                 "Replica %s of TritonModel %s is still loaded on node %s after the "
@@ -626,5 +615,4 @@ class ReplicaPlacer:
 
     def _undrain(self, rid: str) -> None:
         self._scaled_away.discard(rid)
-        self._draining.pop(rid, None)
-        self._ledger.draining.discard(rid)
+        self._book.undrain(rid)

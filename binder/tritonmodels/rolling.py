@@ -12,13 +12,14 @@ stop the roll with every replica on its files. Where the roll stands is the `Pro
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import NamedTuple
 
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
 from binder.cluster.priorities import CLASS_NOT_FOUND
+from binder.tritonmodels.replicabook import ReplicaView
 from binder.tritonmodels.status import PLACED
 from common.hosted import NOT_LOADED_REASON, replica_uid
 
@@ -74,18 +75,18 @@ class Rollout:
         loaded: Callable[[ModelInfo, PodInfo], Loaded],
         leave: Callable[[ModelInfo, PodInfo], None],
         holds: Callable[[str], bool],
-        draining: Collection[str],
+        book: ReplicaView,
     ) -> None:
         """`loaded(model, replica)`: whether the replica's host serves it through its Service
         (loaded there, the host Ready);
         `leave(model,
         replica)`: it drains or is freed; `holds(rid)`: its preemption holds a room for it;
-        `draining`: the replicas draining (the placer's)."""
+        `book`: the replicas draining (the placer's)."""
         self._ledger = ledger
         self._loaded = loaded
         self._leave = leave
         self._holds = holds
-        self._draining = draining
+        self._book = book
         self.files: dict[str, str] = {}
         """Replica uid -> the storage URI it was given (`uri`)."""
         self._without_surge: dict[str, str] = {}
@@ -149,7 +150,7 @@ class Rollout:
             # The surge serves: a replica on the previous files leaves.
             self._leave(model, placed.pop(old.pop(0)))
             return self.where(model, placed, old, "")
-        if any(r.rpartition("/")[0] == model.uid for r in self._draining):
+        if self._book.drains_of(model.uid):
             return self.where(model, placed, old, "")  # its node is free once it has left
         surge = self.surge_uid(model)
         ordinal = int(surge.rpartition("/")[2])

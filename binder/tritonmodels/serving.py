@@ -15,12 +15,11 @@ only: the controller (`binder.tritonmodels.controller`) and the hosts' writer
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
-
 from binder.autoscaler.room import Room
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo
 from binder.cluster.objects import PodInfo
+from binder.tritonmodels.replicabook import ReplicaView
 from binder.tritonmodels.rolling import Loaded
 from common.contract import Keys
 from common.hosted import RESTORING_REASONS, SERVES_ASLEEP, SLEEPING_REASON, loaded_condition
@@ -42,18 +41,15 @@ class Serving:
         self,
         ledger: Ledger,
         keys: Keys,
-        draining: Container[str],
+        book: ReplicaView,
         room: Room,
-        refused: Callable[[tuple[str, tuple[str, str]]], str | None],
     ) -> None:
         self._ledger = ledger
         self._keys = keys
-        self._draining = draining
-        """Replica uids draining (the placer's): never the replica served elsewhere."""
+        self._book = book
+        """Replicas draining (never the replica served elsewhere), and why the namespace's
+        host on a node (with a storage secret) was refused, if it was."""
         self._room = room
-        self._refused = refused
-        """Why the namespace's host on a node (with a storage secret) was refused, if it was
-        (`binder.tritonmodels.hostwriter`)."""
 
     def loaded(self, model: ModelInfo, replica: PodInfo) -> Loaded:
         """Whether the namespace's host on the replica's node serves it (the agent's loaded
@@ -61,7 +57,7 @@ class Serving:
         the host's proxy wakes it on the next request), and why not."""
         node = replica.node_name
         host = self._ledger.hosts.get(model.host_group, {}).get(node)
-        refused = self._refused((model.namespace, (node, model.storage_secret)))
+        refused = self._book.host_refused(model.namespace, (node, model.storage_secret))
         if host is None and refused:
             return Loaded(False, refused, HOST_REFUSED)
         if host is None:
@@ -96,7 +92,7 @@ class Serving:
             if (
                 charged is not None
                 and charged.node_name != node
-                and rid not in self._draining
+                and not self._book.draining(rid)
                 and self.awake(model, charged.node_name)
             ):
                 return True

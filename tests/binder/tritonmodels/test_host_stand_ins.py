@@ -4,15 +4,17 @@ The whole flow against the simulated API server is in test_host_gaps.py."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, model_from_api
 from binder.tritonmodels.hostreplace import HostReplacements, Replicas, Where
 from binder.tritonmodels.placer import listed_parked
+from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.rolling import Loaded
 from common.contract import Keys
 from common.hosted import Parked, encode_parked
@@ -43,20 +45,23 @@ class Rule:
         self.clock = Clock()
         self.served: set[str] = set()
         self.stopping: set[str] = set()
-        self.draining: set[str] = set()
-        self.stand_ins: dict[str, str] = {}
+        ledger = cast(Ledger, SimpleNamespace(draining=set()))
+        self.book = ReplicaBook(ledger, drain_seconds=60.0, clock=self.clock)
         self.changed: list[str] = []
         self.models = {"solo": _model("solo"), "pair": _model("pair", 2)}
         self.replacements = HostReplacements(
             Keys(),
             drain_seconds=60.0,
             clock=self.clock,
-            draining=self.draining,
+            book=self.book,
             served=self._served,
-            stand_ins=self.stand_ins,
             models=self.models,
             changed=self.changed.append,
         )
+
+    @property
+    def stand_ins(self) -> Mapping[str, str]:
+        return self.book.stand_ins
 
     def _served(self, model: Any, replica: Any) -> Loaded:
         if replica.uid in self.stopping:
