@@ -6,7 +6,8 @@ OVER_REQUEST, a leftover crash marker's CRASH_SUSPECTED, an on-demand model's ID
 `Check` of what Triton runs (`agent.models.vouching`). Two actions for one name (a recheck and
 an eviction, say) would race for it, so a plan holds one.
 The parts that plan beside the reconciler build these too: `agent.models.aftercrash` (crash
-markers and suspects), `agent.models.overrequest` (models over their GPU memory request).
+markers and suspects), `agent.models.overrequest` (models over their GPU memory request, or
+their namespace's share of Triton's host memory).
 This module only describes; it decides and does nothing.
 """
 
@@ -16,6 +17,7 @@ import enum
 from dataclasses import dataclass
 
 from agent.gpus.memory import Excess
+from agent.models.tritonram import OverShare
 from agent.phases import Event
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import Marker
@@ -38,6 +40,8 @@ class Action:
     cause: Event | Check
     owner: Proven | None = None
     excess: Excess | None = None
+    host: OverShare | None = None
+    """For an eviction for Triton's host memory, the namespace's excess."""
     marker: Marker | None = None
     alone: bool = True
     """For a crash: the marker's files were the most recent load there (else only suspected)."""

@@ -168,6 +168,7 @@ class Reconciler:
             return
         self.after_crash.begin()
         generation = self.models.restore_gate.generation
+        await self.over_request.measure()
         plan = await self.plan()
         self.after_crash.pass_when_settled()
         self.over_request.forget_the_rest()
@@ -270,6 +271,8 @@ class Reconciler:
             await self._reload(name, owner, settle=not action.restore)
         elif action.cause is Event.OVER_REQUEST and action.excess is not None:
             await self.over_request.enforce(name, owner, action.excess)
+        elif action.cause is Event.OVER_REQUEST and action.host is not None:
+            await self.over_request.enforce_host(name, owner, action.host)
 
     async def _remove_orphan(self, name: str) -> None:
         log.info(

@@ -26,6 +26,9 @@ way stay within `--triton-memory-namespace-percent` of it, so no namespace can f
 another loads (the namespace is the first part of the pod's key, a replica's too). Otherwise it is
 refused with `HostMemoryExhaustedError` before Triton sees it: a load that would take the container
 past its limit gets the OOM killer, which ends every tenant's model at once.
+A namespace whose models' own processes grow past its share (by more than the floor) loses its
+largest models that run apart until the rest fits (`over_share`; `agent.models.overrequest`
+unloads them).
 With no limit or no Triton PID nothing is admitted here. Blocking reads: callers run it off the
 event loop. It must not call Triton.
 """
@@ -84,6 +87,19 @@ class Admitted:
     namespace: str = ""
     started: float = 0.0
     """Unix seconds when it was admitted: its window's start."""
+
+
+@dataclass(frozen=True)
+class OverShare:
+    """A model that runs apart, unloaded because its namespace holds more than its share."""
+
+    name: str
+    namespace: str
+    bytes: int
+    """What the model is billed now."""
+    held: int
+    """What its namespace's models are billed now, each at least the floor."""
+    share: int
 
 
 @dataclass
@@ -284,6 +300,39 @@ class HostMemory:
         if len(self.by_digest) >= REMEMBERED:
             self.by_digest.clear()  # figures are measured again at the next loads
         self.by_digest[digest] = figure
+
+    def over_share(self) -> list[OverShare]:
+        """The models to unload because their namespace holds more than its share by more than
+        the floor (its models' own processes grew since their loads): of each such namespace,
+        its models that run apart, the largest first, until the rest is within its share. Only
+        figures no other tenant can inflate are read: its models' own processes, and Triton's
+        growth across a quiet load. Reads Triton's processes now."""
+        limit = self.limit()
+        tree = self._processes.tree() if limit is not None else None
+        if limit is None or tree is None:
+            return []
+        share = self.rules.share(limit)
+        floor = self.rules.floor
+        found = []
+        with self._lock:
+            self.used = tree.rss
+            self._refresh(tree)
+            namespaces = {c.namespace for c in self._charged.values()}
+            for namespace in sorted(namespaces):
+                held = self._held(namespace, "")
+                if held <= share + floor:
+                    continue
+                apart = sorted(
+                    (c.bytes, name)
+                    for name, c in self._charged.items()
+                    if c.namespace == namespace and c.apart
+                )
+                left = held
+                while apart and left > share:
+                    figure, name = apart.pop()
+                    found.append(OverShare(name, namespace, figure, held, share))
+                    left -= max(figure, floor)
+        return found
 
     def settle(self) -> None:
         """Bill the loads whose window is now found quiet Triton's growth across it (each

@@ -42,9 +42,11 @@ from tests.fixtures_sim import core_v1
 MIB = 1024 * 1024
 
 
-def _events(api: kubernetes.client.ApiClient, pod: str) -> dict[str, str]:
+def _events(
+    api: kubernetes.client.ApiClient, pod: str, namespace: str = "default"
+) -> dict[str, str]:
     core: Any = kubernetes.client.CoreV1Api(api)
-    found = core.list_namespaced_event("default", field_selector=f"involvedObject.name={pod}")
+    found = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}")
     return {e.reason: e.message for e in found.items}
 
 
@@ -462,6 +464,105 @@ async def test_a_neighbours_request_during_a_load_is_not_billed_to_the_loading_m
         # The attacker is billed its own growth, read again at that admission.
         assert running.agent.host_memory.models()[attacker] >= 600 * MIB
         assert billed < share
+    finally:
+        await running.stop()
+    assert triton.process.poll() is None
+
+
+def test_a_namespace_past_its_share_loses_its_largest_models_that_run_apart() -> None:
+    readings = Readings(100 * MIB)
+    rules = HostMemoryRules(limit=2100 * MIB, reserve=100 * MIB, per_load=1, floor=10 * MIB)
+    host = HostMemory(readings, rules, quiet=Windows())
+    # Each namespace's share: 1000 MiB.
+    for name, namespace, own in (
+        ("big", "team-a", 50),
+        ("small", "team-a", 50),
+        ("inside", "team-a", 0),
+        ("other", "team-b", 50),
+    ):
+        admitted = host.admit(name, f"d-{name}", 1, "m", f"{namespace}/{name}")
+        if own:
+            readings.models[name] = own * MIB
+        host.finished(admitted, True)
+    assert host.over_share() == []
+    # team-a's models grow in their own processes, past its share by more than the floor.
+    readings.models["big"] = 900 * MIB
+    readings.models["small"] = 200 * MIB
+    over = host.over_share()
+    assert [(o.name, o.namespace, o.bytes) for o in over] == [("big", "team-a", 900 * MIB)]
+    assert over[0].held == 1110 * MIB and over[0].share == 1000 * MIB
+    # Growth within the floor's slack names no one.
+    readings.models["big"] = 745 * MIB
+    assert host.over_share() == []
+
+
+async def test_a_model_whose_own_processes_grow_past_its_namespace_s_share_is_unloaded(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+    node: str,
+    mock_nvml: MockNvml,
+    tmp_path: Path,
+) -> None:
+    """A tenant's Python model grows after its load until it holds more than its namespace's
+    share of Triton's host memory: the agent unloads it and fails its pod, with the reason, and a
+    neighbour's model loads."""
+    assert triton.process is not None
+    pid_file = _pid_file(triton, tmp_path)
+    now = TritonProcesses(pid_file).tree()
+    assert now is not None
+    limit = now.rss + 1600 * MIB
+    settings = agent_settings(
+        kubeconfig,
+        triton,
+        model_repository,
+        triton_pid_file=pid_file,
+        triton_memory_limit=limit,
+        triton_memory_reserve=0,
+        triton_memory_per_load=256 * MIB,
+    )
+    for name in ("team-a", "team-b"):
+        core_v1(kube_api).create_namespace({"metadata": {"name": name}})
+    running = await start_agent(settings, mock_nvml)
+
+    async def serve(namespace: str, pod: str, files: Path) -> Any:
+        make_pod(kube_api, pod, "add_one", namespace=namespace, request=1)
+        token = apiserver.mint_token(namespace, pod)
+        await install_dir(running.stub, token, files, "add_one")
+        return await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="add_one"), metadata=bearer(token)
+        )
+
+    def hoard(name: str, mib: int) -> None:
+        with httpclient.InferenceServerClient(triton.http_url, network_timeout=60) as client:
+            tensor = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[mib]], dtype=np.float32))
+            client.infer(name, [tensor])
+
+    def failed() -> bool:
+        core: Any = kubernetes.client.CoreV1Api(kube_api)
+        return bool(core.read_namespaced_pod("hoarder", "team-a").status.phase == "Failed")
+
+    try:
+        await eventually(lambda: not running.agent.not_ready(), what="the agent to be ready")
+        status = await serve("team-a", "hoarder", _own_model(tmp_path, "hoarder", HOARDER))
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        hoarder = name_in_triton(kube_api, "hoarder", "add_one", "team-a")
+        await asyncio.to_thread(hoard, hoarder, 900)
+        await eventually(failed, what="the hoarder's pod to be failed")
+        assert not _ready_in_triton(triton, hoarder)
+        core: Any = kubernetes.client.CoreV1Api(kube_api)
+        message = core.read_namespaced_pod("hoarder", "team-a").status.message or ""
+        assert "more than the" in message and "--triton-memory-namespace-percent" in message
+        await eventually(
+            lambda: "HostMemoryExceeded" in _events(kube_api, "hoarder", "team-a"),
+            what="the hoarder's Event",
+        )
+        # Its memory is back: the neighbour's model loads.
+        status = await serve("team-b", "good", _own_model(tmp_path, "good", SLOW))
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
     finally:
         await running.stop()
     assert triton.process.poll() is None
