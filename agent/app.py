@@ -104,6 +104,7 @@ def _model_limits(settings: Settings) -> ModelLimits:
             max_load_data_bytes=settings.max_load_data_bytes,
             max_threads=settings.max_model_threads,
             max_versions=settings.max_model_versions,
+            max_queue_microseconds=round(settings.max_model_queue_seconds * 1_000_000),
         ),
         cpu_only=settings.cpu_only,
         unload_timeout=settings.unload_timeout_seconds,
@@ -271,6 +272,7 @@ class Agent:
             host=self.host_memory,
             hold=self.hold,
             apart=self.apart,
+            events=self.events,
         )
         self.reconciler = Reconciler(
             self.models,

@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.installs.modelconfig import (
     DEFAULT_MAX_INSTANCES,
+    DEFAULT_MAX_QUEUE_SECONDS,
     DEFAULT_MAX_VERSIONS,
     DEFAULT_SAFE_BACKENDS,
 )
@@ -577,6 +578,19 @@ class Settings(LoopSettings, ConnectionSettings):
         default=str(DEFAULT_MAX_INSTANCES),
     )
     """Each is a session of the backend in the shared Triton, with its own threads and memory."""
+    max_model_queue_seconds: float = setting(
+        "max-model-queue-seconds",
+        "longest a model's batchers may keep a request or an idle sequence; a config asking more "
+        "is loaded with this",
+        seconds(positive=True),
+        default=str(DEFAULT_MAX_QUEUE_SECONDS),
+    )
+    """Bounds `dynamic_batching.max_queue_delay_microseconds`, the sequence batcher's
+    `max_queue_delay_microseconds` and `max_sequence_idle_microseconds`, and every queue policy's
+    `default_timeout_microseconds` in the load's config override: Triton's unload of a model
+    waits for the requests its batchers hold, so an unload (its GPU's queue, its memory) ends
+    within about this. The pod gets a Warning Event (ModelQueueBounded) naming each value
+    lowered."""
     max_model_versions: int = setting(
         "max-model-versions",
         "most version directories one model may have",

@@ -11,7 +11,8 @@ framework backends whose graphs read files, backend libraries shipped with the m
 libraries) only for the namespaces the operator allows, and nothing that makes Triton itself
 hold unbounded memory at load (instances, warmup samples, initial sequence states:
 `load_problems`), counted once for each version directory the config's version_policy selects,
-of at most `max_versions` directories. Pure: it reads the
+of at most `max_versions` directories. The override also bounds how long the model's batchers
+keep a request or a sequence (`queue_bounded`), which an unload waits for. Pure: it reads the
 text it is given and returns strings; the files are `agent.installs.repository`'s.
 """
 
@@ -94,6 +95,46 @@ def arena_released(config: ModelConfig) -> ModelConfig:
     return released
 
 
+def queue_bounded(config: ModelConfig, most_us: int) -> tuple[ModelConfig, list[str]]:
+    """A copy whose batchers keep a request or a sequence at most `most_us` microseconds, and
+    what was lowered ("field: asked -> loaded with", empty when nothing). Triton's unload of a
+    model waits for the requests its batchers hold (a dynamic batcher holds a lone request for
+    its whole `max_queue_delay_microseconds`), so a tenant's config could otherwise keep an
+    unload, its GPU's queue and its memory for as long as it asks. Bounded: the dynamic
+    batcher's and the sequence batcher's strategies' `max_queue_delay_microseconds`, the
+    sequence batcher's `max_sequence_idle_microseconds` (0 reads as Triton's default, 1 s), and
+    each queue policy's `default_timeout_microseconds` (0, no timeout, is kept: a request then
+    waits only for its batch)."""
+    bounded = model_config_pb2.ModelConfig()
+    bounded.CopyFrom(config)
+    lowered: list[str] = []
+
+    def bound(message: Any, field: str, where: str, default: int = 0) -> None:
+        asked = getattr(message, field) or default
+        if asked > most_us:
+            setattr(message, field, most_us)
+            lowered.append(f"{where}.{field}: {asked} -> {most_us}")
+
+    if bounded.HasField("dynamic_batching"):
+        batching = bounded.dynamic_batching
+        bound(batching, "max_queue_delay_microseconds", "dynamic_batching")
+        if batching.HasField("default_queue_policy"):
+            policy = batching.default_queue_policy
+            bound(policy, "default_timeout_microseconds", "dynamic_batching.default_queue_policy")
+        for level in sorted(batching.priority_queue_policy):
+            where = f"dynamic_batching.priority_queue_policy[{level}]"
+            bound(batching.priority_queue_policy[level], "default_timeout_microseconds", where)
+    if bounded.HasField("sequence_batching"):
+        sequences = bounded.sequence_batching
+        idle = TRITON_SEQUENCE_IDLE_MICROSECONDS
+        bound(sequences, "max_sequence_idle_microseconds", "sequence_batching", idle)
+        strategy = sequences.WhichOneof("strategy_choice")
+        if strategy is not None:
+            where = f"sequence_batching.{strategy}"
+            bound(getattr(sequences, strategy), "max_queue_delay_microseconds", where)
+    return bounded, lowered
+
+
 def pinned_as(config: dict[str, Any], gpu_index: int | None) -> bool:
     """True when a model config as Triton reports it (JSON) runs every instance where
     `pinned_config` would: on GPU `gpu_index`, or on the CPU when it is None."""
@@ -151,6 +192,10 @@ DEFAULT_MAX_THREADS: Final = 64
 DEFAULT_MAX_VERSIONS: Final = 4
 """Version directories one model may have: Triton loads every version its version_policy
 selects, each with all of the config's instances and warmup runs."""
+DEFAULT_MAX_QUEUE_SECONDS: Final = 1.0
+"""The longest a model's batcher may keep a request or an idle sequence (`queue_bounded`)."""
+TRITON_SEQUENCE_IDLE_MICROSECONDS: Final = 1_000_000
+"""Triton's `max_sequence_idle_microseconds` when a config leaves it 0."""
 # Triton reads a version directory's name with std::stoll: leading blanks, a sign and any
 # trailing text are accepted ("+1", " 1", "1b", "01" all read as version 1) and a number past
 # int64 throws. Only the plain spelling is accepted, so every name is one version, counted once.
@@ -286,6 +331,9 @@ class ModelPolicy:
     instance (`--max-model-threads`; 0: no bound)."""
     max_versions: int = DEFAULT_MAX_VERSIONS
     """Version directories one model may have (`--max-model-versions`)."""
+    max_queue_microseconds: int = int(DEFAULT_MAX_QUEUE_SECONDS * 1_000_000)
+    """The longest a model's batchers may keep a request or an idle sequence; a config asking
+    more is loaded with this (`queue_bounded`, `--max-model-queue-seconds`)."""
 
     def tenant_code_allowed(self, namespace: str) -> bool:
         return namespace in self.tenant_code_namespaces

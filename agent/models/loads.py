@@ -41,8 +41,10 @@ from agent.installs.modelconfig import (
     override_json,
     parse_config,
     pinned_config,
+    queue_bounded,
 )
 from agent.installs.repository import Repository
+from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models.gpuadmission import GpuAdmission, Gpus
 from agent.models.gpuroom import RoomMaker
@@ -64,6 +66,9 @@ from common.logs import subject
 __all__ = ["Loads"]
 
 log = logging.getLogger(__name__)
+
+QUEUE_BOUNDED_REASON = "ModelQueueBounded"
+"""The reason of the Warning Event a pod gets when its config's queue delays are lowered."""
 
 T = TypeVar("T")
 
@@ -97,6 +102,7 @@ class Loads:
         host: HostMemory | None,
         hold: ProbationHold | None,
         restore_gate: RestoreGate,
+        events: PodEvents | None,
         executor: Executor,
         clock: Callable[[], float],
         wall: Callable[[], float],
@@ -111,6 +117,8 @@ class Loads:
         self.quarantine = quarantine
         self.reports = reports
         self.admission = admission
+        self.events = events
+        """Tells a pod what its load's config override lowered (None: only logged)."""
         self.room = room
         """Puts idle on-demand models to sleep for a load that does not fit (None: refused)."""
         self.host = host
@@ -160,7 +168,14 @@ class Loads:
         )
         # Triton requires the config's name to be the directory's: the name in Triton.
         # ONNX Runtime keeps no arena in Triton's process: what a request takes, it gives back.
-        override = override_json(arena_released(pinned_config(config, name, pin)))
+        # Its batchers keep a request no longer than the node's bound: an unload waits for them.
+        bounded, lowered = queue_bounded(
+            arena_released(pinned_config(config, name, pin)),
+            self.limits.policy.max_queue_microseconds,
+        )
+        override = override_json(bounded)
+        if lowered:
+            self._queue_bounded(owner, model_id, lowered)
         entry = await self.triton.state(name)
         if (
             entry is not None
@@ -388,6 +403,20 @@ class Loads:
                 name,
                 e,
             )
+
+    def _queue_bounded(self, owner: Proven, model_id: str, lowered: list[str]) -> None:
+        """Say what the config override lowered (`queue_bounded`): logged, and a Warning Event
+        on the pod."""
+        most = self.limits.policy.max_queue_microseconds
+        message = (
+            f"config.pbtxt of model {model_id!r} asks its batchers to keep requests longer than "
+            f"this node's bound of {most} microseconds (--max-model-queue-seconds): it is loaded "
+            f"with {'; '.join(lowered)} (Triton's unload of a model waits for what its batchers "
+            f"keep)"
+        )
+        log.warning("%s.", message, extra=subject(pod=owner.key, model=model_id))
+        if self.events is not None:
+            self.events.warn(owner.key, owner.uid, QUEUE_BOUNDED_REASON, message)
 
     def pin(self, gpu_index: int) -> int | None:
         return None if self.limits.cpu_only or gpu_index < 0 else gpu_index

@@ -37,6 +37,7 @@ from agent.installs.modelconfig import (
     pinned_as,
 )
 from agent.installs.repository import Repository
+from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models.evictor import Evictor
 from agent.models.gpuadmission import GpuAdmission, Gpus
@@ -112,13 +113,15 @@ class Models:
         host: HostMemory | None,
         hold: ProbationHold | None,
         apart: ApartMemory | None,
+        events: PodEvents | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         """Where a collaborator may be None, None is a choice the parts below (`Installer`,
         `Loads`, `RoomMaker`, `GpuAdmission`) act on: `cache`, nothing kept; `evictor`, no model
         put to sleep for room (such a load is refused); `host`, loads not admitted on Triton's
-        host memory; `hold`, probationers never held; `apart`, no model measured apart."""
+        host memory; `hold`, probationers never held; `apart`, no model measured apart; `events`,
+        what a load changed of a pod's config is only logged."""
         self.repository = repository
         self.cache = cache
         """Files kept after their last pod left (`agent.installs.filecache`); None keeps nothing."""
@@ -207,6 +210,7 @@ class Models:
             host=host,
             hold=hold,
             restore_gate=self.restore_gate,
+            events=events,
             executor=self._executor,
             clock=clock,
             wall=wall,
