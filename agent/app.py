@@ -58,7 +58,7 @@ from agent.quarantine.crashledger import CrashLedger, CrashRecord
 from agent.quarantine.published import NodeQuarantine
 from agent.quarantine.suspects import CallerRecord
 from agent.settings import Settings
-from agent.status.conditions import ModelConditions
+from agent.status.conditions import NO_REFUSALS, ModelConditions
 from agent.status.memoryreadings import MemoryReadings
 from agent.status.node import NodePublisher, NodeSettings
 from agent.status.requestcrash import RequestCrashes
@@ -66,7 +66,6 @@ from agent.status.stopping import NodeStop
 from agent.triton import TritonClient
 from common.activity import ActivityTableError
 from common.activity import read_table as read_activity
-from common.conditions import Condition
 from common.crashwitness import path_beside
 from common.health import HttpServer, LoopBeat, build_health_app
 from common.hosted import host_name, loaded_condition
@@ -104,7 +103,6 @@ def _model_limits(settings: Settings) -> ModelLimits:
             max_load_data_bytes=settings.max_load_data_bytes,
             max_threads=settings.max_model_threads,
             max_versions=settings.max_model_versions,
-            max_queue_microseconds=round(settings.max_model_queue_seconds * 1_000_000),
         ),
         cpu_only=settings.cpu_only,
         unload_timeout=settings.unload_timeout_seconds,
@@ -272,7 +270,24 @@ class Agent:
             host=self.host_memory,
             hold=self.hold,
             apart=self.apart,
-            events=self.events,
+        )
+        # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
+        self.request_crashes = _request_crashes(
+            settings, self.crashes, self.events, self.metrics, self._requests_quarantined
+        )
+        self.load_failures = LoadFailures()
+        self.conditions = ModelConditions(
+            self.kube,
+            self.events,
+            settings.keys.model_loaded,
+            self.models.reports.status_for,
+            refused=self.request_crashes.quarantine_of if self.request_crashes else NO_REFUSALS,
+            quarantine=self.models.quarantine.for_pod,
+            fail_pod=self.kube.fail_pod,
+            hosts=self.pods,
+            remove=self.kube.remove_pod_condition,
+            load_failure=self.load_failures.of,
+            replica_condition=partial(_replica_condition, settings),
         )
         self.reconciler = Reconciler(
             self.models,
@@ -285,7 +300,7 @@ class Agent:
             max_load_attempts=settings.max_load_attempts,
             triton_poll_seconds=settings.triton_poll_seconds,
             enforcement=settings.gpu_mem_enforcement,
-            fail_pod=partial(_fail_pod, self.kube, self.pods, settings),
+            fail_pod=self.conditions.fail,
             wake=self._reconcile_now,
         )
         self.quarantine = NodeQuarantine(
@@ -297,23 +312,6 @@ class Agent:
             period=settings.lease_renew_seconds,
             on_callers_cleared=self._callers_cleared,
             wanting=self.models.quarantine.wanting,
-        )
-        # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
-        self.request_crashes = _request_crashes(
-            settings, self.crashes, self.events, self.metrics, self._requests_quarantined
-        )
-        self.load_failures = LoadFailures()
-        self.conditions = ModelConditions(
-            self.kube,
-            self.events,
-            settings.keys.model_loaded,
-            self.models.reports.status_for,
-            refused=self.request_crashes.quarantine_of if self.request_crashes else None,
-            quarantine=self.models.quarantine.for_pod,
-            fail_pod=self.kube.fail_pod,
-            hosts=self.pods,
-            remove=self.kube.remove_pod_condition,
-            load_failure=self.load_failures.of,
         )
         self.caller_keys, self.callers = _caller_table(
             settings, self.reconciler, self.request_crashes, self.hold
@@ -558,30 +556,9 @@ def _watch_metrics(agent: Agent) -> None:
     metrics.watch_residency(models.reports.residency_states)
 
 
-async def _fail_pod(
-    kube: KubeClient,
-    pods: NodePods,
-    settings: Settings,
-    namespace: str,
-    name: str,
-    reason: str,
-    message: str,
-) -> None:
-    """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails
-    says so whatever its phase (a pod in its loader has no condition yet). A model host's
-    replica (`<model>/<ordinal>`) only says so: its host serves the others."""
-    known = pods.by_key.get(f"{namespace}/{name}")
-    was = known.model_loaded[0] or None if known is not None else None
-    model, replica, _ = name.rpartition("/")
-    if replica:
-        host = known.host if known is not None else host_name(settings.node_name)
-        kind = loaded_condition(settings.keys, model, int(replica))
-        condition = Condition(kind, "False", reason, message)
-        await kube.set_pod_condition(namespace, host, condition, was=was)
-        return
-    condition = Condition(settings.keys.model_loaded, "False", reason, message)
-    await kube.set_pod_condition(namespace, name, condition, was=was)
-    await kube.fail_pod(namespace, name, reason, message)
+def _replica_condition(settings: Settings, model: str, ordinal: int) -> tuple[str, str]:
+    """The host pod on this node of a namespace's replica, and its loaded condition's type."""
+    return host_name(settings.node_name), loaded_condition(settings.keys, model, ordinal)
 
 
 def _triton_back(hold: ProbationHold | None, reconciler: Reconciler) -> None:

@@ -72,6 +72,13 @@ from common.logs import subject
 log = logging.getLogger(__name__)
 
 NOT_SERVED_EVENT = "ModelNotServed"
+
+
+def NO_REFUSALS(pod_key: str) -> str:  # noqa: N802 (a null object, named as a constant)
+    """Why the node gateway refuses a pod's requests where it keeps no table: never."""
+    return ""
+
+
 GIVEN_UP_REASON = "ModelLoadGivenUp"
 """The reason of a FAILED model whose loads the agent no longer tries (--max-load-attempts)."""
 NOT_PLACED_REASON = "NotPlacedByBinder"
@@ -93,7 +100,11 @@ class Verdict:
 
 
 class Hosts(Protocol):
-    """This node's model hosts as the conditions see them (`agent.pods.nodepods.NodePods`)."""
+    """This node's pods and model hosts as the conditions see them
+    (`agent.pods.nodepods.NodePods`)."""
+
+    by_key: dict[str, PodInfo]
+    """namespace/name (a replica's: namespace/<model>/<ordinal>) -> the pod the agent knows."""
 
     def unproven(self) -> list[tuple[PodInfo, NotPlacedError]]: ...
 
@@ -201,26 +212,24 @@ class ModelConditions:
         condition_type: str,
         status_of: Callable[[Proven], Awaitable[ModelStatus]],
         *,
-        refused: Callable[[str], str] | None,
-        quarantine: Callable[[Proven], PodQuarantine | None] | None,
-        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None,
-        hosts: Hosts | None,
-        remove: Callable[[str, str, str], Awaitable[None]] | None,
-        load_failure: Callable[[PodInfo], LoadFailure | None] | None,
+        refused: Callable[[str], str],
+        quarantine: Callable[[Proven], PodQuarantine | None],
+        fail_pod: Callable[[str, str, str, str], Awaitable[None]],
+        hosts: Hosts,
+        remove: Callable[[str, str, str], Awaitable[None]],
+        load_failure: Callable[[PodInfo], LoadFailure | None],
+        replica_condition: Callable[[str, int], tuple[str, str]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`refused(pod)`: why the node gateway refuses the pod's requests (empty: it does
-        not); `quarantine(pod)`: whether the pod's model files are quarantined on the node;
-        `fail_pod(namespace, name, reason, message)` marks a pod Failed; `hosts`: the model
-        hosts' replicas that are not proven, and their conditions left behind, which
-        `remove(namespace, name, condition type)` takes off; `load_failure(replica)`: what
-        the replica's host's loader reports it cannot load (`agent.pods.loadfailures`).
-
-        Each may be None, a choice this class acts on: `refused`, no pod's requests refused;
-        `quarantine`, no pod's files quarantined (so none marked Failed); `fail_pod`, no pod
-        marked Failed (only told); `hosts`, no model host's replicas judged; `remove`, a
-        host's conditions left behind stay; `load_failure`, a host's replica not yet loaded
-        reads pending, never its loader's reason."""
+        not; `NO_REFUSALS` where the node has no gateway table); `quarantine(pod)`: whether the
+        pod's model files are quarantined on the node; `fail_pod(namespace, name, reason,
+        message)` marks a pod Failed (its phase only: `fail` says why first); `hosts`: the
+        node's pods, and the model hosts' replicas that are not proven and their conditions
+        left behind, which `remove(namespace, name, condition type)` takes off;
+        `load_failure(replica)`: what the replica's host's loader reports it cannot load
+        (`agent.pods.loadfailures`); `replica_condition(model, ordinal)`: the host pod and the
+        condition type of a replica the agent does not know (yet)."""
         self._writer = writer
         self._load_failure = load_failure
         self._hosts = hosts
@@ -228,6 +237,7 @@ class ModelConditions:
         self._refused = refused
         self._quarantine = quarantine
         self._fail_pod = fail_pod
+        self._replica_condition = replica_condition
         self._failed: set[str] = set()
         """Uids of the pods marked Failed (until the watch shows them terminated)."""
         self._events = events
@@ -340,7 +350,7 @@ class ModelConditions:
                 if (leaving.status, leaving.reason) != pod.model_loaded:
                     await self._write(proven, leaving)
                 continue
-            why = self._refused(pod.object_key) if self._refused is not None else ""
+            why = self._refused(pod.object_key)
             if why:
                 quarantined = Verdict("False", REQUESTS_CRASHED_REASON, why)
                 if (quarantined.status, quarantined.reason) != pod.model_loaded:
@@ -371,7 +381,7 @@ class ModelConditions:
             if wanted is not None and pod.draining and wanted.status == "False":
                 wanted = drained(pod)
             elif wanted is not None and pod.host and not pod.running and wanted.status == "False":
-                failure = self._load_failure(pod) if self._load_failure is not None else None
+                failure = self._load_failure(pod)
                 wanted = pending(pod, wanted, failure)
             if wanted is not None and wanted.reason == CRASHED_REASON:
                 crashed.append(proven)
@@ -388,14 +398,10 @@ class ModelConditions:
         """The model hosts' replicas whose proofs fail say why (their loaded condition False,
         with the prover's reason, and an Event); a host's loaded condition of a replica it no
         longer serves is taken off."""
-        if self._hosts is None:
-            return
         for replica, error in self._hosts.unproven():
             refused = Verdict("False", error.event_reason or NOT_PLACED_REASON, str(error))
             if (refused.status, refused.reason) != replica.model_loaded:
                 await self._write_on(replica, refused)
-        if self._remove is None:
-            return
         for host, types in self._hosts.stale():
             for condition_type in types:
                 try:
@@ -421,8 +427,8 @@ class ModelConditions:
         """Set the condition of a pod in its loader whose requests or files are quarantined;
         True when its own files are (it may be marked Failed)."""
         pod = proven.pod
-        why = self._refused(pod.object_key) if self._refused is not None else ""
-        held = self._quarantine(proven) if self._quarantine is not None else None
+        why = self._refused(pod.object_key)
+        held = self._quarantine(proven)
         if why:
             wanted = Verdict("False", REQUESTS_CRASHED_REASON, why)
         elif held is not None:
@@ -436,8 +442,6 @@ class ModelConditions:
     async def _fail(self, proven: Proven) -> None:
         """Mark a controlled pod whose own files are quarantined Failed, once."""
         pod = proven.pod
-        if self._quarantine is None or self._fail_pod is None:
-            return
         if not pod.controlled or pod.uid in self._failed:
             return
         held = self._quarantine(proven)
@@ -469,6 +473,24 @@ class ModelConditions:
             CRASHED_REASON,
             extra=subject(pod=pod.key, model=pod.model_id),
         )
+
+    async def fail(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """Mark a pod Failed, its condition saying why first: a pod the agent fails says so
+        whatever its phase (a pod in its loader has no condition yet). A model host's replica
+        (`<model>/<ordinal>`) only says so: its host serves the others."""
+        known = self._hosts.by_key.get(f"{namespace}/{name}")
+        model, replica, _ = name.rpartition("/")
+        if known is not None:
+            where, condition_type = known.object_name, known.condition_type
+        elif replica:
+            where, condition_type = self._replica_condition(model, int(replica))
+        else:
+            where, condition_type = name, ""
+        condition = Condition(condition_type or self.condition_type, "False", reason, message)
+        was = known.model_loaded[0] or None if known is not None else None
+        await self._writer.set_pod_condition(namespace, where, condition, was=was)
+        if not replica:
+            await self._fail_pod(namespace, name, reason, message)
 
     async def _write(self, proven: Proven, wanted: Verdict) -> None:
         await self._write_on(proven.pod, wanted)

@@ -20,7 +20,12 @@ from agent.pods.loadfailures import LoadFailure
 from agent.pods.modelpods import PodInfo
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import CrashRecord
-from agent.status.conditions import REINSTALL_WRITE_SECONDS, ModelConditions, verdict
+from agent.status.conditions import (
+    NO_REFUSALS,
+    REINSTALL_WRITE_SECONDS,
+    ModelConditions,
+    verdict,
+)
 from common.conditions import Condition
 from tests.agent.conftest import eventually
 
@@ -72,6 +77,18 @@ class Clock:
         return self.now
 
 
+class NoHosts:
+    """A node with no model hosts."""
+
+    by_key: dict[str, Any] = {}
+
+    def unproven(self) -> list[Any]:
+        return []
+
+    def stale(self) -> list[Any]:
+        return []
+
+
 def conditions(
     states: dict[str, ModelStatus],
     writer: Writer,
@@ -81,15 +98,24 @@ def conditions(
     status_of: Callable[[Proven], Awaitable[ModelStatus]] | None = None,
     **collaborators: Any,
 ) -> ModelConditions:
-    """The conditions' watcher over `states` (or `status_of`), with none of its optional
-    collaborators but those given."""
+    """The conditions' watcher over `states` (or `status_of`), its collaborators doubles that
+    refuse, quarantine and fail nothing, on a node of no hosts, but those given."""
 
     async def from_states(p: Proven) -> ModelStatus:
         return states[p.pod.name]
 
-    given: dict[str, Any] = dict.fromkeys(
-        ("refused", "quarantine", "fail_pod", "hosts", "remove", "load_failure")
-    )
+    async def nothing(*args: Any) -> None:
+        return None
+
+    given: dict[str, Any] = {
+        "refused": NO_REFUSALS,
+        "quarantine": lambda proven: None,
+        "fail_pod": nothing,
+        "hosts": NoHosts(),
+        "remove": nothing,
+        "load_failure": lambda pod: None,
+        "replica_condition": lambda model, ordinal: ("host", f"{CONDITION}-{model}-{ordinal}"),
+    }
     return ModelConditions(
         writer,
         events,  # type: ignore[arg-type]
@@ -352,3 +378,23 @@ async def test_while_the_node_pod_stops_every_host_replica_reads_node_pod_stoppi
     await watcher.sync([Proven(replica, 1024), pod], triton_live=True)
     assert writer.written[-1] == (pod.pod.name, "False", "NodePodStopping")
     assert events.warned == []
+
+
+async def test_a_pod_failed_says_why_on_its_condition_first_and_a_replica_only_says_so() -> None:
+    """The one place the condition is decided also writes it for a pod the agent fails: on the
+    pod, then the pod Failed; a host's replica on its host only (the host serves the others),
+    whether the agent knows the replica yet or not."""
+    writer, events = Writer(), Events()
+    failed: list[tuple[str, str]] = []
+
+    async def fail_pod(namespace: str, name: str, reason: str, message: str) -> None:
+        failed.append((name, reason))
+
+    watcher = conditions({}, writer, events, fail_pod=fail_pod)
+    await watcher.fail("models", "a", "ModelOverRequest", "used 3Gi of its 1Gi")
+    await watcher.fail("models", "resnet/2", "ModelCrashedTriton", "Triton exited")
+    assert writer.written == [
+        ("a", "False", "ModelOverRequest"),
+        ("host", "False", "ModelCrashedTriton"),
+    ]
+    assert failed == [("a", "ModelOverRequest")]
