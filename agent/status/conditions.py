@@ -479,11 +479,11 @@ class ModelConditions:
         whatever its phase (a pod in its loader has no condition yet). A model host's replica
         (`<model>/<ordinal>`) only says so: its host serves the others."""
         known = self._hosts.by_key.get(f"{namespace}/{name}")
-        model, replica, _ = name.rpartition("/")
+        model, replica, ordinal = name.rpartition("/")
         if known is not None:
             where, condition_type = known.object_name, known.condition_type
         elif replica:
-            where, condition_type = self._replica_condition(model, int(replica))
+            where, condition_type = self._replica_condition(model, int(ordinal))
         else:
             where, condition_type = name, ""
         condition = Condition(condition_type or self.condition_type, "False", reason, message)
