@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import kubernetes.client
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from onnx import TensorProto, helper
 
 from agent.errors import HostMemoryExhaustedError
 from agent.gpus.processes import TritonProcesses, TritonTree
@@ -26,7 +28,7 @@ from common.activity import write_table as write_activity
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.gpu.nvml import MockNvml
-from sim.triton import TritonServer
+from sim.triton import TritonInstall, TritonServer
 from tests.agent.conftest import (
     agent_settings,
     bearer,
@@ -562,6 +564,119 @@ async def test_a_model_whose_own_processes_grow_past_its_namespace_s_share_is_un
         )
         # Its memory is back: the neighbour's model loads.
         status = await serve("team-b", "good", _own_model(tmp_path, "good", SLOW))
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    finally:
+        await running.stop()
+    assert triton.process.poll() is None
+
+
+SUMMER_CONFIG = """backend: "onnxruntime"
+max_batch_size: 0
+input [ { name: "N" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "S" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+def _summer(directory: Path) -> Path:
+    """An ONNX model of a few hundred bytes that allocates what it is asked for:
+    ConstantOfShape(N) -> ReduceSum."""
+    ones = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    graph = helper.make_graph(
+        [
+            helper.make_node("ConstantOfShape", ["N"], ["X"], value=ones),
+            helper.make_node("ReduceSum", ["X"], ["S"], keepdims=1),
+        ],
+        "summer",
+        [helper.make_tensor_value_info("N", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("S", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (directory / "1").mkdir(parents=True)
+    (directory / "config.pbtxt").write_text(SUMMER_CONFIG)
+    (directory / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    return directory
+
+
+@pytest.fixture
+def onnx_triton(triton_install: TritonInstall, model_repository: Path) -> Iterator[TritonServer]:
+    """The simulated node's Triton: ONNX Runtime models run in Python backend stubs."""
+    server = TritonServer(model_repository, onnx_standin=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.discard()
+
+
+async def test_an_onnx_model_whose_arena_outgrows_its_namespace_s_share_is_unloaded(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    onnx_triton: TritonServer,
+    model_repository: Path,
+    node: str,
+    mock_nvml: MockNvml,
+    tmp_path: Path,
+) -> None:
+    """The attack: a tiny ONNX model asked for a large N keeps what ONNX Runtime allocated (its
+    arena) after the request, more than its namespace's share of Triton's host memory. The
+    simulated node runs ONNX Runtime in a process of the model's own, where it is billed to the
+    model: it is unloaded, its pod failed, and a neighbour's model loads at once. (Inside a real
+    Triton's process the agent loads ONNX Runtime models without an arena instead, which the
+    stand-in does not honour.)"""
+    triton = onnx_triton
+    assert triton.process is not None
+    pid_file = _pid_file(triton, tmp_path)
+    now = TritonProcesses(pid_file).tree()
+    assert now is not None
+    limit = now.rss + 1600 * MIB
+    settings = agent_settings(
+        kubeconfig,
+        triton,
+        model_repository,
+        triton_pid_file=pid_file,
+        triton_memory_limit=limit,
+        triton_memory_reserve=0,
+        triton_memory_per_load=256 * MIB,
+    )
+    for name in ("team-a", "team-b"):
+        core_v1(kube_api).create_namespace({"metadata": {"name": name}})
+    running = await start_agent(settings, mock_nvml)
+
+    async def serve(namespace: str, pod: str, files: Path, model_id: str) -> Any:
+        make_pod(kube_api, pod, model_id, namespace=namespace, request=1)
+        token = apiserver.mint_token(namespace, pod)
+        await install_dir(running.stub, token, files, model_id)
+        return await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id=model_id), metadata=bearer(token)
+        )
+
+    def ask(name: str, mib: int) -> None:
+        with httpclient.InferenceServerClient(triton.http_url, network_timeout=120) as client:
+            tensor = httpclient.InferInput("N", [1], "INT64")
+            tensor.set_data_from_numpy(np.array([mib * 262144], dtype=np.int64))
+            assert client.infer(name, [tensor]).as_numpy("S").shape == (1,)
+
+    def failed() -> bool:
+        core: Any = kubernetes.client.CoreV1Api(kube_api)
+        return bool(core.read_namespaced_pod("summer", "team-a").status.phase == "Failed")
+
+    try:
+        await eventually(lambda: not running.agent.not_ready(), what="the agent to be ready")
+        files = _summer(tmp_path / "summer")
+        status = await serve("team-a", "summer", files, "summer")
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        summer = name_in_triton(kube_api, "summer", "summer", "team-a")
+        await asyncio.to_thread(ask, summer, 1000)
+        await eventually(failed, what="the summer's pod to be failed")
+        assert not _ready_in_triton(triton, summer)
+        await eventually(
+            lambda: "HostMemoryExceeded" in _events(kube_api, "summer", "team-a"),
+            what="the summer's Event",
+        )
+        status = await serve("team-b", "good", _own_model(tmp_path, "good", SLOW), "add_one")
         assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
     finally:
         await running.stop()
