@@ -7,7 +7,10 @@ UNLOADING in Triton occupies the bytes its `config.pbtxt` declares in the parame
 `sim_gpu_memory` (a quantity such as `3Gi`; none: 0), plus `sim_gpu_memory_growth` (`2Gi@5`: 2Gi
 more from 5 seconds after it was first seen READY), on the GPU of the pod whose model has that name
 in Triton on this node (its private name, `common.tritonname`, or for a model installed before
-private names its model id), by the pod's `tritonshare.io/gpu` annotation. Tests make a loaded
+private names its model id), by the pod's `tritonshare.io/gpu` annotation. A model keeps its GPU
+and its footprint until Triton has unloaded it, as on a real GPU, whether its pod and its files are
+gone meanwhile (the GPU and the config it was last seen with are remembered while Triton holds
+it). Tests make a loaded
 model allocate more at a moment of their choosing with `allocate(model, bytes)` (by its name in
 Triton; a tenant's model growing on its first large request, say); like the rest of its
 footprint, that is freed when its unload has finished. With `process_context`, a model whose
@@ -94,6 +97,8 @@ class ModelFootprints:
         self._in_processes: dict[int, dict[int, int]] = {}
         self._first_ready: dict[str, float] = {}
         self._allocated: dict[str, int] = {}
+        self._placed: dict[str, tuple[int, str]] = {}
+        """Each model Triton holds: its GPU index and its config.pbtxt text, as last seen."""
 
     def allocate(self, model: str, size: int) -> None:
         """From now on `model` occupies `size` bytes more (until it is unloaded)."""
@@ -166,14 +171,26 @@ class ModelFootprints:
             del self._first_ready[gone]
         for gone in set(self._allocated) - held:
             del self._allocated[gone]
+        for gone in set(self._placed) - held:
+            del self._placed[gone]
         gpus = self._gpu_of_models()
         stubs = self._stubs() if self.listed else {}
         footprint: dict[int, int] = {}
         in_processes: dict[int, dict[int, int]] = {}
         for model in held:
             first = self._first_ready.setdefault(model, now) if model in ready else now
+            seen = self._placed.get(model)
             try:
                 text = (self._repository / model / "config.pbtxt").read_text()
+            except OSError:
+                if seen is None:
+                    continue
+                text = seen[1]  # its files removed while Triton still unloads it
+            index = gpus.get(model, seen[0] if seen is not None else None)
+            if index is None:
+                continue
+            self._placed[model] = (index, text)  # its pod may go before its unload ends
+            try:
                 size = _bytes(declared(text, "sim_gpu_memory"))
                 growth, _, after = declared(text, "sim_gpu_memory_growth").partition("@")
                 if growth and now - first >= float(after or 0):
@@ -182,10 +199,9 @@ class ModelFootprints:
                 own = _own_process(text)
                 if self.process_context and own:
                     size += self.process_context
-            except (OSError, QuantityError):
+            except QuantityError:
                 continue
-            if model in gpus and size:
-                index = gpus[model]
+            if size:
                 if own and model in stubs:
                     in_processes.setdefault(index, {})[stubs[model]] = size
                     footprint[index] = footprint.get(index, 0) + self.driver_share
