@@ -56,6 +56,13 @@ RESIDENCY_ON_DEMAND = "on-demand"
 """Residency class: may be unloaded from the GPU when idle and is loaded again by its next
 request; placed against the GPU's memory times its pool's over-commit factor."""
 RESIDENCIES = (RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND)
+SPREAD_GPU = "GPU"
+"""Replica spread: a model's replicas prefer other nodes, then other GPUs of a node."""
+SPREAD_NODE = "Node"
+"""Replica spread: a model's replicas prefer other nodes; on a node they pack."""
+SPREAD_NONE = "None"
+"""Replica spread: a model's replicas pack as any other model's pods."""
+REPLICA_SPREADS = (SPREAD_GPU, SPREAD_NODE, SPREAD_NONE)
 DEFAULT_MIN_GPU_MEM = "64Mi"
 MIN_GPU_MEM = 64 << 20
 """The least GPU memory a model pod or a TritonModel replica may ask (the binder's
@@ -179,6 +186,12 @@ class Keys:
         return f"{self.prefix}residency"
 
     @property
+    def replica_spread(self) -> str:
+        """Pod annotation: how the binder spreads the replicas of the pod's model, `GPU` (the
+        default: other GPUs, other nodes first), `Node` (other nodes only) or `None` (packed)."""
+        return f"{self.prefix}replica-spread"
+
+    @property
     def idempotent(self) -> str:
         """Pod annotation: "true" when the model's calls may run twice (no sequence batcher, no
         side effects), so the proxy sends again one lost with the node gateway's process."""
@@ -245,6 +258,18 @@ def validate_residency(value: str, key: str) -> str:
         f"annotation {key}={str(value)[:64]!r} is not a residency class; write "
         f"{key}: {RESIDENCY_ALWAYS} (loaded while the pod lives, the default) or "
         f"{key}: {RESIDENCY_ON_DEMAND} (unloaded when idle, loaded again by the next request)"
+    )
+
+
+def validate_replica_spread(value: str, key: str) -> str:
+    """Return the replica spread `value` names, else raise ContractError saying what to write;
+    `key` is the annotation's (or field's) name, for the message."""
+    if value in REPLICA_SPREADS:
+        return value
+    raise ContractError(
+        f"{key}={str(value)[:64]!r} is not a replica spread; write {SPREAD_GPU} (replicas on "
+        f"other nodes, then other GPUs, the default), {SPREAD_NODE} (other nodes only) or "
+        f"{SPREAD_NONE} (packed)"
     )
 
 

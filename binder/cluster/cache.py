@@ -48,7 +48,14 @@ class Listener(Protocol):
 
 
 def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
-    return (pod.constraints, pod.request, pod.model_key, pod.problem, pod.scheduler_name)
+    return (
+        pod.constraints,
+        pod.request,
+        pod.model_key,
+        pod.replica_spread,
+        pod.problem,
+        pod.scheduler_name,
+    )
 
 
 class ClusterCache:

@@ -19,7 +19,13 @@ from binder.cluster.objects import (
     node_gpu_proof,
     pod_from_api,
 )
-from common.contract import MIN_GPU_MEM, Keys, is_valid_model_id, model_id_problem
+from common.contract import (
+    MIN_GPU_MEM,
+    SPREAD_GPU,
+    Keys,
+    is_valid_model_id,
+    model_id_problem,
+)
 from common.hosted import host_group, host_storage_problem, replica_name, replica_uid
 from common.modelpod import gpu_tolerations
 from common.podresources import MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
@@ -154,7 +160,11 @@ def model_from_api(
         {"name": "model", "resources": {"limits": {keys.gpu_mem: spec.get("gpuMemory", "0")}}}
     ]
     model_id = str(spec.get("modelName") or name)
-    annotations = {keys.model_id: model_id, keys.residency: str(spec.get("residency") or "always")}
+    annotations = {
+        keys.model_id: model_id,
+        keys.residency: str(spec.get("residency") or "always"),
+        keys.replica_spread: str(spec.get("replicaSpread") or SPREAD_GPU),
+    }
     backend = as_mapping(meta.get("annotations")).get(keys.backend)
     if backend is not None:
         annotations[keys.backend] = str(backend)

@@ -26,6 +26,7 @@ from common.backends import BackendError, declared_backend, process_allowance
 from common.contract import (
     MIN_GPU_MEM,
     RESIDENCY_ON_DEMAND,
+    SPREAD_GPU,
     TENANT_CODE_NODE,
     ContractError,
     Keys,
@@ -33,6 +34,7 @@ from common.contract import (
     is_valid_model_id,
     model_id_problem,
     parse_overcommit,
+    validate_replica_spread,
     validate_residency,
 )
 from common.podresources import (
@@ -244,6 +246,9 @@ class PodInfo:
     host_group: str = ""
     """For a TritonModel replica: the hosts that serve it, one per node (its namespace's of its
     storage Secret, `common.hosted.host_group`); "" stands for the namespace's."""
+    replica_spread: str = SPREAD_GPU
+    """How placement spreads the replicas of its model revision (`model_key`): `GPU` (other
+    nodes first, then other GPUs of a node), `Node` (other nodes only) or `None` (packed)."""
     model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
     """The (namespace, model id, revision) placement spreads over nodes; made once here, as
     placement reads it for every decision."""
@@ -294,6 +299,7 @@ class PodInfo:
             on_demand=self.on_demand,
             host=self.host,
             host_group=self.host_group,
+            replica_spread=self.replica_spread,
         )
 
     @property
@@ -453,6 +459,12 @@ def pod_from_api(
             validate_residency(str(residency), keys.residency)
         except ContractError as e:
             problem = str(e)
+    spread = str(annotations.get(keys.replica_spread) or SPREAD_GPU)
+    if not problem:
+        try:
+            validate_replica_spread(spread, f"annotation {keys.replica_spread}")
+        except ContractError as e:
+            problem = str(e)
     return PodInfo(
         uid=str(meta.get("uid", "")),
         namespace=namespace,
@@ -488,6 +500,7 @@ def pod_from_api(
         nominated_node=str(status.get("nominatedNodeName") or ""),
         nomination=_nomination(annotations.get(keys.nomination)),
         on_demand=residency == RESIDENCY_ON_DEMAND,
+        replica_spread=spread,
     )
 
 

@@ -23,6 +23,12 @@ replicas on arrival (this rule: 30). Scoring a node's fullness relative to its o
 makes 8-GPU A100 nodes look fullest and feeds them small models until
 no big model fits.
 
+Replicas of one model revision (`ModelKey`: a TritonModel's, a Deployment's model pods of one
+model id) spread by `replica_spread`: `GPU` (the default) and `Node` take a node without one
+first; `GPU` then a node with a GPU that fits and holds none, and on the chosen node such a GPU
+(`replica_gpus`), so a replica adds GPU compute; `None` packs them as any pods. Preferences only:
+with no such node or GPU, a replica goes where the scores put it.
+
 `spread` favours the node with the most free memory relative to its size and its emptiest GPU;
 its ties go to a node chosen by a stable hash of the pod's uid.
 
@@ -69,7 +75,7 @@ from binder.cluster.rules import kubernetes_reasons
 from binder.framework.filters import PodFilters, pod_filters
 from binder.framework.interpod import REASON_AFFINITY as REASON_AFFINITY_RULES
 from binder.framework.spread import REASON_MISSING_LABEL
-from common.contract import Keys
+from common.contract import SPREAD_GPU, SPREAD_NONE, Keys
 from common.quantity import format_bytes
 
 Policy = Literal["binpack", "spread"]
@@ -197,10 +203,13 @@ def choose_gpu(
     kinds: Kinds | None = None,
     *,
     on_demand: bool = False,
+    avoid: frozenset[int] = frozenset(),
 ) -> Gpu | None:
     """binpack: the GPU with the best memory score (`pack_score`), then the tightest block;
     spread: the emptiest. Ties go to the lower GPU index. `on_demand`: the pod's residency
-    class is `on-demand` (its blocks are `binder.cluster.residencyfit.on_demand_free`)."""
+    class is `on-demand` (its blocks are `binder.cluster.residencyfit.on_demand_free`).
+    `avoid`: positions of GPUs that hold a replica of the pod's model (`replica_gpus`), taken
+    only when no other GPU of the node fits."""
     view = state.view(on_demand)
     state.arrays()
     info = state.nodes[node]
@@ -208,15 +217,57 @@ def choose_gpu(
     blocks = view.gpu_blocks[state.index[node]]
     fitting = [
         (size, free, g.index, g)
-        for (size, free), g in zip(blocks, info.gpus, strict=True)
-        if g.healthy and free >= request
+        for at, ((size, free), g) in enumerate(zip(blocks, info.gpus, strict=True))
+        if g.healthy and free >= request and at not in avoid
     ]
+    if not fitting and avoid:
+        return choose_gpu(state, node, request, policy, kinds, on_demand=on_demand)
     if not fitting:
         return None
     if policy == "binpack":
         by_size = _scores_by_size(kinds or gpu_kinds(state), request)
         return min(fitting, key=lambda item: (-_score_of(by_size, item[0], item[1]), *item[1:3]))[3]
     return min(fitting, key=lambda item: (-item[1], item[2]))[3]
+
+
+def spreads_nodes(pod: PodInfo) -> bool:
+    """Whether the pod's replicas prefer nodes without one (`replica_spread` GPU or Node)."""
+    return bool(pod.model_id) and pod.replica_spread != SPREAD_NONE
+
+
+def replica_gpus(state: ClusterState, pod: PodInfo, node: str) -> frozenset[int]:
+    """Positions of the node's GPUs that hold a charged replica of the pod's model revision
+    (other than the pod itself), when the pod spreads over GPUs (`replica_spread` GPU); read
+    only on the few nodes that have one."""
+    if not pod.model_id or pod.replica_spread != SPREAD_GPU:
+        return frozenset()
+    key = pod.model_key
+    if node not in state.tallies.nodes_with_model(key):
+        return frozenset()
+    return frozenset(
+        at
+        for other, at in state.pods_on(node)
+        if at >= 0 and other.model_key == key and other.uid != pod.uid
+    )
+
+
+def _free_of_replicas(
+    state: ClusterState, view: MemoryView, pod: PodInfo, candidates: IntArray
+) -> tuple[npt.NDArray[np.bool_], dict[int, frozenset[int]]]:
+    """Which candidate nodes (each holding a replica of the pod's model) have a GPU that fits
+    the pod and holds none, and per candidate row the GPU positions that hold one."""
+    _, rooms = view.gpu_matrices()
+    free = np.zeros(candidates.size, np.bool_)
+    held: dict[int, frozenset[int]] = {}
+    for row, i in enumerate(candidates.tolist()):
+        taken = replica_gpus(state, pod, state.names[i])
+        held[row] = taken
+        healthy = state.nodes[state.names[i]].gpus
+        free[row] = any(
+            at not in taken and g.healthy and int(rooms[i, at]) >= pod.request
+            for at, g in enumerate(healthy)
+        )
+    return free, held
 
 
 def place(
@@ -254,7 +305,7 @@ def place(
         # free-memory index finds the best, reading a few nodes one at a time.
         budget = math.inf if scan_budget is None else scan_budget
         index = state.free_index(pod.constraints, pod.on_demand)
-        taken = state.model_nodes(pod.model_key) if pod.model_id else set()
+        taken = state.model_nodes(pod.model_key) if spreads_nodes(pod) else set()
         indexed = _pack_indexed if policy == "binpack" else _spread_indexed
         found = indexed(state, view, pod, index, now, budget, taken, filters.passes)
         if found is not None:
@@ -262,11 +313,18 @@ def place(
     if nodes.size:
         ok = (view.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
         ok &= filters.ok[nodes]
-        if pod.model_id:
-            # Replicas of a model revision spread over nodes: a node without one first.
+        held: dict[int, frozenset[int]] | None = None
+        if spreads_nodes(pod):
+            # Replicas of a model revision spread over nodes: a node without one first; then,
+            # for `GPU`, a node with a GPU that fits and holds none.
             fresh = ok & ~state.model_mask(pod.model_key)[nodes]
             if fresh.any():
                 ok = fresh
+            elif pod.replica_spread == SPREAD_GPU and ok.any():
+                roomy, by_row = _free_of_replicas(state, view, pod, nodes[ok])
+                if roomy.any():
+                    held = {r: by_row[int(at)] for r, at in enumerate(np.flatnonzero(roomy))}
+                    ok[np.flatnonzero(ok)[~roomy]] = False
         candidates = nodes[ok]
         if candidates.size > 1 and cls.preferred_error:
             # kube-scheduler scores only when two or more nodes are feasible; PreScore fails.
@@ -275,7 +333,7 @@ def place(
             # Normalised over the feasible nodes, as kube-scheduler normalises them.
             extra = filters.scores(candidates) if scored and candidates.size > 1 else None
             affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
-            return _best(state, view, pod, policy, candidates, affinity, prefer, extra, kept)
+            return _best(state, view, pod, policy, candidates, affinity, prefer, extra, kept, held)
     return _unschedulable(state, pod, now, cls, filters)
 
 
@@ -516,7 +574,15 @@ def _on_node(
     score: float,
     kinds: Kinds | None = None,
 ) -> Placement:
-    gpu = choose_gpu(state, node, pod.request, policy, kinds, on_demand=pod.on_demand)
+    gpu = choose_gpu(
+        state,
+        node,
+        pod.request,
+        policy,
+        kinds,
+        on_demand=pod.on_demand,
+        avoid=replica_gpus(state, pod, node),
+    )
     # max_free said a GPU fits, so there is one; keep the invariant loud if that ever breaks.
     assert gpu is not None, f"node {node} was feasible but no GPU fits"
     return Placement(node, gpu, float(score))
@@ -537,11 +603,14 @@ def _best(
     prefer: np.ndarray[Any, np.dtype[np.int64]],
     extra: npt.NDArray[np.float64] | None = None,
     kept: set[int] | None = None,
+    held: Mapping[int, frozenset[int]] | None = None,
 ) -> Placement:
     """Score every candidate; `extra` is the weighted scores of the plugins that look at other
     pods (`binder.framework.filters`), None when they score every candidate alike. Among the
     candidates Kubernetes' scores rate best, those in `kept` (nodes the pod's revision left, which
-    may hold its files) come first, before the GPU memory score."""
+    may hold its files) come first, before the GPU memory score. `held`: per candidate row, the
+    GPUs that hold a replica of the pod's model, left out of its node's binpack score (each
+    such node has another GPU that fits)."""
     top_affinity = int(affinity.max())
     affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else affinity * 0
     top_prefer = int(prefer.max())
@@ -564,6 +633,9 @@ def _best(
         room = all_rooms[candidates]
         kinds = gpu_kinds(state)
         gpu_scores = _pack_scores(kinds, all_sizes[candidates], room, request)
+        for row, positions in (held or {}).items():
+            for at in positions:
+                gpu_scores[row, at] = -1.0
         memory = gpu_scores.max(axis=1)
         unfit = np.iinfo(np.int64).max
         tightest = np.where(gpu_scores == memory[:, None], room, unfit).min(axis=1)
