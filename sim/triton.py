@@ -9,6 +9,7 @@ Used by the tests, the benchmarks and the demo; the product talks to a Triton it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from common.tritonrelease import PINNED
 from sim.processes import http_ok, process_stats
 
 STANDIN_BACKENDS = Path(__file__).resolve().parent / "tritonbackends"
@@ -33,6 +35,13 @@ KEEPER_RESTARTED = "; its other processes are ended; starting it again in "
 PARALLEL_LOADS = 8
 """The agent's `--parallel-loads` default (`agent.parallelLoads`): a node's Triton loads that
 many at once for each of its GPUs (`--model-load-thread-count`, as the chart sets it)."""
+
+
+def write_standin_release(backend: Path) -> None:
+    """Give a stand-in backend the bounds of the node's Triton release (`release.json`): it
+    refuses what that release's backend refuses, whatever version of the package it runs on."""
+    facts = {"onnx_max_ir": PINNED.onnx_max_ir, "onnx_max_opset": PINNED.onnx_max_opset}
+    (backend / "release.json").write_text(json.dumps(facts))
 
 
 class TritonUnavailableError(RuntimeError):
@@ -222,6 +231,7 @@ class TritonServer:
         backend_dir = install.make_backend_dir(self._workdir / "backends")
         if self.onnx_standin:
             shutil.copytree(STANDIN_BACKENDS / "onnxruntime", backend_dir / "onnxruntime")
+            write_standin_release(backend_dir / "onnxruntime")
         for name in _PORTS:
             if getattr(self, name) == 0:
                 # Each a port of its own: two picks a moment apart may get the same free port.

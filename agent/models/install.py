@@ -50,6 +50,7 @@ from agent.installs.modelconfig import (
 )
 from agent.installs.onnxmodel import OnnxFormatError, external_locations
 from agent.installs.repository import DISK_HEADROOM_BYTES, Repository, Staging
+from agent.installs.runtimefit import onnx_file_problem
 from agent.metrics import AgentMetrics
 from agent.pods.ownership import OwnerRecord, OwnerStore
 from agent.pods.provenpods import Proven
@@ -87,7 +88,8 @@ def disk_error(model_id: str, error: OSError) -> AgentError:
 
 def onnx_problem(model_id: str, path: Path, name: str, files: set[str]) -> str:
     """Why the ONNX file `name` of the model (at `path`) may not be installed ("" when it may):
-    a tensor of it names external data that is not a file of the model, or it is no ONNX model.
+    a tensor of it names external data that is not a file of the model, it is no ONNX model, or
+    its IR version or opset is newer than the node's ONNX Runtime reads.
     Read through a read-only mapping, one location at a time."""
     with path.open("rb") as file:
         if os.fstat(file.fileno()).st_size == 0:
@@ -102,7 +104,7 @@ def onnx_problem(model_id: str, path: Path, name: str, files: set[str]) -> str:
             except OnnxFormatError as e:
                 why = str(e)  # returned below: the traceback must not pin the mapping open
             else:
-                return ""
+                return onnx_file_problem(model_id, name, file)
             finally:
                 locations.close()
     return (

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
+from common.tritonrelease import PINNED
 from sim.onnxmodels import CONV_IMAGE, CONV_INPUT, CONV_NAME, CONV_OUTPUT, write_conv_model
 from sim.triton import TritonInstall, TritonServer
 from tests.deploy.example_model import MODEL_FILE
@@ -193,3 +194,45 @@ def test_a_model_it_cannot_run_fails_to_load_and_triton_serves_on(
         assert grpc.is_model_ready(CONV_NAME), failures[CONV_NAME]
     for name, (_, said) in BROKEN.items():
         assert "load failed" in failures[name] and said in failures[name], failures[name]
+
+
+def _doubling_at(path: Path, **versions: int) -> None:
+    """The doubling model with onnx.helper.make_model's defaults, or the `ir_version` and `opset`
+    given."""
+    _doubling_model(path / "1")
+    model = onnx.load(str(path / "1" / "model.onnx"))
+    fresh = helper.make_model(model.graph)  # this onnx's own IR and opset
+    if "ir_version" in versions:
+        fresh.ir_version = versions["ir_version"]
+    if "opset" in versions:
+        fresh.opset_import[0].version = versions["opset"]
+    (path / "1" / "model.onnx").write_bytes(fresh.SerializeToString())
+    (path / "config.pbtxt").write_text(DOUBLING_CONFIG.replace('"doubling"', f'"{path.name}"'))
+
+
+def test_the_pinned_release_s_onnx_runtime_bounds_hold(
+    http: httpclient.InferenceServerClient, model_repository: Path
+) -> None:
+    """The simulated node follows the node's Triton (`common.tritonrelease.PINNED`), not the
+    onnxruntime package it runs on: a model of onnx's defaults (an IR and opset newer than ONNX
+    Runtime 1.19 reads) fails to load with ONNX Runtime's error, as on a real node; one at the
+    bounds loads and answers."""
+    assert PINNED.onnx_max_ir < onnx.IR_VERSION  # else the defaults prove nothing
+    _doubling_at(model_repository / "defaults")
+    _doubling_at(model_repository / "new_opset", ir_version=PINNED.onnx_max_ir)
+    _doubling_at(
+        model_repository / "bounds", ir_version=PINNED.onnx_max_ir, opset=PINNED.onnx_max_opset
+    )
+    with pytest.raises(InferenceServerException) as refused:
+        http.load_model("defaults")
+    said = str(refused.value)
+    assert "load failed" in said and "Unsupported model IR version" in said, said
+    assert f"max supported IR version: {PINNED.onnx_max_ir}" in said, said
+    with pytest.raises(InferenceServerException) as refused:
+        http.load_model("new_opset")
+    said = str(refused.value)
+    expected = f"Current official support for domain ai.onnx is till opset {PINNED.onnx_max_opset}"
+    assert expected in said, said
+    http.load_model("bounds")
+    ints = np.arange(6, dtype=np.int64).reshape(2, 3)
+    np.testing.assert_array_equal(_infer(http, "bounds", "IN", ints, "OUT"), ints * 2)

@@ -8,10 +8,12 @@ operator and data type ONNX Runtime runs. As the real backend does, a load fails
 when the file is no model ONNX Runtime opens, or when config.pbtxt's inputs and outputs do not
 match the model's names, data types and ranks (the batch dimension first when `max_batch_size` is
 above 0; -1 and the model's named dimensions are free). A batch of requests that agree on every
-dimension but the first runs as one call. Unlike the real backend it does not complete a config
-from the model: config.pbtxt lists the inputs and outputs. Each instance uses one thread unless the
-config's `intra_op_thread_count` parameter asks for more, so many models share the CPU without
-spinning on it.
+dimension but the first runs as one call. Like the node's ONNX Runtime (of the release that
+`release.json` beside this file names, written by `sim.triton`), it refuses a model whose IR version
+or `ai.onnx` opset is newer than that runtime reads, with that runtime's error. Unlike the real
+backend it does not complete a config from the model: config.pbtxt lists the inputs and outputs.
+Each instance uses one thread unless the config's `intra_op_thread_count` parameter asks for more,
+so many models share the CPU without spinning on it.
 """
 
 import json
@@ -36,6 +38,71 @@ ONNX_TYPES = {
     "tensor(string)": "TYPE_STRING",
 }
 """ONNX Runtime's type of a tensor, as config.pbtxt names it."""
+
+
+def _varint(data, at):
+    value, shift = 0, 0
+    while at < len(data) and shift < 70:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+    raise ValueError("truncated")
+
+
+def _fields(data):
+    """(field number, value or payload bytes) of each field of a protobuf message."""
+    at = 0
+    while at < len(data):
+        tag, at = _varint(data, at)
+        wire = tag & 7
+        if wire == 0:
+            value, at = _varint(data, at)
+        elif wire == 2:
+            size, at = _varint(data, at)
+            value, at = data[at : at + size], at + size
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, at = data[at : at + size], at + size
+        else:
+            raise ValueError(f"wire type {wire}")
+        yield tag >> 3, value
+
+
+def release_problem(path, release_file):
+    """ONNX Runtime's own error for a model newer than the release's ONNX Runtime reads ("" when
+    it reads it, or when the file is no model: ONNX Runtime then says why)."""
+    if not release_file.exists():
+        return ""
+    release = json.loads(release_file.read_text())
+    ir_version, opset = 0, 0
+    try:
+        for number, value in _fields(path.read_bytes()):
+            if number == 1 and isinstance(value, int):
+                ir_version = value
+            elif number == 8 and isinstance(value, bytes):
+                entry = dict(_fields(value))
+                if entry.get(1, b"") in (b"", b"ai.onnx") and isinstance(entry.get(2), int):
+                    opset = max(opset, entry[2])
+    except (ValueError, OSError):
+        return ""
+    if ir_version > release["onnx_max_ir"]:
+        return (
+            f"Unsupported model IR version: {ir_version}, max supported IR version: "
+            f"{release['onnx_max_ir']}"
+        )
+    if opset > release["onnx_max_opset"]:
+        return (
+            "ONNX Runtime only *guarantees* support for models stamped with official released "
+            f"onnx opset versions. Opset {opset} is under development and support for this is "
+            "limited. The operator schemas and or other functionality may change before next "
+            "ONNX release and in this case ONNX Runtime will not guarantee backward "
+            "compatibility. Current official support for domain ai.onnx is till opset "
+            f"{release['onnx_max_opset']}."
+        )
+    return ""
 
 
 def _parameter(config, name, default):
@@ -73,6 +140,11 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         name = config.get("default_model_filename") or "model.onnx"
         path = Path(args["model_repository"]) / args["model_version"] / name
+        problem = release_problem(path, Path(__file__).with_name("release.json"))
+        if problem:
+            raise pb_utils.TritonModelException(
+                f"onnx runtime error 1: Load model from {path} failed:{problem}"
+            )
         try:
             import onnxruntime
         except ImportError as e:

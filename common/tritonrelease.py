@@ -1,0 +1,60 @@
+"""The Triton release a node runs, and the versions of what it carries: the one place these live.
+
+The node pod's image pins one NGC Triton release (`deploy/base/node`, the chart's
+`triton.image.tag`); each backend in it reads only what its own version reads. ONNX Runtime
+refuses a model whose IR version or `ai.onnx` opset is newer than the ONNX release it was built
+with; TensorRT deserializes only plans built by its own version; the Python backend's stub runs
+the container's Python. The agent checks a model against these before Triton loads it
+(`agent.installs.runtimefit`), the simulated node's backends refuse what they refuse, and
+docs/support.md lists them.
+
+Data only: no I/O, no import of any part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TritonRelease:
+    """One NGC Triton release and the versions of the backends it ships."""
+
+    release: str
+    """The NGC container's tag without `-py3` (`24.10`)."""
+    server: str
+    """Triton's own version, as its server metadata reports it (`2.51.0`)."""
+    onnxruntime: str
+    """The ONNX Runtime of the `onnxruntime` backend."""
+    onnx_max_ir: int
+    """The newest ONNX IR version that ONNX Runtime reads (ModelProto's `ir_version`)."""
+    onnx_max_opset: int
+    """The newest opset of the default domain (`""`, `ai.onnx`) that ONNX Runtime loads."""
+    tensorrt: str
+    """The TensorRT of the `tensorrt` backend: a plan must be built by this version."""
+    python: str
+    """The Python of the Python backend's stub (and of an `EXECUTION_ENV_PATH` environment)."""
+
+    @property
+    def image(self) -> str:
+        return f"nvcr.io/nvidia/tritonserver:{self.release}-py3"
+
+
+RELEASES = {
+    "24.10": TritonRelease(
+        release="24.10",
+        server="2.51.0",
+        onnxruntime="1.19.2",
+        onnx_max_ir=10,
+        onnx_max_opset=21,
+        tensorrt="10.5.0",
+        python="3.10",
+    ),
+}
+"""Triton releases by NGC tag: ONNX Runtime 1.19 is built with ONNX 1.16 (IR 10, opset 21)."""
+
+PINNED = RELEASES["24.10"]
+"""The release the node pod's image pins, and the one the simulated cluster follows."""
+
+DEFAULT_ONNX_DOMAINS = frozenset({"", "ai.onnx"})
+"""The names of ONNX's default operator domain in a model's `opset_import`."""
