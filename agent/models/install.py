@@ -43,6 +43,7 @@ from agent.errors import (
 from agent.installs.filecache import FileCache, NamespaceDisk
 from agent.installs.limits import ModelLimits
 from agent.installs.modelconfig import (
+    backend_of,
     external_data_problem,
     onnx_files,
     parse_config,
@@ -86,11 +87,13 @@ def disk_error(model_id: str, error: OSError) -> AgentError:
     return AgentError(f"writing model {model_id!r} failed on the node ({error}); nothing was kept")
 
 
-def onnx_problem(model_id: str, path: Path, name: str, files: set[str]) -> str:
+def onnx_problem(
+    model_id: str, path: Path, name: str, files: set[str], onnxruntime: bool = True
+) -> str:
     """Why the ONNX file `name` of the model (at `path`) may not be installed ("" when it may):
     a tensor of it names external data that is not a file of the model, it is no ONNX model, or
-    its IR version or opset is newer than the node's ONNX Runtime reads.
-    Read through a read-only mapping, one location at a time."""
+    (for the `onnxruntime` backend) its IR version or opset is newer than the node's ONNX Runtime
+    reads. Read through a read-only mapping, one location at a time."""
     with path.open("rb") as file:
         if os.fstat(file.fileno()).st_size == 0:
             return ""
@@ -104,7 +107,7 @@ def onnx_problem(model_id: str, path: Path, name: str, files: set[str]) -> str:
             except OnnxFormatError as e:
                 why = str(e)  # returned below: the traceback must not pin the mapping open
             else:
-                return onnx_file_problem(model_id, name, file)
+                return onnx_file_problem(model_id, name, file) if onnxruntime else ""
             finally:
                 locations.close()
     return (
@@ -302,7 +305,13 @@ class Installer:
             for path in onnx_files(config, paths):
                 # Off the event loop: a model file may be gigabytes (mapped, never copied).
                 problem = await _in(
-                    writer, onnx_problem, model_id, staging.directory / path, path, set(paths)
+                    writer,
+                    onnx_problem,
+                    model_id,
+                    staging.directory / path,
+                    path,
+                    set(paths),
+                    backend_of(config) == "onnxruntime",
                 )
                 if problem:
                     raise InvalidRequestError(problem)

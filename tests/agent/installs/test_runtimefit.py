@@ -6,6 +6,7 @@ Runtime reads, with the export that it reads."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -21,6 +22,7 @@ from agent.installs.runtimefit import (
     onnx_release_problem,
     read_onnx_header,
 )
+from agent.models.install import onnx_problem
 from common.tritonrelease import PINNED, RELEASES
 from tests.agent.installs.test_onnxmodel import field, varint
 
@@ -165,11 +167,18 @@ def test_a_model_within_the_bounds_passes(header: OnnxHeader) -> None:
 
 def test_the_pinned_release_is_the_node_image_s() -> None:
     """One place names the release: the node pod's image and the chart's tag are that release."""
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[3]
     daemonset = (root / "deploy" / "base" / "node" / "node-daemonset.yaml").read_text()
     values = (root / "charts" / "tritonshare" / "values.yaml").read_text()
     assert f"image: {PINNED.image}" in daemonset
     assert f"tag: {PINNED.release}-py3" in values
     assert RELEASES[PINNED.release] is PINNED
+
+
+def test_the_install_checks_the_versions_of_onnx_runtime_models_only(tmp_path: Path) -> None:
+    """OpenVINO opens .onnx files too, with its own reader: ONNX Runtime's bounds are not its."""
+    path = tmp_path / "model.onnx"
+    path.write_bytes(built())
+    problem = onnx_problem("m", path, "1/model.onnx", {"1/model.onnx"})
+    assert "does not load in this node's Triton" in problem, problem
+    assert onnx_problem("m", path, "1/model.onnx", {"1/model.onnx"}, onnxruntime=False) == ""
