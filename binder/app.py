@@ -2,9 +2,9 @@
 
 `Binder(settings)` builds everything; `start(lifecycle)` (the shape of every part,
 `common.lifecycle`) starts, in order: the HTTP endpoints (so /healthz answers while caches fill),
-the informers (nodes, leases, pods, TritonModels), then, once the caches are warm, leader
-election, the one loop that places pods and TritonModels (`binder.reconciler`) and the watch on
-dead agents. Stop
+the informers (nodes, leases, pods, TritonModels, KServe's InferenceServices and runtimes), then,
+once the caches are warm, leader election, the one loop that places pods and TritonModels
+(`binder.reconciler`), the InferenceService controller and the watch on dead agents. Stop
 order is the reverse, fixed by the order the cleanups are registered: stop scheduling and release
 the leader lease (the tasks see the stop event), let in-flight API writes finish, end the
 watches, stop the HTTP endpoints, close the API client and its worker threads. The tasks get
@@ -44,6 +44,8 @@ from binder.cluster.ledger import Ledger
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.framework.queue import SchedulingQueue
 from binder.framework.quota import check_for
+from binder.inferenceservices.controller import Config as InferenceServiceConfig
+from binder.inferenceservices.controller import InferenceServiceController, Watched
 from binder.metrics import Metrics
 from binder.nodescaling.loop import Config as NodeScalingConfig
 from binder.nodescaling.loop import NodeScaling
@@ -230,6 +232,22 @@ class Binder:
             if settings.node_autoscaling
             else None
         )
+        self.inferenceservices = (
+            InferenceServiceController(
+                self.kube,
+                leading=leading,
+                executor=self._executor,
+                identity=settings.identity,
+                keys=settings.keys,
+                config=InferenceServiceConfig(
+                    gpu_memory=str(settings.modelmesh_gpu_memory),
+                    tenant_code=frozenset(settings.tenant_code_namespaces),
+                    config_namespaces=(settings.system_namespace, settings.kserve_namespace),
+                ),
+            )
+            if settings.inferenceservices
+            else None
+        )
         self._informers: list[Informer] = []
 
     def _serves(self, node: str) -> bool:
@@ -290,6 +308,8 @@ class Binder:
             self.models.recover_drains()
             for uid in list(ledger.models):
                 self.models.changed(uid)
+            if self.inferenceservices is not None:
+                self.inferenceservices.resync()
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Serve HTTP, fill the caches, then elect and schedule; each cleanup is registered
@@ -340,6 +360,13 @@ class Binder:
                 consequence="no placeholders are made or deleted, no node guards written",
                 vital=False,
             )
+        if self.inferenceservices is not None:
+            lifecycle.spawn(
+                "The binder's InferenceService controller",
+                self.inferenceservices.run(stop),
+                consequence="ModelMesh InferenceServices are no longer served as TritonModels",
+                vital=False,
+            )
         lifecycle.on_shutdown("the leadership", partial(self._end_leadership, lifecycle))
         log.info(
             "The binder %s serves on %s:%d and schedules pods with schedulerName %s (%s).",
@@ -354,14 +381,14 @@ class Binder:
         """Start the informers and wait until each has listed its kind."""
         loop = asyncio.get_running_loop()
         cache = self.cache
-        kinds = [
+        kinds: list[Watched] = [
             (NODES, self._nodes_listed, self._node_changed),
             (
                 leases_in(self.settings.system_namespace),
                 cache.replace_leases,
                 cache.apply_lease,
             ),
-            (NAMESPACES, cache.replace_namespaces, cache.apply_namespace),
+            (NAMESPACES, self._namespaces_listed, self._namespace_changed),
             (BUDGETS, cache.replace_budgets, cache.apply_budget),
             (QUOTAS, cache.replace_quotas, cache.apply_quota),
             (
@@ -372,6 +399,11 @@ class Binder:
             (PODS, self._pods_listed, self._pod_changed),
             (TRITONMODELS, self._models_listed, self._model_changed),
         ]
+        optional = {TRITONMODELS.name}
+        if self.inferenceservices is not None:
+            # KServe's kinds: absent (no CRD), the controller stays idle and asks again.
+            kinds.extend(self.inferenceservices.kinds())
+            optional |= {kind.name for kind, _, _ in self.inferenceservices.kinds()}
         for kind, on_list, on_event in kinds:
             informer = Informer(
                 self.kube,
@@ -380,7 +412,7 @@ class Binder:
                 on_list=on_list,
                 on_event=on_event,
                 inbox=self._inbox,
-                optional=kind.name == "tritonmodels",
+                optional=kind.name in optional,
             )
             self._informers.append(informer)
             informer.start()
@@ -421,11 +453,27 @@ class Binder:
         self.cache.models.replace_models(items)
         if self.node_scaling is not None:
             self.node_scaling.replace_models(items)
+        if self.inferenceservices is not None:
+            self.inferenceservices.replace_models(items)
 
     def _model_changed(self, event: str, obj: JsonObject) -> None:
         self.cache.models.apply_model(event, obj)
         if self.node_scaling is not None:
             self.node_scaling.apply_model(event, obj)
+        if self.inferenceservices is not None:
+            self.inferenceservices.apply_model(event, obj)
+
+    def _namespaces_listed(self, items: list[JsonObject]) -> None:
+        """The namespace watch feeds the cache and the InferenceService controller (their
+        modelmesh-enabled label)."""
+        self.cache.replace_namespaces(items)
+        if self.inferenceservices is not None:
+            self.inferenceservices.replace_namespaces(items)
+
+    def _namespace_changed(self, event: str, obj: JsonObject) -> None:
+        self.cache.apply_namespace(event, obj)
+        if self.inferenceservices is not None:
+            self.inferenceservices.apply_namespace(event, obj)
 
     async def _end_leadership(self, lifecycle: Lifecycle) -> None:
         """A replica that does not release the lease (a task failed, or a crash is simulated with

@@ -362,6 +362,33 @@ class Settings:
     """Seconds between two reads of the model hosts' counts (`/autoscaling`) and decisions of
     the built-in autoscaler for TritonModels with spec.autoscaling (binder.autoscaler.loop); 0
     turns it off. Default 1, as often as Knative's autoscaler reads its pods."""
+    inferenceservices: bool = setting(
+        "inferenceservices",
+        "true or false: serve ModelMesh-mode KServe InferenceServices as TritonModels",
+        boolean,
+        default="true",
+    )
+    """Serve KServe's ModelMesh-mode InferenceServices (serving.kserve.io) of namespaces
+    labelled modelmesh-enabled=true as TritonModels (binder.inferenceservices). On, it does
+    nothing while the API server serves no InferenceServices and looks again every 30 s.
+    Default true."""
+    modelmesh_gpu_memory: int = setting(
+        "modelmesh-gpu-memory",
+        "GPU memory of an InferenceService's model when it gives none, a quantity",
+        quantity(minimum=64 << 20),
+        default="1Gi",
+    )
+    """The GPU memory of the TritonModel an InferenceService becomes when it carries no
+    tritonshare.io/gpu-memory annotation: a first estimate (InferenceServices say none), a
+    quantity of at least 64Mi. Default 1Gi."""
+    kserve_namespace: str = setting(
+        "kserve-namespace",
+        "KServe's namespace, where its inferenceservice-config ConfigMap is read",
+        text,
+        default="kserve",
+    )
+    """KServe's namespace: its inferenceservice-config ConfigMap (`deploy`'s
+    defaultDeploymentMode) is read there when the system namespace has none. Default kserve."""
     watch_failure_grace_seconds: float = setting(
         "watch-failure-grace",
         "seconds a cache's watch may keep failing before /readyz reports not ready",

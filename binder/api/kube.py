@@ -3,7 +3,8 @@
 It gathers, over one common.kubeapi.session.Session (credentials, failures as ApiErrors, the writes'
 retry policy), the calls of each area, each owned by its module: lists and watches
 (binder.api.listwatch), pod writes and the Binding (binder.api.podwrites), TritonModel, scale,
-Service and PodDisruptionBudget writes (binder.api.modelwrites), Events
+Service and PodDisruptionBudget writes (binder.api.modelwrites), KServe's objects
+(binder.api.kserve), Events
 (common.kubeapi.eventrecorder), Leases (binder.api.leases) and Node writes (binder.api.nodewrites).
 Blocking calls, meant to run on worker threads. No scheduling logic lives here.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from binder.api.kserve import KServe
 from binder.api.leases import Leases
 from binder.api.listwatch import ListWatch
 from binder.api.modelwrites import ModelWrites
@@ -84,6 +86,14 @@ class Kube:
         self.create_service = models.create_service
         self.put_budget = models.put_budget
         self.delete_budget = models.delete_budget
+        self.create_model = models.create_model
+        self.patch_model = models.patch_model
+
+        kserve = KServe(session)
+        self.patch_inferenceservice_status = kserve.patch_inferenceservice_status
+        self.read_inferenceservice_config = kserve.read_inferenceservice_config
+        self.read_storage_config = kserve.read_storage_config
+        self.create_storage_secret = kserve.create_storage_secret
 
         recorder = EventRecorder(session, action="Scheduling")
         self.record_event = recorder.record_event

@@ -41,6 +41,11 @@ HORIZONTAL_POD_AUTOSCALERS = Kind(
     "horizontalpodautoscalers", "/apis/autoscaling/v2/horizontalpodautoscalers"
 )
 DEPLOYMENTS = Kind("deployments", "/apis/apps/v1/deployments")
+INFERENCESERVICES = Kind("inferenceservices", "/apis/serving.kserve.io/v1beta1/inferenceservices")
+SERVINGRUNTIMES = Kind("servingruntimes", "/apis/serving.kserve.io/v1alpha1/servingruntimes")
+CLUSTERSERVINGRUNTIMES = Kind(
+    "clusterservingruntimes", "/apis/serving.kserve.io/v1alpha1/clusterservingruntimes"
+)
 
 
 def leases_in(namespace: str) -> Kind:

@@ -1,6 +1,7 @@
 """What the TritonModel controller and the autoscaler write besides pods, over a
 common.kubeapi.session.Session: a TritonModel's status, an object's `scale` subresource, a model's
-Service, and a model host's PodDisruptionBudget. Every write is retried as the session says.
+Service, and a model host's PodDisruptionBudget; and the TritonModels the InferenceService
+controller creates and patches. Every write is retried as the session says.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ class ModelWrites:
         path = f"{_models_path(namespace)}/{quote(name, safe='')}/status"
         what = f"writing the status of TritonModel {namespace}/{name}"
         self._session.write(what, "PATCH", path, body, MERGE_PATCH)
+
+    def create_model(self, namespace: str, body: JsonObject) -> None:
+        """Create the TritonModel (ConflictError when one of that name is there)."""
+        what = f"creating TritonModel {namespace}/{body['metadata']['name']}"
+        self._session.write(what, "POST", _models_path(namespace), body)
+
+    def patch_model(self, namespace: str, name: str, uid: str, patch: JsonObject) -> None:
+        """A merge patch of a TritonModel, only while it is the object with this uid (409
+        otherwise)."""
+        meta = {**patch.get("metadata", {}), "uid": uid}
+        body = {**patch, "metadata": meta}
+        path = f"{_models_path(namespace)}/{quote(name, safe='')}"
+        self._session.write(
+            f"updating TritonModel {namespace}/{name}", "PATCH", path, body, MERGE_PATCH
+        )
 
     def scale(self, api: str, plural: str, namespace: str, name: str, replicas: int) -> None:
         """Set the replicas of an object (`api`: "/apis/GROUP/VERSION") through its `scale`

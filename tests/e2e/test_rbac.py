@@ -33,6 +33,10 @@ _MODELS = "tests/binder/tritonmodels/test_tritonmodels.py (TritonModels: placed,
 _AUTOSCALING = "tests/binder/autoscaler/test_autoscaling.py (the built-in autoscaler scales)"
 
 _BUDGETS = "tests/binder/tritonmodels/test_host_budget.py (a TritonModel's minAvailable)"
+_ISVCS = (
+    "tests/binder/inferenceservices/test_inferenceservices.py (ModelMesh InferenceServices, "
+    "with KServe's CRDs served)"
+)
 
 # Grants only a failure the demo does not stage, or a TritonModel, uses, each with the test whose
 # real process makes that call through the simulated API server.
@@ -53,6 +57,17 @@ FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
         ("policy", "poddisruptionbudgets", "create"): _BUDGETS,
         ("policy", "poddisruptionbudgets", "patch"): _BUDGETS,
         ("policy", "poddisruptionbudgets", "delete"): _BUDGETS,
+        **{
+            ("serving.kserve.io", kind, verb): _ISVCS
+            for kind in ("inferenceservices", "servingruntimes", "clusterservingruntimes")
+            for verb in ("list", "watch")
+        },
+        ("serving.kserve.io", "inferenceservices/status", "patch"): _ISVCS,
+        ("tritonshare.io", "tritonmodels", "create"): _ISVCS,
+        ("tritonshare.io", "tritonmodels", "patch"): _ISVCS,
+        ("", "secrets", "get"): _ISVCS,
+        ("", "secrets", "create"): _ISVCS,
+        ("", "configmaps", "get"): _ISVCS,
     },
 }
 

@@ -1,0 +1,1 @@
+"""The InferenceService controller: KServe's ModelMesh-mode InferenceServices as TritonModels."""
