@@ -30,6 +30,8 @@ class TritonRelease:
     """The newest ONNX IR version that ONNX Runtime reads (ModelProto's `ir_version`)."""
     onnx_max_opset: int
     """The newest opset of the default domain (`""`, `ai.onnx`) that ONNX Runtime loads."""
+    onnx_max_ml_opset: int
+    """The newest opset of the `ai.onnx.ml` domain (classical ML operators) it loads."""
     tensorrt: str
     """The TensorRT of the `tensorrt` backend: a plan must be built by this version."""
     python: str
@@ -47,14 +49,17 @@ RELEASES = {
         onnxruntime="1.19.2",
         onnx_max_ir=10,
         onnx_max_opset=21,
+        onnx_max_ml_opset=5,
         tensorrt="10.5.0",
         python="3.10",
     ),
 }
-"""Triton releases by NGC tag: ONNX Runtime 1.19 is built with ONNX 1.16 (IR 10, opset 21)."""
+"""Triton releases by NGC tag. ONNX Runtime 1.19.2 was seen to load IR 10, opset 21 and `ai.onnx.ml`
+opset 5, and to refuse IR 11, opset 22 and `ai.onnx.ml` opset 6."""
 
 PINNED = RELEASES["24.10"]
 """The release the node pod's image pins, and the one the simulated cluster follows."""
 
 DEFAULT_ONNX_DOMAINS = frozenset({"", "ai.onnx"})
 """The names of ONNX's default operator domain in a model's `opset_import`."""
+ML_ONNX_DOMAIN = "ai.onnx.ml"

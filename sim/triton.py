@@ -40,7 +40,11 @@ many at once for each of its GPUs (`--model-load-thread-count`, as the chart set
 def write_standin_release(backend: Path) -> None:
     """Give a stand-in backend the bounds of the node's Triton release (`release.json`): it
     refuses what that release's backend refuses, whatever version of the package it runs on."""
-    facts = {"onnx_max_ir": PINNED.onnx_max_ir, "onnx_max_opset": PINNED.onnx_max_opset}
+    facts = {
+        "onnx_max_ir": PINNED.onnx_max_ir,
+        "onnx_max_opset": PINNED.onnx_max_opset,
+        "onnx_max_ml_opset": PINNED.onnx_max_ml_opset,
+    }
     (backend / "release.json").write_text(json.dumps(facts))
 
 

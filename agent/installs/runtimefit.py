@@ -1,10 +1,11 @@
 """Whether a model's files are ones the node's Triton release reads, checked before it loads them.
 
-ONNX Runtime refuses a model whose IR version or default-domain opset is newer than the ONNX it
-was built with ("Unsupported model IR version", "Current official support for domain ai.onnx is
-till opset N"); a model exported with a newer `onnx` or exporter runs on a laptop and fails on the
-node. The agent reads both numbers from the model's header and refuses the install with what to
-export instead, against the release the node pins (`common.tritonrelease.PINNED`).
+ONNX Runtime refuses a model whose IR version or default-domain (or `ai.onnx.ml`) opset is newer
+than the ONNX it was built with ("Unsupported model IR version", "Current official support for
+domain ai.onnx is till opset N"); a model exported with a newer `onnx` or exporter runs on a laptop
+and fails on the node. The agent reads these numbers from the model's header and refuses the
+install with what to export instead, against the release the node pins
+(`common.tritonrelease.PINNED`).
 
 The reader is built for a tenant's file: it reads only ModelProto's top-level field headers
 (`ir_version` is field 1, `opset_import` field 8; the graph, field 7, comes before the opsets in the
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from agent.installs.onnxmodel import MAX_BYTES, OnnxFormatError
-from common.tritonrelease import DEFAULT_ONNX_DOMAINS, PINNED, TritonRelease
+from common.tritonrelease import DEFAULT_ONNX_DOMAINS, ML_ONNX_DOMAIN, PINNED, TritonRelease
 
 MAX_TOP_FIELDS = 65_536
 """Top-level fields read at most: a model has a dozen, plus one per metadata entry."""
@@ -122,6 +123,13 @@ def onnx_release_problem(
             f"opset {header.default_opset} is newer than this node's ONNX Runtime {runtime} "
             f"reads (<= {release.onnx_max_opset}): export with "
             f"opset_version={release.onnx_max_opset}"
+        )
+    ml_opset = header.opsets.get(ML_ONNX_DOMAIN, 0)
+    if ml_opset > release.onnx_max_ml_opset:
+        problems.append(
+            f"{ML_ONNX_DOMAIN} opset {ml_opset} is newer than this node's ONNX Runtime {runtime} "
+            f"reads (<= {release.onnx_max_ml_opset}): export with {ML_ONNX_DOMAIN} opset "
+            f"{release.onnx_max_ml_opset}"
         )
     if not problems:
         return ""

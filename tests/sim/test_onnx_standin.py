@@ -197,8 +197,8 @@ def test_a_model_it_cannot_run_fails_to_load_and_triton_serves_on(
 
 
 def _doubling_at(path: Path, **versions: int) -> None:
-    """The doubling model with onnx.helper.make_model's defaults, or the `ir_version` and `opset`
-    given."""
+    """The doubling model with onnx.helper.make_model's defaults, or the `ir_version`, `opset` and
+    `ml_opset` given."""
     _doubling_model(path / "1")
     model = onnx.load(str(path / "1" / "model.onnx"))
     fresh = helper.make_model(model.graph)  # this onnx's own IR and opset
@@ -206,6 +206,8 @@ def _doubling_at(path: Path, **versions: int) -> None:
         fresh.ir_version = versions["ir_version"]
     if "opset" in versions:
         fresh.opset_import[0].version = versions["opset"]
+    if "ml_opset" in versions:
+        fresh.opset_import.append(helper.make_opsetid("ai.onnx.ml", versions["ml_opset"]))
     (path / "1" / "model.onnx").write_bytes(fresh.SerializeToString())
     (path / "config.pbtxt").write_text(DOUBLING_CONFIG.replace('"doubling"', f'"{path.name}"'))
 
@@ -220,9 +222,9 @@ def test_the_pinned_release_s_onnx_runtime_bounds_hold(
     assert PINNED.onnx_max_ir < onnx.IR_VERSION  # else the defaults prove nothing
     _doubling_at(model_repository / "defaults")
     _doubling_at(model_repository / "new_opset", ir_version=PINNED.onnx_max_ir)
-    _doubling_at(
-        model_repository / "bounds", ir_version=PINNED.onnx_max_ir, opset=PINNED.onnx_max_opset
-    )
+    bounds = {"ir_version": PINNED.onnx_max_ir, "opset": PINNED.onnx_max_opset}
+    _doubling_at(model_repository / "new_ml", **bounds, ml_opset=PINNED.onnx_max_ml_opset + 1)
+    _doubling_at(model_repository / "bounds", **bounds, ml_opset=PINNED.onnx_max_ml_opset)
     with pytest.raises(InferenceServerException) as refused:
         http.load_model("defaults")
     said = str(refused.value)
@@ -233,6 +235,10 @@ def test_the_pinned_release_s_onnx_runtime_bounds_hold(
     said = str(refused.value)
     expected = f"Current official support for domain ai.onnx is till opset {PINNED.onnx_max_opset}"
     assert expected in said, said
+    with pytest.raises(InferenceServerException) as refused:
+        http.load_model("new_ml")
+    expected = f"support for domain ai.onnx.ml is till opset {PINNED.onnx_max_ml_opset}"
+    assert expected in str(refused.value), str(refused.value)
     http.load_model("bounds")
     ints = np.arange(6, dtype=np.int64).reshape(2, 3)
     np.testing.assert_array_equal(_infer(http, "bounds", "IN", ints, "OUT"), ints * 2)

@@ -77,31 +77,33 @@ def release_problem(path, release_file):
     if not release_file.exists():
         return ""
     release = json.loads(release_file.read_text())
-    ir_version, opset = 0, 0
+    ir_version, opsets = 0, {}
     try:
         for number, value in _fields(path.read_bytes()):
             if number == 1 and isinstance(value, int):
                 ir_version = value
             elif number == 8 and isinstance(value, bytes):
                 entry = dict(_fields(value))
-                if entry.get(1, b"") in (b"", b"ai.onnx") and isinstance(entry.get(2), int):
-                    opset = max(opset, entry[2])
-    except (ValueError, OSError):
+                domain = {b"": "ai.onnx"}.get(entry.get(1, b""), entry.get(1, b"").decode())
+                if isinstance(entry.get(2), int):
+                    opsets[domain] = max(opsets.get(domain, 0), entry[2])
+    except (ValueError, OSError, UnicodeDecodeError):
         return ""
     if ir_version > release["onnx_max_ir"]:
         return (
             f"Unsupported model IR version: {ir_version}, max supported IR version: "
             f"{release['onnx_max_ir']}"
         )
-    if opset > release["onnx_max_opset"]:
-        return (
-            "ONNX Runtime only *guarantees* support for models stamped with official released "
-            f"onnx opset versions. Opset {opset} is under development and support for this is "
-            "limited. The operator schemas and or other functionality may change before next "
-            "ONNX release and in this case ONNX Runtime will not guarantee backward "
-            "compatibility. Current official support for domain ai.onnx is till opset "
-            f"{release['onnx_max_opset']}."
-        )
+    for domain, key in (("ai.onnx", "onnx_max_opset"), ("ai.onnx.ml", "onnx_max_ml_opset")):
+        if opsets.get(domain, 0) > release[key]:
+            return (
+                "ONNX Runtime only *guarantees* support for models stamped with official "
+                f"released onnx opset versions. Opset {opsets[domain]} is under development and "
+                "support for this is limited. The operator schemas and or other functionality "
+                "may change before next ONNX release and in this case ONNX Runtime will not "
+                "guarantee backward compatibility. Current official support for domain "
+                f"{domain} is till opset {release[key]}."
+            )
     return ""
 
 

@@ -153,11 +153,16 @@ def test_a_model_newer_than_the_node_reads_is_refused_with_the_export_to_make() 
     )
     only_opset = onnx_release_problem("m", "model.onnx", OnnxHeader(10, {"ai.onnx": 22}))
     assert "IR" not in only_opset and "opset 22 is newer" in only_opset, only_opset
+    ml = onnx_release_problem("m", "model.onnx", OnnxHeader(10, {"": 21, "ai.onnx.ml": 6}))
+    assert ml.endswith(
+        "ai.onnx.ml opset 6 is newer than this node's ONNX Runtime 1.19 reads (<= 5): export "
+        "with ai.onnx.ml opset 5"
+    ), ml
 
 
 @pytest.mark.parametrize(
     "header",
-    [OnnxHeader(10, {"": 21}), OnnxHeader(0, {}), OnnxHeader(7, {"": 9, "ai.onnx.ml": 99})],
+    [OnnxHeader(10, {"": 21, "ai.onnx.ml": 5}), OnnxHeader(0, {}), OnnxHeader(7, {"x.y": 99})],
     ids=["bounds", "none", "other-domain"],
 )
 def test_a_model_within_the_bounds_passes(header: OnnxHeader) -> None:
