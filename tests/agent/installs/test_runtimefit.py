@@ -24,6 +24,7 @@ from agent.installs.runtimefit import (
 )
 from agent.models.install import onnx_problem
 from common.tritonrelease import PINNED, RELEASES
+from sim.onnxmodels import conv_model
 from tests.agent.installs.test_onnxmodel import field, varint
 
 
@@ -187,3 +188,8 @@ def test_the_install_checks_the_versions_of_onnx_runtime_models_only(tmp_path: P
     problem = onnx_problem("m", path, "1/model.onnx", {"1/model.onnx"})
     assert "does not load in this node's Triton" in problem, problem
     assert onnx_problem("m", path, "1/model.onnx", {"1/model.onnx"}, onnxruntime=False) == ""
+
+
+def test_the_simulated_cluster_s_own_onnx_model_loads_on_the_node() -> None:
+    """`make sim-up`'s convolutional model (and the benchmarks') is within the pinned bounds."""
+    assert onnx_file_problem("conv", "1/model.onnx", io.BytesIO(conv_model())) == ""
