@@ -243,6 +243,7 @@ class Binder:
                     gpu_memory=str(settings.modelmesh_gpu_memory),
                     tenant_code=frozenset(settings.tenant_code_namespaces),
                     config_namespaces=(settings.system_namespace, settings.kserve_namespace),
+                    namespace_label=settings.modelmesh_namespace_label,
                 ),
             )
             if settings.inferenceservices

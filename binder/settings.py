@@ -381,6 +381,16 @@ class Settings:
     """The GPU memory of the TritonModel an InferenceService becomes when it carries no
     tritonshare.io/gpu-memory annotation: a first estimate (InferenceServices say none), a
     quantity of at least 64Mi. Default 1Gi."""
+    modelmesh_namespace_label: str = setting(
+        "modelmesh-namespace-label",
+        "the namespace label (value true) whose ModelMesh InferenceServices the binder serves",
+        text,
+        default="modelmesh-enabled",
+    )
+    """The namespace label, set to "true", that hands a namespace's ModelMesh-mode
+    InferenceServices to the binder. ModelMesh's own (modelmesh-enabled) by default; another
+    key (such as tritonshare.io/modelmesh) lets a namespace move while ModelMesh still serves
+    the others (docs/modelmesh.md). Default modelmesh-enabled."""
     kserve_namespace: str = setting(
         "kserve-namespace",
         "KServe's namespace, where its inferenceservice-config ConfigMap is read",

@@ -2,8 +2,9 @@
 `modelmesh-enabled: "true"` becomes a TritonModel of the same name it owns, and its status reads
 as ModelMesh writes it, from that TritonModel's.
 
-An InferenceService is ModelMesh's when annotated `serving.kserve.io/deploymentMode: ModelMesh`,
-or when it has no such annotation and the cluster's `inferenceservice-config` ConfigMap (in the
+The label's key is a setting (`Config.namespace_label`). An InferenceService is ModelMesh's
+when annotated `serving.kserve.io/deploymentMode: ModelMesh`, or when it has no such
+annotation and the cluster's `inferenceservice-config` ConfigMap (in the
 system namespace, else KServe's) says `{"defaultDeploymentMode": "ModelMesh"}` under `deploy`.
 Others, and every InferenceService of a namespace not labelled, are left alone. A spec refused
 (binder.inferenceservices.predictor, .runtimes, .storage) reads so in its status with
@@ -63,8 +64,6 @@ from common.kubeapi.session import JsonObject
 
 log = logging.getLogger(__name__)
 
-MODELMESH_ENABLED = "modelmesh-enabled"
-"""The namespace label that hands a namespace's ModelMesh InferenceServices to tritonshare."""
 SERVERLESS = "Serverless"
 """KServe's own default deployment mode."""
 RETRY_SECONDS = 1.0
@@ -82,6 +81,8 @@ class Config:
     """Namespaces allowed tenant code (PyTorch and Python models)."""
     config_namespaces: tuple[str, ...]
     """Where the inferenceservice-config ConfigMap is looked for, in order."""
+    namespace_label: str = "modelmesh-enabled"
+    """The namespace label (value "true") that hands its InferenceServices to this controller."""
     resync_seconds: float = 30.0
 
 
@@ -195,7 +196,8 @@ class InferenceServiceController:
             self._namespaces.pop(name, None)
             return
         self._namespaces[name] = labels
-        if before is None or before.get(MODELMESH_ENABLED) != labels.get(MODELMESH_ENABLED):
+        label = self._config.namespace_label
+        if before is None or before.get(label) != labels.get(label):
             self._enqueue_namespace(name)
 
     def replace_models(self, items: list[JsonObject]) -> None:
@@ -285,7 +287,7 @@ class InferenceServiceController:
         if obj is None:
             return
         namespace, name = key
-        if self._namespaces.get(namespace, {}).get(MODELMESH_ENABLED) != "true":
+        if self._namespaces.get(namespace, {}).get(self._config.namespace_label) != "true":
             return
         if deployment_mode(obj, await self._default_mode()) != MODELMESH:
             return

@@ -437,3 +437,31 @@ async def test_only_modelmesh_services_of_labelled_namespaces_are_served(
     binder.inferenceservices.resync(reread=True)  # what the periodic resync does
     await eventually(lambda: tritonmodel(custom, "plain"), what="the default mode followed")
     assert tritonmodel(custom, "knative") is None
+
+
+async def test_a_namespace_moves_by_a_label_of_its_own_with_a_secret_of_its_choosing(
+    kube_api: kubernetes.client.ApiClient, core: Any, custom: Any, make_binder: MakeBinder
+) -> None:
+    """Beside a running ModelMesh (which serves modelmesh-enabled namespaces) the binder serves
+    those labelled with the key it is given; a tritonshare.io/storage-secret annotation names a
+    Secret of KServe's keys instead of the storage key's credential."""
+    add_node(kube_api, "n1", [16 * GI])
+    core.create_namespace(
+        {"metadata": {"name": "moved", "labels": {"tritonshare.io/modelmesh": "true"}}}
+    )
+    namespace(core, "still-modelmesh")
+    custom.create_namespaced_custom_object(
+        KSERVE, "v1alpha1", "moved", "servingruntimes", TRITON_2X
+    )
+    binder = await make_binder(modelmesh_namespace_label="tritonshare.io/modelmesh")
+    assert binder.inferenceservices is not None
+    create(custom, isvc("left", {"onnx": {"storageUri": "s3://b/left"}}), "still-modelmesh")
+    mine = {**MODELMESH, "tritonshare.io/storage-secret": "my-s3"}
+    create(custom, isvc("mnist", {"onnx": {"storageUri": "s3://b/mnist"}}, mine), "moved")
+    model = await eventually(lambda: tritonmodel(custom, "mnist", "moved"), what="served")
+    assert (model["spec"]["storageUri"], model["spec"]["storageSecret"]) == (
+        "s3://b/mnist",
+        "my-s3",
+    )
+    assert tritonmodel(custom, "left", "still-modelmesh") is None
+    assert not read_isvc(custom, "left", "still-modelmesh").get("status")

@@ -1,0 +1,54 @@
+"""KServe's CRDs for a cluster without KServe (deploy/kserve-crds, the chart's kserveCRDs.install):
+one manifest for both, valid, off in the chart by default and kept by Helm on uninstall, and
+served by the simulated API server (tests/binder/inferenceservices loads the same file)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+
+from tests.conftest import require_executable
+from tests.deploy.rendering import render
+from tests.deploy.test_chart import render_chart
+from tests.deploy.test_manifests import KUBERNETES_VERSION
+
+NAMES = {
+    "inferenceservices.serving.kserve.io",
+    "servingruntimes.serving.kserve.io",
+    "clusterservingruntimes.serving.kserve.io",
+}
+
+
+def _by_name(objects: Any) -> dict[str, Any]:
+    return {o["metadata"]["name"]: o for o in objects if o["metadata"]["name"] in NAMES}
+
+
+def test_the_crds_are_valid_and_serve_the_versions_the_binder_reads() -> None:
+    crds = _by_name(render(require_executable("kubectl"), "kserve-crds"))
+    assert set(crds) == NAMES
+    for crd in crds.values():
+        for version in (KUBERNETES_VERSION, kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(crd, version, strict=True)
+    served = {
+        c["spec"]["names"]["kind"]: ([v["name"] for v in c["spec"]["versions"]], c["spec"]["scope"])
+        for c in crds.values()
+    }
+    assert served == {
+        "InferenceService": (["v1beta1"], "Namespaced"),
+        "ServingRuntime": (["v1alpha1"], "Namespaced"),
+        "ClusterServingRuntime": (["v1alpha1"], "Cluster"),
+    }
+    (isvc,) = crds["inferenceservices.serving.kserve.io"]["spec"]["versions"]
+    assert isvc["subresources"] == {"status": {}}, "the binder writes inferenceservices/status"
+
+
+def test_the_chart_installs_them_only_when_asked_and_keeps_them() -> None:
+    assert _by_name(render_chart()) == {}
+    installed = _by_name(render_chart({"kserveCRDs": {"install": True}}))
+    files = _by_name(render(require_executable("kubectl"), "kserve-crds"))
+    assert set(installed) == NAMES
+    for name, ours in installed.items():
+        meta = dict(ours["metadata"])
+        assert meta.pop("annotations") == {"helm.sh/resource-policy": "keep"}
+        assert {**ours, "metadata": meta} == files[name]
