@@ -308,8 +308,11 @@ class HostMemory:
         figures no other tenant can inflate are read: its models' own processes, and Triton's
         growth across a quiet load. Reads Triton's processes now."""
         limit = self.limit()
-        tree = self._processes.tree() if limit is not None else None
-        if limit is None or tree is None:
+        if limit is None:
+            return []
+        self.settle()  # a window found quiet since bills its load Triton's growth
+        tree = self._processes.tree()
+        if tree is None:
             return []
         share = self.rules.share(limit)
         floor = self.rules.floor
@@ -336,7 +339,7 @@ class HostMemory:
 
     def settle(self) -> None:
         """Bill the loads whose window is now found quiet Triton's growth across it (each
-        admission does this first)."""
+        admission and each `over_share` does this first)."""
         if self._quiet is None:
             return
         with self._lock:
