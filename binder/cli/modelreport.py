@@ -6,10 +6,11 @@ status.placements entry says (`ready`, and why not: the agent's loaded condition
 such as its host's loader failing to fetch or load it); each other replica wanted is what the
 binder's model controller would place next, in order of ordinal: refused for the same model-level
 reasons (`host_storage_problem`, the priority class, a model id another TritonModel of the
-namespace has: `Ledger.name_clash`), else judged by the binder's placement core (`place`) on the
-same snapshot, each placed replica assumed before the next is judged, as the controller assumes
-it. Quota is not judged here (`tritonshare quota`). Pure: reads the cache, writes only the
-assumptions into the CLI's own copy of it.
+namespace has: `Ledger.name_clash`), then by the namespace's GPU-memory quotas as the controller
+judges them (`replica_quota`: the replicas past the room they leave are refused in their words),
+else judged by the binder's placement core (`place`) on the same snapshot, each placed replica
+assumed before the next is judged, as the controller assumes it. Pure: reads the cache, writes
+only the assumptions into the CLI's own copy of it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any, TextIO
 from binder.cluster.cache import ClusterCache
 from binder.cluster.modelviews import ModelInfo
 from binder.framework.placement import Placement, place
+from binder.framework.quota import replica_quota
+from common.contract import Keys
 from common.hosted import host_storage_problem
 from common.quantity import format_bytes
 
@@ -43,9 +46,10 @@ def _refusal(cache: ClusterCache, model: ModelInfo) -> str:
     )
 
 
-def model_document(cache: ClusterCache, model: ModelInfo, now: float) -> dict[str, Any]:
+def model_document(cache: ClusterCache, model: ModelInfo, now: float, keys: Keys) -> dict[str, Any]:
     """What `explain tm/NAME` prints, for `-o json|yaml` and the text: per wanted (or still
-    charged) replica, where it is placed, or the binder's decision now."""
+    charged) replica, where it is placed, or the binder's decision now (its quotas' refusal
+    first, as the controller's)."""
     state = cache.state
     template = model.template
     document: dict[str, Any] = {
@@ -85,11 +89,15 @@ def model_document(cache: ClusterCache, model: ModelInfo, now: float) -> dict[st
     document["unproven"] = unproven
     missing = model.replicas - len(charged)  # the controller's count (surplus ones leave)
     free = (o for o in itertools.count() if o not in charged)
-    for ordinal in itertools.islice(free, max(0, missing)):
+    quota = replica_quota(cache.ledger, keys, model) if not refusal and missing > 0 else None
+    for nth, ordinal in enumerate(itertools.islice(free, max(0, missing))):
         entry: dict[str, Any] = {"replica": ordinal, "decision": None}
         replica = model.replica(ordinal)
         if refusal:
             entry["message"] = refusal
+        elif quota is not None and nth >= quota.room:
+            entry["message"] = quota.exceeded
+            entry["quota"] = True
         else:
             result = place(state, replica, now=now)
             if isinstance(result, Placement):
@@ -145,5 +153,8 @@ def write_model(document: dict[str, Any], out: TextIO) -> None:
                 f"Replica {ordinal}: the binder would place it now on node {decision['node']}, "
                 f"GPU {decision['index']} ({decision['gpu']}).\n"
             )
+        elif entry.get("quota"):
+            why = entry["message"]
+            out.write(f"Replica {ordinal} is refused by its namespace's quota: {why}\n")
         else:
             out.write(f"Replica {ordinal} fits nowhere now: {entry['message']}\n")

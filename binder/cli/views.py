@@ -24,6 +24,7 @@ from binder.api.listwatch import (
     NODES,
     PODS,
     PRIORITY_CLASSES,
+    QUOTAS,
     TRITONMODELS,
     Kind,
     leases_in,
@@ -436,7 +437,8 @@ def explain_command(
                 file=sys.stderr,
             )
             return 1
-        document = model_document(cache, model, now)
+        cache.replace_quotas(kube.list_all(QUOTAS)[0])  # the controller judges them first
+        document = model_document(cache, model, now, keys)
         if output == "text":
             write_model(document, out)
         else:

@@ -273,3 +273,43 @@ async def test_status_says_asleep_what_the_agent_reports_asleep_not_what_is_unme
     assert "default/pod-od: bert (asks 1Gi, on-demand, asleep)" in text, text
     assert "default/lazy replica 0: big_model (asks 2Gi, on-demand, asleep)" in text, text
     assert asleep == {"default/pod-od": True, "default/lazy/0": True}
+
+
+async def test_explain_names_the_quota_that_refuses_a_replica(
+    kubeconfig: Path,
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    make_binder: MakeBinder,
+    placement_keys: PlacementKeys,
+) -> None:
+    """A replica the namespace's GPU-memory quota refuses is said refused by it, in the
+    binder's words, never "would place it now" on a node with room."""
+    custom: Any = kubernetes.client.CustomObjectsApi(kube_api)
+    add_node(kube_api, "gpu-1", [15 * GI, 15 * GI])
+    core.create_namespaced_resource_quota(
+        "default",
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {"hard": {"requests.tritonshare.io/gpu-mem": "16Gi"}},
+        },
+    )
+    await make_binder()
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, _model("big", 2, "10Gi")
+    )
+
+    def placed_condition() -> dict[str, Any]:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "big")
+        found = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+        return found.get("Placed") or {}
+
+    placed = await eventually(
+        lambda: placed_condition().get("reason") == "ExceededQuota" and placed_condition(),
+        what="replica 1 refused by the quota",
+    )
+    code, text = _cli(kubeconfig, placement_keys, "explain", "tm/big")
+    assert code == 0, text
+    assert "would place it now" not in text, text
+    [refused] = [line for line in text.splitlines() if line.startswith("Replica 1")]
+    assert refused.startswith("Replica 1 is refused by its namespace's quota: "), refused
+    assert "exceeded quota: gpu" in refused, (refused, placed["message"])
