@@ -103,6 +103,7 @@ def _model_limits(settings: Settings) -> ModelLimits:
             max_load_data_bytes=settings.max_load_data_bytes,
             max_threads=settings.max_model_threads,
             max_versions=settings.max_model_versions,
+            max_queue_microseconds=round(settings.max_model_queue_seconds * 1_000_000),
         ),
         cpu_only=settings.cpu_only,
         unload_timeout=settings.unload_timeout_seconds,
@@ -270,6 +271,7 @@ class Agent:
             host=self.host_memory,
             hold=self.hold,
             apart=self.apart,
+            events=self.events,
         )
         # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
         self.request_crashes = _request_crashes(
