@@ -127,6 +127,8 @@ class InferenceServiceController:
         self._namespaces: dict[str, dict[str, str]] = {}
         self._models: dict[Key, JsonObject] = {}
         """The TritonModels an InferenceService controls, by (namespace, name)."""
+        self._foreign: set[Key] = set()
+        """The TritonModels no InferenceService of their name controls."""
         self._dirty: dict[Key, None] = {}
         self._wake = asyncio.Event()
         self._failures: dict[Key, int] = {}
@@ -202,18 +204,18 @@ class InferenceServiceController:
 
     def replace_models(self, items: list[JsonObject]) -> None:
         self._models = {_key(o): o for o in items if owner_of(o) == _key(o)[1]}
+        self._foreign = {_key(o) for o in items} - set(self._models)
         self.resync()
 
     def apply_model(self, event: str, obj: JsonObject) -> None:
         key = _key(obj)
-        if owner_of(obj) != key[1]:
-            if self._models.pop(key, None) is not None:
-                self._enqueue(key)
-            return
-        if event == "DELETED":
-            self._models.pop(key, None)
-        else:
-            self._models[key] = obj
+        self._models.pop(key, None)
+        self._foreign.discard(key)
+        if event != "DELETED":
+            if owner_of(obj) == key[1]:
+                self._models[key] = obj
+            else:
+                self._foreign.add(key)
         self._enqueue(key)
 
     # the queue
@@ -298,7 +300,7 @@ class InferenceServiceController:
         except InvalidSpecError as e:
             refusal = Refusal(e.reason, e.message)
         else:
-            if model is not None and not controlled_by(model, obj):
+            if key in self._foreign or (model is not None and not controlled_by(model, obj)):
                 refusal = Refusal(
                     INVALID_PREDICTOR_SPEC,
                     f"TritonModel {name} exists and is not this InferenceService's: delete it "
@@ -321,20 +323,17 @@ class InferenceServiceController:
         gpu_memory = gpu_memory_of(obj, f"{self._keys.prefix}gpu-memory", self._config.gpu_memory)
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         chosen = str(annotations.get(f"{self._keys.prefix}storage-secret") or "") or None
-        storage = predictor.storage
-        if chosen is not None:
-            files = Files(storage.uri) if storage.uri else await self._files(namespace, predictor)
-            return Wanted(Files(files.uri, files.s3), chosen, gpu_memory)
-        files = await self._files(namespace, predictor)
-        secret = files.secret_name() if files.credential else None
+        files = await self._files(namespace, predictor, credential=chosen is None)
+        secret = chosen or (files.secret_name() if files.credential else None)
         return Wanted(files, secret, gpu_memory)
 
-    async def _files(self, namespace: str, predictor: Predictor) -> Files:
+    async def _files(self, namespace: str, predictor: Predictor, *, credential: bool) -> Files:
         storage = predictor.storage
         if storage.uri is not None and storage.key is None and storage.scheme == "https":
             return Files(storage.uri)
         data = await self._call(lambda: self._kube.read_storage_config(namespace))
-        return files_of(storage, entry_of(data, storage.key), storage.key)
+        entry = entry_of(data, storage.key)
+        return files_of(storage, entry, storage.key, credential=credential)
 
     async def _apply(self, obj: JsonObject, model: JsonObject | None, wanted: Wanted) -> None:
         """Create or patch the TritonModel (and the credential's Secret first)."""

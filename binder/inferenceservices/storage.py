@@ -76,14 +76,21 @@ def entry_of(data: Mapping[str, str] | None, key: str | None) -> Mapping[str, An
     return entry
 
 
-def files_of(storage: Storage, entry: Mapping[str, Any] | None, key: str | None) -> Files:
+def files_of(
+    storage: Storage,
+    entry: Mapping[str, Any] | None,
+    key: str | None,
+    *,
+    credential: bool = True,
+) -> Files:
     """The TritonModel's files for the predictor's storage and its storage-config entry (None:
-    no key and no `default` one), or InvalidSpecError saying what is missing."""
+    no key and no `default` one), or InvalidSpecError saying what is missing; without
+    `credential` (the InferenceService names its own Secret) the entry's is not read."""
     name = key or DEFAULT_KEY
     if storage.uri is not None:
         if entry is None:
             return Files(storage.uri)
-        return _with_entry(storage.uri, entry, name)
+        return _with_entry(storage.uri, entry, name, credential)
     path = (storage.path or "").lstrip("/")
     if entry is None:
         raise InvalidSpecError(
@@ -100,7 +107,7 @@ def files_of(storage: Storage, entry: Mapping[str, Any] | None, key: str | None)
                 f"bucket (or default_bucket) in the {STORAGE_CONFIG} entry"
             )
         scheme = "s3" if kind == "s3" else "gs"
-        return _with_entry(f"{scheme}://{bucket}/{path}", entry, name)
+        return _with_entry(f"{scheme}://{bucket}/{path}", entry, name, credential)
     if kind in ("http", "https"):
         base = str(entry.get("url") or "")
         if not base.startswith("https://"):
@@ -108,17 +115,20 @@ def files_of(storage: Storage, entry: Mapping[str, Any] | None, key: str | None)
                 f"storage key {name} (type {kind}) needs url https://HOST[/PATH]: files are "
                 "fetched over HTTPS only"
             )
-        return _with_entry(f"{base.rstrip('/')}/{path}", entry, name)
+        return _with_entry(f"{base.rstrip('/')}/{path}", entry, name, credential)
     raise InvalidSpecError(
         f"storage key {name} has type {kind or '(none)'}, which tritonshare does not fetch: "
         "copy the files to S3 (type s3), GCS (type gcs) or HTTPS (type https)"
     )
 
 
-def _with_entry(uri: str, entry: Mapping[str, Any], key: str) -> Files:
+def _with_entry(uri: str, entry: Mapping[str, Any], key: str, credential: bool) -> Files:
     scheme = uri.partition("://")[0]
     if scheme == "s3":
-        return Files(uri, _s3_options(entry, key), _s3_credential(entry, key), key)
+        keys = _s3_credential(entry, key) if credential else {}
+        return Files(uri, _s3_options(entry, key), keys, key if keys else "")
+    if not credential:
+        return Files(uri)
     if scheme == "gs":
         if any(k in entry for k in ("private_key", "json_key", "client_email")):
             raise InvalidSpecError(
@@ -134,8 +144,8 @@ def _with_entry(uri: str, entry: Mapping[str, Any], key: str) -> Files:
     if not isinstance(headers, dict):
         raise InvalidSpecError(f"storage key {key}: headers must be an object of header values")
     host = urlsplit(uri).hostname or ""
-    credential = {"https-host": host, "headers": json.dumps(headers, sort_keys=True)}
-    return Files(uri, (), credential, key)
+    secret = {"https-host": host, "headers": json.dumps(headers, sort_keys=True)}
+    return Files(uri, (), secret, key)
 
 
 def _s3_options(entry: Mapping[str, Any], key: str) -> tuple[tuple[str, str], ...]:

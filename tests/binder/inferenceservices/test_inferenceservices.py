@@ -465,3 +465,23 @@ async def test_a_namespace_moves_by_a_label_of_its_own_with_a_secret_of_its_choo
     )
     assert tritonmodel(custom, "left", "still-modelmesh") is None
     assert not read_isvc(custom, "left", "still-modelmesh").get("status")
+
+
+async def test_a_tritonmodel_of_the_name_it_does_not_own_is_left_and_said(
+    binder: Binder, custom: Any, core: Any
+) -> None:
+    theirs = {
+        "apiVersion": "tritonshare.io/v1alpha1",
+        "kind": "TritonModel",
+        "metadata": {"name": "taken"},
+        "spec": {"storageUri": "s3://b/theirs", "gpuMemory": "1Gi", "replicas": 0},
+    }
+    custom.create_namespaced_custom_object(*MODELS[:2], NS, MODELS[2], theirs)
+    create(custom, isvc("taken", {"onnx": {"storageUri": "s3://b/mine"}}))
+    failure = await eventually(
+        lambda: model_status(custom, "taken").get("lastFailureInfo"), what="the refusal"
+    )
+    assert failure["reason"] == "InvalidPredictorSpec"
+    assert "is not this InferenceService's" in failure["message"]
+    model = tritonmodel(custom, "taken")
+    assert model is not None and model["spec"]["storageUri"] == "s3://b/theirs"

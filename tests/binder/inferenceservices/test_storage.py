@@ -98,3 +98,11 @@ def test_the_storage_config_entries() -> None:
         entry_of(data, "bad")
     with pytest.raises(InvalidSpecError, match="needs a storage key"):
         files_of(Storage(path="m"), None, None)
+
+
+def test_with_a_secret_of_its_own_the_keys_credential_is_not_read() -> None:
+    files = files_of(Storage(key="k", path="m"), MINIO | {"bucket": "b"}, "k", credential=False)
+    assert (files.uri, dict(files.credential)) == ("s3://b/m", {})
+    assert files.s3, "the endpoint and region still apply"
+    gcs = {"type": "gcs", "bucket": "b", "private_key": "x"}
+    assert files_of(Storage(key="g", path="m"), gcs, "g", credential=False).uri == "gs://b/m"
