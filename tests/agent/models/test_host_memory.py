@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -680,4 +681,100 @@ async def test_an_onnx_model_whose_arena_outgrows_its_namespace_s_share_is_unloa
         assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
     finally:
         await running.stop()
+    assert triton.process.poll() is None
+
+
+async def test_triton_s_own_growth_during_a_load_is_billed_only_when_no_other_model_was_served(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+    node: str,
+    mock_nvml: MockNvml,
+    tmp_path: Path,
+) -> None:
+    """A neighbour's large request during a load grows Triton's own process (its HTTP buffers),
+    which no process of a model's own explains. The node gateway's activity table (written here
+    as the gateway writes it) shows the neighbour's model served during the load: the loading
+    model is billed its own stub only, and nothing is kept for its files. A load in a quiet
+    window is billed Triton's growth too, and its figure is kept."""
+    assert triton.process is not None
+    pid_file = _pid_file(triton, tmp_path)
+    processes = TritonProcesses(pid_file)
+    activity = tmp_path / "activity.json"
+    settings = agent_settings(
+        kubeconfig,
+        triton,
+        model_repository,
+        triton_pid_file=pid_file,
+        triton_memory_limit=64 << 30,
+        activity_table=activity,
+    )
+    for name in ("team-a", "team-b"):
+        core_v1(kube_api).create_namespace({"metadata": {"name": name}})
+    served: dict[str, Activity] = {}
+    stop = asyncio.Event()
+
+    async def gateway() -> None:
+        while not stop.is_set():
+            write_activity(activity, ActivityTable(time.time(), dict(served)))
+            await asyncio.sleep(0.1)
+
+    writer = asyncio.create_task(gateway())
+    running = await start_agent(settings, mock_nvml)
+
+    async def serve(namespace: str, pod: str, files: Path) -> Any:
+        make_pod(kube_api, pod, "add_one", namespace=namespace, request=1)
+        token = apiserver.mint_token(namespace, pod)
+        await install_dir(running.stub, token, files, "add_one")
+        return await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="add_one"), metadata=bearer(token)
+        )
+
+    def large(name: str) -> None:
+        served[name] = Activity(1, time.time())
+        data = np.ones((1, 75 * 262144), dtype=np.float32)  # 300 MiB
+        with httpclient.InferenceServerClient(triton.http_url, network_timeout=120) as client:
+            tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            client.infer(name, [tensor])
+        served[name] = Activity(0, time.time())
+
+    try:
+        await eventually(lambda: not running.agent.not_ready(), what="the agent to be ready")
+        status = await serve("team-a", "neighbour", _own_model(tmp_path, "n", HOARDER))
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        neighbour = name_in_triton(kube_api, "neighbour", "add_one", "team-a")
+        host = running.agent.host_memory
+        # The neighbour's own load was quiet: kept once the table reaches its end.
+        await eventually(lambda: len(host.by_digest) == 1, what="the neighbour's figure kept")
+        kept = dict(host.by_digest)
+        # The neighbour's request lands in the middle of the load.
+        before = processes.tree()
+        loading = asyncio.create_task(serve("team-b", "good-1", _own_model(tmp_path, "g1", SLOW)))
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(large, neighbour)
+        status = await loading
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        after = processes.tree()
+        assert before is not None and after is not None
+        assert after.own - before.own > 64 * MIB, "the request grew Triton's own process"
+        good = name_in_triton(kube_api, "good-1", "add_one", "team-b")
+        assert host.models()[good] <= after.models[good] + 16 * MIB, (host.models(), after)
+        assert host.by_digest == kept
+        # The same files again, nothing else served meanwhile (the neighbour's last request
+        # long over): billed Triton's growth too, once the gateway's table reaches its end.
+        served[neighbour] = Activity(0, time.time() - 60)
+        status = await serve("team-b", "good-2", _own_model(tmp_path, "g2", SLOW))
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        await eventually(
+            lambda: len(host.by_digest) == len(kept) + 1, what="a quiet window's figure kept"
+        )
+        quiet = host.models()[name_in_triton(kube_api, "good-2", "add_one", "team-b")]
+        assert quiet > host.models()[good], "billed Triton's growth across its quiet load too"
+    finally:
+        await running.stop()
+        stop.set()
+        await writer
     assert triton.process.poll() is None
