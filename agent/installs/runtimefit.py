@@ -103,6 +103,8 @@ def read_onnx_header(file: BinaryIO) -> OnnxHeader:
                 raise OnnxFormatError(f"a field before byte {at} runs past the end of the file")
         else:
             raise OnnxFormatError(f"wire type {wire} at byte {at} is not used by ONNX")
+    if at >= end:
+        return OnnxHeader(ir_version, opsets)
     raise OnnxFormatError(f"it has more than {MAX_TOP_FIELDS} top-level fields")
 
 

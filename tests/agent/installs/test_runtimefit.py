@@ -138,6 +138,11 @@ def test_a_file_of_endless_top_level_fields_is_read_a_bounded_number_of_times() 
     assert file.bytes_read <= 20 * MAX_TOP_FIELDS
 
 
+def test_a_file_of_exactly_the_most_top_level_fields_is_read() -> None:
+    data = field(1, 8) + field(14, b"") * (MAX_TOP_FIELDS - 1)
+    assert read_onnx_header(io.BytesIO(data)) == OnnxHeader(8, {})
+
+
 def test_too_many_opsets_are_refused() -> None:
     data = field(1, 8) + field(8, field(1, b"d") + field(2, 1)) * 1025
     with pytest.raises(OnnxFormatError, match="more than 1024 opsets"):
