@@ -2,22 +2,26 @@
 
 On the simulated cluster with the real processes (two real nodes of two T4s, each with its own
 Triton on the CPU, agent and gateway; two binders; the webhook), models in two namespaces answer
-steady client load through their Services (`sim.service.ServiceProxy` stands in for kube-proxy):
+full load through their Services (`sim.service.ServiceProxy` stands in for kube-proxy):
 
-- `team-a`, TritonModels: `steady` (2 replicas, `always`; REST and gRPC clients), `lazy`
-  (`on-demand`), `scaled` (1 replica, the scale change's model) and `zero` (the built-in
-  autoscaler, `minReplicas: 0`, a 6 s window);
+- `team-a`, TritonModels: `steady` (2 replicas, `always`), `lazy` (`on-demand`), `scaled`
+  (1 replica, the scale change's model) and `zero` (the built-in autoscaler, `minReplicas: 0`,
+  `maxReplicas: 2`, a 6 s window);
 - `team-b`, a Deployment `pods` of 2 model pods in the short form, behind a Service of its own.
 
-Every model is `add_one`, marked idempotent (`spec.idempotent`, the `idempotent` annotation): a
-call lost with a node gateway's process before its answer began is sent again by its proxy.
+Every model is `add_one` taking `MODEL_SECONDS` per request (a sleep, as a model's work keeps
+its GPU busy: requests queue at Triton under load, and the load costs the 2-core machine little
+CPU), marked idempotent (`spec.idempotent`, the `idempotent` annotation): a call lost with a node
+gateway's process before its answer began is sent again by its proxy.
 
-Each client sends one request every `CLIENT_INTERVAL` seconds on a keep-alive connection; a
-request fails on an answer other than 200 (gRPC: OK), a connection error, or no answer within
-`DEADLINE` seconds. Meanwhile a schedule drawn from `--seed` applies one change at a time:
+The load (`benchmarks.churnload`, a process of its own) keeps every model under closed-loop load
+over every way clients connect (REST keep-alive, REST with a new connection per request, gRPC
+unary on a long-lived channel, a ModelStreamInfer stream), 8 callers a model, plus an open-loop
+Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule drawn from
+`--seed` applies one change at a time:
 
-- scale: `scaled` 1 -> 3 -> 1 replicas; zero: `zero`'s client stops until the autoscaler sets it
-  to 0, then sends again 5 s later (while its last replica may still drain);
+- scale: `scaled` 1 -> 3 -> 1 replicas; zero: `zero` set to 0 replicas under its load (as
+  `kubectl scale` would), parked on a host that holds its requests, and woken by them;
 - neighbour: a TritonModel created beside `steady` and deleted; secret: a TritonModel with a
   `storageSecret` joins `team-a` (its hosts are replaced) and leaves; rollout: `pods` rolled to
   new files;
@@ -28,12 +32,8 @@ request fails on an answer other than 200 (gRPC: OK), a connection error, or no 
   namespace `crash` whose model kills its node's Triton as it loads; host-image: both binders
   restarted with another `--host-image` (an upgrade of the model hosts), the non-leader first,
   so `team-a`'s hosts are replaced (its lone models served meanwhile by a stand-in replica);
-  every other one with `zero` at zero first, its client sending again once the binders run.
-
-A change touches the model it changes (the neighbour, secret and crasher changes: only their own
-model, which no client calls); node-pod and gateway touch every model served on that node when
-they begin; host-image touches the models `team-a`'s hosts serve; agent, binder and apiserver
-touch none (they are not on the requests' path).
+  every other one with `zero` set to 0 just before the leader stops, so it waits parked for the
+  next leader's autoscaler.
 
 The simulated cluster restarts the node pods' containers (Triton's keeper, agent, gateway) as the
 kubelet restarts those of a `restartPolicy: Always` pod (`sim.node.nodepods`: at once, then with its
@@ -41,20 +41,23 @@ back-off of 10 s doubling to 5 minutes; also on a failed liveness probe), and th
 and the gateway start them again inside their containers (`common/keeper.py`; each such exit is
 read from its log).
 The binders run without a kubelet: this script restarts one that exits the same way. Every exit is
-recorded. A change that does not complete within its limit is noted beside it, with the
-TritonModel's conditions where one is waited for, and the run goes on.
+recorded. A change that does not complete within its stated time (`LIMITS`) is noted beside it,
+with the TritonModel's conditions where one is waited for, and the run goes on.
 
-Printed: the seed and the schedule, then per kind of change the failed requests of the models it
-did not touch, of those it touched, of the two-replica models whatever the change, the requests
-sent and the worst latency during it (that request's model, protocol and wall-clock time, to
-find in the logs); the failures of each kind counted by model, protocol and answer; every process
-exit (node pod processes, binders, and pods' containers as their status reports them) with its
-cause; and one last line `churn: ...`. It exits 1 when a model a change did not touch, a
-two-replica model, or the model scaled to zero and back failed a request.
+Printed: the seed and the schedule; each change as it completes, with the time it took against
+its limit and the requests in flight at its moment, per model; per kind of change the requests
+sent and failed during it and the worst latency; every failed request counted by model, protocol
+and answer; the requests a documented bound refused, with the bound; every process exit with its
+cause and the change that expected it; the load's CPU beside the machine's; and one last line
+`churn: ...`. It exits 1 unless the pass rule holds (`benchmarks.churnrule`): no failed request
+(but the crasher's own and a documented bound's refusals), every change completed in its time,
+every process exit expected, no answer slower than the documented hold bound, and at least
+`MIN_PER_MINUTE` requests a model a minute.
 
-`--slow-lazy SECONDS` makes `lazy`'s model take that long per request, so that its client has a
-request at Triton nearly always: a crasher's first exit then finds it there, and its host goes on
-probation (the agent cannot tell the load from the request), the hardest case for a neighbour.
+`--slow-lazy SECONDS` makes `lazy`'s model take that long per request instead, so that its
+callers have requests at Triton nearly always: a crasher's first exit then finds them there, and
+its host goes on probation (the agent cannot tell the load from the request), the hardest case for
+a neighbour.
 
 `--keep DIR` runs the cluster in DIR (new or empty) and leaves it there: the node pods' logs
 (`cluster/logs/`), each Triton's (`cluster/triton*/`) and every pod's container logs
@@ -68,7 +71,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import http.client
 import json
 import logging
 import os
@@ -81,19 +83,39 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 import kubernetes.client
-import numpy as np
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
 
 from benchmarks import command_line
+from benchmarks.churnload import (
+    PER_WAY,
+    POISSON_RATE,
+    WAYS,
+    Load,
+    LoadProcess,
+    Request,
+    Target,
+    in_flight_at,
+    machine_busy,
+)
+from benchmarks.churnrule import (
+    HOLD_BOUND,
+    MIN_PER_MINUTE,
+    Change,
+    Exit,
+    Verdict,
+    exit_code,
+    judge,
+    why_expected,
+)
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys
+from common.hosted import decode_parked, parked_models_annotation
 from sim.cluster import BinderHandle, NodeSpec, SimCluster
 from sim.crashers import load_killer
 from sim.demo.autoscale import slow_model
@@ -107,10 +129,8 @@ KEYS = Keys()
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
 TEAM_A, TEAM_B, CRASH = "team-a", "team-b", "crash"
 NODES = (NodeSpec("gpu-a", "2xT4", real=True), NodeSpec("gpu-b", "2xT4", real=True))
-DEADLINE = 10.0
-"""Seconds a request may take before it counts as failed (no answer)."""
-CLIENT_INTERVAL = 0.1
-"""Seconds between a client's requests."""
+MODEL_SECONDS = 0.05
+"""Seconds each model takes per request."""
 SETTLE = 10.0
 """Seconds a change's window lasts after the change is complete."""
 LOG_LINES_PER_LOGGER = 5
@@ -138,114 +158,31 @@ KINDS = (
     "crasher",
     "host-image",
 )
-TWO_REPLICAS = frozenset({"steady", "pods"})
-"""Models with two replicas throughout: no change may fail their requests."""
-BODY = json.dumps(
-    {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
-).encode()
+MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
+"""The models under load, by namespace."""
+LIMITS = {
+    "scale": 300.0,
+    "zero": 90.0,
+    "neighbour": 300.0,
+    "secret": 270.0,
+    "rollout": 300.0,
+    "node-pod": 120.0,
+    "agent": 120.0,
+    "gateway": 120.0,
+    "binder": 90.0,
+    "apiserver": 60.0,
+    "crasher": 150.0,
+    "host-image": 600.0,
+}
+"""Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
+WARM_UP = 180.0
+"""Seconds the load may take until each of its callers has had an answer; the requests sent
+until then are not counted."""
+MIN_IN_FLIGHT = 4
+"""Requests each model has in flight at every moment (said beside each change)."""
 SERVES = f"{KEYS.prefix}serves-"
 HEADERS = json.dumps({"Authorization": "Bearer churn"})
 """The storageSecret's headers: the loader wants at least one; the sim's store asks for none."""
-
-
-@dataclass(frozen=True)
-class Request:
-    model: str
-    protocol: str
-    start: float
-    end: float
-    ok: bool
-    detail: str = ""
-
-
-@dataclass
-class Change:
-    kind: str
-    node: str
-    start: float = 0.0
-    end: float = 0.0
-    touched: frozenset[str] = frozenset()
-    note: str = ""
-
-
-@dataclass
-class Exit:
-    at: float
-    name: str
-    code: str
-    cause: str
-    last_lines: str
-
-
-class Client:
-    """One model's caller through its Service, one request at a time, every answer kept."""
-
-    def __init__(self, model: str, protocol: str, address: str, log: list[Request]) -> None:
-        self.model, self.protocol, self.address = model, protocol, address
-        self.log = log
-        self.active = threading.Event()
-        self.active.set()
-        self.answered = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"client-{model}-{protocol}")
-        self._http: http.client.HTTPConnection | None = None
-        self._grpc: grpcclient.InferenceServerClient | None = None
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(DEADLINE + 5)
-        if self._http is not None:
-            self._http.close()
-        if self._grpc is not None:
-            self._grpc.close()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.active.is_set():
-                self._stop.wait(0.05)
-                continue
-            began = time.monotonic()
-            ok, detail = self._rest() if self.protocol == "rest" else self._grpc_call()
-            self.log.append(Request(self.model, self.protocol, began, time.monotonic(), ok, detail))
-            if ok:
-                self.answered.set()
-            self._stop.wait(CLIENT_INTERVAL)
-
-    def _rest(self) -> tuple[bool, str]:
-        if self._http is None:
-            self._http = http.client.HTTPConnection(self.address, 9000, timeout=DEADLINE)
-        try:
-            self._http.request(
-                "POST",
-                f"/v2/models/{self.model}/infer",
-                BODY,
-                {"Content-Type": "application/json"},
-            )
-            answer = self._http.getresponse()
-            body = answer.read()
-        except (OSError, http.client.HTTPException) as e:
-            self._http.close()
-            self._http = None
-            return False, f"{type(e).__name__}: {e}"
-        if answer.status == 200:
-            return True, ""
-        retry = answer.getheader("Retry-After")
-        said = body[:200].decode(errors="replace")
-        return False, f"{answer.status}{f' Retry-After {retry}' if retry else ''}: {said}"
-
-    def _grpc_call(self) -> tuple[bool, str]:
-        if self._grpc is None:
-            self._grpc = grpcclient.InferenceServerClient(f"{self.address}:9001")
-        tensor = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
-        tensor.set_data_from_numpy(np.array([[1.0, 2.0, 3.0]], dtype=np.float32))
-        try:
-            self._grpc.infer(self.model, [tensor], client_timeout=DEADLINE)
-        except InferenceServerException as e:
-            return False, f"{e.status()}: {str(e.message())[:200]}"
-        return True, ""
 
 
 class Kubelet:
@@ -300,7 +237,7 @@ class Kubelet:
         lines = " | ".join(
             line.strip()[:160] for line in last_lines.splitlines()[-3:] if line.strip()
         )
-        when = (time.monotonic() if at is None else at) - self.began
+        when = time.monotonic() if at is None else at
         self.exits.append(Exit(when, name, code, cause, lines))
 
     def _watch_processes(self) -> None:
@@ -429,7 +366,7 @@ class Kubelet:
                 )
                 self.exits.append(
                     Exit(
-                        time.monotonic() - self.began,
+                        time.monotonic(),
                         f"pod {key[0]}",
                         f"exit code {code}",
                         cause,
@@ -451,7 +388,7 @@ def last_loaded(lines: list[str]) -> str:
 
 
 class Churn:
-    """The cluster's workloads, their clients, and the changes applied to them."""
+    """The cluster's workloads, their load, and the changes applied to them."""
 
     def __init__(
         self, cluster: SimCluster, workdir: Path, kubelet: Kubelet, slow_lazy: float = 0.0
@@ -464,22 +401,25 @@ class Churn:
         self.core = cluster.core
         self.apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
         self.custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
-        self.requests: list[Request] = []
-        self.clients: dict[str, Client] = {}
+        self.load: LoadProcess | None = None
         self.releases = 0
         self.host_images = 0
         self.slow_lazy = slow_lazy
-        """Seconds `lazy`'s model takes per request (0: add_one as it is)."""
+        """Seconds `lazy`'s model takes per request (0: `MODEL_SECONDS`, as every model)."""
 
     # ---- workloads -----------------------------------------------------------------------------
 
+    def files(self, name: str) -> Path:
+        """The model's files: add_one taking `MODEL_SECONDS` per request (`lazy`: --slow-lazy
+        when given)."""
+        seconds = self.slow_lazy if name == "lazy" and self.slow_lazy > 0 else MODEL_SECONDS
+        files = self.workdir / f"add_one-{seconds:g}s"
+        if not files.exists():
+            slow_model(MODELS_DIR / "add_one", files, seconds)
+        return files
+
     def tritonmodel(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        files = MODELS_DIR / "add_one"
-        if name == "lazy" and self.slow_lazy > 0:
-            files = self.workdir / "lazy"
-            if not files.exists():
-                slow_model(MODELS_DIR / "add_one", files, self.slow_lazy)
-        uri = self.store.publish(name, files)
+        uri = self.store.publish(name, self.files(name))
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "TritonModel",
@@ -494,13 +434,15 @@ class Churn:
             "steady": {"replicas": 2},
             "lazy": {"residency": "on-demand"},
             "scaled": {"replicas": 1},
-            "zero": {"autoscaling": {"target": 1, "minReplicas": 0, "window": "6s"}},
+            "zero": {
+                "autoscaling": {"target": 1, "minReplicas": 0, "maxReplicas": 2, "window": "6s"}
+            },
         }
         for name, spec in models.items():
             self.custom.create_namespaced_custom_object(
                 GROUP, VERSION, TEAM_A, PLURAL, self.tritonmodel(name, spec)
             )
-        uri = self.store.publish("pods", MODELS_DIR / "add_one")
+        uri = self.store.publish("pods", self.files("pods"))
         deployment = deployment_manifest(uri, replicas=2, name="pods")
         deployment["spec"]["template"]["metadata"]["annotations"][KEYS.idempotent] = "true"
         self.apps.create_namespaced_deployment(TEAM_B, deployment)
@@ -522,31 +464,27 @@ class Churn:
             return None
         return str(service.spec.cluster_ip) if service.spec.cluster_ip else None
 
-    def start_clients(self) -> None:
-        wanted = [
-            ("steady", TEAM_A, "rest"),
-            ("steady", TEAM_A, "grpc"),
-            ("lazy", TEAM_A, "rest"),
-            ("scaled", TEAM_A, "rest"),
-            ("zero", TEAM_A, "rest"),
-            ("pods", TEAM_B, "rest"),
-        ]
-        for model, namespace, protocol in wanted:
-            address = wait_until(
-                f"the Service of {namespace}/{model}",
-                partial(self.service_address, namespace, model),
-                300,
-            )
-            client = Client(model, protocol, address, self.requests)
-            client.start()
-            self.clients[f"{model}/{protocol}"] = client
-        for name, client in self.clients.items():
-            if not client.answered.wait(300):
-                raise ClusterError(f"{name} was not answered within 300 s of the start")
+    def start_load(self, seed: int, ways: tuple[str, ...]) -> list[str]:
+        """The load on every model (`benchmarks.churnload`), once each of its callers has had an
+        answer, or `WARM_UP` seconds; the callers still not answered then, with their last
+        answers (the churn goes on: their failures count)."""
+        targets = []
+        for namespace, models in MODELS.items():
+            for model in models:
+                address = wait_until(
+                    f"the Service of {namespace}/{model}",
+                    partial(self.service_address, namespace, model),
+                    300,
+                )
+                targets.append(Target(model, namespace, address))
+        self.load = LoadProcess(targets, self.workdir, seed, ways)
+        self.load.start()
+        if self.load.answered.wait(WARM_UP):
+            return []
+        return self.load.unanswered()
 
-    def stop_clients(self) -> None:
-        for client in self.clients.values():
-            client.stop()
+    def stop_load(self) -> Load:
+        return self.load.stop() if self.load is not None else Load()
 
     def tm(self, name: str) -> dict[str, Any] | None:
         try:
@@ -587,50 +525,63 @@ class Churn:
         patch = {"spec": {"replicas": replicas}}
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, name, patch)
 
-    def models_on(self, node: str) -> frozenset[str]:
-        """The models with a serving pod on `node` now (a host's serves labels, a pod's app)."""
-        found: set[str] = set()
-        for namespace in (TEAM_A, TEAM_B):
-            for pod in self.core.list_namespaced_pod(namespace).items:
-                if pod.spec.node_name != node:
-                    continue
-                labels = pod.metadata.labels or {}
-                found |= {k.removeprefix(SERVES) for k in labels if k.startswith(SERVES)}
-                if "app" in labels:
-                    found.add(labels["app"])
-        return frozenset(found)
-
-    # ---- changes: each returns the models it touches and a note ---------------------------------
+    # ---- changes: each sets its moment (when its disruptive step happens) and a note -----------
 
     def apply(self, change: Change) -> None:
         handler: Callable[[Change], None] = getattr(self, "do_" + change.kind.replace("-", "_"))
         handler(change)
 
     def do_scale(self, change: Change) -> None:
-        change.touched = frozenset({"scaled"})
         self.scale("scaled", 3)
         self.wait_ready("scaled", 3, 180)
         time.sleep(5)
         self.scale("scaled", 1)
+        change.moment = time.monotonic()
         self.wait_ready("scaled", 1, 120)
 
     def do_zero(self, change: Change) -> None:
-        change.touched = frozenset({"zero"})
-        client = self.clients["zero/rest"]
-        client.active.clear()
-        wait_until("zero scaled to 0 by the autoscaler", self.zero_at_zero, 180)
-        time.sleep(5)
-        client.active.set()
-        woke = time.monotonic()
-        self.wait_ready("zero", 1, 120)
-        change.note = f"answered again after {time.monotonic() - woke:.1f} s"
+        """`zero` set to 0 replicas under its load (as `kubectl scale` would): parked on a host
+        that holds its requests, which the autoscaler reads as concurrency and wakes it by."""
+        self.scale("zero", 0)
+        change.moment = time.monotonic()
+        change.note = self.watch_zero(change.moment, LIMITS["zero"] - 15)
         time.sleep(5)
 
-    def zero_at_zero(self) -> bool:
-        return bool(((self.tm("zero") or {}).get("spec") or {}).get("replicas") == 0)
+    def watch_zero(self, since: float, timeout: float) -> str:
+        """Until `zero` has been at zero (parked, or no replica ready) and is served again by a
+        ready replica; ClusterError after `timeout` seconds. Says when each happened."""
+        at_zero: float | None = None
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self.ready_count("zero")
+            parked = self.parked("zero")
+            if at_zero is None and (parked or ready == 0):
+                at_zero = time.monotonic()
+            if at_zero is not None and ready >= 1 and not parked:
+                back = time.monotonic()
+                return (
+                    f"at zero {at_zero - since:.1f} s on, ready again {back - at_zero:.1f} s later"
+                )
+            if time.monotonic() > deadline:
+                state = "ready again" if at_zero is not None else "at zero"
+                raise ClusterError(
+                    f"zero not {state} within {timeout:g} s; {self.conditions('zero')}"
+                )
+            time.sleep(0.2)
+
+    def ready_count(self, name: str) -> int:
+        return int(((self.tm(name) or {}).get("status") or {}).get("readyReplicas") or 0)
+
+    def parked(self, model: str) -> bool:
+        """Whether a `team-a` host's parked-models annotation names `model`."""
+        key = parked_models_annotation(KEYS)
+        for pod in self.core.list_namespaced_pod(TEAM_A).items:
+            value = (pod.metadata.annotations or {}).get(key, "")
+            if model in {p.model for p in decode_parked(value, 100)[0]}:
+                return True
+        return False
 
     def do_neighbour(self, change: Change) -> None:
-        change.touched = frozenset({"neighbour"})
         body = self.tritonmodel("neighbour", {"replicas": 2})
         self.custom.create_namespaced_custom_object(GROUP, VERSION, TEAM_A, PLURAL, body)
         self.wait_ready("neighbour", 2, 180)
@@ -639,7 +590,6 @@ class Churn:
         wait_until("the neighbour gone", lambda: self.tm("neighbour") is None, 120)
 
     def do_secret(self, change: Change) -> None:
-        change.touched = frozenset({"private"})
         host = self.store.base_url.split("//", 1)[1].split("/", 1)[0]
         secret = {
             "metadata": {"name": "store-credentials"},
@@ -657,10 +607,9 @@ class Churn:
         wait_until("the model with a storageSecret gone", lambda: self.tm("private") is None, 120)
 
     def do_rollout(self, change: Change) -> None:
-        change.touched = frozenset({"pods"})
         self.releases += 1
         release = f"r{self.releases}"
-        files = new_release(MODELS_DIR / "add_one", self.workdir / f"pods-{release}")
+        files = new_release(self.files("pods"), self.workdir / f"pods-{release}")
         uri = self.store.publish("pods", files, release=release)
         patch = {
             "spec": {"template": {"metadata": {"annotations": {f"{KEYS.prefix}model-uri": uri}}}}
@@ -681,7 +630,6 @@ class Churn:
         wait_until("the rollout of pods complete", rolled, 300)
 
     def do_node_pod(self, change: Change) -> None:
-        change.touched = self.models_on(change.node)
         # No crash: the cluster's kubelet leaves a replaced node pod's containers to it.
         self.cluster.replace_node_pod(change.node)
         for process in ("agent", "gateway"):
@@ -710,7 +658,6 @@ class Churn:
         self._restarted(lambda: self.cluster.agents[change.node].process.alive(), "the agent")
 
     def do_gateway(self, change: Change) -> None:
-        change.touched = self.models_on(change.node)
         gateway = self.cluster.gateways[change.node]
         killed = gateway.serving_pid()
         assert killed is not None, "the node's gateway runs no process under its keeper"
@@ -757,16 +704,16 @@ class Churn:
     def do_host_image(self, change: Change) -> None:
         self.host_images += 1
         image = f"tritonshare:churn-{self.host_images}"
-        # Every other one finds `zero` at zero, parked on a host: its client sends again once
-        # the binders run the new image, while that host is replaced.
-        zero = self.clients["zero/rest"]
-        parked = self.host_images % 2 == 0
-        if parked:
-            zero.active.clear()
-            wait_until("zero scaled to 0 by the autoscaler", self.zero_at_zero, 180)
-        change.touched = self.models_on_hosts()
+        # Every other one (the first too) sets `zero` to 0 just before the leader stops: its
+        # requests wait parked on a host until the next leader's autoscaler wakes it, while the
+        # hosts are replaced.
+        parked = self.host_images % 2 == 1
         leader, _ = self.binder_lease()
+        change.moment = time.monotonic()
         for binder in sorted(self.cluster.binders, key=lambda b: b.identity == leader):
+            if parked and binder.identity == leader:
+                self.scale("zero", 0)
+                change.moment = time.monotonic()
             argv = list(binder.process.argv)
             if "--host-image" in argv:
                 del argv[argv.index("--host-image") : argv.index("--host-image") + 2]
@@ -784,7 +731,7 @@ class Churn:
                 return process is not None and process.pid != pid and binder.process.alive()
 
             wait_until(f"{binder.identity} running with {image}", restarted, 180)
-        zero.active.set()
+        zero = self.watch_zero(change.moment, 120) if parked else ""
 
         def replaced() -> bool:
             hosts = self.core.list_namespaced_pod(
@@ -799,15 +746,7 @@ class Churn:
         wait_until(f"team-a's hosts on {image}", replaced, 300)
         self.wait_ready("steady", 2, 120)
         self.wait_ready("scaled", 1, 120)  # its stand-in gone
-        change.note = f"hosts on {image}" + ("; zero parked" if parked else "")
-
-    def models_on_hosts(self) -> frozenset[str]:
-        """The models `team-a`'s hosts serve now (their serves labels)."""
-        found: set[str] = set()
-        for pod in self.core.list_namespaced_pod(TEAM_A).items:
-            labels = pod.metadata.labels or {}
-            found |= {k.removeprefix(SERVES) for k in labels if k.startswith(SERVES)}
-        return frozenset(found)
+        change.note = f"hosts on {image}" + (f"; zero set to 0: {zero}" if parked else "")
 
     def do_apiserver(self, change: Change) -> None:
         assert self.cluster.apiserver is not None
@@ -816,7 +755,6 @@ class Churn:
         self.cluster.apiserver.resume()
 
     def do_crasher(self, change: Change) -> None:
-        change.touched = frozenset({"crasher"})
         model = self.workdir / "crasher"
         if not model.exists():
             shutil.copytree(MODELS_DIR / "add_one", model)
@@ -854,7 +792,7 @@ def schedule(kinds: list[str], seed: int, rounds: int) -> list[Change]:
     changes = []
     for _ in range(rounds):
         for kind in rng.sample(kinds, len(kinds)):
-            changes.append(Change(kind, rng.choice(NODES).name))
+            changes.append(Change(kind, rng.choice(NODES).name, LIMITS[kind]))
     return changes
 
 
@@ -862,69 +800,95 @@ def schedule(kinds: list[str], seed: int, rounds: int) -> list[Change]:
 class Row:
     changes: int = 0
     requests: int = 0
-    untouched: list[Request] = field(default_factory=list)
-    touched: list[Request] = field(default_factory=list)
-    two_replicas: int = 0
+    failed: int = 0
     worst: float = 0.0
     slowest: Request | None = None
 
 
-def tally(requests: list[Request], done: list[Change]) -> dict[str, Row]:
-    """Each request by the change it was sent during (by kind), or `between` changes."""
+def tally(requests: list[Request], done: list[Change], failed: set[int]) -> dict[str, Row]:
+    """Each request by the change it was sent during (by kind), or `between` changes; `failed`:
+    the ids of the requests the rule counts as failed."""
     rows: dict[str, Row] = {}
     for change in done:
         rows.setdefault(change.kind, Row()).changes += 1
     rows["between"] = Row()
     for request in requests:
-        during = next((c for c in done if c.start <= request.start < c.end), None)
-        row = rows["between" if during is None else during.kind]
+        row = rows[during(request, done)]
         row.requests += 1
         if request.end - request.start > row.worst:
             row.worst, row.slowest = request.end - request.start, request
-        if request.ok:
-            continue
-        if during is not None and request.model in during.touched:
-            row.touched.append(request)
-        else:
-            row.untouched.append(request)
-        if request.model in TWO_REPLICAS:
-            row.two_replicas += 1
+        if id(request) in failed:
+            row.failed += 1
     return rows
 
 
-CAUSES_SHOWN = 8
-"""The most distinct failures listed per kind of change."""
+def during(request: Request, done: list[Change]) -> str:
+    """The kind of change `request` was sent during, or `between`."""
+    change = next((c for c in done if c.start <= request.start < c.end), None)
+    return "between" if change is None else change.kind
+
+
+CAUSES_SHOWN = 12
+"""The most distinct failures listed."""
 
 
 def causes(
-    failed: list[Request],
-) -> list[tuple[tuple[str, str, str], tuple[int, float, float]]]:
-    """Failed requests counted by model, protocol and answer (addresses and numbers in the
-    answer made alike), most frequent first, with the slowest of each and when the first of
-    them was sent (`time.monotonic`)."""
-    counted: dict[tuple[str, str, str], tuple[int, float, float]] = {}
+    failed: list[Request], done: list[Change]
+) -> list[tuple[tuple[str, str, str, str], tuple[int, float, float]]]:
+    """Failed requests counted by the change they were sent during, model, protocol and answer
+    (addresses and numbers in the answer made alike), most frequent first, with the slowest of
+    each and when the first of them was sent (`time.monotonic`)."""
+    counted: dict[tuple[str, str, str, str], tuple[int, float, float]] = {}
     for r in failed:
-        key = (r.model, r.protocol, re.sub(r"[0-9]+(\.[0-9]+)*", "N", r.detail)[:160])
+        detail = re.sub(r"[0-9]+(\.[0-9]+)*", "N", r.detail)[:160]
+        key = (during(r, done), r.model, r.protocol, detail)
         count, slowest, first = counted.get(key, (0, 0.0, r.start))
         counted[key] = (count + 1, max(slowest, r.end - r.start), min(first, r.start))
     return sorted(counted.items(), key=lambda item: -item[1][0])
 
 
+def in_flight_line(requests: list[Request], moment: float) -> tuple[str, int]:
+    """The requests in flight at `moment`, per model, and the fewest of any model."""
+    counts = in_flight_at(requests, moment)
+    models = [m for ms in MODELS.values() for m in ms]
+    fewest = min(counts[m] for m in models)
+    return ", ".join(f"{m} {counts[m]}" for m in models), fewest
+
+
 def report(
-    rows: dict[str, Row], done: list[Change], exits: list[Exit], seed: int, minutes: float
+    load: Load,
+    counted: list[Request],
+    done: list[Change],
+    exits: list[Exit],
+    seed: int,
+    minutes: float,
+    origin: float,
+    busy: float,
 ) -> int:
-    origin = done[0].start if done else 0.0  # the schedule's times count from its first change
-    print("\nper kind of change (failed requests: of models it did not touch / it touched / of")
-    print("the two-replica models; requests sent during it; worst latency):")
-    print(
-        f"  {'change':<10} {'n':>3} {'untouched':>9} {'touched':>7} {'2-rep':>5} {'sent':>7}  worst"
-    )
-    for kind, row in rows.items():
+    """Print what the run saw and the rule's verdict on it; the exit code (`churnrule`).
+    `counted`: the requests sent since `origin` (the churn's start), over `minutes`; `busy`: the
+    machine's busy share of its CPUs meanwhile."""
+    models = [m for ms in MODELS.values() for m in ms]
+    verdict = judge(counted, done, exits, models, minutes)
+    print("\nchanges (time to complete against its stated limit; requests in flight at its")
+    print("moment, per model):")
+    fewest = None
+    for i, c in enumerate(done):
+        flight, least = in_flight_line(load.requests, c.moment)
+        fewest = least if fewest is None else min(fewest, least)
+        took = "did not complete" if c.took is None else f"{c.took:.1f} s"
+        mark = "" if c.completed else "  NOT COMPLETED"
+        under = f"  (under {MIN_IN_FLIGHT})" if least < MIN_IN_FLIGHT else ""
         print(
-            f"  {kind:<10} {row.changes:>3} {len(row.untouched):>9} {len(row.touched):>7} "
-            f"{row.two_replicas:>5} {row.requests:>7}  {row.worst:.2f} s"
+            f"  {i + 1:3}. {c.moment - origin:7.1f} s  {c.kind} (node {c.node}): {took} of "
+            f"{c.limit:.0f} s{mark}; in flight {flight}{under}" + (f"; {c.note}" if c.note else "")
         )
-    wall = time.time() - time.monotonic()  # the logs' clock, to find the slowest in them
+    rows = tally(counted, done, {id(r) for r in verdict.failed})
+    print("\nper kind of change (requests sent during it, failed, worst latency):")
+    print(f"  {'change':<10} {'n':>3} {'sent':>7} {'failed':>6}  worst")
+    for kind, row in rows.items():
+        print(f"  {kind:<10} {row.changes:>3} {row.requests:>7} {row.failed:>6}  {row.worst:.2f} s")
+    wall = time.time() - time.monotonic()  # the logs' clock, to find a request in them
     for kind, row in rows.items():
         r = row.slowest
         if r is not None:
@@ -933,31 +897,68 @@ def report(
                 f"slowest during {kind}: {r.model} {r.protocol} sent at {r.start - origin:.1f} s "
                 f"({at}), {'answered' if r.ok else 'failed'} in {r.end - r.start:.2f} s"
             )
-    for kind, row in rows.items():
-        if row.untouched or row.touched:
-            print(f"failures during {kind}, by model, protocol and answer:")
-            shown = causes(row.untouched + row.touched)[:CAUSES_SHOWN]
-            for (model, protocol, detail), (count, slowest, first) in shown:
-                print(
-                    f"  {count:>4} x {model} {protocol} (first sent at {first - origin:.1f} s, "
-                    f"slowest {slowest:.2f} s): {detail}"
-                )
+    if verdict.failed:
+        print("failed requests, by change, model, protocol and answer:")
+        for (kind, model, protocol, detail), (count, slowest, first) in causes(
+            verdict.failed, done
+        )[:CAUSES_SHOWN]:
+            at = datetime.datetime.fromtimestamp(wall + first).strftime("%H:%M:%S.%f")[:-3]
+            print(
+                f"  {count:>4} x {kind}: {model} {protocol} (first sent at {first - origin:.1f} s, "
+                f"{at}; slowest {slowest:.2f} s): {detail}"
+            )
+    if verdict.refused:
+        print("refused by a documented bound (not counted as failed):")
+        bounds = Counter(
+            (r.model, r.protocol, bound, reason) for r, bound, reason in verdict.refused
+        )
+        for (model, protocol, bound, reason), count in bounds.items():
+            print(f"  {count:>4} x {model} {protocol}: {bound}: {reason}")
+    if verdict.crasher:
+        print(f"the crasher's own failed requests (not counted): {verdict.crasher}")
     print(f"process exits ({len(exits)}):")
     for e in exits:
         lines = f"; last lines: {e.last_lines}" if e.last_lines else ""
-        print(f"  {e.at:7.1f} s  {e.name}: {e.code}, {e.cause}{lines}")
-    untouched = sum(len(r.untouched) for r in rows.values())
-    two = sum(r.two_replicas for r in rows.values())
-    zero = len(rows["zero"].touched) if "zero" in rows else 0
-    sent = sum(r.requests for r in rows.values())
-    failed = sum(len(r.untouched) + len(r.touched) for r in rows.values())
-    bad = untouched or two or zero
+        why = why_expected(e, done) or "UNEXPECTED"
+        print(f"  {e.at - origin:7.1f} s  {e.name}: {e.code}, {e.cause} [{why}]{lines}")
+    print_load(load, counted, verdict, minutes, busy)
+    for reason in verdict.reasons():
+        print(f"fails the rule: {reason}")
+    unfinished, unexpected = len(verdict.unfinished), len(verdict.unexpected)
     print(
-        f"churn: seed {seed}, {len(done)} changes in {minutes:.1f} min, {sent} requests, "
-        f"{failed} failed: untouched models {untouched}, two-replica models {two}, scale to "
-        f"zero and back {zero}; {len(exits)} process exits -> {'FAIL' if bad else 'pass'}"
+        f"churn: seed {seed}, {len(done)} changes in {minutes:.1f} min, {len(counted)} requests "
+        f"(fewest a model a minute {min(verdict.rates.values(), default=0):.0f}; at least "
+        f"{fewest if fewest is not None else 0} a model in flight at each change), "
+        f"{len(verdict.failed)} failed, {len(verdict.refused)} refused by a bound; "
+        f"{unfinished} changes unfinished; {len(exits)} process exits, {unexpected} unexpected; "
+        f"{len(verdict.slow)} answers past {HOLD_BOUND:g} s -> "
+        f"{'pass' if verdict.passed else 'FAIL'}"
     )
-    return 1 if bad else 0
+    return exit_code(verdict)
+
+
+def print_load(
+    load: Load, counted: list[Request], verdict: Verdict, minutes: float, busy: float
+) -> None:
+    rates = ", ".join(f"{m} {rate:.0f}" for m, rate in verdict.rates.items())
+    print(f"requests a model a minute (at least {MIN_PER_MINUTE}): {rates}")
+    ways = Counter(r.protocol for r in counted)
+    print(
+        f"requests by way ({PER_WAY} closed-loop callers a model each; open loop "
+        f"{POISSON_RATE:g}/s a namespace): "
+        + ", ".join(f"{w} {ways[w]}" for w in (*WAYS, "poisson"))
+    )
+    latencies = sorted(r.end - r.start for r in counted if r.ok)
+    if latencies:
+        p50, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
+        print(
+            f"answers: p50 {1000 * p50:.0f} ms, p99 {1000 * p99:.0f} ms, max {latencies[-1]:.2f} s"
+        )
+    print(
+        f"the load's process: {load.cpu.line(len(load.requests))}; the machine's {os.cpu_count()} "
+        f"CPUs {100 * busy:.0f} % busy meanwhile; streams that ended idle {load.idle_stream_ends}; "
+        f"open-loop requests sent 100 ms late or more {load.late}"
+    )
 
 
 class FirstOnly(logging.Filter):
@@ -990,6 +991,7 @@ def run(
     kinds: list[str],
     keep: Path | None = None,
     slow_lazy: float = 0.0,
+    ways: tuple[str, ...] = WAYS,
 ) -> int:
     handler = logging.StreamHandler()
     handler.addFilter(FirstOnly())
@@ -1024,23 +1026,32 @@ def run(
         proxy.start()
         kubelet = Kubelet(cluster, time.monotonic())
         churn = Churn(cluster, workdir, kubelet, slow_lazy)
+        busy = machine_busy()
         try:
             churn.create_workloads()
             kubelet.start()
-            churn.start_clients()
-            print("every model answers; the churn starts", flush=True)
+            next(busy)
+            unanswered = churn.start_load(seed, ways)
+            if unanswered:
+                print(f"not answered within {WARM_UP:g} s (the churn starts; they count):")
+                for line in unanswered:
+                    print(f"  {line[:300]}")
+            else:
+                print("every model answers by every way; the churn starts", flush=True)
             began = time.monotonic()
             done = apply_plan(churn, plan, minutes, kinds)
-            elapsed = (time.monotonic() - done[0].start) / 60 if done else 0.0
         finally:
-            churn.stop_clients()
+            load = churn.stop_load()
+            ended = time.monotonic()
             kubelet.stop()
             proxy.stop()
-        # The warm-up's requests, before every model had answered once, are not counted.
-        counted = [r for r in churn.requests if r.start >= began]
+        # The warm-up's requests, before every model had answered by every way, are not counted.
+        counted = [r for r in load.requests if r.start >= began]
         if keep is not None:
             print(f"the cluster's and the pods' logs are kept in {keep}")
-        return report(tally(counted, done), done, kubelet.exits, seed, elapsed)
+        return report(
+            load, counted, done, kubelet.exits, seed, (ended - began) / 60, began, next(busy)
+        )
 
 
 def apply_plan(churn: Churn, plan: list[Change], minutes: float, kinds: list[str]) -> list[Change]:
@@ -1050,21 +1061,25 @@ def apply_plan(churn: Churn, plan: list[Change], minutes: float, kinds: list[str
         over = time.monotonic() - began > minutes * 60
         if over and {c.kind for c in done} >= set(kinds):
             break
-        change.start = time.monotonic()
+        change.start = change.moment = time.monotonic()
         try:
             churn.apply(change)
+            change.took = time.monotonic() - change.start
         except (ClusterError, kubernetes.client.ApiException) as e:
             change.note = f"did not complete: {str(e).splitlines()[0][:500]}"
         time.sleep(SETTLE)
         change.end = time.monotonic()
         done.append(change)
-        touched = ", ".join(sorted(change.touched)) or "none"
+        took = "did not complete" if change.took is None else f"{change.took:.0f} s"
         note = f"; {change.note}" if change.note else ""
         print(
-            f"  {change.start - began:7.1f} s  {change.kind} (node {change.node}; touches "
-            f"{touched}) {change.end - change.start:.0f} s{note}",
+            f"  {change.start - began:7.1f} s  {change.kind} (node {change.node}) {took} of "
+            f"{change.limit:.0f} s{note}",
             flush=True,
         )
+        if churn.load is not None and not churn.load.alive():
+            print("the load's process has ended: the run stops", flush=True)
+            break
     return done
 
 
@@ -1093,6 +1108,11 @@ def main() -> None:
         "its request at Triton and puts its host on probation (0: add_one as it is)",
     )
     parser.add_argument(
+        "--ways",
+        default=",".join(WAYS),
+        help=f"the ways the closed-loop callers connect, comma-separated (all: {','.join(WAYS)})",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         metavar="DIR",
@@ -1105,9 +1125,12 @@ def main() -> None:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
         parser.error(f"--changes: unknown kinds {unknown}; choose from {','.join(KINDS)}")
+    ways = tuple(w.strip() for w in args.ways.split(",") if w.strip())
+    if not ways or set(ways) - set(WAYS):
+        parser.error(f"--ways: choose among {','.join(WAYS)}")
     if args.slow_lazy < 0:
         parser.error("--slow-lazy: give 0 or more seconds")
-    sys.exit(run(args.minutes, args.seed, kinds, args.keep, args.slow_lazy))
+    sys.exit(run(args.minutes, args.seed, kinds, args.keep, args.slow_lazy, ways))
 
 
 if __name__ == "__main__":
