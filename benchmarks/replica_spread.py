@@ -1,24 +1,26 @@
-"""Benchmark: a TritonModel's throughput through its Service at 1 and at 2 replicas on one node.
+"""Benchmark: what a TritonModel's second replica adds, on another GPU against on the same GPU.
 
 On the simulated cluster with the real processes and a real Triton on the CPU (one node of two
-GPUs), a TritonModel of add_one made to take `--work-ms` per request (a model that keeps its one
-instance busy, as a GPU-bound one does) is served at 1 replica, then scaled to 2 on the same node
-(the binder places the second beside the first, on the other GPU; the namespace's one model host
-serves both). At each, `--clients` threads send requests through the Service (the host's address)
-for `--seconds`, each waiting for its answer before the next. Prints the answers a second at each
-side by side, and their ratio: with the node gateway spreading the host's requests over both
-replicas, 2 replicas answer about twice as many.
+GPUs), where each simulated GPU runs one request at a time (`sim.gpu.compute`: a GPU as a
+serial executor), two TritonModels of one model taking `--work-ms` of its GPU per request:
+`spread` (spec.replicaSpread GPU, the default) and `packed` (replicaSpread None). `spread` is
+measured at 1 replica, then both are scaled to 2: the binder puts `spread`'s second replica on
+the other GPU and `packed`'s beside its first. At each, `--clients` threads send requests
+through the model's Service (its host's address) for `--seconds`, each waiting for its answer
+before the next. Prints the answers a second and the ratios to 1 replica; the goal (checked
+unless `--no-goal`): a second replica on another GPU answers at least `SPREAD_GOAL` times one
+replica's, one on the same GPU at most `PACKED_GOAL` times (it adds no GPU time).
 
 Run: .venv/bin/python -m benchmarks.replica_spread [--clients 8] [--seconds 10] [--work-ms 20]
+[--no-goal]
 """
 
 from __future__ import annotations
 
-import shutil
+import sys
 import tempfile
 import threading
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,32 +32,23 @@ from benchmarks import command_line
 from common.contract import Keys
 from common.hosted import serves_label
 from sim.cluster import NodeSpec, SimCluster
-from sim.demo.scenario import MODELS_DIR
+from sim.gpu.compute import model_files
 from sim.processes import wait_until
 from sim.service import Endpoints
 
 KEYS = Keys()
 NAMESPACE = "bench"
-MODEL = "busy"
+SPREAD, PACKED = "spread", "packed"
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
 NODE = NodeSpec("gpu-a", "2xT4", real=True)
 DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+SPREAD_GOAL = 1.6
+"""A second replica on another GPU: at least this many times one replica's answers."""
+PACKED_GOAL = 1.2
+"""A second replica on the same GPU: at most this many times one replica's answers."""
 
 
-def _busy_model(workdir: Path, work_ms: float) -> Path:
-    """add_one, holding its instance `work_ms` per request."""
-    model = workdir / "busy"
-    shutil.copytree(MODELS_DIR / "add_one", model)
-    code = model / "1" / "model.py"
-    text = code.read_text().replace(
-        "        for request in requests:\n",
-        f"        for request in requests:\n            time.sleep({work_ms / 1000!r})\n",
-    )
-    code.write_text("import time\n" + text)
-    return model
-
-
-def _throughput(service: Endpoints, clients: int, seconds: float) -> float:
+def _throughput(service: Endpoints, model: str, clients: int, seconds: float) -> float:
     """Answers a second of `clients` threads, each one request at a time, for `seconds`."""
     answers = [0] * clients
     failures: list[str] = []
@@ -71,7 +64,7 @@ def _throughput(service: Endpoints, clients: int, seconds: float) -> float:
             start.wait()
             while time.monotonic() < deadline:
                 try:
-                    http.infer(MODEL, [tensor])
+                    http.infer(model, [tensor])
                     answers[index] += 1
                 except Exception as e:  # counted, not fatal: the figure says how many failed
                     failures.append(f"{type(e).__name__}: {e}")
@@ -89,7 +82,8 @@ def _throughput(service: Endpoints, clients: int, seconds: float) -> float:
     return sum(answers) / (time.monotonic() - began)
 
 
-def run(clients: int, seconds: float, work_ms: float) -> None:
+def run(clients: int, seconds: float, work_ms: float) -> dict[str, float]:
+    """The answers a second: `spread` at 1 and 2 replicas, `packed` at 2."""
     with (
         tempfile.TemporaryDirectory() as workdir,
         SimCluster(
@@ -101,54 +95,87 @@ def run(clients: int, seconds: float, work_ms: float) -> None:
         ) as cluster,
     ):
         assert cluster.model_store is not None and cluster.kube is not None, cluster.missing
-        core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+        kube = cluster.kube
+        core = cast(Any, kubernetes.client.CoreV1Api(kube))
         custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
         core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
-        uri = cluster.model_store.publish(MODEL, _busy_model(Path(workdir), work_ms))
-        body: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel"}
-        body |= {
-            "metadata": {"name": MODEL},
-            "spec": {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1},
-        }
-        custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+        files = model_files(Path(workdir) / "busy", work_ms)
+        uri = cluster.model_store.publish("busy", files)
+        for name, spread in ((SPREAD, "GPU"), (PACKED, "None")):
+            body: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel"}
+            body |= {
+                "metadata": {"name": name},
+                "spec": {
+                    "storageUri": uri,
+                    "gpuMemory": "1Gi",
+                    "replicas": 1,
+                    "replicaSpread": spread,
+                },
+            }
+            custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
 
-        def ready(count: int) -> bool:
-            obj = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, MODEL)
-            return bool((obj.get("status") or {}).get("readyReplicas") == count)
+        def status(name: str) -> dict[str, Any]:
+            obj = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+            return cast(dict[str, Any], obj.get("status") or {})
 
-        figures: dict[int, float] = {}
-        with Endpoints(cluster.kube, NAMESPACE, f"{serves_label(KEYS, MODEL)}=true") as service:
-            for replicas in (1, 2):
-                if replicas > 1:
-                    custom.patch_namespaced_custom_object(
-                        GROUP, VERSION, NAMESPACE, PLURAL, MODEL, {"spec": {"replicas": replicas}}
-                    )
-                wait_until(f"{replicas} replicas ready", partial(ready, replicas), 180)
+        def measure(name: str, replicas: int) -> float:
+            if replicas > 1:
+                custom.patch_namespaced_custom_object_scale(
+                    GROUP, VERSION, NAMESPACE, PLURAL, name, {"spec": {"replicas": replicas}}
+                )
+            wait_until(
+                f"{name}: {replicas} replicas ready",
+                lambda: status(name).get("readyReplicas") == replicas,
+                180,
+            )
+            gpus = [p["gpu"][-6:] for p in status(name).get("placements") or []]
+            selector = f"{serves_label(KEYS, name)}=true"
+            with Endpoints(kube, NAMESPACE, selector) as service:
                 wait_until("the Service's endpoint", service.pick, 30)
-                _throughput(service, clients, 2.0)  # warm: connections, the gateway's table
-                figures[replicas] = _throughput(service, clients, seconds)
-                print(f"{replicas} replica(s): {figures[replicas]:.1f} answers/s", flush=True)
-        print(
-            f"one node, {clients} clients, {work_ms:g} ms a request, {seconds:g} s each: "
-            f"1 replica {figures[1]:.1f}/s, 2 replicas {figures[2]:.1f}/s "
-            f"(x{figures[2] / figures[1]:.2f})"
-        )
+                _throughput(service, name, clients, 2.0)  # warm: connections, GPU assignments
+                figure = _throughput(service, name, clients, seconds)
+            print(f"{name}, {replicas} replica(s) on GPUs {gpus}: {figure:.1f} answers/s")
+            return figure
+
+        return {
+            "one": measure(SPREAD, 1),
+            "spread": measure(SPREAD, 2),
+            "packed": measure(PACKED, 2),
+        }
 
 
 def main() -> None:
     parser = command_line(
         "replica_spread",
         (
-            "Measures a TritonModel's answers a second through its Service at 1 and at 2 "
-            "replicas on one node of two GPUs, --clients threads for --seconds each, its model "
-            "taking --work-ms a request."
+            "Measures a TritonModel's answers a second through its Service at 1 replica, and at "
+            "2 with the second on the other GPU (replicaSpread GPU) and on the same GPU "
+            "(replicaSpread None), on one node of two simulated GPUs that each run one request "
+            "at a time; --clients threads for --seconds each, a request taking --work-ms of its "
+            "GPU."
         ),
     )
     parser.add_argument("--clients", type=int, default=8, help="client threads (8)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds at each (10)")
-    parser.add_argument("--work-ms", type=float, default=20.0, help="a request's work (20 ms)")
+    parser.add_argument("--work-ms", type=float, default=20.0, help="a request's GPU time (20 ms)")
+    parser.add_argument("--no-goal", action="store_true", help="print, do not check the goal")
     args = parser.parse_args()
-    run(args.clients, args.seconds, args.work_ms)
+    figures = run(args.clients, args.seconds, args.work_ms)
+    spread, packed = figures["spread"] / figures["one"], figures["packed"] / figures["one"]
+    print(
+        f"one node of 2 GPUs, {args.clients} clients, {args.work_ms:g} ms a request, "
+        f"{args.seconds:g} s each: 1 replica {figures['one']:.1f}/s; 2 on two GPUs "
+        f"{figures['spread']:.1f}/s (x{spread:.2f}); 2 on one GPU {figures['packed']:.1f}/s "
+        f"(x{packed:.2f})"
+    )
+    met = spread >= SPREAD_GOAL and packed <= PACKED_GOAL
+    if not args.no_goal:
+        print(
+            f"goal (two GPUs >= x{SPREAD_GOAL}, one GPU <= x{PACKED_GOAL}): "
+            f"{'met' if met else 'NOT met'}"
+        )
+        if not met:
+            sys.exit(1)
 
 
 if __name__ == "__main__":

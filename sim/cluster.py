@@ -689,6 +689,7 @@ class SimCluster:
         simulated = [
             "--simulate-model-memory", "--process-context", str(self.process_context),
             "--process-driver-share", str(self.process_driver_share),
+            "--gpu-compute",
         ] if node.real else []  # fmt: skip
         on_gpus = node.gpus == REAL_GPUS
         argv = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import kubernetes.config
 from agent.settings import DECLARATION as AGENT_SETTINGS
 from common.settings import Declaration, Setting, path, quantity
 from sim.cluster import USER_AGENT as CLUSTER_USER_AGENT
+from sim.gpu.compute import GpuAssignments, node_dir
 from sim.gpu.load import ModelFootprints
 from sim.gpu.nvml import Spec, SpecError, install, load_events, parse_spec
 
@@ -45,6 +47,14 @@ OWN_FLAGS = Declaration(
             "simulate-model-memory",
             "models READY in the agent's Triton occupy the GPU memory their config declares "
             "(parameter sim_gpu_memory; see sim/gpu/load.py)",
+            env=None,
+            switch=True,
+        ),
+        Setting(
+            "gpu-compute",
+            "with --simulate-model-memory, each GPU runs one request at a time for the models "
+            "that ask (sim/gpu/compute.py): the GPU of each of the node's models is written in "
+            "gpu-compute beside the model repository",
             env=None,
             switch=True,
         ),
@@ -104,6 +114,22 @@ def _footprints(
     )
 
 
+def _assign_gpus(agent_args: Sequence[str], spec: Spec, root: Path) -> None:
+    """Keep `root` told which GPU each of the node's models is on (`sim.gpu.compute`), from a
+    daemon thread for the life of the process."""
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=_flag(agent_args, "kubeconfig"),
+        client_configuration=config,
+    )
+    api = kubernetes.client.ApiClient(config)
+    api.user_agent = f"{CLUSTER_USER_AGENT}/gpucompute"
+    assignments = GpuAssignments(api, _node_name(agent_args), [g.uuid for g in spec.gpus], root)
+    threading.Thread(
+        target=assignments.run, args=(threading.Event(),), name="gpu-compute", daemon=True
+    ).start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" in args:
@@ -126,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             agent_args, spec, options["process_context"], options["process_driver_share"]
         )
         mock.set_workload(footprints, footprints.processes)
+        if options.get("gpu_compute"):
+            root = node_dir(Path(_flag(agent_args, "model-repository")))
+            _assign_gpus(agent_args, spec, root)
     # Imported only now, so that agent.gpus.nvml binds the mock as `pynvml`.
     from agent.__main__ import main as agent_main
 
