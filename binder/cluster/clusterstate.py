@@ -86,6 +86,9 @@ class ClusterState:
         if old is None or old.allocatable != node.allocatable:
             self.filters.allocatable_changed(node.name)
         self.memory.follow_largest(old, node)
+        for gone in self.tallies.leaving_on(node.name):
+            if node.measured_of(gone) is None:
+                self.tallies.left(gone.uid)  # unloaded: its namespace's memory is free
         rules = (node.labels, node.taints, node.unschedulable)
         if old is None:
             self._insert_row(node.name)
@@ -100,6 +103,8 @@ class ClusterState:
         if old is None:
             return False
         self.memory.follow_largest(old, None)
+        for gone in self.tallies.leaving_on(name):
+            self.tallies.left(gone.uid)
         self.nodes_version += 1
         self.memory.forget_node(name)
         for account in self._by_node.get(name, {}).values():
@@ -221,6 +226,10 @@ class ClusterState:
         if account is None:
             return
         self.tallies.remove(account.pod, account.node)
+        node = self.nodes.get(account.node)
+        if not account.assumed and node is not None and node.measured_of(account.pod) is not None:
+            # Its model is still loaded there: its namespace holds the memory until unloaded.
+            self.tallies.leave(account.pod, account.node)
         self._by_node[account.node].pop(uid, None)
         if not self._by_node[account.node]:
             del self._by_node[account.node]
@@ -258,6 +267,7 @@ class ClusterState:
 
     def _charge(self, account: Account) -> None:
         self._accounts[account.pod.uid] = account
+        self.tallies.left(account.pod.uid)
         self.tallies.add(account.pod, account.node)
         self._by_node.setdefault(account.node, {})[account.pod.uid] = account
         if account.pod.on_demand:

@@ -1,8 +1,10 @@
 """What the pods charged to the cluster state add up to, kept as they are charged and freed.
 
 How many charged pods have each spec.priority (whether any could be preempted for another), the
-GPU memory and per-process allowance each namespace's pods ask (`binder.framework.quota`), and
-per model revision the nodes its pods are on and the nodes they left. The cluster state
+GPU memory and per-process allowance each namespace's pods ask (`binder.framework.quota`), the
+GPU memory of its pods gone from the API whose models their node still reports loaded (`leave`:
+memory is free only once Triton has freed it), and per model revision the nodes its pods are on
+and the nodes they left. The cluster state
 (binder.cluster.clusterstate) alone changes it; readers ask. Pure bookkeeping: no I/O, no clock.
 """
 
@@ -30,6 +32,11 @@ class PodTallies:
         self.pods_allowance: dict[str, Counter[str]] = {}
         """Per namespace and priority class, the per-process allowance booked for its pods,
         which no quota's status counts (`binder.framework.quota`)."""
+        self.leaving_memory: Counter[str] = Counter()
+        """Per namespace, the GPU memory its pods gone from the API still hold (`leave`)."""
+        self._leaving: dict[str, tuple[PodInfo, str]] = {}
+        """Pod uid -> (the pod, its node): a pod no longer charged whose model its node still
+        reports loaded."""
         self._model_nodes: dict[ModelKey, Counter[str]] = {}
         """Per (namespace, model id, revision), the nodes of its pods."""
         self._left: OrderedDict[ModelKey, dict[str, None]] = OrderedDict()
@@ -72,6 +79,28 @@ class PodTallies:
                 if not self._model_nodes[model]:
                     del self._model_nodes[model]
             self._note_left(model, node)
+
+    def leave(self, pod: PodInfo, node: str) -> None:
+        """A model pod no longer charged whose model `node` still reports loaded: its namespace
+        keeps its GPU memory until the node no longer does (`left`)."""
+        if pod.host is not None or pod.uid in self._leaving:
+            return
+        self._leaving[pod.uid] = (pod, node)
+        self.leaving_memory[pod.namespace] += pod.asked
+
+    def left(self, uid: str) -> None:
+        """The pod's model is no longer loaded on its node (or the pod is charged again)."""
+        found = self._leaving.pop(uid, None)
+        if found is None:
+            return
+        namespace = found[0].namespace
+        self.leaving_memory[namespace] -= found[0].asked
+        if self.leaving_memory[namespace] <= 0:
+            del self.leaving_memory[namespace]
+
+    def leaving_on(self, node: str) -> list[PodInfo]:
+        """The pods gone from `node` whose models it still reported loaded."""
+        return [pod for pod, where in self._leaving.values() if where == node]
 
     def has_lower_priority(self, priority: int) -> bool:
         """Whether some charged pod has a lower spec.priority (a possible preemption victim)."""

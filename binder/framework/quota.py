@@ -224,6 +224,9 @@ class QuotaCheck:
     (instead of `charged`)."""
     refused: bool = field(default=False)
     """Whether a replica was refused (the condition's reason is then EXCEEDED_QUOTA)."""
+    pods_leaving: int = 0
+    """Bytes the namespace's pods gone from the API still hold: their node still reports their
+    models loaded (`PodTallies.leave`); no quota's status counts them."""
     pods_placed: int = 0
     """Bytes the namespace's pods the binder has placed ask (`PodTallies.pods_memory`): a
     floor on its pods' use, which a quota's status may not count yet."""
@@ -279,13 +282,14 @@ class QuotaCheck:
         included."""
         allowance = self.pods_allowance.get(quota, 0)
         if limit.key.startswith("limits."):
-            return self.pods_placed + allowance  # no pod is charged to it: the binder's count
+            # No pod is charged to it: the binder's count.
+            return self.pods_placed + self.pods_leaving + allowance
         if not limit.key.startswith("requests."):
             return limit.used or 0  # the bare key binds replicas only
         counted = max(0, (limit.used or 0) - self.pod)
         if quota in self.charged_by_quota:
             return counted + allowance  # scoped by PriorityClass: the quota controller's count
-        return max(counted, self.pods_placed) + allowance
+        return max(counted, self.pods_placed) + self.pods_leaving + allowance
 
     def charge(self, request: int) -> None:
         """A replica placed: every quota checked selects it."""
@@ -364,6 +368,7 @@ def check_for(
         charged_in(ledger, namespace),
         by_quota,
         pods_placed=ledger.state.tallies.pods_memory.get(namespace, 0),
+        pods_leaving=ledger.state.tallies.leaving_memory.get(namespace, 0),
         pod=pod,
         pods_allowance=pods_allowance,
         backend_key=keys.backend,
@@ -433,6 +438,7 @@ def usage(ledger: Ledger, keys: Keys, namespace: str | None = None) -> list[Usag
                     replicas,
                     {limit.quota: replicas} if scoped else {},
                     pods_placed=ledger.state.tallies.pods_memory.get(where, 0),
+                    pods_leaving=ledger.state.tallies.leaving_memory.get(where, 0),
                     pods_allowance={limit.quota: pods_allowance},
                 )
                 pods = check.pods_use(limit, limit.quota)

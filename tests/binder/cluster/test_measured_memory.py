@@ -101,3 +101,39 @@ async def test_residency_classes_through_the_api(
     condition = await eventually(lambda: scheduled_condition(core, "typo"), what="typo")
     assert condition.status == "False" and "is not a residency class" in condition.message
     assert "is not a residency class" in await eventually(lambda: failure(core, "typo"))
+
+
+async def test_a_deleted_pods_memory_counts_against_its_quota_until_its_node_unloads_it(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    """Attack: a namespace's 10Gi pod is deleted while Triton still holds its model (a slow
+    unload); its quota's use drops at once, yet the memory is not free. Its next 10Gi pod waits,
+    refused by the quota, until the node no longer reports the model loaded."""
+    add_node(kube_api, "gpu-1", [16 * GI, 16 * GI])
+    core.create_namespaced_resource_quota(
+        "default",
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {"hard": {"requests.tritonshare.io/gpu-mem": "10Gi"}},
+        },
+    )
+    binder = await make_binder()
+    add_pod(core, "first", mem="10Gi", model="m")
+    await eventually(lambda: node_of(core, "first"), what="first to be bound")
+    uid = core.read_namespaced_pod("first", "default").metadata.uid
+    name = private_triton_name("default", "m", uid)
+    publish_usage(core, "gpu-1", 10 * GI, {name: 10 * GI})
+    await eventually(
+        lambda: binder.cache.state.nodes["gpu-1"].measured.get(name), what="the measured model"
+    )
+    core.delete_namespaced_pod("first", "default", grace_period_seconds=0)
+    await eventually(
+        lambda: not binder.cache.state.charged_pod(uid), what="the pod gone from the binder"
+    )
+    add_pod(core, "second", mem="10Gi", model="m2")
+    condition = await eventually(lambda: scheduled_condition(core, "second"), what="its reason")
+    assert condition.status == "False" and "exceeded quota: gpu" in condition.message, condition
+    assert not node_of(core, "second")
+    # Triton has unloaded it: the node no longer reports it, and the quota has room again.
+    publish_usage(core, "gpu-1", 0, {})
+    assert await eventually(lambda: node_of(core, "second"), what="second bound") == "gpu-1"
