@@ -15,11 +15,11 @@ TritonModel names (binder.inferenceservices.storage).
 It keeps its own picture of InferenceServices, ServingRuntimes and ClusterServingRuntimes (its
 informers, optional kinds: while the API server serves none, nothing is done and the list is
 asked again every 30 s), of the namespaces' labels and of the TritonModels InferenceServices own
-(the binder's watches hand them on). It is the one writer of an InferenceService's status;
-only the leader writes. Reconciles run one at a time on the binder's loop, the API calls on its
-worker threads; a failed one is tried again with backoff, and every InferenceService is looked
-at again every `resync_seconds` (the ConfigMap and the storage-config Secret are read, not
-watched).
+(the binder's watches hand them on). An InferenceService's status has one writer
+(binder.inferenceservices.status); only the leader writes. Reconciles run one at a time on the
+binder's loop, the API calls on its worker threads; a failed one is tried again with backoff,
+and every InferenceService is looked at again every `resync_seconds` (the ConfigMap and the
+storage-config Secret are read, not watched).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 from binder.api.kube import Kube
 from binder.api.listwatch import CLUSTERSERVINGRUNTIMES, INFERENCESERVICES, SERVINGRUNTIMES, Kind
-from binder.inferenceservices.modelstatus import CONDITIONS, Refusal, reading_of, status_of
+from binder.inferenceservices.modelstatus import Refusal
 from binder.inferenceservices.predictor import (
     INVALID_PREDICTOR_SPEC,
     MODELMESH,
@@ -47,9 +47,9 @@ from binder.inferenceservices.predictor import (
     parse,
 )
 from binder.inferenceservices.runtimes import Runtime, choose, runtime_of
+from binder.inferenceservices.status import StatusWriter
 from binder.inferenceservices.storage import Files, entry_of, files_of
 from binder.inferenceservices.tritonmodel import (
-    KIND,
     Wanted,
     controlled_by,
     gpu_memory_of,
@@ -57,7 +57,6 @@ from binder.inferenceservices.tritonmodel import (
     owner_of,
     patch_for,
 )
-from common.conditions import now_rfc3339
 from common.contract import Keys
 from common.kubeapi.errors import ApiError, ConflictError, NotFoundError
 from common.kubeapi.session import JsonObject
@@ -91,15 +90,6 @@ def _key(obj: JsonObject) -> Key:
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
-def _pruned(value: Any) -> Any:
-    """`value` without the None entries of its objects (a merge patch's deletions)."""
-    if isinstance(value, dict):
-        return {k: _pruned(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_pruned(v) for v in value]
-    return value
-
-
 class InferenceServiceController:
     """Serves ModelMesh-mode InferenceServices as TritonModels; `run` is its one task."""
 
@@ -127,12 +117,13 @@ class InferenceServiceController:
         self._namespaces: dict[str, dict[str, str]] = {}
         self._models: dict[Key, JsonObject] = {}
         """The TritonModels an InferenceService controls, by (namespace, name)."""
+        self.status = StatusWriter(kube, executor, identity)
+        """The one writer of the InferenceServices' status and refusal Events."""
         self._foreign: set[Key] = set()
         """The TritonModels no InferenceService of their name controls."""
         self._dirty: dict[Key, None] = {}
         self._wake = asyncio.Event()
         self._failures: dict[Key, int] = {}
-        self._evented: dict[Key, tuple[str, str]] = {}
         self._mode: tuple[float, str] | None = None
         """(when read, the cluster's default deployment mode)."""
 
@@ -154,7 +145,7 @@ class InferenceServiceController:
         key = _key(obj)
         if event == "DELETED":
             self._services.pop(key, None)
-            self._evented.pop(key, None)
+            self.status.forget(key)
             self._failures.pop(key, None)
             return  # its TritonModel goes with it (garbage collection)
         self._services[key] = obj
@@ -309,7 +300,7 @@ class InferenceServiceController:
                 model = None
             else:
                 await self._apply(obj, model, wanted)
-        await self._write_status(obj, model, refusal)
+        await self.status.write(obj, model, refusal)
 
     async def _wanted(self, obj: JsonObject, predictor: Predictor) -> Wanted:
         """What the TritonModel should be, or InvalidSpecError."""
@@ -371,49 +362,6 @@ class InferenceServiceController:
         except (NotFoundError, ConflictError):
             return  # deleted or recreated meanwhile: its watch event brings it here again
         log.info("TritonModel %s/%s follows its InferenceService's new spec.", namespace, name)
-
-    async def _write_status(
-        self, obj: JsonObject, model: JsonObject | None, refusal: Refusal | None
-    ) -> None:
-        namespace, name = _key(obj)
-        meta = obj["metadata"]
-        old = obj.get("status") or {}
-        reading = reading_of(model, refusal)
-        fields, said = status_of(
-            namespace, int(meta.get("generation") or 1), reading, old, now_rfc3339()
-        )
-        status = {**fields, "conditions": CONDITIONS.compose(old.get("conditions"), said)}
-        if _pruned(status) != _pruned({k: old.get(k) for k in status}):
-            uid = str(meta["uid"])
-            try:
-                await self._call(
-                    lambda: self._kube.patch_inferenceservice_status(namespace, name, uid, status)
-                )
-            except (NotFoundError, ConflictError):
-                return  # deleted or recreated: its watch event says what to do
-        said_refusal = (refusal.reason, refusal.message) if refusal is not None else None
-        if said_refusal is None:
-            self._evented.pop((namespace, name), None)
-        elif self._evented.get((namespace, name)) != said_refusal:
-            assert refusal is not None
-            involved = {
-                "apiVersion": str(obj.get("apiVersion") or "serving.kserve.io/v1beta1"),
-                "kind": KIND,
-                "namespace": namespace,
-                "name": name,
-                "uid": str(meta["uid"]),
-            }
-            await self._call(
-                lambda: self._kube.record_object_event(
-                    involved,
-                    reason=refusal.reason,
-                    message=refusal.message,
-                    reporting_instance=self._identity,
-                    action="Serving",
-                )
-            )
-            self._evented[(namespace, name)] = said_refusal
-            log.info("InferenceService %s/%s is refused (%s): %s", namespace, name, *said_refusal)
 
     async def _default_mode(self) -> str:
         """The cluster's default deployment mode (inferenceservice-config's `deploy`), read

@@ -211,14 +211,17 @@ def conditions(obj: dict[str, Any]) -> dict[str, tuple[str, str]]:
     }
 
 
-def set_loaded(core: Any, name: str, model: str) -> None:
+def set_loaded(
+    core: Any, name: str, model: str, status: str = "True", reason: str = "ModelReady"
+) -> None:
     """What the agent writes on the host `name` for the model's replica there, and the kubelet
     (the host Ready)."""
     host = core.read_namespaced_pod(name, NS)
     entries = json.loads((host.metadata.annotations or {}).get(HOSTED) or "[]")
+    message = f"{reason}: the files could not be read" if status == "False" else ""
     loaded = [
-        {"type": loaded_condition(Keys(), model, e["replica"]), "status": "True",
-         "reason": "ModelReady", "message": ""}
+        {"type": loaded_condition(Keys(), model, e["replica"]), "status": status,
+         "reason": reason, "message": message}
         for e in entries if e["model"] == model
     ]  # fmt: skip
     core.patch_namespaced_pod_status(
@@ -485,3 +488,28 @@ async def test_a_tritonmodel_of_the_name_it_does_not_own_is_left_and_said(
     assert "is not this InferenceService's" in failure["message"]
     model = tritonmodel(custom, "taken")
     assert model is not None and model["spec"]["storageUri"] == "s3://b/theirs"
+
+
+async def test_a_model_that_fails_to_load_reads_blocked_by_failed_load(
+    binder: Binder, custom: Any, core: Any
+) -> None:
+    create(custom, isvc("broken", {"onnx": {"storageUri": "s3://b/broken"}}))
+
+    def placed() -> dict[str, Any] | None:
+        entries = ((tritonmodel(custom, "broken") or {}).get("status") or {}).get("placements")
+        return entries[0] if entries else None
+
+    entry = await eventually(placed, what="its replica placed")
+    await eventually(lambda: _has_host(core, entry["host"]), what="the host pod")
+    set_loaded(core, entry["host"], "broken", "False", "FetchFailed")
+    ms = await eventually(
+        lambda: (
+            model_status(custom, "broken").get("transitionStatus") == "BlockedByFailedLoad"
+            and model_status(custom, "broken")
+        ),
+        what="BlockedByFailedLoad",
+    )
+    assert ms["states"]["activeModelState"] == "FailedToLoad"
+    assert ms["lastFailureInfo"]["reason"] == "ModelLoadFailed"
+    assert "could not be read" in ms["lastFailureInfo"]["message"]
+    assert conditions(read_isvc(custom, "broken"))["Ready"] == ("False", "ModelLoadFailed")
