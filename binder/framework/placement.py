@@ -241,13 +241,17 @@ def replica_gpus(state: ClusterState, pod: PodInfo, node: str) -> frozenset[int]
     only on the few nodes that have one."""
     if not pod.model_id or pod.replica_spread != SPREAD_GPU:
         return frozenset()
-    key = pod.model_key
-    if node not in state.tallies.nodes_with_model(key):
+    if node not in state.tallies.nodes_with_model(pod.model_key):
         return frozenset()
+    return _held_on(state, pod, node)
+
+
+def _held_on(state: ClusterState, pod: PodInfo, node: str) -> frozenset[int]:
+    model_id, key, uid = pod.model_id, pod.model_key, pod.uid
     return frozenset(
         at
         for other, at in state.pods_on(node)
-        if at >= 0 and other.model_key == key and other.uid != pod.uid
+        if other.model_id == model_id and at >= 0 and other.model_key == key and other.uid != uid
     )
 
 
@@ -260,7 +264,7 @@ def _free_of_replicas(
     free = np.zeros(candidates.size, np.bool_)
     held: dict[int, frozenset[int]] = {}
     for row, i in enumerate(candidates.tolist()):
-        taken = replica_gpus(state, pod, state.names[i])
+        taken = _held_on(state, pod, state.names[i])
         held[row] = taken
         healthy = state.nodes[state.names[i]].gpus
         free[row] = any(
