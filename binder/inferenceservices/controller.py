@@ -56,6 +56,7 @@ from binder.inferenceservices.tritonmodel import (
     new_model,
     owner_of,
     patch_for,
+    scaling_of,
 )
 from common.contract import Keys
 from common.kubeapi.errors import ApiError, ConflictError, NotFoundError
@@ -311,12 +312,14 @@ class InferenceServiceController:
             self._cluster_runtimes.values(),
             tenant_code=namespace in self._config.tenant_code,
         )
-        gpu_memory = gpu_memory_of(obj, f"{self._keys.prefix}gpu-memory", self._config.gpu_memory)
+        prefix = self._keys.prefix
+        gpu_memory = gpu_memory_of(obj, f"{prefix}gpu-memory", self._config.gpu_memory)
+        scaling = scaling_of(obj, f"{prefix}autoscaling")
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         chosen = str(annotations.get(f"{self._keys.prefix}storage-secret") or "") or None
         files = await self._files(namespace, predictor, credential=chosen is None)
         secret = chosen or (files.secret_name() if files.credential else None)
-        return Wanted(files, secret, gpu_memory)
+        return Wanted(files, secret, gpu_memory, scaling)
 
     async def _files(self, namespace: str, predictor: Predictor, *, credential: bool) -> Files:
         storage = predictor.storage

@@ -2,8 +2,10 @@
 (`ownerReferences`, controller: true, so deleting the InferenceService deletes it), its files
 (`storageUri`, the S3 settings as its `s3-*` annotations, `storageSecret`) and its GPU memory
 (the InferenceService's `tritonshare.io/gpu-memory` annotation, else the binder's first
-estimate). The InferenceService's spec owns these fields: a change there is patched here; the
-TritonModel's `replicas` is set at creation and left to whatever scales it since. Pure.
+estimate), and, on the InferenceService's `tritonshare.io/autoscaling: "true"`, the scaling
+fields ModelMesh ignores (`Scaling`). The InferenceService's spec owns these fields: a change
+there is patched here; the TritonModel's `replicas` is set at creation and left to whatever
+scales it since. Pure.
 """
 
 from __future__ import annotations
@@ -32,11 +34,70 @@ class Wanted:
     files: Files
     storage_secret: str | None
     gpu_memory: str
+    scaling: Scaling | None = None
+    """The scaling fields ModelMesh ignores, honoured on the InferenceService's opt-in."""
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """What a TritonModel takes of KServe's scaling fields: its built-in autoscaler
+    (`spec.autoscaling`), its first replicas, and `containerConcurrency` as `maxConcurrency`."""
+
+    autoscaling: dict[str, Any]
+    replicas: int
+    max_concurrency: int | None
+
+
+KNATIVE_TARGET = "autoscaling.knative.dev/target"
+
+
+def scaling_of(obj: Mapping[str, Any], annotation: str) -> Scaling | None:
+    """With `annotation` "true" on the InferenceService, its predictor's `minReplicas`,
+    `maxReplicas`, `scaleMetric` (concurrency or rps), `scaleTarget` (or Knative's target
+    annotation) and `containerConcurrency` as the TritonModel's; None without it.
+    InvalidSpecError when what it says cannot be honoured."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if str(annotations.get(annotation) or "").lower() != "true":
+        return None
+    predictor = (obj.get("spec") or {}).get("predictor") or {}
+    metric = str(predictor.get("scaleMetric") or "concurrency")
+    if metric not in ("concurrency", "rps"):
+        raise InvalidSpecError(
+            f"scaleMetric {metric} is not served by the built-in autoscaler: write concurrency "
+            f"or rps, or remove {annotation}"
+        )
+    target = predictor.get("scaleTarget") or annotations.get(KNATIVE_TARGET)
+    try:
+        wanted = float(target) if target is not None else None
+    except ValueError:
+        wanted = None
+    if wanted is None or wanted <= 0:
+        raise InvalidSpecError(
+            f"{annotation} asks for autoscaling, which needs a target: write "
+            f"spec.predictor.scaleTarget (or the {KNATIVE_TARGET} annotation), a number above 0"
+        )
+    low = _count(predictor, "minReplicas", 1)
+    high = _count(predictor, "maxReplicas", 0)
+    if high and high < low:
+        raise InvalidSpecError(f"maxReplicas {high} is under minReplicas {low}")
+    autoscaling: dict[str, Any] = {"metric": metric, "target": wanted, "minReplicas": low}
+    if high:
+        autoscaling["maxReplicas"] = high
+    concurrency = _count(predictor, "containerConcurrency", 0) or None
+    return Scaling(autoscaling, max(low, 1), concurrency)
+
+
+def _count(predictor: Mapping[str, Any], field: str, default: int) -> int:
+    value = predictor.get(field, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidSpecError(f"spec.predictor.{field} must be a whole number, 0 or more")
+    return value
 
 
 def gpu_memory_of(obj: Mapping[str, Any], annotation: str, default: str) -> str:
     """The InferenceService's GPU memory: its `annotation`, else `default`; InvalidSpecError when
-    the annotation is no quantity of at least 64Mi."""
+    the annotation is no quantity of at least 64Mi. The one place a model's GPU memory is
+    decided: a size learned from what its replicas measured would be read here."""
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     value = str(annotations.get(annotation) or "").strip()
     if not value:
@@ -91,11 +152,22 @@ def _annotations(wanted: Wanted, prefix: str) -> dict[str, str | None]:
 
 
 def _spec(wanted: Wanted) -> dict[str, Any]:
+    scaling = wanted.scaling
     return {
         "storageUri": wanted.files.uri,
         "gpuMemory": wanted.gpu_memory,
         "storageSecret": wanted.storage_secret,
+        "autoscaling": scaling.autoscaling if scaling is not None else None,
+        "maxConcurrency": scaling.max_concurrency if scaling is not None else None,
     }
+
+
+def _differs(current: Any, wanted: Any) -> bool:
+    """Whether `current` lacks what `wanted` says (an object: only the fields `wanted` sets, the
+    ones the CRD defaults left alone)."""
+    if isinstance(wanted, dict) and isinstance(current, dict):
+        return any(_differs(current.get(k), v) for k, v in wanted.items())
+    return bool(current != wanted)
 
 
 def new_model(obj: Mapping[str, Any], wanted: Wanted, prefix: str) -> dict[str, Any]:
@@ -103,6 +175,7 @@ def new_model(obj: Mapping[str, Any], wanted: Wanted, prefix: str) -> dict[str, 
     meta = obj["metadata"]
     annotations = {k: v for k, v in _annotations(wanted, prefix).items() if v is not None}
     spec = {k: v for k, v in _spec(wanted).items() if v is not None}
+    replicas = wanted.scaling.replicas if wanted.scaling is not None else 1
     return {
         "apiVersion": MODEL_API_VERSION,
         "kind": "TritonModel",
@@ -113,7 +186,7 @@ def new_model(obj: Mapping[str, Any], wanted: Wanted, prefix: str) -> dict[str, 
             "annotations": annotations,
             "ownerReferences": [owner_reference(obj)],
         },
-        "spec": {**spec, "replicas": 1},
+        "spec": {**spec, "replicas": replicas},
     }
 
 
@@ -121,7 +194,7 @@ def patch_for(model: Mapping[str, Any], wanted: Wanted, prefix: str) -> dict[str
     """The merge patch that brings the TritonModel to `wanted` (None: it is there)."""
     patch: dict[str, Any] = {}
     spec = model.get("spec") or {}
-    changed = {k: v for k, v in _spec(wanted).items() if spec.get(k) != v}
+    changed = {k: v for k, v in _spec(wanted).items() if _differs(spec.get(k), v)}
     if changed:
         patch["spec"] = changed
     annotations = (model.get("metadata") or {}).get("annotations") or {}

@@ -356,6 +356,18 @@ async def test_the_framework_form_with_a_storage_uri(binder: Binder, custom: Any
     assert model["spec"]["storageUri"] == "https://models.example.com/mnist"
     assert "storageSecret" not in model["spec"]
     assert model["spec"]["replicas"] == 1, "minReplicas is ModelMesh's to ignore"
+    assert "autoscaling" not in model["spec"]
+    # Opted in, the scaling fields ModelMesh ignores drive the built-in autoscaler.
+    opted = {
+        **MODELMESH,
+        "autoscaling.knative.dev/target": "5",
+        "tritonshare.io/autoscaling": "true",
+    }
+    create(custom, isvc("scaled", predictor, opted))
+    scaled = await eventually(lambda: tritonmodel(custom, "scaled"), what="a TritonModel")
+    assert scaled["spec"]["replicas"] == 2
+    wanted = {"metric": "concurrency", "target": 5, "minReplicas": 2, "maxReplicas": 5}
+    assert {k: scaled["spec"]["autoscaling"][k] for k in wanted} == wanted
 
 
 @pytest.mark.parametrize(
