@@ -75,6 +75,8 @@ Watched = tuple[Kind, Callable[[list[JsonObject]], None], Callable[[str, JsonObj
 
 @dataclass(frozen=True)
 class Config:
+    """The controller's settings (binder.settings gives them)."""
+
     gpu_memory: str
     """The GPU memory of a model whose InferenceService gives none (a quantity)."""
     tenant_code: frozenset[str]
@@ -84,6 +86,7 @@ class Config:
     namespace_label: str = "modelmesh-enabled"
     """The namespace label (value "true") that hands its InferenceServices to this controller."""
     resync_seconds: float = 30.0
+    """Every InferenceService is looked at again this often, the ConfigMap read again."""
 
 
 def _key(obj: JsonObject) -> Key:
@@ -108,7 +111,6 @@ class InferenceServiceController:
         self._kube = kube
         self._leading = leading
         self._executor = executor
-        self._identity = identity
         self._keys = keys
         self._config = config
         self._monotonic = monotonic

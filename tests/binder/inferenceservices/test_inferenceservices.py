@@ -8,6 +8,7 @@ modelmesh-enabled is left alone. Every call the binder makes is one deploy/'s RB
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Iterator
@@ -301,6 +302,21 @@ async def test_example_onnx_mnist_is_served_as_an_owned_tritonmodel_and_reads_as
         "copies": {"totalCopies": 1, "failedCopies": 0},
     }
     assert conditions(obj) == {"PredictorReady": ("True", "Loaded"), "Ready": ("True", "Loaded")}
+
+    # Looked at again, nothing changed: nothing is written.
+    def status_writes() -> int:
+        return sum(
+            1
+            for r in apiserver.audit.writes(user_agent="tritonshare-binder/")
+            if r.resource == "inferenceservices" and r.subresource == "status"
+        )
+
+    written = status_writes()
+    assert written > 0
+    assert binder.inferenceservices is not None
+    binder.inferenceservices.resync()
+    await asyncio.sleep(1.0)
+    assert status_writes() == written
 
     # A spec change reaches the TritonModel: new files, and a GPU memory of its own.
     custom.patch_namespaced_custom_object(
