@@ -251,6 +251,35 @@ def node_pod_fit(survey: Survey, nodes: Sequence[GpuNode], pre: bool) -> Check:
     )
 
 
+def node_pools_check(survey: Survey, pre: bool) -> Check:
+    """Each installed node DaemonSet (a pool) selects a node: a pool whose selector no node
+    matches (a GPU feature discovery label on nodes without GFD, a mistyped instance type) runs
+    no node pod, and nothing else says so."""
+    if pre:
+        return Check("node-pools", OK, "the pools are checked once installed")
+    idle = [
+        ds
+        for ds in node_daemonsets(survey)
+        if not any(not _selects(_template_spec(ds), node, survey.keys) for node in survey.nodes)
+    ]
+    if not idle:
+        return Check("node-pools", OK, "every node pool selects a node")
+    details = tuple(
+        f"{name_of(ds)}: nodeSelector {dict(_template_spec(ds).get('nodeSelector') or {})}"
+        + (", and a node affinity" if _template_spec(ds).get("affinity") else "")
+        for ds in idle
+    )
+    return Check(
+        "node-pools",
+        WARN,
+        f"{len(idle)} node pool(s) select no node, so run no node pod: "
+        + ", ".join(name_of(ds) for ds in idle),
+        "select the pool's nodes by the labels they have (node.pools[].nodeSelector: an "
+        "instance type, an accelerator, or tritonshare.io/gpu-count set on the node pool)",
+        details,
+    )
+
+
 def _requests_on(
     pods: Sequence[JsonObject], node: str, skip_owners: set[Any], skip_namespace: str | None
 ) -> dict[str, int]:

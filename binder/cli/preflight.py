@@ -137,6 +137,7 @@ def run_checks(found: Survey, pre: bool, now: float) -> list[Check]:
         checks.pod_security(found),
         gpunodes.gpu_node_check(nodes, found.keys),
         gpunodes.node_pod_fit(found, nodes, pre),
+        gpunodes.node_pools_check(found, pre),
         gpunodes.policy_check(found, nodes, pre),
         checks.cni_check(found.daemonsets),
         checks.prometheus_check(found.crds),

@@ -6,6 +6,7 @@ the Kubernetes schemas (resource.k8s.io/v1 is in kubernetes-validate's schemas f
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -117,10 +118,9 @@ def test_the_device_plugin_gives_each_pools_node_pod_its_gpu_count() -> None:
     assert "nodeSelector" not in default["spec"]["template"]["spec"]
     assert {"key": "nvidia.com/gpu.count", "operator": "In", "values": ["8"]} in _terms(default)[0]
     assert _count_values(default) == {"8"}
-    assert l4["spec"]["template"]["spec"]["nodeSelector"] == {
-        "nvidia.com/gpu.product": "NVIDIA-L4",
-        "nvidia.com/gpu.count": "1",
-    }
+    # A pool's own selector alone: no GPU feature discovery label added (nodes without GFD,
+    # as EKS managed node groups and Karpenter's come, lack it).
+    assert l4["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
     assert L4_TOLERATION in l4["spec"]["template"]["spec"]["tolerations"]
     assert L4_TOLERATION not in default["spec"]["template"]["spec"]["tolerations"]
     # Each DaemonSet's selector matches its own pods only by the pool's label.
@@ -245,3 +245,16 @@ def test_pools_that_cannot_work_are_refused_with_the_reason(
 ) -> None:
     with pytest.raises(helm_python.HelmError, match=re.escape(problem)):
         _render_chart(values)
+
+
+def test_the_readmes_example_pool_selects_by_instance_type_alone() -> None:
+    """The chart README's pool of g4dn.xlarge nodes runs on nodes as EKS managed node groups
+    and Karpenter label them: by instance type, never a GPU feature discovery label they lack."""
+    selector = {"node.kubernetes.io/instance-type": "g4dn.xlarge"}
+    pool = {"name": "t4", "gpus": 1, "nodeSelector": selector}
+    daemonsets = _daemonsets(render_chart({"node": {"pools": [pool]}}))
+    spec = daemonsets["tritonshare-node-t4"]["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == selector
+    assert "nvidia.com/" not in json.dumps(spec.get("affinity", {})), spec.get("affinity")
+    triton = _containers(daemonsets["tritonshare-node-t4"])["triton"]
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == "1"

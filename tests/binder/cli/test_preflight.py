@@ -546,3 +546,34 @@ def test_a_node_whose_agent_publishes_gpus_is_a_gpu_node(
         "gpu-1: 2 GPUs (2 published by tritonshare's agent (tritonshare.io/gpus))"
     )
     assert "advertise no allocatable nvidia.com/gpu (gpu-1)" in nodes["message"]
+
+
+def test_a_pool_that_selects_no_node_is_named(
+    kubeconfig: Path, kube_api: kubernetes.client.ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool selecting GPU feature discovery's count on EKS nodes without GFD runs no node
+    pod: preflight names it, with its selector; a pool by instance type selects the node."""
+    eks = {
+        "k8s.amazonaws.com/accelerator": "nvidia-tesla-t4",
+        "node.kubernetes.io/instance-type": "g4dn.xlarge",
+    }
+    create_all(kube_api, [gpu_node("ip-10-0-1-7", 1, "64", "256Gi", eks)])
+    create_all(
+        kube_api,
+        installed(
+            [
+                ("tritonshare-node-gfd", {"nvidia.com/gpu.count": "1"}, 1, "8Gi"),
+                (
+                    "tritonshare-node-t4",
+                    {"node.kubernetes.io/instance-type": "g4dn.xlarge"},
+                    1,
+                    "8Gi",
+                ),
+            ]
+        ),
+    )
+    pools = report(kubeconfig, monkeypatch)["node-pools"]
+    assert pools["status"] == "warn", pools
+    assert pools["message"].endswith("select no node, so run no node pod: tritonshare-node-gfd")
+    assert pools["details"] == ["tritonshare-node-gfd: nodeSelector {'nvidia.com/gpu.count': '1'}"]
+    assert report(kubeconfig, monkeypatch, "--pre")["node-pools"]["status"] == "ok"
