@@ -32,6 +32,7 @@ from proxy.callerkey import CallerKeyKeeper
 from proxy.grpc.grpcio import GrpcProxy
 from proxy.grpc.server import GrpcRelay
 from proxy.http1.listener import RestRelay
+from proxy.mesh import RELAYED_IN_FLIGHT, MeshTable, Route
 from proxy.metrics import ProxyMetrics
 from proxy.parking import MOST_WAITING, Parking
 from proxy.policy.limiter import Limiter
@@ -92,6 +93,21 @@ class Proxy:
             self.grpc = GrpcRelay(settings, self.limiter, self.metrics, self.state, self.table)
         else:
             self.grpc = GrpcProxy(settings, self.limiter, self.metrics, self.state)
+        self.mesh: MeshTable | None = None
+        """With the mesh ports: the namespace's models, served here or relayed (`proxy.mesh`)."""
+        self.mesh_rest: RestRelay | None = None
+        self.mesh_grpc: GrpcRelay | None = None
+        if settings.listen_mesh_http is not None or settings.listen_mesh_grpc is not None:
+            self.mesh = MeshTable(self.table, self.relayed)
+            self.mesh.on_change = self.routes_changed
+            if settings.listen_mesh_http is not None:
+                self.mesh_rest = RestRelay(
+                    settings, self.limiter, self.metrics, self.state, self.table, self.mesh
+                )
+            if settings.listen_mesh_grpc is not None and settings.grpc_mode == "relay":
+                self.mesh_grpc = GrpcRelay(
+                    settings, self.limiter, self.metrics, self.state, self.table, self.mesh
+                )
         self.table.on_change = self.table_changed
         self._agent_calls: AgentCalls | None = None
         """With the agent: sleeps and wakes the on-demand models (one channel for them all)."""
@@ -212,6 +228,29 @@ class Proxy:
             self.on_demand(model_id, entry.idle_seconds or settings.idle_seconds, limiter, metrics)
         return served
 
+    def relayed(self, route: Route) -> Served:
+        """A model of the namespace another host serves, relayed to its Service from the mesh
+        ports: a limiter of its own, bounded (`mesh.RELAYED_IN_FLIGHT`), and metrics of its own
+        that are not exported (its requests count where they are served)."""
+        settings = self.settings
+        limit = route.max_concurrency or settings.container_concurrency or RELAYED_IN_FLIGHT
+        queue = 10 * limit if settings.queue_size is None else settings.queue_size
+        limiter = Limiter(
+            limit,
+            queue,
+            settings.queue_timeout_seconds,
+            window=settings.concurrency_window_seconds,
+        )
+        entry = Entry(route.model, route.max_concurrency)
+        served = Served(route.model, limiter, ProxyMetrics(limiter, route.model), entry)
+        served.route = (route.address, route.http, route.grpc)
+        return served
+
+    def routes_changed(self) -> None:
+        """The routes file changed: the router's REST relay decides its heads again."""
+        if self.mesh_rest is not None:
+            self.mesh_rest.forget_heads()
+
     def park(self, served: Served) -> None:
         """Hold the requests of a model parked here at zero replicas (`proxy.parking`)."""
         limiter = served.limiter
@@ -292,6 +331,10 @@ class Proxy:
         """Models joined or left the host's table: the REST relay forgets its prepared heads,
         and the requests of a parked model that left are answered (`Parking.unpark`)."""
         self.rest.forget_heads()
+        if self.mesh is not None:
+            self.mesh.rebuild()
+        if self.mesh_rest is not None:
+            self.mesh_rest.forget_heads()
         for model_id in [m for m in self.parking.models if m not in self.table.names]:
             self.parking.unpark(model_id, gone=True)
         self.sleep_changed()
@@ -338,6 +381,18 @@ class Proxy:
                 consequence="models added to or removed from the host are no longer followed",
                 vital=False,
             )
+        if self.mesh is not None and self.settings.routes_file is not None:
+            self.mesh.reread(self.settings.routes_file)
+            lifecycle.spawn(
+                "the routes file's watch",
+                self.mesh.follow(
+                    self.settings.routes_file,
+                    self.settings.models_check_seconds,
+                    lifecycle.stop_event,
+                ),
+                consequence="models of the namespace added or moved are no longer relayed to",
+                vital=False,
+            )
         if self.caller_key is not None:
             # Before the first connection to the gateway, which it names the pod on.
             await self.caller_key.ask()
@@ -350,6 +405,9 @@ class Proxy:
         await self.own_model.start()
         await self.rest.start()
         await self.grpc.start()
+        for mesh in (self.mesh_rest, self.mesh_grpc):
+            if mesh is not None:
+                await mesh.start()
         # Last: /healthz is the startup probe's, and the kubelet probes readiness (on the REST
         # port) as soon as it passes; a REST port not yet listening then would cost a whole
         # readiness period.
@@ -416,6 +474,9 @@ class Proxy:
         self.rest.leave(leaving)
         if isinstance(self.grpc, GrpcRelay):  # grpc.aio (--grpc-mode grpcio) keeps its own
             self.grpc.leave(leaving)
+        for mesh in (self.mesh_rest, self.mesh_grpc):
+            if mesh is not None:
+                mesh.leave(leaving)
 
     def model_ids(self) -> list[str]:
         """The models this proxy serves: the pod's, or the host's table's."""
@@ -447,7 +508,8 @@ class Proxy:
             settings.finish_timeout_seconds,
             self.limiter.in_flight,
         )
-        await asyncio.gather(self.rest.stop(), self.grpc.stop())
+        meshes = [m.stop() for m in (self.mesh_rest, self.mesh_grpc) if m is not None]
+        await asyncio.gather(self.rest.stop(), self.grpc.stop(), *meshes)
         if self._agent_calls is not None:
             await self._agent_calls.close()
         if settings.agent_address and settings.token_file is not None:

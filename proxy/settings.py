@@ -209,6 +209,31 @@ class Settings:
     """host and port the tenant-facing KServe v2 REST endpoint listens on; default 0.0.0.0:9000."""
     listen_grpc: tuple[str, int] = listen_flag("grpc", DEFAULT_PROXY_GRPC_PORT)
     """host and port the tenant-facing gRPC endpoint listens on; default 0.0.0.0:9001."""
+    listen_mesh_http: tuple[str, int] | None = setting(
+        "listen-mesh-http",
+        "a model host's REST address for the namespace's modelmesh-serving Service (8008)",
+        address,
+        default=None,
+    )
+    """With --models-file: where the host's proxy also serves KServe v2 REST for every model of
+    its namespace, those of its table as on --listen-http and the routes file's relayed to their
+    Services (`proxy.mesh`); None: not served."""
+    listen_mesh_grpc: tuple[str, int] | None = setting(
+        "listen-mesh-grpc",
+        "a model host's gRPC address for the namespace's modelmesh-serving Service (8033)",
+        address,
+        default=None,
+    )
+    """As `listen_mesh_http`, for gRPC; None: not served."""
+    routes_file: Path | None = setting(
+        "routes-file",
+        "the namespace's models and their Services' addresses, relayed to from the mesh ports",
+        path,
+        default=None,
+    )
+    """A JSON list of `{"model", "address", "http", "grpc", "maxConcurrency"}` (the binder's
+    `tritonshare-mesh-routes` ConfigMap), reread every --models-check-seconds; missing: only
+    the table's models are served on the mesh ports."""
     listen_metrics: tuple[str, int] = listen_flag("metrics", DEFAULT_PROXY_METRICS_PORT)
     """host and port of /metrics, /healthz and /readyz, kept off the Service port; default 9002."""
     max_body_bytes: int = max_body()
@@ -417,6 +442,12 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
                     f"{flag} works with --model-id only, not with --models-file (each model of a "
                     "host has its residency in the file, and is served by the gRPC relay): drop it"
                 )
+    mesh = settings.listen_mesh_http or settings.listen_mesh_grpc or settings.routes_file
+    if mesh and settings.models_file is None:
+        raise SettingsError(
+            "--listen-mesh-http, --listen-mesh-grpc and --routes-file are a model host's (the "
+            "namespace's modelmesh-serving Service): pass them with --models-file"
+        )
     if settings.source_address and settings.grpc_mode == "grpcio":
         raise SettingsError(
             "--source-address works with --grpc-mode relay only (grpc.aio cannot choose its "

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from common.atomicfile import read_file
 from common.contract import RESIDENCY_ALWAYS, ContractError, validate_model_id
@@ -97,6 +97,7 @@ class Served:
         "public",
         "replicas",
         "resend",
+        "route",
         "spread",
     )
 
@@ -133,6 +134,9 @@ class Served:
         self.spread = False
         """One of a model's replicas (`Replicas`): the relays map its private name once it is
         picked; the routers name its public id."""
+        self.route: tuple[str, int, int] | None = None
+        """A model of the namespace served elsewhere (`proxy.mesh`): its Service's address, REST
+        and gRPC ports, where the router's ports relay its requests; None: served here."""
 
 
 class Replicas:
@@ -212,6 +216,16 @@ def read_models(path: Path) -> list[Entry]:
                 name, concurrency, idle_seconds, residency, parked, leaving, idempotent
             )
     return list(models.values())
+
+
+class MeshViews(Protocol):
+    """What the namespace router's listeners read (`proxy.mesh.MeshTable`): the names they
+    accept and each one's entry, the table's own or a relayed model's (`Served.route`)."""
+
+    names: set[str]
+    encoded: set[bytes]
+    models: dict[str, Served]
+    served: dict[bytes, Served]
 
 
 class ModelTable:

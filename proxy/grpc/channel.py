@@ -106,8 +106,12 @@ def _hello() -> list[bytes]:
 class TritonChannel(Channel, asyncio.Protocol):
     """One HTTP/2 client connection to Triton carrying streams of many tenant connections."""
 
-    def __init__(self, relay: ChannelOwner) -> None:
+    def __init__(self, relay: ChannelOwner, address: str = "", keyed: bool = True) -> None:
         self.relay = relay
+        self.address = address or relay.settings.triton_grpc_url
+        """host:port: the node gateway's gRPC side, or a relayed model's Service (`proxy.mesh`)."""
+        self.keyed = keyed
+        """Sends the pod's caller key first (the node gateway reads it; a Service does not)."""
         self.streams: dict[int, Stream] = {}  # by Triton-side stream id
         self.closing = False  # GOAWAY from Triton, ids used up, or the proxy stops
         self.max_streams = _LAST_ID  # Triton's SETTINGS_MAX_CONCURRENT_STREAMS
@@ -143,7 +147,7 @@ class TritonChannel(Channel, asyncio.Protocol):
 
     async def connect(self) -> None:
         """Open the connection; until then frames wait in the write buffer."""
-        host, _, port = self.relay.settings.triton_grpc_url.rpartition(":")
+        host, _, port = self.address.rpartition(":")
         loop = asyncio.get_running_loop()
         source = local_address(self.relay.settings.source_address)
 
@@ -176,7 +180,7 @@ class TritonChannel(Channel, asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
-        if self.relay.state.caller_key:
+        if self.keyed and self.relay.state.caller_key:
             # The node gateway reads the pod's caller key before the HTTP/2 preface.
             self.transport.write(self.relay.state.caller_key)
         self.relay.triton_reachable()

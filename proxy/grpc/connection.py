@@ -69,6 +69,8 @@ class Listener(GateContext, Scheduler, Protocol):
     closing: bool
     """Each call's end sends its connection GOAWAY (the relay stops, or the pod leaves its
     Service)."""
+    mesh: bool
+    """The namespace router's port: calls are opened upstream once their model is read."""
 
     def channel(self) -> Channel:
         """The connection to Triton a new stream goes on."""

@@ -67,6 +67,9 @@ class GateContext(Protocol):
     def channel(self) -> Channel:
         """The connection to Triton a new stream goes on (or a detached one, again)."""
 
+    def route_channel(self, route: tuple[str, int, int]) -> Channel:
+        """The connection to a relayed model's Service (`table.Served.route`)."""
+
 
 class GateHooks:
     """What the gate needs from the reader of its streams' buffers (`intake.StreamIntake`, the
@@ -259,6 +262,17 @@ class StreamGate:
         `framed` is the message as the tenant sent it (length-prefixed; compressed when `message`
         was inflated from it), when the relay may send those very bytes on."""
         router = self._router
+        vmodel = stream.vmodel
+        if vmodel is not None:
+            # ModelMesh's header names the model: the message names it too from here on.
+            try:
+                named = wire.with_string_value(message, 1, vmodel)
+            except wire.WireError:
+                named = message  # malformed: refused by the check below
+            if named != message:
+                self.replies.forwarded(stream, total - len(named) - 5)
+                total = len(named) + 5
+                message, framed = named, None
         if stream.streaming:
             refusal = router.decide_stream_message(message)
             if refusal is None and router.per_model:
@@ -376,8 +390,11 @@ class StreamGate:
 
     def reopen(self, stream: Stream) -> Channel:
         """Open `stream` at Triton again, on the listener's channel: its connection failed
-        before its message went (`Stream.detach`)."""
-        channel = self.context.channel()
+        before its message went (`Stream.detach`); or for the first time, on the router's port
+        (`server.GrpcRelay.mesh`), at its model's Service when another host serves it."""
+        served = stream.served
+        route = served.route if served is not None else None
+        channel = self.context.channel() if route is None else self.context.route_channel(route)
         channel.open(stream, stream.fields, False)
         return channel
 

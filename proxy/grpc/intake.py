@@ -185,6 +185,11 @@ class StreamIntake(GateHooks):
             request_id = wire.prefix_string(prefix, 3, ordered=True) if name is not None else None
         except (wire.WireError, refusals.ProxyError):
             return True  # malformed: refused by the full check once whole
+        vmodel = stream.vmodel
+        if vmodel is not None and name != vmodel and (name is not None or not held):
+            # Its bytes go on as they come: the header's model cannot be written in.
+            self.gate.refuse(stream, "INVALID_ARGUMENT", _VMODEL_LARGE, None)
+            return False
         if name is None:
             return not held
         served = stream.served
@@ -423,6 +428,12 @@ class StreamIntake(GateHooks):
         stream.resuming = False
         if self.streams.get(stream.sid) is stream:
             self.relay_buffered(stream)
+
+
+_VMODEL_LARGE: Final = (
+    "a message over 16 KiB with an mm-vmodel-id header must name the same model in its "
+    "model_name field"
+)
 
 
 def _text(refusal: bytes) -> str:

@@ -54,7 +54,9 @@ SERVER_READY: Final = GrpcAnswer("ServerReady", "OK", response=framing.READY)
 
 _clock: Final = time.perf_counter
 """When a call started, for its latency (as `gate._clock`); compiled (mypyc), a C static."""
-_Plan = tuple[str, bool, Fields, bytes | None, str | None]
+_Plan = tuple[str, bool, Fields, bytes | None, str | None, bytes | None]
+_VMODEL: Final = b"mm-vmodel-id"
+"""ModelMesh's header naming the model of a call (`Stream.vmodel`)."""
 
 
 class H2Connection(Connection):
@@ -67,6 +69,7 @@ class H2Connection(Connection):
         # every time.
         self._router = relay.router
         self._channel = relay.channel
+        self._mesh = relay.mesh
         self._decoder = BlockDecoder()
         self._plans: dict[Fields, _Plan] = {}  # see _plan
         self._plans_bytes = 0  # what they hold, counted as `headers.fields_size` counts
@@ -74,7 +77,7 @@ class H2Connection(Connection):
         # decoder kept, recognised by identity without hashing it (CPython does not cache a
         # tuple's hash; this one is seven pairs).
         self._last_fields: Fields | None = None
-        self._last_plan: _Plan = ("", False, (), None, None)
+        self._last_plan: _Plan = ("", False, (), None, None, None)
         self._initial_window = frames.DEFAULT_WINDOW  # the tenant's SETTINGS_INITIAL_WINDOW_SIZE
 
     # -- the hooks of the gate and the replies (`replies.ReplyHooks`) -----------------------------
@@ -242,7 +245,7 @@ class H2Connection(Connection):
             else:
                 plan = found
                 self._last_fields, self._last_plan = fields, plan
-        kind, streaming, sent, encoding, problem = plan
+        kind, streaming, sent, encoding, problem, vmodel = plan
         if problem is not None:
             self.on_stream_error(sid, frames.PROTOCOL_ERROR, f"a malformed request: {problem}")
             return
@@ -251,6 +254,7 @@ class H2Connection(Connection):
         if end_stream:
             stream.tenant = NEXT[stream.tenant, RECEIVED_END]
         stream.encoding = encoding
+        stream.vmodel = vmodel
         started = _clock()
         if self._goaway or len(self.streams) >= MAX_STREAMS:
             self.out.write(frames.rst_stream(sid, frames.REFUSED_STREAM))
@@ -286,7 +290,12 @@ class H2Connection(Connection):
             stream.finals = Finals()  # each request message in flight holds a slot (`gate`)
         self.streams[sid] = stream
         stream.started = started
-        self._channel().open(stream, sent, end_stream)
+        if self._mesh and not end_stream:
+            # Opened once its message names its model (`gate.reopen`): here, or at the
+            # model's Service.
+            stream.fields = sent
+        else:
+            self._channel().open(stream, sent, end_stream)
         if streaming and router.model_id:
             # An open stream holds a slot of its model's; a host's streams from their first
             # request, once it names the model.
@@ -314,7 +323,10 @@ class H2Connection(Connection):
                 # (`policy.finals`), which compressed answers would hide: Triton may compress
                 # only for a client that accepts it, and this one does not.
                 sent = tuple((n, v) for n, v in sent if n != b"grpc-accept-encoding")
-            plan = (kind, streaming, sent, encoding, request_problem(fields))
+            vmodel = next((value for name, value in fields if name == _VMODEL), None)
+            if vmodel is not None:
+                sent = tuple((n, v) for n, v in sent if n != _VMODEL)
+            plan = (kind, streaming, sent, encoding, request_problem(fields), vmodel)
             # Counted by the fields it holds (the key, and `sent` when it is a copy), as the
             # decoder counts its blocks: a block of a thousand one-byte fields is not kept.
             size = ENTRY_BYTES + fields_size(fields)

@@ -31,7 +31,7 @@ from proxy.policy.routing import GrpcRouter
 from proxy.processflags import ProxyState
 from proxy.settings import Settings
 from proxy.sockets import bind
-from proxy.table import ModelTable, Served
+from proxy.table import MeshViews, ModelTable, Served
 
 log = logging.getLogger(__name__)
 
@@ -46,26 +46,35 @@ class GrpcRelay:
         metrics: ProxyMetrics,
         state: ProxyState,
         table: ModelTable,
+        mesh: MeshViews | None = None,
     ) -> None:
         self.settings = settings
         self.router = GrpcRouter(
             settings.model_id,
             settings.triton_name,
-            table.encoded,
+            table.encoded if mesh is None else mesh.encoded,
             table.private_encoded if table.renames else None,
         )
+        self.mesh = mesh is not None
+        """The namespace router's port (`proxy.mesh`): a call is opened upstream once its
+        message names its model, at the node gateway or at a relayed model's Service."""
+        self.listen = settings.listen_grpc
+        if mesh is not None and settings.listen_mesh_grpc is not None:
+            self.listen = settings.listen_mesh_grpc
+        self.route_channels: dict[str, list[TritonChannel]] = {}
+        """The router's channels to other models' Services, by host:port."""
         self.limiter = limiter
         """The pod's own limiter (quarantine, the gateway's share); a model pod's model's."""
         self.metrics = metrics
         """Where calls naming no model of the table count; a model pod's model's."""
-        self.served: dict[bytes, Served] = table.served
+        self.served: dict[bytes, Served] = table.served if mesh is None else mesh.served
         """Each model's limiter and metrics by encoded model id (the table's, as it changes)."""
         self.state = state
         self.max_message = settings.max_body_bytes
         self.max_inflated = settings.max_inflated_bytes
         self.connections: set[Connection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
-        metrics.listener("grpc", self.idle)
+        metrics.listener("grpc" if mesh is None else "mesh-grpc", self.idle)
         self.channels: list[TritonChannel] = []
         self.tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
@@ -129,10 +138,25 @@ class GrpcRelay:
         self.spawn(opened.connect(), "A gRPC channel's connection to Triton")
         return opened
 
+    def route_channel(self, route: tuple[str, int, int]) -> TritonChannel:
+        """The channel a relayed model's call goes on, to its Service (`Served.route`)."""
+        address = f"{route[0]}:{route[2]}"
+        channels = self.route_channels.setdefault(address, [])
+        for channel in channels:
+            if channel.accepts():
+                return channel
+        opened = TritonChannel(self, address, keyed=False)
+        channels.append(opened)
+        self.mark(opened.out)
+        self.spawn(opened.connect(), "A gRPC channel's connection to a model's Service")
+        return opened
+
     def forget(self, channel: TritonChannel) -> None:
         """`channel` takes no new streams."""
         with contextlib.suppress(ValueError):
             self.channels.remove(channel)
+        with contextlib.suppress(KeyError, ValueError):
+            self.route_channels[channel.address].remove(channel)
 
     def triton_unreachable(self, address: str, error: object) -> None:
         if not self._unreachable:
@@ -153,7 +177,7 @@ class GrpcRelay:
 
     async def start(self) -> None:
         """Start listening."""
-        host, port = self.settings.listen_grpc
+        host, port = self.listen
         sock = bind(host, port)
         self.port = sock.getsockname()[1]
         loop = asyncio.get_running_loop()
@@ -176,11 +200,15 @@ class GrpcRelay:
         """What this relay holds for its tenant: its connections', and what waits to be written
         to Triton (the gateway's byte budget reads it on a timer, never per call)."""
         held = sum(connection.held_bytes() for connection in self.connections)
-        for channel in self.channels:
+        for channel in self._all_channels():
             transport = channel.transport
             if transport is not None:
                 held += transport.get_write_buffer_size()
         return held
+
+    def _all_channels(self) -> list[TritonChannel]:
+        """The channels to the node gateway and to relayed models' Services."""
+        return [*self.channels, *(c for cs in self.route_channels.values() for c in cs)]
 
     def leave(self, leaving: bool) -> None:
         """While the node pod stops and its gateway takes this pod out of its Service
@@ -221,7 +249,7 @@ class GrpcRelay:
         for connection in list(self.connections):
             if connection.transport is not None:
                 _close_now(connection.transport)
-        for channel in list(self.channels):
+        for channel in self._all_channels():
             self.forget(channel)
             if channel.transport is not None:
                 _close_now(channel.transport)

@@ -83,6 +83,7 @@ class Stream:
         "up_held",
         "up_sent",
         "up_window",
+        "vmodel",
         "waiter",
         "window",
     )
@@ -94,6 +95,9 @@ class Stream:
         self.streaming = False  # ModelStreamInfer: every message is checked, not just one
         self.route = kind
         self.encoding: bytes | None = None  # the grpc-encoding request header
+        self.vmodel: bytes | None = None
+        """ModelMesh's `mm-vmodel-id` request header: the model each message names, whatever
+        its model-name field says (`gate.check` writes it there)."""
         self.buf = bytearray()
         # A message read in pieces (`intake`): its reader, its inflation when compressed, the bytes
         # of it still to come, and whether it waits for the next event-loop turn.

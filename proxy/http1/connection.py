@@ -53,6 +53,9 @@ class Listener(Protocol):
     def prepare(self, block: bytes) -> Prepared:
         """The prepared form of request head `block` (parsed, decided, re-serialized)."""
 
+    def pool_for(self, route: tuple[str, int, int]) -> UpstreamPool:
+        """The connections to a relayed model's Service (`table.Served.route`)."""
+
 
 PIPELINE_LIMIT: Final = 1024 * 1024
 

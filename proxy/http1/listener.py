@@ -32,7 +32,7 @@ from proxy.policy.routing import Forward, HttpRouter
 from proxy.processflags import ProxyState
 from proxy.settings import Settings
 from proxy.sockets import bind
-from proxy.table import ModelTable, Served
+from proxy.table import MeshViews, ModelTable, Served
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +57,26 @@ class RestRelay:
         metrics: ProxyMetrics,
         state: ProxyState,
         table: ModelTable,
+        mesh: MeshViews | None = None,
     ) -> None:
         self.settings = settings
         self.router = HttpRouter(
             settings.model_id,
             settings.triton_name,
-            table.names,
+            table.names if mesh is None else mesh.names,
             table.private if table.renames else None,
         )
+        self.listen = settings.listen_http
+        """Where it listens: the REST port, or (`mesh`) the namespace router's."""
+        self.route_pools: dict[tuple[str, int], UpstreamPool] = {}
+        """The router's connections to other models' Services, by address and port."""
         self.limiter = limiter
         """The pod's own limiter (quarantine, the gateway's share); a model pod's model's."""
         self.metrics = metrics
         """Where requests naming no model of the table count; a model pod's model's."""
-        self.models: dict[str, Served] = table.models
-        """Each model's limiter and metrics by model id (the table's, followed as it changes)."""
+        self.models: dict[str, Served] = table.models if mesh is None else mesh.models
+        """Each model's limiter and metrics by model id (the table's, followed as it changes;
+        the router's: the table's and the relayed ones, `proxy.mesh`)."""
         self.state = state
         self.max_body = settings.max_body_bytes
         self.max_inflated = settings.max_inflated_bytes
@@ -79,7 +85,9 @@ class RestRelay:
         self.pool = UpstreamPool(host, int(port), settings.source_address, state)
         self.connections: set[Connection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
-        metrics.listener("http", self.idle)
+        metrics.listener("http" if mesh is None else "mesh-http", self.idle)
+        if mesh is not None and settings.listen_mesh_http is not None:
+            self.listen = settings.listen_mesh_http
         self._prepared: dict[bytes, Prepared] = {}
         self.closing = False
         self._server: asyncio.Server | None = None
@@ -106,13 +114,22 @@ class RestRelay:
                 self._prepared[block] = prepared
         return prepared
 
+    def pool_for(self, route: tuple[str, int, int]) -> UpstreamPool:
+        """The connections to a relayed model's Service (`Served.route`): no caller key, which
+        only the node gateway reads."""
+        key = (route[0], route[1])
+        pool = self.route_pools.get(key)
+        if pool is None:
+            pool = self.route_pools[key] = UpstreamPool(key[0], key[1])
+        return pool
+
     def forget_heads(self) -> None:
         """Prepare every head again (the table changed: a model a kept head names may be gone)."""
         self._prepared.clear()
 
     async def start(self) -> None:
         """Start listening."""
-        host, port = self.settings.listen_http
+        host, port = self.listen
         sock = bind(host, port)
         self.port = sock.getsockname()[1]
         loop = asyncio.get_running_loop()
@@ -195,3 +212,5 @@ class RestRelay:
             await self._server.wait_closed()
             self._server = None
         self.pool.close()
+        for pool in self.route_pools.values():
+            pool.close()

@@ -185,6 +185,9 @@ class ClientConnection(Exchange):
                 self._upstream_head = _renamed_head(self._upstream_head, served)
                 verbatim = False
             self._served = served
+            # A model of the namespace served elsewhere (the router's port): to its Service.
+            route = served.route if served is not None else None
+            self._pool = relay.pool if route is None else relay.pool_for(route)
             if served is not None and served.draining_since is None:
                 self._limiter = served.limiter
                 self._metrics = served.metrics
@@ -268,7 +271,7 @@ class ClientConnection(Exchange):
             self._resume()
             return
         self._holding = True
-        upstream = self._relay.pool.take()
+        upstream = self._pool.take()
         if upstream is None:
             await self._connect_then_send()
         else:
@@ -280,7 +283,7 @@ class ClientConnection(Exchange):
         listening), and it waits. Else why not, to answer; None: the tenant left meanwhile."""
         try:
             upstream = await connect_retrying(
-                self._relay.pool.connect,
+                self._pool.connect,
                 self._relay.settings.connect_retry_seconds,
                 restoring=self._restoring,
             )
@@ -288,7 +291,7 @@ class ClientConnection(Exchange):
             address = self._relay.upstream_address
             return f"Triton at {address} is unreachable ({e.strerror}); retry soon"
         if self._state == CLOSED:
-            self._relay.pool.put(upstream)
+            self._pool.put(upstream)
             return None
         return upstream
 
