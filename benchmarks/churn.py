@@ -21,7 +21,8 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
 `--seed` applies one change at a time:
 
 - scale: `scaled` 1 -> 3 -> 1 replicas; zero: `zero` set to 0 replicas under its load (as
-  `kubectl scale` would), parked on a host that holds its requests, and woken by them;
+  `kubectl scale` would): parked on a host that holds its requests, it is asked for again by the
+  autoscaler that reads them (the binder may keep the draining replicas it wants again);
 - neighbour: a TritonModel created beside `steady` and deleted; secret: a TritonModel with a
   `storageSecret` joins `team-a` (its hosts are replaced) and leaves; rollout: `pods` rolled to
   new files;
@@ -34,6 +35,8 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   so `team-a`'s hosts are replaced (its lone models served meanwhile by a stand-in replica);
   every other one with `zero` set to 0 just before the leader stops, so it waits parked for the
   next leader's autoscaler.
+- hang: a node pod's gateway, agent or Triton, in turn, stopped (SIGSTOP to its container's
+  processes) for 20 s, then continued; a restart by its liveness probe meanwhile is expected.
 
 The simulated cluster restarts the node pods' containers (Triton's keeper, agent, gateway) as the
 kubelet restarts those of a `restartPolicy: Always` pod (`sim.node.nodepods`: at once, then with its
@@ -144,6 +147,10 @@ starts it again (or gives up)."""
 
 OUTAGE = 20.0
 """Seconds the API server is down."""
+HANG = 20.0
+"""Seconds a hung process stays stopped."""
+HANGS = ("gateway", "agent", "triton")
+"""The node pod's containers the hang change stops, in turn."""
 KINDS = (
     "scale",
     "zero",
@@ -157,6 +164,7 @@ KINDS = (
     "apiserver",
     "crasher",
     "host-image",
+    "hang",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
 """The models under load, by namespace."""
@@ -173,6 +181,7 @@ LIMITS = {
     "apiserver": 60.0,
     "crasher": 150.0,
     "host-image": 600.0,
+    "hang": 120.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
 WARM_UP = 180.0
@@ -404,6 +413,7 @@ class Churn:
         self.load: LoadProcess | None = None
         self.releases = 0
         self.host_images = 0
+        self.hangs = 0
         self.slow_lazy = slow_lazy
         """Seconds `lazy`'s model takes per request (0: `MODEL_SECONDS`, as every model)."""
 
@@ -548,26 +558,35 @@ class Churn:
         time.sleep(5)
 
     def watch_zero(self, since: float, timeout: float) -> str:
-        """Until `zero` has been at zero (parked, or no replica ready) and is served again by a
-        ready replica; ClusterError after `timeout` seconds. Says when each happened."""
-        at_zero: float | None = None
+        """Until `zero`, set to 0 replicas at `since`, is asked for again (its autoscaler woke
+        it from the requests its parking host holds) and served by a ready replica, no longer
+        parked; ClusterError after `timeout` seconds. Says when, and what was seen meanwhile:
+        the binder may keep a draining replica it wants again, so the model may never show 0
+        ready replicas, and its parking may last less than a look here."""
         deadline = time.monotonic() + timeout
+        parked_seen, fewest = False, None
+        woken: float | None = None
         while True:
-            ready = self.ready_count("zero")
+            model = self.tm("zero") or {}
+            asked = int((model.get("spec") or {}).get("replicas") or 0)
+            ready = int((model.get("status") or {}).get("readyReplicas") or 0)
             parked = self.parked("zero")
-            if at_zero is None and (parked or ready == 0):
-                at_zero = time.monotonic()
-            if at_zero is not None and ready >= 1 and not parked:
-                back = time.monotonic()
+            parked_seen = parked_seen or parked
+            fewest = ready if fewest is None else min(fewest, ready)
+            if woken is None and asked >= 1:
+                woken = time.monotonic()
+            if woken is not None and ready >= 1 and not parked:
+                served = time.monotonic() - since
                 return (
-                    f"at zero {at_zero - since:.1f} s on, ready again {back - at_zero:.1f} s later"
+                    f"asked for again {woken - since:.1f} s on, served {served:.1f} s on; parked "
+                    f"seen {'yes' if parked_seen else 'no'}, fewest ready {fewest}"
                 )
             if time.monotonic() > deadline:
-                state = "ready again" if at_zero is not None else "at zero"
+                state = "served again" if woken is not None else "asked for again"
                 raise ClusterError(
                     f"zero not {state} within {timeout:g} s; {self.conditions('zero')}"
                 )
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     def ready_count(self, name: str) -> int:
         return int(((self.tm(name) or {}).get("status") or {}).get("readyReplicas") or 0)
@@ -674,6 +693,42 @@ class Churn:
             )
 
         self._restarted(running, "the gateway")
+
+    def do_hang(self, change: Change) -> None:
+        """One of the node pod's containers (gateway, agent, Triton in turn) hung: every process
+        of it stopped (SIGSTOP to its process group, as a frozen cgroup) for `HANG` seconds,
+        then continued; the change completes once it serves again."""
+        process = change.process = HANGS[self.hangs % len(HANGS)]
+        self.hangs += 1
+        node = change.node
+        if process == "agent":
+            pid = self.cluster.agents[node].process.process
+        elif process == "gateway":
+            pid = self.cluster.gateways[node].process.process
+        else:
+            pid = self.cluster.tritons[node].process
+        assert pid is not None, f"the {process} of {node} runs no process"
+        change.moment = time.monotonic()
+        os.killpg(pid.pid, signal.SIGSTOP)
+        try:
+            time.sleep(HANG)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid.pid, signal.SIGCONT)
+        change.note = f"{process} stopped {HANG:g} s"
+
+        def serving() -> bool:
+            if process == "agent":
+                return self.cluster.agents[node].process.alive()
+            if process == "gateway":
+                handle = self.cluster.gateways.get(node)
+                return handle is not None and http_ok(
+                    f"http://{handle.address}:{handle.metrics}/healthz"
+                )
+            triton = self.cluster.tritons.get(node)
+            return triton is not None and http_ok(f"http://{triton.http_url}/v2/health/ready")
+
+        self._restarted(serving, f"the {process} of {node}")
 
     def binder_lease(self) -> tuple[str, datetime.datetime | None]:
         """The binder leader lease's holder and last renewal."""
@@ -1089,7 +1144,8 @@ def main() -> None:
         "Counts the failed requests of models in two namespaces under steady load through "
         "their Services while a schedule drawn from --seed changes the fleet for --minutes "
         "(scale, scale to zero, neighbours, a host's secret, a rollout, a node pod replaced, "
-        "the agent, gateway and leader binder killed, an API server outage, a crasher), or "
+        "the agent, gateway and leader binder killed, an API server outage, a crasher, a "
+        "node pod's container hung), or "
         "only the kinds --changes names.",
     )
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of churn (10)")

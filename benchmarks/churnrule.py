@@ -66,6 +66,8 @@ class Change:
     """Seconds it took to complete; None: it did not complete."""
     end: float = 0.0
     """The end of its window (completion plus the settling time)."""
+    process: str = ""
+    """The node pod's container it aims at (`hang`), if any."""
     note: str = ""
 
     @property
@@ -91,7 +93,8 @@ STOPPED = ("signal SIGTERM", "signal SIGKILL", "exit code 0", "exit code 143", "
 def why_expected(e: Exit, changes: list[Change]) -> str:
     """Why a change expected this exit; empty when none did: the churn's own kills, a pod's
     containers ending as it is deleted, the crasher and the Triton it kills, a replaced node
-    pod's processes stopped (not crashed) during that change."""
+    pod's processes stopped (not crashed) during that change, a hung container stopped or
+    killed by its liveness probe during its hang."""
     if e.cause.startswith(CHURN_CAUSES):
         return "the churn's own"
     if "(pod deleted)" in e.cause:
@@ -102,14 +105,16 @@ def why_expected(e: Exit, changes: list[Change]) -> str:
         return "the crasher's"
     process, _, node = e.name.partition("/")
     for change in changes:
-        if (
-            change.kind == "node-pod"
-            and node == change.node
-            and process in NODE_POD_PROCESSES
-            and e.code in STOPPED
-            and change.start <= e.at <= change.end
-        ):
+        if node != change.node or not change.start <= e.at <= change.end:
+            continue
+        if change.kind == "node-pod" and process in NODE_POD_PROCESSES and e.code in STOPPED:
             return "its node pod replaced"
+        if (
+            change.kind == "hang"
+            and process == change.process
+            and (e.code in STOPPED or e.cause.startswith("the kubelet killed it"))
+        ):
+            return "restarted as it hung"
     return ""
 
 

@@ -26,7 +26,7 @@ def steady_load(per_model: int = MIN_PER_MINUTE, in_flight: int = 8) -> list[Req
     model at every moment."""
     requests = []
     for model in MODELS:
-        for lane in range(in_flight):
+        for _lane in range(in_flight):
             n = per_model // in_flight + 1
             step = 60.0 / n
             for i in range(n):
@@ -50,7 +50,9 @@ def expected_exits() -> list[Exit]:
     ]
 
 
-def failed(model: str, detail: str = "502: the gateway's connection ended", at: float = 12.0):
+def failed(
+    model: str, detail: str = "502: the gateway's connection ended", at: float = 12.0
+) -> Request:
     return Request(model, "grpc-stream", at, at + 0.2, False, detail)
 
 
@@ -135,6 +137,15 @@ def test_which_exits_a_change_expects() -> None:
     # A crash during the node pod's replacement is no stop.
     assert why_expected(Exit(31, "triton/gpu-b", "signal SIGSEGV", "", ""), done) == ""
     assert why_expected(Exit(31, "pod team-a/host-y/proxy", "exit code 1", "Error", ""), done) == ""
+
+
+def test_a_hung_container_may_be_restarted_during_its_hang_and_no_other() -> None:
+    hang = Change("hang", "gpu-a", limit=120, start=100, took=25, end=135, process="gateway")
+    probed = Exit(118, "gateway/gpu-a", "signal SIGKILL", "the kubelet killed it: its liveness", "")
+    assert why_expected(probed, [hang]) == "restarted as it hung"
+    assert why_expected(Exit(118, "agent/gpu-a", "signal SIGKILL", "", ""), [hang]) == ""
+    assert why_expected(Exit(140, "gateway/gpu-a", "signal SIGKILL", "", ""), [hang]) == ""
+    assert why_expected(Exit(118, "gateway/gpu-b", "signal SIGKILL", "", ""), [hang]) == ""
 
 
 def test_in_flight_at_a_changes_moment_counts_the_requests_sent_and_not_yet_answered() -> None:
