@@ -85,6 +85,7 @@ class Kube:
         self.scale = models.scale
         self.create_service = models.create_service
         self.put_budget = models.put_budget
+        self.put_config_map = models.put_config_map
         self.delete_budget = models.delete_budget
         self.create_model = models.create_model
         self.patch_model = models.patch_model

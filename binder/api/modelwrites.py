@@ -1,7 +1,8 @@
 """What the TritonModel controller and the autoscaler write besides pods, over a
 common.kubeapi.session.Session: a TritonModel's status, an object's `scale` subresource, a model's
-Service, and a model host's PodDisruptionBudget; and the TritonModels the InferenceService
-controller creates and patches. Every write is retried as the session says.
+Service, a model host's PodDisruptionBudget and a namespace router's routes ConfigMap; and the
+TritonModels the InferenceService controller creates and patches. Every write is retried as the
+session says.
 """
 
 from __future__ import annotations
@@ -70,6 +71,18 @@ class ModelWrites:
         path = f"{namespace_path(namespace)}/services"
         what = f"creating Service {namespace}/{body['metadata']['name']}"
         self._session.write(what, "POST", path, body)
+
+    def put_config_map(self, body: JsonObject) -> None:
+        """Create the ConfigMap, or set the data of the one of its name."""
+        meta = body["metadata"]
+        path = f"{namespace_path(meta['namespace'])}/configmaps"
+        what = f"ConfigMap {meta['namespace']}/{meta['name']}"
+        try:
+            self._session.write(f"creating {what}", "POST", path, body)
+        except ConflictError:
+            patch = {"data": body["data"]}
+            name = quote(meta["name"], safe="")
+            self._session.write(f"updating {what}", "PATCH", f"{path}/{name}", patch, MERGE_PATCH)
 
     def put_budget(self, body: JsonObject) -> None:
         """Create the PodDisruptionBudget, or set the spec of the one of its name."""

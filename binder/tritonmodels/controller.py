@@ -32,6 +32,7 @@ from binder.framework.placement import Policy
 from binder.framework.queue import SchedulingQueue
 from binder.framework.replicapreemption import REFUSED_RETRY_SECONDS
 from binder.tritonmodels.hostwriter import HostWriter
+from binder.tritonmodels.meshwriter import MeshWriter
 from binder.tritonmodels.placer import Hosted, ReplicaPlacer
 from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.reporting import Reporter
@@ -151,6 +152,8 @@ class TritonModelController:
         )
         """The namespace's model hosts (`binder.tritonmodels.hostwriter`)."""
         self._services = ServiceWriter(kube, executor, keys=keys, identity=identity)
+        self._mesh = MeshWriter(kube, executor, keys=keys)
+        """The ModelMesh namespaces' `modelmesh-serving` and routes."""
 
     @property
     def status_writer(self) -> StatusWriter:
@@ -346,6 +349,7 @@ class TritonModelController:
         await self._reporter.events(model, outcome)
         await self._write_hosts(model, outcome.hosted)
         await self._services.create(model)
+        await self._mesh.model_written(model)
         return bool(outcome.refusal)
 
     async def _forget(self, uid: str) -> None:
@@ -355,6 +359,7 @@ class TritonModelController:
         self._reporter.forget(uid)
         self._hosts.forget(uid)
         self._services.forget(uid)
+        await self._mesh.forget(uid)
         self._placer.forget(uid)
         namespace = self._namespaces.pop(uid, None)
         if namespace is not None:

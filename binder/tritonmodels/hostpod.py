@@ -43,6 +43,16 @@ HOST_PROXY_LIMIT_EXTRA = 384 << 20
 """A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
 
 
+MESH_PORTS = (("mesh-grpc", 8033), ("mesh-http", 8008))
+"""The host proxy's ports for its namespace's `modelmesh-serving` Service (ModelMesh's port
+numbers): every model of the namespace, served here or relayed (`tritonmodels.meshwriter`)."""
+ROUTES_CONFIG_MAP = "tritonshare-mesh-routes"
+"""The namespace's routes (`routes.json`), mounted in the host's proxy, optional (absent outside
+ModelMesh namespaces: the mesh ports serve the host's own models only)."""
+ROUTES_VOLUME = "mesh-routes"
+ROUTES_DIR = "/etc/tritonshare/routes"
+ROUTES_KEY = "routes.json"
+
 STORAGE_VOLUME = "storage-secrets"
 """The projected volume of a host's storage Secrets."""
 STORAGE_KEYS = SECRET_KEYS
@@ -112,13 +122,21 @@ def host_spec(
             f"--models-file={READY_FILE}",
             *modelpod.gateway_args(access),
             *modelpod.agent_args(access),
+            f"--listen-mesh-grpc=0.0.0.0:{MESH_PORTS[0][1]}",
+            f"--listen-mesh-http=0.0.0.0:{MESH_PORTS[1][1]}",
+            f"--routes-file={ROUTES_DIR}/{ROUTES_KEY}",
         ],
         env=env,
-        mounts=[{**host_mount, "readOnly": True}, modelpod.token_mount()],
+        mounts=[
+            {**host_mount, "readOnly": True},
+            modelpod.token_mount(),
+            {"name": ROUTES_VOLUME, "mountPath": ROUTES_DIR, "readOnly": True},
+        ],
         requests={"cpu": f"{proxy_cpu}m", "memory": str(proxy_memory)},
         limits={"memory": str(memory + HOST_PROXY_LIMIT_EXTRA)},
     )
     proxy["readinessProbe"] = {**proxy["readinessProbe"], **HOST_READINESS}
+    proxy["ports"] = [*proxy["ports"], *({"name": n, "containerPort": p} for n, p in MESH_PORTS)]
     return {
         "nodeName": node,
         "schedulerName": scheduler_name,
@@ -130,6 +148,7 @@ def host_spec(
             {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
             {"name": "host", "emptyDir": {"sizeLimit": "16Mi"}},
             modelpod.token_volume(access.audience),
+            {"name": ROUTES_VOLUME, "configMap": {"name": ROUTES_CONFIG_MAP, "optional": True}},
             *secret_volumes,
         ],
         "containers": [loader, proxy],

@@ -103,7 +103,9 @@ def _write(path: Path, entries: list[dict[str, object]]) -> None:
 
 
 @pytest.fixture
-def hosts(served_triton: TritonServer, tmp_path: Path) -> Iterator[tuple[RunningProxy, RunningProxy]]:
+def hosts(
+    served_triton: TritonServer, tmp_path: Path
+) -> Iterator[tuple[RunningProxy, RunningProxy]]:
     """Host A (add_one) with mesh ports and routes to host B (identity)."""
     _write(tmp_path / "b-models", [{"model": "identity"}])
     b_settings = proxy_settings(

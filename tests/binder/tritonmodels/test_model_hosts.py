@@ -155,6 +155,9 @@ async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
         "--listen-grpc=0.0.0.0:9001",
         "--listen-metrics=0.0.0.0:9002",
         *agent,
+        "--listen-mesh-grpc=0.0.0.0:8033",
+        "--listen-mesh-http=0.0.0.0:8008",
+        "--routes-file=/etc/tritonshare/routes/routes.json",
     ]
     # The proxy takes them as a model host's (no model id of its own).
     node_ip = [a.replace("$(HOST_IP)", "10.0.0.1") for a in proxy["args"]]
@@ -169,7 +172,12 @@ async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
     assert mounts["proxy"]["host"]["readOnly"] is True
     assert "model" not in mounts["proxy"], "the proxy never reads model files"
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert set(volumes) == {"model", "tmp", "host", "agent-token"}
+    assert set(volumes) == {"model", "tmp", "host", "agent-token", "mesh-routes"}
+    assert volumes["mesh-routes"]["configMap"] == {
+        "name": "tritonshare-mesh-routes",
+        "optional": True,
+    }
+    assert mounts["proxy"]["mesh-routes"]["readOnly"] is True
     assert "emptyDir" in volumes["model"] and "emptyDir" in volumes["host"]
     [source] = volumes["agent-token"]["projected"]["sources"]
     assert source["serviceAccountToken"]["audience"] == "agents.example"
@@ -197,9 +205,15 @@ async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
         WebhookSettings(audience="agents.example"),
     )["spec"]
     [model_proxy] = model_pod["containers"]
-    same = ("image", "command", "ports", "startupProbe", "livenessProbe", "lifecycle",
+    same = ("image", "command", "startupProbe", "livenessProbe", "lifecycle",
             "securityContext")  # fmt: skip
     assert {k: proxy[k] for k in same} == {k: model_proxy[k] for k in same}
+    # The model pod's ports, and the namespace router's (`modelmesh-serving`).
+    mesh_ports = [
+        {"name": "mesh-grpc", "containerPort": 8033},
+        {"name": "mesh-http", "containerPort": 8008},
+    ]
+    assert proxy["ports"] == [*model_proxy["ports"], *mesh_ports]
     # The same readiness, probed every second: a host's proxy runs before its first replica
     # loads, so its first probe fails, and a model pod's 5 s period would keep it out of its
     # Services up to 5 s after the replica loaded; it still leaves them after ~10 s failing.
