@@ -41,6 +41,10 @@ from sim.node.podstatus import write_status
 log = logging.getLogger(__name__)
 
 
+CONFIG_MAP_SYNC_SECONDS = 2.0
+"""How often a pod's ConfigMap volumes are projected again."""
+
+
 def read_json(response: Any) -> Any:
     """The JSON body of a `_preload_content=False` response."""
     return json.loads(response.data)
@@ -175,6 +179,7 @@ class PodWorker(threading.Thread):
             if "configMap" in volume:
                 source = volume["configMap"]
                 self._project_keys("ConfigMap", source.get("name", ""), name, local, source)
+                self._keep_config_map(source.get("name", ""), name, local, source)
                 continue
             if "secret" in volume:
                 source = volume["secret"]
@@ -200,9 +205,8 @@ class PodWorker(threading.Thread):
 
     def _project_keys(self, kind: str, name: str, volume: str, local: Path, source: Obj) -> None:
         """The keys of the ConfigMap or Secret (`kind`) of the pod's namespace as files
-        (`items` picks keys and paths), written once: a real kubelet also refreshes them when
-        the object changes, this one does not. An optional one that does not exist leaves the
-        volume empty."""
+        (`items` picks keys and paths); a ConfigMap's again as it changes (`_keep_config_map`),
+        a Secret's once. An optional one that does not exist leaves the volume empty."""
         core = self.node.core
         secret = kind == "Secret"
         try:
@@ -234,7 +238,24 @@ class PodWorker(threading.Thread):
             if not target.resolve().is_relative_to(local.resolve()):
                 raise PodSpecError(f"volume {volume!r}: path {item['path']!r} leaves the volume")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(files[item["key"]])
+            if target.exists() and target.read_bytes() == files[item["key"]]:
+                continue
+            partial = target.with_name(target.name + ".new")  # replaced whole, as a kubelet does
+            partial.write_bytes(files[item["key"]])
+            partial.replace(target)
+
+    def _keep_config_map(self, name: str, volume: str, local: Path, source: Obj) -> None:
+        """Project the ConfigMap's keys again every CONFIG_MAP_SYNC_SECONDS, as a kubelet
+        refreshes a ConfigMap volume (within about a minute there)."""
+
+        def refresh() -> None:
+            try:
+                self._project_keys("ConfigMap", name, volume, local, source)
+            except Exception as e:  # a deleted ConfigMap keeps its last files, as on a kubelet
+                log.debug("Pod %s: refreshing ConfigMap %s failed: %s", self.key, name, e)
+            self.token_refresh.append((time.monotonic() + CONFIG_MAP_SYNC_SECONDS, refresh))
+
+        self.token_refresh.append((time.monotonic() + CONFIG_MAP_SYNC_SECONDS, refresh))
 
     def _project_token(self, target: Path, source: Obj) -> None:
         token = source["serviceAccountToken"]
