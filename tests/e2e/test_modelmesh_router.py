@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -95,7 +96,7 @@ def test_modelmesh_serving_routes_each_model_by_name(cluster: SimCluster) -> Non
             GROUP, VERSION, NAMESPACE, PLURAL, body | {"metadata": meta, "spec": spec}
         )
     for name in MODELS:
-        wait_until(f"{name} ready", lambda name=name: _ready(custom, name), 150)
+        wait_until(f"{name} ready", partial(_ready, custom, name), 150)
     hosts = core.list_namespaced_pod(NAMESPACE, label_selector="tritonshare.io/model-host=true")
     assert sorted(p.spec.node_name for p in hosts.items) == ["gpu-a", "gpu-b"]
 
