@@ -7,9 +7,16 @@ for each count in `--models`: that many TritonModels (add_one, Python backend) w
 `autoscaling.minReplicas: 0` and a 6 s window are created and each asked once, then scaled to
 zero by the built-in autoscaler and every replica unloaded (their model host kept, the models
 parked there), then sent one request each, all at once, through the host. Printed for each
-count: p50, p95 and max seconds from the requests' start to each model's first answer, beside the
-floor: a Triton of the same build and flags, in the same run, loading the same number of copies
-of the model at once through its repository API (seconds until the last is loaded).
+count: p50, p95 and max seconds from the requests' start to each model's first answer; what the
+node's agent measured meanwhile (its wakes, Triton's load calls, installs; the autoscaler's
+decision and the placement have no figure of their own); and the floor (`benchmarks.loadfloor`):
+a Triton of the node's build and flags, in the same run, loading the same model files with the
+configs the product loaded them with, over gRPC as the agent does, `--parallel-loads` at a time
+and all at once, after a warm-up load, over `--rounds` rounds.
+
+Goal, for 25 TritonModels: the product's p95 within 1.3x the better floor's p95, and its max
+within 1.5x the better floor's max (like with like). Printed as met or NOT MET; the run exits 1
+when one is not met (`--no-goal`: 0 anyway).
 
 With `--during-scale-down`, as many other TritonModels of the namespace (one replica each, loaded
 on the node) are deleted the moment the requests go: a burst of wakes beside a burst of unloads,
@@ -22,21 +29,17 @@ its new pod's address.
 
 The closing line, for the largest count run:
 
-    scale_from_zero: 25 models: p95 4.1 s, triton 3.5 s
+    scale_from_zero: 25 TritonModels: p95 4.1 s, max 5.2 s; floor p95 3.5 s, max 4.0 s (1.2x, 1.3x)
 
 Run: .venv/bin/python -m benchmarks.scale_from_zero [--models 1 5 25] [--as tritonmodels|pods]
-[--during-scale-down]
+[--during-scale-down] [--rounds 3] [--no-goal]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import shutil
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -48,13 +51,14 @@ import kubernetes.client
 import numpy as np
 import tritonclient.http as httpclient
 
-from benchmarks import command_line
+from benchmarks import command_line, goals, loadfloor
+from benchmarks.loadfloor import Floor, FloorModel, percentile
 from common.contract import Keys
 from common.hosted import decode_parked, loaded_condition
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
-from sim.triton import PARALLEL_LOADS, TritonServer
+from sim.triton import PARALLEL_LOADS
 
 KEYS = Keys()
 NAMESPACE = "models"
@@ -67,37 +71,93 @@ GPU_MEMORY = "256Mi"
 """Each model's request: 100 of them fit the node's two simulated T4s."""
 
 
+GOAL_MODELS = 25
+"""The count the goal holds (Knative's 25 services), for TritonModels."""
+P95_GOAL = 1.3
+"""The product's p95 at most this times the better floor's p95."""
+MAX_GOAL = 1.5
+"""The product's max at most this times the better floor's max."""
+PHASES = (
+    ("tritonshare_agent_wake_duration_seconds", "wakes", "start to READY"),
+    ("tritonshare_agent_load_duration_seconds", "loads", "Triton's load call"),
+    ("tritonshare_agent_install_duration_seconds", "installs", "install"),
+)
+"""The agent's histograms over a wake: (series, what it counts, what one measures)."""
+
+
 @dataclass(frozen=True)
 class Wake:
-    """One count's wake: every model's seconds to its first answer, and Triton's floor."""
+    """One count's wake: every model's seconds to its first answer, what the agent measured
+    meanwhile, and the floors."""
 
     kind: str
     models: int
     firsts: tuple[float, ...]
-    floor: float
+    floors: tuple[Floor, ...]
+    phases: str = ""
 
-    def line(self) -> str:
-        p50, p95, top = (percentile(list(self.firsts), q) for q in (0.5, 0.95, 1.0))
-        return (
+    @property
+    def p95(self) -> float:
+        return percentile(list(self.firsts), 0.95)
+
+    @property
+    def top(self) -> float:
+        return max(self.firsts)
+
+    @property
+    def floor_p95(self) -> float:
+        """The better floor's p95."""
+        return min(f.p95 for f in self.floors)
+
+    @property
+    def floor_top(self) -> float:
+        """The better floor's max."""
+        return min(f.top for f in self.floors)
+
+    def lines(self) -> list[str]:
+        p50 = percentile(list(self.firsts), 0.5)
+        said = [
             f"{self.models} {self.kind} woken at once: first answer p50 {p50:.2f} s, p95 "
-            f"{p95:.2f} s, max {top:.2f} s; Triton loading {self.models} at once {self.floor:.2f} s"
-        )
+            f"{self.p95:.2f} s, max {self.top:.2f} s"
+        ]
+        if self.phases:
+            said.append(f"  the agent meanwhile: {self.phases}")
+        said += [f"  floor: {f.line()}" for f in self.floors]
+        return said
 
+    @property
+    def has_goal(self) -> bool:
+        return self.kind == "TritonModels" and self.models == GOAL_MODELS
 
-def percentile(values: list[float], q: float) -> float:
-    """The `q` quantile by the nearest-rank rule (the largest for 1.0)."""
-    ordered = sorted(values)
-    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+    def goals(self) -> list[bool]:
+        """Each goal printed with met or NOT MET; empty when this wake has none."""
+        if not self.has_goal:
+            return []
+        where = f"{self.models} {self.kind}"
+        return [
+            goals.check(f"{where}: p95 / the floor's p95", self.p95 / self.floor_p95, P95_GOAL,
+                        unit="x"),
+            goals.check(f"{where}: max / the floor's max", self.top / self.floor_top, MAX_GOAL,
+                        unit="x"),
+        ]  # fmt: skip
 
 
 def closing(wakes: Sequence[Wake]) -> str:
-    """The last line: the largest count's p95 beside Triton's floor."""
-    largest = max(wakes, key=lambda w: w.models)
-    p95 = percentile(list(largest.firsts), 0.95)
+    """The last line: the largest count's p95 and max beside the better floor's."""
+    w = max(wakes, key=lambda w: w.models)
     return (
-        f"scale_from_zero: {largest.models} models: p95 {p95:.1f} s, triton "
-        f"{largest.floor:.1f} s ({largest.kind}, {p95 / largest.floor:.2f}x)"
+        f"scale_from_zero: {w.models} {w.kind}: p95 {w.p95:.1f} s, max {w.top:.1f} s; floor p95 "
+        f"{w.floor_p95:.1f} s, max {w.floor_top:.1f} s ({w.p95 / w.floor_p95:.2f}x, "
+        f"{w.top / w.floor_top:.2f}x)"
     )
+
+
+def verdict(wakes: Sequence[Wake], no_goal: bool = False) -> int:
+    """Every wake's goals checked; the exit status (`benchmarks.goals.exit_code`)."""
+    results = [met for wake in wakes for met in wake.goals()]
+    if not any(wake.has_goal for wake in wakes):
+        print(f"goal: none checked (it is for {GOAL_MODELS} TritonModels)", flush=True)
+    return goals.exit_code(results, no_goal)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -133,6 +193,14 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"the floor's load N a GPU at once",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="rounds of each floor, medians printed (3)",
+    )
+    goals.add_flag(parser)
+    parser.add_argument(
         "--during-scale-down",
         action="store_true",
         help="TritonModels: delete as many other loaded TritonModels of the namespace as the "
@@ -143,6 +211,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--during-scale-down is for TritonModels (a Deployment's scale-up wakes it)")
     if args.parallel_loads < 1:
         parser.error(f"--parallel-loads {args.parallel_loads}: give 1 or more")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give 1 or more")
     if any(n < 1 or n > 100 for n in args.models):
         parser.error("--models: each count is 1 to 100 (the node's GPUs hold 100 of 256Mi)")
     return args
@@ -180,14 +250,32 @@ def _all_at_once(
         return tuple(f.result() for f in futures)
 
 
-def _agent_metric(cluster: SimCluster, name: str) -> float:
-    """The node's agent's series `name` (unlabelled) as it reads now; 0 before its first."""
+def _agent_metrics(cluster: SimCluster) -> dict[str, float]:
+    """The node's agent's unlabelled series as they read now."""
     agent = cluster.agents[NODES[0].name]
     with urllib.request.urlopen(f"http://{agent.http}/metrics", timeout=5) as answer:
+        found = {}
         for line in answer.read().decode().splitlines():
-            if line.startswith(f"{name} "):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+            name, _, value = line.partition(" ")
+            if line and not line.startswith("#") and "{" not in name:
+                found[name] = float(value)
+        return found
+
+
+def _agent_metric(cluster: SimCluster, name: str) -> float:
+    """The node's agent's series `name` (unlabelled) as it reads now; 0 before its first."""
+    return _agent_metrics(cluster).get(name, 0.0)
+
+
+def phases(before: dict[str, float], after: dict[str, float]) -> str:
+    """What the agent's histograms gained between two readings: count and mean of each."""
+    said = []
+    for series, counted, what in PHASES:
+        count = after.get(f"{series}_count", 0.0) - before.get(f"{series}_count", 0.0)
+        total = after.get(f"{series}_sum", 0.0) - before.get(f"{series}_sum", 0.0)
+        mean = f", {what} mean {total / count:.2f} s" if count else ""
+        said.append(f"{count:.0f} {counted}{mean}")
+    return "; ".join(said)
 
 
 def in_triton(cluster: SimCluster) -> int:
@@ -196,33 +284,20 @@ def in_triton(cluster: SimCluster) -> int:
     return sum(1 for state in states if state in ("READY", "LOADING", "UNLOADING"))
 
 
-def triton_floor(count: int, workdir: Path, threads: int) -> float:
-    """Seconds a Triton (the node's build and flags, `threads` loads at once) takes to load
-    `count` copies of the model asked at once through its repository API."""
-    repository = workdir / "floor"
-    for i in range(count):
-        name = f"floor-{i}"
-        shutil.copytree(MODELS_DIR / "add_one", repository / name)
-        config = repository / name / "config.pbtxt"
-        config.write_text(config.read_text().replace('name: "add_one"', f'name: "{name}"'))
-    with TritonServer(repository, parallel_loads=threads) as triton:
-
-        def load(name: str) -> None:
-            url = f"http://{triton.http_url}/v2/repository/models/{name}/load"
-            request = urllib.request.Request(url, data=b"{}", method="POST")
-            with urllib.request.urlopen(request, timeout=300) as answer:
-                answer.read()
-
-        started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=count) as pool:
-            list(pool.map(load, [f"floor-{i}" for i in range(count)]))
-        return time.monotonic() - started
+def capture_floor(cluster: SimCluster, names: Sequence[str], workdir: Path) -> list[FloorModel]:
+    """The floor's models: each of `names`' files and config as the node's Triton holds them."""
+    node = NODES[0].name
+    states = cluster.triton_states(node, timeout=10)
+    return loadfloor.capture(cluster.tritons[node], states, names, workdir / "models")
 
 
-def node_load_threads(cluster: SimCluster) -> int:
-    """Loads the simulated node's Triton runs at once: the agent's for each of its GPUs."""
-    gpus = json.loads(cluster.core.read_node(NODES[0].name).metadata.annotations[KEYS.gpus])
-    return cluster.parallel_loads * len(gpus)
+def floors(
+    cluster: SimCluster, models: Sequence[FloorModel], workdir: Path, rounds: int
+) -> tuple[Floor, ...]:
+    """The floors of a wake, in a Triton of the node's settings, once the node is quiet."""
+    asked = loadfloor.ways(cluster.parallel_loads)
+    node = cluster.tritons[NODES[0].name]
+    return tuple(loadfloor.run_floor(node, models, workdir / "models", asked, rounds))
 
 
 def _tritonmodel(name: str, uri: str, node: str, autoscaled: bool = True) -> dict[str, Any]:
@@ -269,7 +344,11 @@ def _deployment(name: str, uri: str, node: str) -> dict[str, Any]:
 
 
 def wake_tritonmodels(
-    cluster: SimCluster, count: int, workdir: Path, during_scale_down: bool = False
+    cluster: SimCluster,
+    count: int,
+    workdir: Path,
+    during_scale_down: bool = False,
+    rounds: int = 3,
 ) -> Wake:
     assert cluster.model_store is not None
     node = NODES[0].name
@@ -299,6 +378,7 @@ def wake_tritonmodels(
     unloads_before = _agent_metric(cluster, UNLOADS)
     address = wait_until("the model host", host_ip, 300)
     _all_at_once(names, lambda _: lambda: address)
+    models = capture_floor(cluster, names, workdir)
     conditions = [loaded_condition(KEYS, n, 0).removesuffix("0") for n in names]
 
     def all_parked() -> str | None:
@@ -324,17 +404,18 @@ def wake_tritonmodels(
     address = wait_until(f"{count} TritonModels parked at zero, unloaded", all_parked, 600)
     for name in leaving:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    before = _agent_metrics(cluster)
     firsts = _all_at_once(names, lambda _: lambda: address)
+    agent = phases(before, _agent_metrics(cluster))
     for name in names:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     # The floor's Triton shares the machine's cores: not while the node's unloads them.
     wait_until(f"{count} TritonModels unloaded", lambda: in_triton(cluster) == 0, 600)
-    floor = triton_floor(count, workdir, node_load_threads(cluster))
     kind = f"TritonModels ({len(leaving)} others unloading)" if leaving else "TritonModels"
-    return Wake(kind, count, firsts, floor)
+    return Wake(kind, count, firsts, floors(cluster, models, workdir, rounds), agent)
 
 
-def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
+def wake_pods(cluster: SimCluster, count: int, workdir: Path, rounds: int = 3) -> Wake:
     assert cluster.model_store is not None
     node = NODES[0].name
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
@@ -353,6 +434,7 @@ def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
         return address
 
     _all_at_once(names, pod_address)  # each answers once before it is scaled to zero
+    models = capture_floor(cluster, names, workdir)
 
     def scale(replicas: int) -> None:
         for name in names:
@@ -368,14 +450,15 @@ def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> Wake:
 
     wait_until(f"{count} Deployments' pods gone", gone, 300)
     wait_until(f"{count} models unloaded", lambda: in_triton(cluster) == 0, 600)
+    before = _agent_metrics(cluster)
     scale(1)
     firsts = _all_at_once(names, pod_address)
+    agent = phases(before, _agent_metrics(cluster))
     for name in names:
         apps.delete_namespaced_deployment(name, NAMESPACE)
     wait_until(f"{count} Deployments' pods gone", gone, 300)
     wait_until(f"{count} models unloaded", lambda: in_triton(cluster) == 0, 600)
-    floor = triton_floor(count, workdir, node_load_threads(cluster))
-    return Wake("model pods", count, firsts, floor)
+    return Wake("model pods", count, firsts, floors(cluster, models, workdir, rounds), agent)
 
 
 def run(
@@ -383,6 +466,7 @@ def run(
     kind: str,
     parallel_loads: int = PARALLEL_LOADS,
     during_scale_down: bool = False,
+    rounds: int = 3,
 ) -> list[Wake]:
     wakes = []
     with (
@@ -401,19 +485,19 @@ def run(
         for count in counts:
             floor_dir = Path(workdir) / f"floor-{count}"
             if kind == "pods":
-                wake = wake_pods(cluster, count, floor_dir)
+                wake = wake_pods(cluster, count, floor_dir, rounds)
             else:
-                wake = wake_tritonmodels(cluster, count, floor_dir, during_scale_down)
-            print(wake.line(), flush=True)
+                wake = wake_tritonmodels(cluster, count, floor_dir, during_scale_down, rounds)
+            print("\n".join(wake.lines()), flush=True)
             wakes.append(wake)
     return wakes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    wakes = run(args.models, args.kind, args.parallel_loads, args.during_scale_down)
-    print(closing(wakes))
-    return 0
+    wakes = run(args.models, args.kind, args.parallel_loads, args.during_scale_down, args.rounds)
+    print(closing(wakes), flush=True)
+    return verdict(wakes, args.no_goal)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """`python -m benchmarks.scale_from_zero` runs the counts asked, refuses those it cannot run
-before starting anything, and closes on the largest count's p95 beside Triton's own load."""
+before starting anything, closes on the largest count's p95 and max beside the better floor's,
+and holds 25 TritonModels to their goal: p95 within 1.3x the floor's p95, max within 1.5x its
+max, exit 1 when not met (0 with --no-goal)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import scale_from_zero as bench
+from benchmarks.loadfloor import Floor, Way
 from sim.triton import TritonInstall, TritonServer
 
 
@@ -38,18 +41,75 @@ def test_a_count_it_cannot_run_is_refused_with_what_to_give(
     assert "--models: each count is 1 to 100" in capsys.readouterr().err
 
 
+def _floors(p95: float, top: float) -> tuple[Floor, ...]:
+    """A bounded floor of `p95` and `top` (at least `p95`) and a worse unbounded one."""
+    rounds = (p95,) * 19 + (top,)
+    worse = tuple(2 * r for r in rounds)
+    return Floor(Way("8 at a time", 8), (rounds,)), Floor(Way("all at once", None), (worse,))
+
+
+FIRSTS = tuple(float(i) for i in range(1, 21))  # 1..20 s: p95 19, max 20
+
+
 def test_the_report_gives_percentiles_and_closes_on_the_largest_count() -> None:
-    firsts = tuple(float(i) for i in range(1, 21))  # 1..20 s
     wakes = [
-        bench.Wake("TritonModels", 20, firsts, 8.0),
-        bench.Wake("TritonModels", 1, (0.5,), 0.4),
+        bench.Wake("TritonModels", 20, FIRSTS, _floors(16.0, 16.0), "25 wakes"),
+        bench.Wake("TritonModels", 1, (0.5,), _floors(0.4, 0.4)),
     ]
-    assert wakes[0].line() == (
-        "20 TritonModels woken at once: first answer p50 10.00 s, p95 19.00 s, max 20.00 s; "
-        "Triton loading 20 at once 8.00 s"
+    assert wakes[0].lines() == [
+        "20 TritonModels woken at once: first answer p50 10.00 s, p95 19.00 s, max 20.00 s",
+        "  the agent meanwhile: 25 wakes",
+        "  floor: Triton over gRPC, 8 at a time: p95 16.00 s, max 16.00 s (medians of 1 rounds)",
+        "  floor: Triton over gRPC, all at once: p95 32.00 s, max 32.00 s (medians of 1 rounds)",
+    ]
+    assert bench.closing(wakes) == (
+        "scale_from_zero: 20 TritonModels: p95 19.0 s, max 20.0 s; floor p95 16.0 s, max 16.0 s "
+        "(1.19x, 1.25x)"
     )
-    last = bench.closing(wakes)
-    assert last.startswith("scale_from_zero: 20 models: p95 19.0 s, triton 8.0 s")
+
+
+@pytest.mark.parametrize(
+    ("floor_p95", "floor_top", "met", "code"),
+    [
+        (10.0, 20.0, [True, True], 0),  # exactly at the goals
+        (9.0, 20.0, [False, True], 1),  # p95 1.44x
+        (10.0, 19.0, [True, False], 1),  # max 1.58x
+        (5.0, 10.0, [False, False], 1),
+    ],
+)
+def test_25_tritonmodels_are_held_to_the_better_floor_like_with_like(
+    floor_p95: float, floor_top: float, met: list[bool], code: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    wake = bench.Wake("TritonModels", 25, (13.0,) * 24 + (30.0,), _floors(floor_p95, floor_top))
+    assert (wake.p95, wake.top, wake.floor_p95, wake.floor_top) == (13, 30, floor_p95, floor_top)
+    assert wake.goals() == met
+    said = capsys.readouterr().out
+    assert said.count("NOT MET") == met.count(False) and "p95 / the floor's p95" in said
+    assert bench.verdict([wake]) == code
+    assert bench.verdict([wake], no_goal=True) == 0
+
+
+def test_only_25_tritonmodels_have_the_goal(capsys: pytest.CaptureFixture[str]) -> None:
+    slow = _floors(1.0, 1.0)
+    assert bench.Wake("TritonModels", 5, FIRSTS, slow).goals() == []
+    assert bench.Wake("model pods", 25, FIRSTS, slow).goals() == []
+    assert bench.verdict([bench.Wake("model pods", 25, FIRSTS, slow)]) == 0
+    assert "none checked" in capsys.readouterr().out
+    assert bench.parse([]).rounds == 3 and not bench.parse([]).no_goal
+    assert bench.parse(["--rounds", "5", "--no-goal"]).no_goal
+
+
+def test_the_agents_histograms_are_told_as_counts_and_means() -> None:
+    before = {"tritonshare_agent_load_duration_seconds_count": 2.0,
+              "tritonshare_agent_load_duration_seconds_sum": 3.0}  # fmt: skip
+    after = {"tritonshare_agent_load_duration_seconds_count": 6.0,
+             "tritonshare_agent_load_duration_seconds_sum": 11.0,
+             "tritonshare_agent_wake_duration_seconds_count": 4.0,
+             "tritonshare_agent_wake_duration_seconds_sum": 12.0}  # fmt: skip
+    assert bench.phases(before, after) == (
+        "4 wakes, start to READY mean 3.00 s; 4 loads, Triton's load call mean 2.00 s; 0 installs"
+    )
 
 
 def test_a_triton_loads_as_many_at_once_as_it_is_given(tmp_path: Path) -> None:
