@@ -52,6 +52,10 @@ Run: .venv/bin/python -m benchmarks.autoscale [--clients 5 --duration 30 --max-r
      --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30 --once
      --model-mib 0 --as pods|tritonmodel --nodes N --autoscaler hpa|builtin|both --window 60s]
      | [--cold-start-only --new-replicas 1] | [--cost 10000 --models-per-host 20]
+
+Goals, printed as met or NOT MET (the run exits 1 when one is not, `--no-goal`: 0 anyway): no
+request fails, under load or during the scale-down; the built-in autoscaler has every replica
+Ready within 10 s of the load's start; with `--cost`, at most 1 CPU second a second.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks import goals
 from binder.autoscaler.kpa import Decider, scaling_from
 from sim.cluster import NodeSpec, SimCluster
 from sim.demo import autoscale
@@ -162,9 +167,10 @@ def main() -> int:
     parser.add_argument(
         "--models-per-host", type=int, default=20, help="with --cost: models per host (20)"
     )
+    goals.add_flag(parser)
     args = parser.parse_args()
     if args.cost is not None:
-        return cost(args.cost, args.models_per_host)
+        return goals.exit_code([cost(args.cost, args.models_per_host)], args.no_goal)
     if args.autoscaler != "hpa" and args.target != "tritonmodel":
         parser.error("the built-in autoscaler scales TritonModels: add --as tritonmodel")
     if args.new_replicas < 1:
@@ -186,6 +192,7 @@ def main() -> int:
     TritonInstall.find()  # fails early, with what to install, when nvidia-pytriton is missing
     started = time.strftime("%Y-%m-%d")
     lines = []
+    met: list[bool] = []
     for which in ("builtin", "hpa") if args.autoscaler == "both" else (args.autoscaler,):
         print(f"\n== {BY[which]} ==")
         with one_node_cluster(
@@ -225,11 +232,33 @@ def main() -> int:
                 result, scale_ups(binder_log, result.load_started) if which == "builtin" else []
             )
         lines.append(f"{BY[which]}: {result.line()}")
+        met += check_goals(which, result)
     if len(lines) > 1:
         print("\nside by side:")
         for line in lines:
             print(f"  {line}")
-    return 0
+    return goals.exit_code(met, args.no_goal)
+
+
+READY_GOAL_SECONDS = 10.0
+"""The built-in autoscaler: every replica Ready at most this long after the load's start."""
+COST_GOAL = 1.0
+"""The built-in autoscaler's CPU seconds a second, at most (`--cost`)."""
+
+
+def check_goals(which: str, result: autoscale.AutoscaleResult) -> list[bool]:
+    """One run's goals, each printed with met or NOT MET."""
+    met = [
+        goals.check(f"{BY[which]}: requests failed under load", len(result.failed), 0),
+        goals.check(f"{BY[which]}: requests failed in the scale-down",
+                    len(result.scale_down_failed), 0),
+    ]  # fmt: skip
+    if which == "builtin":
+        ready = float("inf") if result.ready_after is None else result.ready_after
+        met.append(
+            goals.check(f"{BY[which]}: every replica Ready", ready, READY_GOAL_SECONDS, unit=" s")
+        )
+    return met
 
 
 BY = {
@@ -318,7 +347,7 @@ def print_breakdown(result: autoscale.AutoscaleResult, decisions: list[tuple[flo
         print(f"  {seconds:6.2f}  {step}")
 
 
-def cost(models: int, per_host: int, ticks: int = 30, seed: int = 1) -> int:
+def cost(models: int, per_host: int, ticks: int = 30, seed: int = 1) -> bool:
     """The built-in autoscaler's CPU per tick for `models` TritonModels (no cluster)."""
     rng = random.Random(seed)
     scaling = scaling_from({"target": 1, "maxReplicas": 5})
@@ -353,7 +382,7 @@ def cost(models: int, per_host: int, ticks: int = 30, seed: int = 1) -> int:
         f"({per_host} models a host): {per_second:.3f} CPU s per second (one tick a second), "
         f"{per_second / models * 1e6:.1f} us a model"
     )
-    return 0
+    return goals.check("the built-in autoscaler's CPU a second", per_second, COST_GOAL, unit=" s")
 
 
 @contextlib.contextmanager

@@ -19,7 +19,11 @@ delayed` the crasher's loads are READY and a thread its `initialize` starts kill
   python -m benchmarks.crash_quarantine --by requests --quarantine-after 2 --seconds 60
   python -m benchmarks.crash_quarantine --by delayed --quarantine-after 2 --seconds 90
 
-Prints one line per run; figures go in docs/results.md with the command and the date.
+Prints one line per run; figures go in docs/results.md with the command and the date. Goal, with
+`--quarantine-after` 2 or less: Triton exited, the crasher ends quarantined and the victim not,
+and the victim is served for good within 15 s of the first crash; printed as met or NOT MET, the
+run exits 1 when one is not met (`--no-goal`: 0 anyway). A larger `--quarantine-after` is the
+baseline without quarantine: no goal.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import kubernetes.client
 from agent.app import Agent
 from agent.settings import Settings
 from agent.triton import READY
+from benchmarks import goals
 from common.contract import TENANT_CODE_NODE, Keys
 from common.lifecycle import Lifecycle
 from common.proofs import Claim, KeyRing
@@ -312,12 +317,38 @@ def main(argv: list[str] | None = None) -> int:
         help="what kills Triton: its load, its requests, or a thread seconds after its load",
     )
     parser.add_argument("--verbose", action="store_true", help="log the agent at INFO")
+    goals.add_flag(parser)
     args = parser.parse_args(argv)
     level = logging.INFO if args.verbose else logging.ERROR
     logging.basicConfig(level=level, format="%(relativeCreated)6.0f %(name)s %(message)s")
     result = asyncio.run(run(args.quarantine_after, args.seconds, args.by))
     print(" ".join(f"{k}={v}" for k, v in result.items()))
-    return 0
+    return goals.exit_code(check_goals(result), args.no_goal)
+
+
+QUARANTINE_GOAL_AFTER = 2
+"""The goal holds with `--quarantine-after` at most this (the crasher is stopped quickly)."""
+SERVED_GOAL_SECONDS = 15.0
+"""The victim served for good at most this long after the first crash."""
+
+
+def check_goals(result: dict[str, Any]) -> list[bool]:
+    """The run's goals, each printed with met or NOT MET; none without quarantine."""
+    if result["quarantine_after"] > QUARANTINE_GOAL_AFTER:
+        print(f"goal: none checked (it is for --quarantine-after {QUARANTINE_GOAL_AFTER} or less)")
+        return []
+    served = result["victim_served_again_after_s"]
+    return [
+        goals.check("Triton restarts", result["triton_restarts"], 1, ">="),
+        goals.require("crasher quarantined", bool(result["crasher_quarantined"])),
+        goals.require("victim not quarantined", not result["victim_quarantined"]),
+        goals.check(
+            "victim served for good after the first crash",
+            float("inf") if served is None else served,
+            SERVED_GOAL_SECONDS,
+            unit=" s",
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -19,8 +19,12 @@ models of 200 GiB (more than any GPU) and one of 1 GiB scaled to `--scale-bomb` 
 the same figures, and how long a new model of another namespace waits for its replicas once every
 attacking model is due again.
 
+Goal, for each of the two: at least 1,000 replicas placed a second and at most 0.5 ms of binder
+CPU a replica; printed as met or NOT MET, the run exits 1 when one is not (`--no-goal`: 0 anyway).
+
 Run: .venv/bin/python -m benchmarks.model_hosts [--models 10000 --replicas 2 --namespaces 50
      --nodes 1000 --node-shape 8xA100-80GB:96:110 --unplaceable 10000 --scale-bomb 1000000000]
+     [--no-goal]
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import math
 import random
 import time
 
-from benchmarks import command_line, shapes
+from benchmarks import command_line, goals, shapes
 from benchmarks import results as results_page
 from binder.autoscaler.room import Room
 from binder.cluster.clusterstate import ClusterState
@@ -86,7 +90,7 @@ def cluster(args: argparse.Namespace) -> ClusterState:
     return state
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> list[bool]:
     shape: shapes.NodeShape = args.node_shape
     state = cluster(args)
     pending = replicas(args)
@@ -117,6 +121,21 @@ def run(args: argparse.Namespace) -> None:
         f"of binder CPU per replica; {hosts} hosts for {placed} replicas "
         f"(at most {bound}: namespaces x nodes used)"
     )
+    return check_goals("", len(pending) / wall, 1e3 * cpu / len(pending))
+
+
+RATE_GOAL = 1000.0
+"""Replicas placed a second, at least."""
+CPU_GOAL_MS = 0.5
+"""Milliseconds of binder CPU a replica, at most."""
+
+
+def check_goals(where: str, rate: float, cpu_ms: float) -> list[bool]:
+    """The goals of one placement run, each printed with met or NOT MET."""
+    return [
+        goals.check(f"replicas placed a second{where}", rate, RATE_GOAL, ">="),
+        goals.check(f"binder CPU a replica{where}", cpu_ms, CPU_GOAL_MS, unit=" ms"),
+    ]
 
 
 KEYS = Keys()
@@ -189,7 +208,7 @@ def add(ledger: Ledger, models: Turns, model: ModelInfo) -> None:
     models.changed(model.uid)
 
 
-def run_attacked(args: argparse.Namespace) -> None:
+def run_attacked(args: argparse.Namespace) -> list[bool]:
     state = cluster(args)
     ledger = Ledger(state)
     models = Turns(ledger)
@@ -223,6 +242,7 @@ def run_attacked(args: argparse.Namespace) -> None:
         f"placed; {attacker_turns} attacking turns between); "
         f"{len(ledger.replica_uids('attacker.bomb'))} replicas of the scaled one placed"
     )
+    met = check_goals(" under attack", placed / wall, 1e3 * cpu / max(placed, 1))
     # Every attacking model due at once (a relist), then another namespace's new model.
     for model in attack:
         models.changed(model.uid)
@@ -236,6 +256,7 @@ def run_attacked(args: argparse.Namespace) -> None:
         f"{placed} replicas placed in {1e3 * wall:.2f} ms ({attacker_turns} attacking "
         f"turn{'' if attacker_turns == 1 else 's'} first)"
     )
+    return met
 
 
 def take_turns(models: Turns, waiting: set[str]) -> tuple[int, int]:
@@ -263,7 +284,7 @@ def _shape(text: str) -> shapes.NodeShape:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
-def main() -> None:
+def main() -> int:
     parser = command_line(
         "model_hosts",
         (
@@ -291,17 +312,19 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=47)
     results_page.add_flag(parser)
+    goals.add_flag(parser)
     args = parser.parse_args()
     for flag in ("models", "replicas", "namespaces", "nodes"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} {getattr(args, flag)}: give at least 1")
     with results_page.captured() as printed:
-        run(args)
+        met = run(args)
         if args.unplaceable or args.scale_bomb:
-            run_attacked(args)
+            met += run_attacked(args)
     if args.write_results is not None:
         results_page.record("model_hosts", printed.getvalue(), page=args.write_results)
+    return goals.exit_code(met, args.no_goal)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -114,6 +114,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agent.models.loadquarantine import CRASHED_REASON  # noqa: E402
+from benchmarks import goals  # noqa: E402
 from benchmarks.crash_quarantine import KILLER  # noqa: E402
 from benchmarks.crash_quarantine import model_dir as crashing_model  # noqa: E402
 from benchmarks.namespace_share import Sender  # noqa: E402
@@ -1410,6 +1411,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="with --kubelet-cpu: the CPU weight of the victim's callers (off the node in a "
         "real cluster)")  # fmt: skip
     add("--workdir", type=Path, help="keep the logs of every process here (default: a temp dir)")
+    goals.add_flag(parser)
     args = parser.parse_args(argv)
     chosen = ATTACKS if args.attacks == "all" else tuple(a for a in args.attacks.split(",") if a)
     unknown = set(chosen) - set(ATTACKS)
@@ -1533,10 +1535,11 @@ def main(argv: list[str] | None = None) -> int:
     report(run, rows)
     missed = [row.phase.name for row in rows if row.missed]
     print()
-    print(
-        "target: the victim's p99 within 2x of alone, no victim error, every process under its "
-        "deploy limit, the victim's outcome as alone: "
-        + ("met in every phase" if not missed else "NOT met in " + ", ".join(missed))
+    met = goals.require(
+        "the victim's p99 within 2x of alone, no victim error, every process under its deploy "
+        "limit, the victim's outcome as alone, in every phase"
+        + ("" if not missed else " (NOT met in " + ", ".join(missed) + ")"),
+        not missed,
     )
     print(
         f"sizes: inflate bombs {args.bomb_mib} MiB x {args.bombs} at once, agent messages "
@@ -1550,7 +1553,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         + _kubelet_cpu(args)
     )
-    return 1 if missed else 0
+    return goals.exit_code([met], args.no_goal)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ run.
 `--keep-dumps DIR` keeps each callgrind dump (`callgrind.HOP.PROTOCOL.cN`) for
 `callgrind_annotate --inclusive=yes [--tree=calling]`: where a hop's instructions go.
 
+Goal, from the /proc figures at c=16 (the median of per-round ratios to the bare relay): the proxy
+at most 1.15x (REST) and 1.3x (gRPC), the gateway at most 1.3x (both); printed as met or NOT MET,
+the run exits 1 when one is not (`--no-goal`: 0 anyway). Instructions have no goal.
+
 About 5-7 minutes on a 2-core box with the defaults and a baseline tree (half of it the /proc
 rounds, most of the rest the hops' start under valgrind).
 """
@@ -78,7 +82,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks import command_line
+from benchmarks import command_line, goals
 from benchmarks.proxy_latency import (
     MODEL,
     REST_BODY,
@@ -335,13 +339,37 @@ def measure_cpu(
     return figures
 
 
-def _ratios(figures: Figures, protocol: str, concurrency: int, name: str, base: str) -> str:
-    """The median of per-round ratios of hop `name` to hop `base`, with their range when there
-    are several rounds."""
+def _per_round(
+    figures: Figures, protocol: str, concurrency: int, name: str, base: str
+) -> list[float]:
+    """Each round's ratio of hop `name` to hop `base`."""
     pairs = zip(
         figures[(protocol, concurrency, name)], figures[(protocol, concurrency, base)], strict=True
     )
-    ratios = [a / b if b else float("inf") for a, b in pairs]
+    return [a / b if b else float("inf") for a, b in pairs]
+
+
+CPU_GOALS = {"proxy": {"REST": 1.15, "gRPC": 1.3}, "gateway": {"REST": 1.3, "gRPC": 1.3}}
+"""At c=16, the hop's CPU per request at most this times the bare relay's (/proc)."""
+
+
+def check_goals(cpu: Figures, what: str) -> list[bool]:
+    """The /proc figures' goals (`CPU_GOALS`), each printed with met or NOT MET."""
+    return [
+        goals.check(
+            f"{what} {protocol} c=16 CPU per request / the bare relay's",
+            statistics.median(_per_round(cpu, protocol, 16, "proxy", "bare")),
+            most,
+            unit="x",
+        )
+        for protocol, most in CPU_GOALS[what].items()
+    ]
+
+
+def _ratios(figures: Figures, protocol: str, concurrency: int, name: str, base: str) -> str:
+    """The median of per-round ratios of hop `name` to hop `base`, with their range when there
+    are several rounds."""
+    ratios = _per_round(figures, protocol, concurrency, name, base)
     text = f"{statistics.median(ratios):.2f}x"
     if len(ratios) > 1:
         text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
@@ -434,6 +462,7 @@ def main() -> int:
         help="a folder to keep each callgrind dump in (`callgrind.HOP.PROTOCOL.cN`), for "
         "`callgrind_annotate --inclusive=yes`; default: none kept",
     )
+    goals.add_flag(parser)
     args = parser.parse_args()
     if args.keep_dumps is not None:
         args.keep_dumps.mkdir(parents=True, exist_ok=True)
@@ -462,6 +491,7 @@ def main() -> int:
     os.environ["PYTHONHASHSEED"] = "0"  # the hops' string hashes, the same in every run
     what = "gateway" if args.gateway else "proxy"
     lines = []
+    cpu: Figures = {}
     with tempfile.TemporaryDirectory(prefix="proxy-hotpath-") as tmp:
         trees = Trees(main_tree, baseline, args.gateway, Path(tmp), args.private_name)
         with running_triton(trees.work, args.private_name) as triton:
@@ -498,7 +528,7 @@ def main() -> int:
         f"{' (behind a proxy too)' if args.gateway else ''}, real Triton; cpus={os.cpu_count()}"
     )
     print("\n".join(lines))
-    return 0
+    return goals.exit_code(check_goals(cpu, what) if cpu else [], args.no_goal)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,10 @@ pure one, for a pure/compiled comparison in the same rounds; with the full path 
 (`fullbase`), so a gateway change is set against the gateway before it in the same rounds.
 `--models N` adds a model host's proxy whose table holds add_one and N-1 idle models (a request's
 cost must not grow with them), and prints the resident memory of the one-model proxy and of the
-host after warm-up.
+host after warm-up (goals: at most 150 MiB, and at most +0.05 ms at c=1 over the one-model proxy).
+
+Every target is printed with met or NOT MET; the run exits 1 when one is not met (`--no-goal`: 0
+anyway).
 
 A round of every hop takes about 65 s on a 2-core box (5 rounds, the default, about 6 minutes);
 more rounds narrow the intervals, and `--report` pools the rounds of several saved runs.
@@ -89,7 +92,7 @@ from tritonclient.grpc import service_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import command_line  # noqa: E402
+from benchmarks import command_line, goals  # noqa: E402
 from benchmarks import results as results_page  # noqa: E402
 from common.callerkeys import digest  # noqa: E402
 from common.callers import Caller, CallerTable, write_table  # noqa: E402
@@ -662,8 +665,16 @@ def median_interval(figures: list[float], resamples: int = 2000) -> tuple[float,
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def _verdict(ok: bool) -> str:
-    return "OK" if ok else "MISSED"
+def _verdict(ok: bool, seen: list[bool]) -> str:
+    """A target's verdict, `ok` kept in `seen` for the exit status (`benchmarks.goals`)."""
+    seen.append(ok)
+    return "met" if ok else "NOT MET"
+
+
+HOST_ADDED_GOAL_MS = 0.05
+"""With --models: the host's proxy adds at most this over the one-model proxy at c=1."""
+HOST_RSS_GOAL_MIB = 150.0
+"""With --models: the host's proxy's resident memory after warm-up, at most."""
 
 
 # (title, measure, hops, added-latency target in ms, kept-throughput target, target against the
@@ -726,8 +737,10 @@ def _figure(figures: list[float], latency: bool) -> str:
     return f"{value:.1%} (95% CI {low:.0%} .. {high:.0%})"
 
 
-def report(results: Results, rounds: int, seconds: float) -> None:
-    """Print every figure, and each target's verdict on the medians over rounds."""
+def report(results: Results, rounds: int, seconds: float) -> list[bool]:
+    """Print every figure, and each target's verdict on the medians over rounds; the
+    verdicts."""
+    seen: list[bool] = []
     print(
         f"proxy benchmark: {rounds} rounds of {seconds:g} s; each round every measure against "
         f"Triton directly and every hop back to back; medians over rounds of per-round figures; "
@@ -764,7 +777,9 @@ def report(results: Results, rounds: int, seconds: float) -> None:
                     f"rounds {min(figures):+.3f} .. {max(figures):+.3f})"
                 )
                 if added_target is not None and name in ("relay", "grpcio", "baseline"):
-                    line += f"  target <= {added_target} ms: {_verdict(value <= added_target)}"
+                    line += (
+                        f"  target <= {added_target} ms: {_verdict(value <= added_target, seen)}"
+                    )
             else:
                 low, high = median_interval(figures)
                 line = (
@@ -772,7 +787,7 @@ def report(results: Results, rounds: int, seconds: float) -> None:
                     f"rounds {min(figures):.0%} .. {max(figures):.0%})"
                 )
                 if kept_target is not None and name in ("relay", "grpcio", "baseline"):
-                    line += f"  target >= {kept_target:.0%}: {_verdict(value >= kept_target)}"
+                    line += f"  target >= {kept_target:.0%}: {_verdict(value >= kept_target, seen)}"
             if name != "floor" and has_floor:  # what the hop costs beyond the floor
                 against = _paired(results, measure, name, not latency, "floor")
                 beyond = statistics.median(against)
@@ -786,13 +801,21 @@ def report(results: Results, rounds: int, seconds: float) -> None:
                     ok = beyond >= floor_target
                     target = f">= {floor_target:.0%}"
                 if name == "relay":
-                    line += f"  target {target}: {_verdict(ok)}"
+                    line += f"  target {target}: {_verdict(ok, seen)}"
+            if name == "host" and latency and (measure, "relay") in results:
+                more = statistics.median(_paired(results, measure, "host", False, "relay"))
+                ok = more <= HOST_ADDED_GOAL_MS
+                line += (
+                    f"; {more:+.3f} ms over the one-model proxy  target <= +{HOST_ADDED_GOAL_MS} "
+                    f"ms: {_verdict(ok, seen)}"
+                )
             print(f"  {_label(measure, name):28} {line}")
-    _report_cpu(results)
-    _report_gateway(results)
+    _report_cpu(results, seen)
+    _report_gateway(results, seen)
+    return seen
 
 
-def _report_cpu(results: Results) -> None:
+def _report_cpu(results: Results, seen: list[bool]) -> None:
     print("\nCPU time per request (the hop's own process, from /proc), at c=16 unless said:")
     for measure in ("restcpu", "grpccpu"):
         names = ["floor", "relay", "host", "grpcio", "baseline", "chain", "full", "chain:proxy"]
@@ -810,7 +833,7 @@ def _report_cpu(results: Results) -> None:
             most = _CPU_TARGETS[measure]
             line += (
                 f"; relay {ratio:.2f}x the bare relay (median of rounds)  target <= {most}x: "
-                f"{_verdict(ratio <= most)}"
+                f"{_verdict(ratio <= most, seen)}"
             )
         print(line)
         if (measure, "relay") in results and (measure, "baseline") in results:
@@ -836,7 +859,7 @@ def _report_cpu(results: Results) -> None:
     )
 
 
-def _report_gateway(results: Results) -> None:
+def _report_gateway(results: Results, seen: list[bool]) -> None:
     """The full path against the proxy alone, the proxy + one bare relay, and the
     gateway's CPU against the bare relay's, all paired by round."""
     if ("grpc1", "full") not in results:
@@ -855,7 +878,7 @@ def _report_gateway(results: Results) -> None:
             part = f"vs the proxy alone {_figure(figures, latency)}"
             if most is not None:
                 ok = statistics.median(figures) <= most
-                part += f" target <= +{most} ms: {_verdict(ok)}"
+                part += f" target <= +{most} ms: {_verdict(ok, seen)}"
             parts.append(part)
         if (measure, "chain") in results:
             figures = _paired(results, measure, "full", not latency, "chain")
@@ -900,7 +923,8 @@ def _report_gateway(results: Results) -> None:
             floor = statistics.median(results[(measure, "floor")])
             line += (
                 f"; the bare relay {floor:.0f} us: {value:.2f}x ({low:.2f} .. {high:.2f}) "
-                f"target <= {_GATEWAY_CPU_TARGET}x: {_verdict(value <= _GATEWAY_CPU_TARGET)}"
+                f"target <= {_GATEWAY_CPU_TARGET}x: "
+                f"{_verdict(value <= _GATEWAY_CPU_TARGET, seen)}"
             )
         if (measure, "chain") in results:
             ratios = _paired(results, measure, "full", True, "chain")
@@ -1000,10 +1024,11 @@ def main() -> int:
         "several files (runs of the same code) pooled; only measures every file has count",
     )
     results_page.add_flag(parser)
+    goals.add_flag(parser)
     args = parser.parse_args()
     with results_page.captured() as printed:
         code = run(parser, args)
-    if code == 0 and args.write_results is not None:
+    if code in (0, 1) and args.write_results is not None:  # measured, met or not
         results_page.record("proxy_latency", printed.getvalue(), page=args.write_results)
     return code
 
@@ -1011,8 +1036,8 @@ def main() -> int:
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.report:
         saved = load_results(args.report)
-        report(saved, len(saved[("grpc1", "direct")]), args.seconds)
-        return 0
+        seen = report(saved, len(saved[("grpc1", "direct")]), args.seconds)
+        return goals.exit_code(seen, args.no_goal)
     paths = [p for p in args.paths.split(",") if p]
     if not paths or set(paths) - set(HOPS):
         parser.error(f"--paths {args.paths!r}: name hops of {','.join(HOPS)}")
@@ -1023,6 +1048,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     measures = [m for m in MEASURES if args.hey or m != "hey1"]
     tree, baseline = source_trees(args.native, args.baseline_tree)
     results: Results = {}
+    memory: list[bool] = []
     relay_mode = [*args.proxy_arg, "--grpc-mode", "relay"]
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
         loads = Loads(Path(tmp), args.seconds)
@@ -1077,6 +1103,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                     models = 1 if name == "relay" else args.models
                     rss = resident_mib(hops[name].cpu[0][1])
                     print(f"{name}: {models} models, RSS {rss:.1f} MiB after warm-up")
+                    if name == "host":
+                        memory.append(goals.check(f"the host's proxy's RSS, {models} models",
+                                                  rss, HOST_RSS_GOAL_MIB, unit=" MiB"))  # fmt: skip
             turn = 0
             for round_number in range(args.rounds):
                 box, own = box_cpu_seconds()
@@ -1099,8 +1128,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.save is not None:
         figures = {f"{measure} {hop}": values for (measure, hop), values in results.items()}
         args.save.write_text(json.dumps(figures, indent=1))
-    report(results, args.rounds, args.seconds)
-    return 0
+    seen = report(results, args.rounds, args.seconds)
+    return goals.exit_code([*memory, *seen], args.no_goal)
 
 
 if __name__ == "__main__":

@@ -32,11 +32,15 @@ The closing line:
     bound by B (all-always) and T (tail); wake p50/p99 A/B s (Triton's own load L/M s);
     always p99 C.Cx alone
 
+The live run's goals (`residency_live.check_goals`: wake p99 1.5 s and +0.1 s over Triton's own
+load, the always model's p99 1.2x alone, no failure) are printed as met or NOT MET; the run exits
+1 when one is not met (`--no-goal`: 0 anyway). The placement simulation has no goal.
+
 `--quick` shrinks both halves (300 models, half an hour replayed; 2 on-demand models, 2 rounds).
 
 Run: .venv/bin/python -m benchmarks.residency [--quick] [--no-live] [--node-shape
      8xA100-80GB:96:110] [--as pods|tritonmodels] [--live-models 3 --rounds 10
-     --idle-seconds 2 --alone-seconds 10]
+     --idle-seconds 2 --alone-seconds 10] [--no-goal]
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import command_line, residency_live, shapes
+from benchmarks import command_line, goals, residency_live, shapes
 from benchmarks import results as results_page
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.modelviews import as_replica
@@ -216,7 +220,7 @@ def replay(models: list[Model], where: dict[str, str], args: argparse.Namespace)
     return Replay(int(times.size), wakes, args.hours)
 
 
-def main() -> None:
+def main() -> int:
     parser = command_line(
         "residency",
         (
@@ -265,12 +269,14 @@ def main() -> None:
         help="small: 300 models, 0.5 h, factors 1,3; live 2 models, 2 rounds, 1 s idle",
     )
     results_page.add_flag(parser)
+    goals.add_flag(parser)
     args = parser.parse_args()
     if args.quick:
         args.models, args.hours, args.factors, args.rate = 300, 0.5, "1,3", 20.0
         args.live_models, args.rounds, args.idle_seconds, args.alone_seconds = 2, 2, 1.0, 3.0
     if args.namespaces < 1:
         parser.error(f"--namespaces {args.namespaces}: give at least 1")
+    met: list[bool] = []
     with results_page.captured() as printed:
         base_gpus, tail_gpus, bound = run(args)
         if args.no_live:
@@ -286,6 +292,7 @@ def main() -> None:
                     alone_seconds=args.alone_seconds,
                 )
             p50, p99, ratio = residency_live.report(result)
+            met = residency_live.check_goals(result)
             # Triton's own load beside the wake: the difference is tritonshare's overhead.
             loads = [residency_live.percentile(result.triton_loads, q) for q in (0.5, 0.99)]
             live_figures = (
@@ -299,6 +306,7 @@ def main() -> None:
         )
     if args.write_results is not None:
         results_page.record("residency", printed.getvalue(), page=args.write_results)
+    return goals.exit_code(met, args.no_goal)
 
 
 def _shape(text: str) -> shapes.NodeShape:
@@ -371,4 +379,4 @@ def _requests(resources: Mapping[str, int]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,6 +9,9 @@ asleep (the always model's latency alone); then `--rounds` rounds: wait until ev
 model is asleep (its proxy's `tritonshare_proxy_model_state`), then send one request to each in
 turn and time it from sending to the answer, the wake latency (a request arriving at an unloaded
 model). The always model's p99 during the rounds is set beside its p99 alone, in the same run.
+
+Goals (`check_goals`): a wake's p99 at most 1.5 s and at most 0.1 s over Triton's own load p99,
+the always model's p99 during wakes at most 1.2x alone, and no request failed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, cast
 import kubernetes.client
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import goals
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
@@ -262,3 +266,25 @@ def report(result: LiveResult, say: Any = print) -> tuple[float, float, float]:
     for failure in result.failed[:5]:
         say(f"  {failure}")
     return p50, p99, ratio
+
+
+WAKE_P99_GOAL = 1.5
+"""A wake's p99, seconds, at most."""
+WAKE_OVER_LOAD_GOAL = 0.1
+"""A wake's p99 over Triton's own load p99, seconds, at most."""
+ALWAYS_GOAL = 1.2
+"""The always model's p99 during wakes over its p99 alone, at most."""
+
+
+def check_goals(result: LiveResult) -> list[bool]:
+    """The live run's goals, each printed with met or NOT MET."""
+    p99 = percentile(result.wakes, 0.99)
+    load = percentile(result.triton_loads, 0.99)
+    alone, during = percentile(result.alone, 0.99), percentile(result.during, 0.99)
+    ratio = during / alone if alone > 0 else float("inf")
+    return [
+        goals.check("wake p99", p99, WAKE_P99_GOAL, unit=" s"),
+        goals.check("wake p99 over Triton's load p99", p99 - load, WAKE_OVER_LOAD_GOAL, unit=" s"),
+        goals.check("always p99 during wakes / alone", ratio, ALWAYS_GOAL, unit="x"),
+        goals.check("failed requests", len(result.failed), 0),
+    ]
