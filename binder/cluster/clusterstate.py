@@ -46,6 +46,8 @@ class ClusterState:
         self.nodes: dict[str, NodeInfo] = {}
         self.leases: dict[str, float] = {}
         self._accounts: dict[str, Account] = {}
+        self._by_model: dict[ModelKey, dict[str, Account]] = {}
+        """The accounts of each model revision's pods, by uid (`replica_gpus`)."""
         self._by_node: dict[str, dict[str, Account]] = {}
         self.memory = GpuMemory(self.nodes, self._by_node, reserve=reserve)
         """Per GPU, what the charged pods hold and what is free."""
@@ -226,6 +228,12 @@ class ClusterState:
         if account is None:
             return
         self.tallies.remove(account.pod, account.node)
+        if account.pod.model_id:
+            revision = self._by_model.get(account.pod.model_key)
+            if revision is not None:
+                revision.pop(uid, None)
+                if not revision:
+                    del self._by_model[account.pod.model_key]
         node = self.nodes.get(account.node)
         if not account.assumed and node is not None and node.measured_of(account.pod) is not None:
             # Its model is still loaded there: its namespace holds the memory until unloaded.
@@ -265,8 +273,19 @@ class ClusterState:
             if any(a.pod.priority < priority and not a.pod.deleting for a in accounts.values())
         ]
 
+    def replica_gpus(self, key: ModelKey, exclude: str = "") -> dict[str, frozenset[int]]:
+        """Per node, the positions of the GPUs charged a pod of model revision `key` (but the
+        pod `exclude`): the cost is the revision's pods, not the nodes'."""
+        found: dict[str, set[int]] = {}
+        for uid, account in self._by_model.get(key, {}).items():
+            if uid != exclude and account.gpu >= 0:
+                found.setdefault(account.node, set()).add(account.gpu)
+        return {node: frozenset(gpus) for node, gpus in found.items()}
+
     def _charge(self, account: Account) -> None:
         self._accounts[account.pod.uid] = account
+        if account.pod.model_id:
+            self._by_model.setdefault(account.pod.model_key, {})[account.pod.uid] = account
         self.tallies.left(account.pod.uid)
         self.tallies.add(account.pod, account.node)
         self._by_node.setdefault(account.node, {})[account.pod.uid] = account

@@ -247,29 +247,26 @@ def replica_gpus(state: ClusterState, pod: PodInfo, node: str) -> frozenset[int]
 
 
 def _held_on(state: ClusterState, pod: PodInfo, node: str) -> frozenset[int]:
-    model_id, key, uid = pod.model_id, pod.model_key, pod.uid
-    return frozenset(
-        at
-        for other, at in state.pods_on(node)
-        if other.model_id == model_id and at >= 0 and other.model_key == key and other.uid != uid
-    )
+    return state.replica_gpus(pod.model_key, pod.uid).get(node, frozenset())
 
 
 def _free_of_replicas(
     state: ClusterState, view: MemoryView, pod: PodInfo, candidates: IntArray
 ) -> tuple[npt.NDArray[np.bool_], dict[int, frozenset[int]]]:
     """Which candidate nodes (each holding a replica of the pod's model) have a GPU that fits
-    the pod and holds none, and per candidate row the GPU positions that hold one."""
+    the pod and holds none, and per candidate row the GPU positions that hold one. The
+    revision's GPUs are read once, whatever the nodes."""
     _, rooms = view.gpu_matrices()
     free = np.zeros(candidates.size, np.bool_)
     held: dict[int, frozenset[int]] = {}
+    by_node = state.replica_gpus(pod.model_key, pod.uid)
     for row, i in enumerate(candidates.tolist()):
-        taken = _held_on(state, pod, state.names[i])
+        name = state.names[i]
+        taken = by_node.get(name, frozenset())
         held[row] = taken
-        healthy = state.nodes[state.names[i]].gpus
         free[row] = any(
             at not in taken and g.healthy and int(rooms[i, at]) >= pod.request
-            for at, g in enumerate(healthy)
+            for at, g in enumerate(state.nodes[name].gpus)
         )
     return free, held
 
