@@ -15,7 +15,6 @@ only through `binder.api.kube`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -98,6 +97,8 @@ class MeshWriter:
         """Namespaces with a ModelMesh InferenceService's TritonModel."""
         self._services: set[str] = set()
         """Namespaces whose `modelmesh-serving` this replica has created."""
+        self._warned: set[str] = set()
+        """Namespaces told to delete a `modelmesh-serving` that is not the binder's."""
         self._written: dict[str, str] = {}
         """Each namespace's routes document as last written."""
 
@@ -130,22 +131,45 @@ class MeshWriter:
             if not address:
                 found = await self._call(self._cluster_ip, namespace, name)
                 known[name] = (model_id, found, limit)
-        if namespace not in self._services:
-            body = mesh_service(namespace, self._keys)
-            # There already: ours, or the namespace's own (left as it is).
-            with contextlib.suppress(ConflictError):
-                await self._call(self._kube.create_service, namespace, body)
-            self._services.add(namespace)
-            log.info(
-                "Namespace %s has ModelMesh InferenceServices: Service %s routes each request "
-                "to its model's hosts.",
-                namespace,
-                MESH_SERVICE,
-            )
         document = routes_document(known)
         if self._written.get(namespace) != document:
             await self._call(self._put_routes, namespace, document)
             self._written[namespace] = document
+        if namespace in self._services:
+            return
+        body = mesh_service(namespace, self._keys)
+        try:
+            await self._call(self._kube.create_service, namespace, body)
+        except ConflictError:
+            there = await self._call(self._selector, namespace)
+            if there != body["spec"]["selector"]:
+                # ModelMesh's own, left as it is (tried again at the namespace's next
+                # change): its owner deletes it, and then the binder makes its own.
+                if namespace not in self._warned:
+                    self._warned.add(namespace)
+                    log.warning(
+                        "Namespace %s has a Service %s that selects %s, not its model hosts: "
+                        "its clients do not reach the TritonModels; delete it.",
+                        namespace,
+                        MESH_SERVICE,
+                        there,
+                    )
+                return
+        self._services.add(namespace)
+        log.info(
+            "Namespace %s has ModelMesh InferenceServices: Service %s routes each request "
+            "to its model's hosts.",
+            namespace,
+            MESH_SERVICE,
+        )
+
+    def _selector(self, namespace: str) -> dict[str, str]:
+        """The selector of the namespace's `modelmesh-serving` ({} when gone meanwhile)."""
+        try:
+            service = self._kube.read(f"{namespace_path(namespace)}/services/{MESH_SERVICE}")
+        except NotFoundError:
+            return {}
+        return dict((service.get("spec") or {}).get("selector") or {})
 
     def _cluster_ip(self, namespace: str, name: str) -> str:
         """The ClusterIP of model `name`'s Service ("" when it has none yet)."""

@@ -40,7 +40,11 @@ def _routes(core: Any) -> list[dict[str, Any]] | None:
 
 
 def _service(core: Any, name: str) -> Any:
-    found = core.list_namespaced_service("default", field_selector=f"metadata.name={name}").items
+    """The Service as the API server wrote it (a dict), or None."""
+    answer = core.list_namespaced_service(
+        "default", field_selector=f"metadata.name={name}", _preload_content=False
+    )
+    found = json.loads(answer.data)["items"]
     return found[0] if found else None
 
 
@@ -58,8 +62,8 @@ async def test_a_modelmesh_namespace_gets_its_router_service_and_routes(
     mesh["spec"]["maxConcurrency"] = 3
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, mesh)
     service = await eventually(lambda: _service(core, "modelmesh-serving"), what="the router")
-    assert service.spec.selector == {"tritonshare.io/model-host": "true"}
-    assert [(p.name, p.port, p.target_port) for p in service.spec.ports] == [
+    assert service["spec"]["selector"] == {"tritonshare.io/model-host": "true"}
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
         ("grpc", 8033, "mesh-grpc"),
         ("http", 8008, "mesh-http"),
     ]
@@ -69,7 +73,7 @@ async def test_a_modelmesh_namespace_gets_its_router_service_and_routes(
         return routes if routes is not None and len(routes) == 2 else None
 
     routes = await eventually(both, what="both models routed")
-    ips = {n: _service(core, n).spec.cluster_ip for n in ("plain", "mnist")}
+    ips = {n: _service(core, n)["spec"]["clusterIP"] for n in ("plain", "mnist")}
     assert routes == [
         {"model": "mnist-v2", "address": ips["mnist"], "http": 9000, "grpc": 9001,
          "maxConcurrency": 3},
@@ -86,3 +90,31 @@ async def test_a_modelmesh_namespace_gets_its_router_service_and_routes(
 
 def test_a_model_without_a_cluster_ip_yet_is_not_routed() -> None:
     assert routes_document({"a": ("a", "", 0)}) == "[]"
+
+
+async def test_a_modelmesh_serving_of_modelmesh_s_own_is_left_until_it_goes(
+    binder: Binder, custom: Any, core: Any
+) -> None:
+    theirs: dict[str, Any] = {
+        "metadata": {"name": "modelmesh-serving"},
+        "spec": {"selector": {"modelmesh-service": "modelmesh-serving"}, "ports": [{"port": 8033}]},
+    }
+    core.create_namespaced_service("default", theirs, _preload_content=False)
+    for name in ("mnist", "fashion"):
+        mesh = model(name, 1)
+        mesh["metadata"]["labels"] = {ISVC_LABEL: name}
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, mesh)
+    await eventually(lambda: len(_routes(core) or []) == 2, what="both routed")
+    assert _service(core, "modelmesh-serving")["spec"]["selector"] == theirs["spec"]["selector"]
+    core.delete_namespaced_service("modelmesh-serving", "default", _preload_content=False)
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, "mnist", {"spec": {"maxConcurrency": 2}}
+    )
+
+    def ours() -> bool:
+        service = _service(core, "modelmesh-serving")
+        return service is not None and service["spec"]["selector"] == {
+            "tritonshare.io/model-host": "true"
+        }
+
+    await eventually(ours, what="the binder's own modelmesh-serving at the namespace's next change")
