@@ -21,9 +21,10 @@ import json
 import math
 import shutil
 import statistics
+import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,22 +187,58 @@ async def unload_all(
             await asyncio.sleep(0.1)
 
 
+async def _answering(grpc_url: str, metadata: tuple[tuple[str, str], ...], within: float) -> None:
+    """Wait until Triton answers its repository index again (its keeper starts it again)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            async with grpc.aio.insecure_channel(grpc_url) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                request = service_pb2.RepositoryIndexRequest()
+                await stub.RepositoryIndex(request, metadata=metadata, timeout=5)
+                return
+        except grpc.aio.AioRpcError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def measure(
     grpc_url: str,
     models: Sequence[FloorModel],
     asked: Sequence[Way],
     rounds: int,
     metadata: tuple[tuple[str, str], ...] = admin_metadata(),
+    *,
+    retries: int = 2,
+    log_tail: Callable[[], str] = lambda: "",
 ) -> list[Floor]:
     """One warm-up load of the first model, then `rounds` rounds of every way in turn (so that
-    the machine's noise falls on each alike), every model unloaded after each."""
+    the machine's noise falls on each alike), every model unloaded after each. A round whose
+    load Triton did not answer (it exited: its keeper starts it again) is said, with Triton's
+    log, and run again, at most `retries` times in all."""
     names = [m.name for m in models]
     await load_all(grpc_url, models[:1], 1, metadata)
     await unload_all(grpc_url, names[:1], metadata)
     seen: dict[Way, list[tuple[float, ...]]] = {way: [] for way in asked}
     for _ in range(rounds):
         for way in asked:
-            seen[way].append(await load_all(grpc_url, models, way.at_once, metadata))
+            while True:
+                try:
+                    seen[way].append(await load_all(grpc_url, models, way.at_once, metadata))
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if retries < 1:
+                        raise
+                    retries -= 1
+                    print(
+                        f"a floor round ({way.label}) failed: {e.code().name} {e.details()}; "
+                        f"running it again. Triton's log:\n{log_tail()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    await _answering(grpc_url, metadata, 120)
+                    await unload_all(grpc_url, names, metadata)
             await unload_all(grpc_url, names, metadata)
     return [Floor(way, tuple(seen[way])) for way in asked]
 
@@ -212,4 +249,5 @@ def run_floor(
 ) -> list[Floor]:  # fmt: skip
     """`measure` in a Triton of the node's settings over `repository` (the captured files)."""
     with floor_server(node, repository, repository.parent / "floor-triton.log") as triton:
-        return asyncio.run(measure(triton.grpc_url, models, asked, rounds))
+        measured = measure(triton.grpc_url, models, asked, rounds, log_tail=triton.log_tail)
+        return asyncio.run(measured)

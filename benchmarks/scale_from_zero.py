@@ -43,7 +43,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -93,7 +93,7 @@ class Wake:
     kind: str
     models: int
     firsts: tuple[float, ...]
-    floors: tuple[Floor, ...]
+    floors: tuple[Floor, ...] = ()
     phases: str = ""
 
     @property
@@ -122,8 +122,10 @@ class Wake:
         ]
         if self.phases:
             said.append(f"  the agent meanwhile: {self.phases}")
-        said += [f"  floor: {f.line()}" for f in self.floors]
         return said
+
+    def floor_lines(self) -> list[str]:
+        return [f"  floor: {f.line()}" for f in self.floors]
 
     @property
     def has_goal(self) -> bool:
@@ -348,8 +350,7 @@ def wake_tritonmodels(
     count: int,
     workdir: Path,
     during_scale_down: bool = False,
-    rounds: int = 3,
-) -> Wake:
+) -> tuple[Wake, list[FloorModel]]:
     assert cluster.model_store is not None
     node = NODES[0].name
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
@@ -412,10 +413,10 @@ def wake_tritonmodels(
     # The floor's Triton shares the machine's cores: not while the node's unloads them.
     wait_until(f"{count} TritonModels unloaded", lambda: in_triton(cluster) == 0, 600)
     kind = f"TritonModels ({len(leaving)} others unloading)" if leaving else "TritonModels"
-    return Wake(kind, count, firsts, floors(cluster, models, workdir, rounds), agent)
+    return Wake(kind, count, firsts, phases=agent), models
 
 
-def wake_pods(cluster: SimCluster, count: int, workdir: Path, rounds: int = 3) -> Wake:
+def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> tuple[Wake, list[FloorModel]]:
     assert cluster.model_store is not None
     node = NODES[0].name
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
@@ -458,7 +459,7 @@ def wake_pods(cluster: SimCluster, count: int, workdir: Path, rounds: int = 3) -
         apps.delete_namespaced_deployment(name, NAMESPACE)
     wait_until(f"{count} Deployments' pods gone", gone, 300)
     wait_until(f"{count} models unloaded", lambda: in_triton(cluster) == 0, 600)
-    return Wake("model pods", count, firsts, floors(cluster, models, workdir, rounds), agent)
+    return Wake("model pods", count, firsts, phases=agent), models
 
 
 def run(
@@ -485,10 +486,12 @@ def run(
         for count in counts:
             floor_dir = Path(workdir) / f"floor-{count}"
             if kind == "pods":
-                wake = wake_pods(cluster, count, floor_dir, rounds)
+                wake, models = wake_pods(cluster, count, floor_dir)
             else:
-                wake = wake_tritonmodels(cluster, count, floor_dir, during_scale_down, rounds)
+                wake, models = wake_tritonmodels(cluster, count, floor_dir, during_scale_down)
             print("\n".join(wake.lines()), flush=True)
+            wake = replace(wake, floors=floors(cluster, models, floor_dir, rounds))
+            print("\n".join(wake.floor_lines()), flush=True)
             wakes.append(wake)
     return wakes
 

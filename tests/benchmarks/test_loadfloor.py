@@ -43,10 +43,16 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         self.loaded: set[str] = set()
         self.configs: dict[str, str] = {}
         self.keys: list[str] = []
+        self.loads = 0
+        self.failing: set[int] = set()
+        """Loads (by number, from 1) refused as a Triton exiting under them refuses them."""
 
     async def RepositoryModelLoad(  # noqa: N802 (the generated servicer's name)
         self, request: service_pb2.RepositoryModelLoadRequest, context: Context
     ) -> service_pb2.RepositoryModelLoadResponse:
+        self.loads += 1
+        if self.loads in self.failing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "Stream removed (Socket closed)")
         self.keys.append(dict(context.invocation_metadata() or ()).get(HEADER, ""))
         if "config" in request.parameters:
             self.configs[request.model_name] = request.parameters["config"].string_param
@@ -165,6 +171,26 @@ async def test_rounds_warm_up_once_and_unload_between_rounds(
     assert bounded.top >= 3 * LOAD_SECONDS > unbounded.top
     assert servicer.loaded == set()
     assert servicer.peak == 10
+
+
+async def test_a_round_triton_did_not_answer_is_said_and_run_again(
+    fake: tuple[str, FakeTriton], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, servicer = fake
+    models = _models(4)
+    servicer.failing = {2}  # the warm-up is load 1: the round's first load fails
+
+    def measured(retries: int) -> Awaitable[list[loadfloor.Floor]]:
+        ways = loadfloor.ways(2)[:1]
+        return loadfloor.measure(url, models, ways, 1, retries=retries, log_tail=lambda: "E1 log")
+
+    [floor] = await measured(retries=1)
+    assert len(floor.rounds) == 1 and len(floor.rounds[0]) == 4
+    said = capsys.readouterr().err
+    assert "a floor round (2 at a time) failed: UNAVAILABLE" in said and "E1 log" in said
+    servicer.loads, servicer.failing = 0, {2}
+    with pytest.raises(grpc.aio.AioRpcError):
+        await measured(retries=0)
 
 
 def test_a_floor_reports_the_medians_of_its_rounds() -> None:

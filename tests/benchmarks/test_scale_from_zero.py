@@ -59,6 +59,8 @@ def test_the_report_gives_percentiles_and_closes_on_the_largest_count() -> None:
     assert wakes[0].lines() == [
         "20 TritonModels woken at once: first answer p50 10.00 s, p95 19.00 s, max 20.00 s",
         "  the agent meanwhile: 25 wakes",
+    ]
+    assert wakes[0].floor_lines() == [
         "  floor: Triton over gRPC, 8 at a time: p95 16.00 s, max 16.00 s (medians of 1 rounds)",
         "  floor: Triton over gRPC, all at once: p95 32.00 s, max 32.00 s (medians of 1 rounds)",
     ]
