@@ -232,16 +232,19 @@ def test_a_slow_bucket_fails_at_the_fetch_deadline(tmp_path: Path) -> None:
         r"the storage answers too slowly or without end; check that the storage URI names "
         r"the model's own folder or archive, and the storage's health"
     )
+    # Without the deadline either fetch runs without end; the bound leaves a loaded machine's
+    # scheduling (a fetch's thread, the stand-in's) room beyond the 1 s.
+    within = 4.0
     with hostile_s3() as hostile:
         hostile.listing, hostile.page_delay = "empty", 0.1
         said, took = _hostile_fetch(hostile, "s3://models/m", tmp_path / "pages", 1.0)
         assert re.match(deadline, said), said
-        assert 1.0 <= took < 2.0, took
+        assert 1.0 <= took < within, took
         hostile.listing, hostile.page_delay = "one", 0.0
         uri = "s3://models/slow/model.tar.gz"
         said, took = _hostile_fetch(hostile, uri, tmp_path / "trickle", 1.0)
         assert re.match(deadline, said), said
-        assert 1.0 <= took < 2.0, took
+        assert 1.0 <= took < within, took
         ends = time.monotonic() + 2.0  # the stand-in sees the close at its next write
         while hostile.reading and time.monotonic() < ends:
             time.sleep(0.01)

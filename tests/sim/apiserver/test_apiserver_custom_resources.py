@@ -70,6 +70,7 @@ def test_a_model_gets_its_defaults_and_loses_unknown_fields(custom: Any) -> None
         "gpuMemory": "2Gi",
         "residency": "always",
         "replicas": 1,
+        "replicaSpread": "GPU",
     }
     assert "status" not in created, "a create may not write the status"
     assert created["metadata"]["generation"] == 1
