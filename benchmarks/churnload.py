@@ -55,9 +55,10 @@ moment even while some are between two requests."""
 POISSON = "poisson"
 POISSON_RATE = 4.0
 """Requests a second of each namespace's open-loop caller."""
-POISSON_THREADS = 16
-"""The open-loop caller's senders; a request drawn while all are busy waits for one
-(`Load.late`)."""
+POISSON_THREADS = 160
+"""The open-loop caller's senders: enough for `POISSON_RATE` requests a second each held up to
+`DEADLINE`, so that the loop stays open while answers are held; a request drawn while all are
+busy waits for one (`Load.late`)."""
 DEADLINE = 40.0
 """Seconds a request may take before it counts as failed (no answer): past the longest hold the
 product documents (`churnrule.HOLD_BOUND`), so that a slow answer is seen as slow, not cut."""
