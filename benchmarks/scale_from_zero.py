@@ -9,10 +9,12 @@ zero by the built-in autoscaler and every replica unloaded (their model host kep
 parked there), then sent one request each, all at once, through the host. Printed for each
 count: p50, p95 and max seconds from the requests' start to each model's first answer; what the
 node's agent measured meanwhile (its wakes, Triton's load calls, installs; the autoscaler's
-decision and the placement have no figure of their own); and the floor (`benchmarks.loadfloor`):
+decision and the placement have no figure of their own); and the floor (`benchmarks.loadfloor`),
 a Triton of the node's build and flags, in the same run, loading the same model files with the
 configs the product loaded them with, over gRPC as the agent does, `--parallel-loads` at a time
-and all at once, after a warm-up load, over `--rounds` rounds.
+and all at once, after a warm-up load, over `--rounds` rounds. The floor runs just before the
+wake, when every model is parked and unloaded and the node is quiet (after it, the models'
+deletion and their host's teardown would share its cores).
 
 Goal, for 25 TritonModels: the product's p95 within 1.3x the better floor's p95, and its max
 within 1.5x the better floor's max (like with like). Printed as met or NOT MET; the run exits 1
@@ -43,7 +45,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -296,7 +298,7 @@ def capture_floor(cluster: SimCluster, names: Sequence[str], workdir: Path) -> l
 def floors(
     cluster: SimCluster, models: Sequence[FloorModel], workdir: Path, rounds: int
 ) -> tuple[Floor, ...]:
-    """The floors of a wake, in a Triton of the node's settings, once the node is quiet."""
+    """The floors of a wake, in a Triton of the node's settings: the node must be quiet."""
     asked = loadfloor.ways(cluster.parallel_loads)
     node = cluster.tritons[NODES[0].name]
     return tuple(loadfloor.run_floor(node, models, workdir / "models", asked, rounds))
@@ -350,7 +352,8 @@ def wake_tritonmodels(
     count: int,
     workdir: Path,
     during_scale_down: bool = False,
-) -> tuple[Wake, list[FloorModel]]:
+    rounds: int = 3,
+) -> Wake:
     assert cluster.model_store is not None
     node = NODES[0].name
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
@@ -403,6 +406,8 @@ def wake_tritonmodels(
         return None if waiting or loaded or not unloaded else str(found.status.pod_ip)
 
     address = wait_until(f"{count} TritonModels parked at zero, unloaded", all_parked, 600)
+    # The floor first, on the quiet node (see the module docstring).
+    floored = floors(cluster, models, workdir, rounds)
     for name in leaving:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     before = _agent_metrics(cluster)
@@ -410,13 +415,12 @@ def wake_tritonmodels(
     agent = phases(before, _agent_metrics(cluster))
     for name in names:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
-    # The floor's Triton shares the machine's cores: not while the node's unloads them.
     wait_until(f"{count} TritonModels unloaded", lambda: in_triton(cluster) == 0, 600)
     kind = f"TritonModels ({len(leaving)} others unloading)" if leaving else "TritonModels"
-    return Wake(kind, count, firsts, phases=agent), models
+    return Wake(kind, count, firsts, floored, agent)
 
 
-def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> tuple[Wake, list[FloorModel]]:
+def wake_pods(cluster: SimCluster, count: int, workdir: Path, rounds: int = 3) -> Wake:
     assert cluster.model_store is not None
     node = NODES[0].name
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
@@ -451,6 +455,7 @@ def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> tuple[Wake, lis
 
     wait_until(f"{count} Deployments' pods gone", gone, 300)
     wait_until(f"{count} models unloaded", lambda: in_triton(cluster) == 0, 600)
+    floored = floors(cluster, models, workdir, rounds)  # on the quiet node, as above
     before = _agent_metrics(cluster)
     scale(1)
     firsts = _all_at_once(names, pod_address)
@@ -459,7 +464,7 @@ def wake_pods(cluster: SimCluster, count: int, workdir: Path) -> tuple[Wake, lis
         apps.delete_namespaced_deployment(name, NAMESPACE)
     wait_until(f"{count} Deployments' pods gone", gone, 300)
     wait_until(f"{count} models unloaded", lambda: in_triton(cluster) == 0, 600)
-    return Wake("model pods", count, firsts, phases=agent), models
+    return Wake("model pods", count, firsts, floored, agent)
 
 
 def run(
@@ -486,12 +491,10 @@ def run(
         for count in counts:
             floor_dir = Path(workdir) / f"floor-{count}"
             if kind == "pods":
-                wake, models = wake_pods(cluster, count, floor_dir)
+                wake = wake_pods(cluster, count, floor_dir, rounds)
             else:
-                wake, models = wake_tritonmodels(cluster, count, floor_dir, during_scale_down)
-            print("\n".join(wake.lines()), flush=True)
-            wake = replace(wake, floors=floors(cluster, models, floor_dir, rounds))
-            print("\n".join(wake.floor_lines()), flush=True)
+                wake = wake_tritonmodels(cluster, count, floor_dir, during_scale_down, rounds)
+            print("\n".join([*wake.lines(), *wake.floor_lines()]), flush=True)
             wakes.append(wake)
     return wakes
 
