@@ -49,7 +49,7 @@ from agent.models.probationhold import ProbationHold
 from agent.models.records import ModelRecord, ModelRecords
 from agent.models.restoregate import RestoreGate
 from agent.models.statuses import ModelReports, ModelStatus
-from agent.models.tritonram import HostMemory
+from agent.models.tritonram import HostMemory, OverShare
 from agent.phases import (
     Event,
     ModelState,
@@ -225,6 +225,14 @@ class Models:
     ) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor or self._executor, fn, *args)
+
+    async def over_share(self) -> list[OverShare]:
+        """The models their namespace's share of Triton's host memory no longer holds
+        (`HostMemory.over_share`), read on the agent's own threads: never behind the loop's
+        default executor, which other work may fill while Triton restarts."""
+        if self.host is None:
+            return []
+        return await self._in_thread(self.host.over_share)
 
     # Names and ownership (the rules are `agent.pods.owners`').
     def triton_name(self, owner: Proven) -> str:

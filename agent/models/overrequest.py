@@ -17,7 +17,6 @@ request or share, which come first in its plan, and carries out their eviction o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -58,8 +57,7 @@ class OverRequest:
     async def measure(self) -> None:
         """Read, off the event loop, which models their namespace's share of Triton's host
         memory no longer holds (before each pass's plan)."""
-        host = self.models.host
-        self._over_share = [] if host is None else await asyncio.to_thread(host.over_share)
+        self._over_share = await self.models.over_share()
 
     def actions(self, wanted: dict[str, Proven]) -> list[Action]:
         """An eviction (or warning) for each wanted model over its request or its namespace's

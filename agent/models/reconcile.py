@@ -166,9 +166,11 @@ class Reconciler:
         """One pass; errors of single models are logged and retried on the next pass."""
         if not self.pods.synced:
             return
+        # Off the loop, before the pass takes its view: an exit noticed meanwhile is this
+        # pass's to restore from.
+        await self.over_request.measure()
         self.after_crash.begin()
         generation = self.models.restore_gate.generation
-        await self.over_request.measure()
         plan = await self.plan()
         self.after_crash.pass_when_settled()
         self.over_request.forget_the_rest()
