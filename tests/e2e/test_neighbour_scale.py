@@ -19,12 +19,12 @@ from typing import Any, cast
 import kubernetes.client
 import pytest
 
-from benchmarks.churn import Client, Request
 from common.hosted import host_name, serves_label
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR
 from sim.processes import wait_until
 from sim.service import ServiceProxy
+from tests.e2e.callers import Client, Request
 from tests.e2e.test_node_pod_drain import _create, _listening, _ready, _start
 from tests.e2e.test_tritonmodel_one_node import NAMESPACE, NODE, _loaded, cluster
 from tests.e2e.test_tritonmodel_two_nodes import GROUP, KEYS, MODEL, PLURAL, VERSION

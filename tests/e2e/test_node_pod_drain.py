@@ -26,13 +26,13 @@ from typing import Any, cast
 import kubernetes.client
 import pytest
 
-from benchmarks.churn import Client, Request
 from common.hosted import host_name, loaded_prefix, serves_label
 from sim.cluster import SimCluster
 from sim.demo.rollout import deployment_manifest
 from sim.demo.scenario import MODELS_DIR
 from sim.processes import wait_until
 from sim.service import ServiceProxy
+from tests.e2e.callers import Client, Request
 from tests.e2e.test_host_eviction import (
     GROUP,
     KEYS,
