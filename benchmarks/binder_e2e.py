@@ -27,6 +27,12 @@ with a zone and a hostname topology spread (DoNotSchedule, maxSkew 1). Every nod
 allocatable CPU, memory and pods, partly used by the placed model pods and by `--others` pods of
 another scheduler, so NodeResourcesFit judges every node.
 
+Goals, checked in code for the plain workload (`benchmarks.goals`; exit 1 when one is not met,
+`--no-goal` to explore): at least DECISIONS_GOAL decisions a second and at most CPU_GOAL_MS of the
+binder's CPU per bound pod (at the default scale: 5,000 nodes, 10,000 pods released at once);
+and with `--baseline-root`, for every workload, no more than BASELINE_CPU_RATIO of the baseline
+tree's CPU per bound pod, medians of the same run.
+
 Run: .venv/bin/python -m benchmarks.binder_e2e [--nodes 5000 --gpus 8 --placed 40000 --pods 10000]
 """
 
@@ -51,7 +57,7 @@ from typing import Any
 
 import kubernetes.client
 
-from benchmarks import command_line
+from benchmarks import command_line, goals
 from binder.app import Binder
 from binder.settings import Settings
 from common.contract import Keys, agent_lease_name
@@ -61,6 +67,13 @@ from common.quantity import parse_quantity
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.cluster import write_placement_keys
 from sim.triton import free_port
+
+DECISIONS_GOAL = 1000.0
+"""Plain model pods placed a second, at least (medians, the tree measured)."""
+CPU_GOAL_MS = 0.5
+"""The binder's CPU per bound plain model pod, at most (ms)."""
+BASELINE_CPU_RATIO = 1.10
+"""CPU per bound pod against the baseline tree's, at most, for every workload."""
 
 GI = 1024**3
 KEYS = Keys()
@@ -456,11 +469,14 @@ def forget_run(core: Any, server: RunningApiServer, run: str, timeout: float) ->
         time.sleep(0.2)
 
 
-def run_trees(args: argparse.Namespace, server: RunningApiServer, core: Any, key_dir: Path) -> None:
+def run_trees(
+    args: argparse.Namespace, server: RunningApiServer, core: Any, key_dir: Path
+) -> list[bool]:
     """Per workload, each tree `--repeat` times, alternating, on the same cluster; then the
-    comparison."""
+    comparison, and the goals checked (whether each is met)."""
     trees = {f"baseline {args.baseline_root}": args.baseline_root} if args.baseline_root else {}
     trees[f"this {args.binder_root}"] = args.binder_root
+    results: list[bool] = []
     for workload in args.workloads.split(","):
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         for repeat in range(args.repeat):
@@ -472,15 +488,45 @@ def run_trees(args: argparse.Namespace, server: RunningApiServer, core: Any, key
                 )
                 runs[name].append(figures)
                 forget_run(core, server, run, args.timeout)
+        medians = medians_of(runs)
         if len(trees) > 1 or args.repeat > 1:
             print(f"\nworkload {workload}:")
             compare(runs)
+        results += check_goals(workload, medians, bool(args.baseline_root))
+    return results
+
+
+def check_goals(workload: str, medians: dict[str, dict[str, float]], baseline: bool) -> list[bool]:
+    """The goals of one workload's medians (the tree measured is the last, the baseline the
+    first): printed beside their figures, whether each is met."""
+    names = list(medians)
+    this = medians[names[-1]]
+    cpu = "binder CPU ms per bound pod"
+    results = []
+    if workload == "plain":
+        results.append(goals.check("plain decisions/s", this["decisions/s"], DECISIONS_GOAL, ">="))
+        results.append(
+            goals.check("plain binder CPU per bound pod", this[cpu], CPU_GOAL_MS, "<=", " ms")
+        )
+    if baseline and medians[names[0]][cpu]:
+        ratio = this[cpu] / medians[names[0]][cpu]
+        results.append(
+            goals.check(
+                f"{workload} CPU per bound pod / baseline's", ratio, BASELINE_CPU_RATIO, "<=", "x"
+            )
+        )
+    return results
+
+
+def medians_of(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each tree's figures, the median of its runs."""
+    return {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
 
 
 def compare(runs: dict[str, list[dict[str, float]]]) -> None:
     """Medians per tree, side by side, and the ratio of the last tree to the first."""
     names = list(runs)
-    medians = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
+    medians = medians_of(runs)
     width = max(len(n) for n in names) + 2
     print(f"\nmedians over {len(runs[names[0]])} run(s) per tree, same cluster, same pods:")
     print(f"{'':30}" + "".join(f"{n:>{width}}" for n in names) + f"{'ratio':>10}")
@@ -490,7 +536,8 @@ def compare(runs: dict[str, list[dict[str, float]]]) -> None:
         print(f"{key:30}" + "".join(f"{medians[n][key]:{width}.2f}" for n in names) + ratio)
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace) -> list[bool]:
+    """The benchmark; whether each goal checked is met (the in-process mode checks none)."""
     server = start_in_thread()
     client: Any = server.api_client()
     core: Any = kubernetes.client.CoreV1Api(client)
@@ -500,11 +547,13 @@ async def run(args: argparse.Namespace) -> None:
             # One key for the whole run: the placed pods are signed with it, every binder holds it.
             key_dir = write_placement_keys(Path(tmp) / "placement-key")
             build_cluster(core, args, rng, key_dir)
+            results: list[bool] = []
             if args.mode == "process":
-                run_trees(args, server, core, key_dir)
+                results = run_trees(args, server, core, key_dir)
             else:
                 await run_in_process(args, server, core, rng, key_dir)
         run_poc(args, server, core, rng)
+        return results
     finally:
         client.close()
         server.stop()
@@ -631,9 +680,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--bind-workers", type=int, default=8)
+    goals.add_flag(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(run(args))
+    sys.exit(goals.exit_code(asyncio.run(run(args)), args.no_goal))
 
 
 if __name__ == "__main__":
