@@ -119,22 +119,27 @@ def capture(
     header: str = TRITON_ADMIN_HEADER,
 ) -> list[FloorModel]:
     """For each of `models` (TritonModel or model ids), one of its replicas READY in the node's
-    Triton: its files copied under `into` and the config Triton runs it with. KeyError when a
-    model has no replica READY."""
+    Triton: its files copied under `into` and the config Triton runs it with. A replica that
+    leaves meanwhile (unloaded, its files removed) gives way to the next; KeyError when none is
+    left."""
     ready = sorted(name for name, state in states.items() if state == "READY")
+    name, _, value = header.partition(":")
     found = []
     for model in models:
-        entry = next((n for n in ready if n.rpartition("-")[0] == model), None)
-        if entry is None:
+        for entry in (n for n in ready if n.rpartition("-")[0] == model):
+            request = urllib.request.Request(
+                f"http://{node.http_url}/v2/models/{entry}/config", headers={name: value}
+            )
+            try:
+                shutil.copytree(node.model_repository / entry, into / entry)
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    config = json.loads(answer.read())
+            except OSError:
+                continue
+            found.append(FloorModel(entry, json.dumps(config, separators=(",", ":"))))
+            break
+        else:
             raise KeyError(f"model {model!r} has no replica READY in the node's Triton")
-        shutil.copytree(node.model_repository / entry, into / entry)
-        name, _, value = header.partition(":")
-        request = urllib.request.Request(
-            f"http://{node.http_url}/v2/models/{entry}/config", headers={name: value}
-        )
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            config = json.loads(answer.read())
-        found.append(FloorModel(entry, json.dumps(config, separators=(",", ":"))))
     return found
 
 

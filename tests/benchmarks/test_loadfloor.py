@@ -227,14 +227,16 @@ def test_the_floor_loads_the_files_and_config_the_product_loaded(
     triton_install: TritonInstall, tmp_path: Path
 ) -> None:
     """A real Triton of the node's kind holds a replica; the floor copies its files and config
-    and loads them in a Triton of its own, 2 rounds of each way."""
+    (passing over a replica gone since the index was read) and loads them in a Triton of its
+    own, 2 rounds of each way."""
     name = f"zero-1-0-{'ab' * 12}"
     node = TritonServer(tmp_path / "node", restricted=True, parallel_loads=2)
     node.model_repository.mkdir()
     copy_model("add_one", node.model_repository, name)
     with node:
         asyncio.run(loadfloor.load_all(node.grpc_url, [FloorModel(name)], 1))
-        states = {name: "READY", f"zero-1-1-{'cd' * 12}": "UNAVAILABLE"}
+        gone = f"zero-1-0-{'00' * 12}"  # READY in the index read, unloaded since
+        states = {gone: "READY", name: "READY", f"zero-1-1-{'cd' * 12}": "UNAVAILABLE"}
         models = loadfloor.capture(node, states, ["zero-1-0"], tmp_path / "floor" / "models")
         with pytest.raises(KeyError, match="'zero-1-1' has no replica READY"):
             loadfloor.capture(node, states, ["zero-1-1"], tmp_path / "other")
