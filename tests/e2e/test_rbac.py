@@ -38,6 +38,11 @@ _ISVCS = (
     "with KServe's CRDs served)"
 )
 
+_ROUTER = (
+    "tests/binder/tritonmodels/test_modelmesh_router.py (a ModelMesh namespace's "
+    "modelmesh-serving Service and routes ConfigMap)"
+)
+
 # Grants only a failure the demo does not stage, or a TritonModel, uses, each with the test whose
 # real process makes that call through the simulated API server.
 FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
@@ -68,6 +73,9 @@ FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
         ("", "secrets", "get"): _ISVCS,
         ("", "secrets", "create"): _ISVCS,
         ("", "configmaps", "get"): _ISVCS,
+        ("", "services", "get"): _ROUTER,
+        ("", "configmaps", "create"): _ROUTER,
+        ("", "configmaps", "patch"): _ROUTER,
     },
 }
 
