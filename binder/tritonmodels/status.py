@@ -181,8 +181,10 @@ class StatusWriter:
             write = self._pending.pop(uid, None)
             if not self._leading.is_set():
                 # What a follower knows of the models' conditions ages: a new lead starts
-                # from the cache.
+                # from the cache and its owners' new words.
                 self._written.clear()
+                self._said.clear()
+                self._verdict_at.clear()
                 continue
             if write is None:
                 continue
