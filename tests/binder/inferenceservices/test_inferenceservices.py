@@ -24,6 +24,7 @@ from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
 from tests.binder.objects import GI
 from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.binder.tritonmodels import test_tritonmodels
 from tests.conftest import require_executable
 from tests.deploy.rendering import CHART, DEPLOY, render
 from tests.e2e.test_rbac import describe, grants_for
@@ -117,22 +118,10 @@ def apiserver() -> Iterator[RunningApiServer]:
         server.stop()
 
 
-@pytest.fixture
-def custom(kube_api: kubernetes.client.ApiClient) -> Any:
-    return kubernetes.client.CustomObjectsApi(kube_api)
-
-
-@pytest.fixture
-def gc(apiserver: RunningApiServer) -> Iterator[ControllerManager]:
-    api = apiserver.api_client()
-    running = ControllerManager(api, clock=apiserver.clock.now)
-    running.start()
-    try:
-        assert running.wait_synced(10)
-        yield running
-    finally:
-        running.stop()
-        api.close()  # type: ignore[no-untyped-call]
+# The custom objects client and the garbage collector, as the TritonModel tests have them (over
+# this module's API server).
+custom = test_tritonmodels.custom
+gc = test_tritonmodels.gc
 
 
 def namespace(core: Any, name: str, enabled: bool = True) -> None:
