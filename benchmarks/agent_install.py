@@ -2,6 +2,7 @@
 over a direct Triton load of the same model, side by side, medians of several runs.
 
     .venv/bin/python -m benchmarks.agent_install [--size-mib 1024] [--runs 5] [--chunk-kib 1024]
+        [--no-goal]
 
 Runs the real pieces: sim/'s API server, a real Triton (nvidia-pytriton) on the CPU, and the agent
 as a process (`python -m sim.gpu.agent_node --gpus 2xT4 -- ... --cpu-only`). The client streams the
@@ -10,6 +11,9 @@ install run writes everything anew (the model is unloaded and removed between ru
 comparison alternates a direct `POST /v2/repository/models/<name>/load` of the pod's model (its
 private name in Triton, with the config override the agent sends) with the agent's LoadModel
 (which also parses config.pbtxt, checks it, pins the instances and measures the GPU).
+
+The goals (checked unless `--no-goal`): the median install at least `INSTALL_GOAL_MBPS` MB/s,
+and the agent's LoadModel at most `LOAD_OVERHEAD_GOAL_MS` over the direct load (medians).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import grpc
 import kubernetes.client
 
 from agent.installs.modelconfig import override_json, parse_config, pinned_config
-from benchmarks import command_line
+from benchmarks import command_line, goals
 from common.contract import TENANT_CODE_NODE, Keys
 from common.proofs import Claim, load_key_ring
 from common.tritonname import private_triton_name
@@ -48,6 +52,21 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bench"
 NODE = "bench-node"
 KEYS = Keys()
+INSTALL_GOAL_MBPS = 200.0
+"""MB/s: the median install of a model directory (a 1 GiB model in about 5 s)."""
+LOAD_OVERHEAD_GOAL_MS = 250.0
+"""Milliseconds the agent's LoadModel may take over Triton's own load of the same model (its
+config check, pinning and GPU reading), medians."""
+
+
+def check_goals(install_mbps: float, overhead_ms: float) -> list[bool]:
+    """The median install throughput and the agent's load overhead against their goals."""
+    return [
+        goals.check("install throughput", install_mbps, INSTALL_GOAL_MBPS, ">=", " MB/s"),
+        goals.check(
+            "agent LoadModel over the direct load", overhead_ms, LOAD_OVERHEAD_GOAL_MS, unit=" ms"
+        ),
+    ]
 
 
 def make_model(directory: Path, size_mib: int) -> list[tuple[str, int, str]]:
@@ -126,7 +145,7 @@ def start_process(command: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, cwd=ROOT)
 
 
-async def measure(args: argparse.Namespace, work: Path) -> None:
+async def measure(args: argparse.Namespace, work: Path) -> list[bool]:
     apiserver = start_in_thread()
     triton: TritonServer | None = None
     agent: subprocess.Popen[bytes] | None = None
@@ -245,6 +264,7 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
               (load_agent, min(agent_loads), max(agent_loads)))))  # fmt: skip
         print(f"agent load overhead: {(load_agent - load_direct) * 1e3:+.0f} ms "
               f"({load_agent / load_direct:.2f}x the direct load)")  # fmt: skip
+        return check_goals(total / install / 1e6, (load_agent - load_direct) * 1e3)
     finally:
         if agent is not None and agent.poll() is None:
             agent.send_signal(signal.SIGTERM)
@@ -254,7 +274,7 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
         apiserver.stop()
 
 
-def main() -> None:
+def main() -> int:
     parser = command_line(
         "agent_install",
         (
@@ -267,10 +287,12 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1024, help="weights file size, MiB")
     parser.add_argument("--runs", type=int, default=5, help="runs of each measurement")
     parser.add_argument("--chunk-kib", type=int, default=1024, help="chunk size, KiB")
+    goals.add_flag(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tritonshare-bench-") as work:
-        asyncio.run(measure(args, Path(work)))
+        verdicts = asyncio.run(measure(args, Path(work)))
+    return goals.exit_code(verdicts, args.no_goal)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

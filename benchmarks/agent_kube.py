@@ -7,8 +7,10 @@ alone, creates one pod, then in each round makes --calls calls of each kind thro
 as the agent makes them (awaited one after another, each on a thread pool of 4): read the pod,
 and set a condition on its status (a strategic-merge patch). Prints, per kind, the CPU of this
 process and the wall time per call, the median of --rounds rounds, the two clients taking turns.
+The goal (checked unless `--no-goal`): for each kind, the one door spends no more CPU a call
+than the official client.
 
-Run: .venv/bin/python -m benchmarks.agent_kube [--calls 500 --rounds 5]
+Run: .venv/bin/python -m benchmarks.agent_kube [--calls 500 --rounds 5] [--no-goal]
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import kubernetes.client
 
 from agent.kube.client import REQUEST_TIMEOUT, KubeClient
-from benchmarks import apiserver_process, command_line
+from benchmarks import apiserver_process, command_line, goals
 from common.conditions import Condition, condition_patch
 
 NAMESPACE = "default"
@@ -103,7 +105,24 @@ async def _timed(calls: int, call: Callable[[int], Awaitable[Any]]) -> tuple[flo
     )
 
 
-async def _run(url: str, kubeconfig: str, calls: int, rounds: int) -> None:
+CPU = dict[str, dict[str, float]]
+"""Per kind of call, each client's median CPU a call in milliseconds."""
+
+
+def check_goals(cpu: CPU) -> list[bool]:
+    """For each kind of call, the one door's CPU a call at most the official client's."""
+    return [
+        goals.check(
+            f"{kind}: the one door's CPU a call / the official client's",
+            by_client["one door"] / by_client["official client"],
+            1.0,
+            unit="x",
+        )
+        for kind, by_client in cpu.items()
+    ]
+
+
+async def _run(url: str, kubeconfig: str, calls: int, rounds: int) -> CPU:
     official = OfficialClient(url)
     door = KubeClient(kubeconfig)
     try:
@@ -125,6 +144,7 @@ async def _run(url: str, kubeconfig: str, calls: int, rounds: int) -> None:
                 )
             ),
         }
+        medians: CPU = {}
         for kind, make in kinds.items():
             for client in clients.values():  # warm: connections open, code paths loaded
                 await _timed(20, make(client))
@@ -141,6 +161,8 @@ async def _run(url: str, kubeconfig: str, calls: int, rounds: int) -> None:
                 )
             ratio = cpu["official client"] / cpu["one door"]
             print(f"{kind:<20} the one door spends {ratio:.1f}x less CPU a call")
+            medians[kind] = cpu
+        return medians
     finally:
         official.close()
         await door.close()
@@ -157,11 +179,12 @@ def main() -> int:
     )
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
+    goals.add_flag(parser)
     args = parser.parse_args()
     with apiserver_process() as (url, _), tempfile.TemporaryDirectory() as folder:
         print(f"simulated API server at {url}; {args.calls} calls a round, {args.rounds} rounds")
-        asyncio.run(_run(url, _kubeconfig(url, Path(folder)), args.calls, args.rounds))
-    return 0
+        cpu = asyncio.run(_run(url, _kubeconfig(url, Path(folder)), args.calls, args.rounds))
+    return goals.exit_code(check_goals(cpu), args.no_goal)
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ from typing import Any, cast
 
 import kubernetes.client
 
-from benchmarks import command_line
+from benchmarks import command_line, goals
 from benchmarks.churnload import (
     PER_WAY,
     POISSON_RATE,
@@ -113,7 +113,7 @@ from benchmarks.churnrule import (
     Change,
     Exit,
     Verdict,
-    exit_code,
+    check_goals,
     judge,
     why_expected,
 )
@@ -919,8 +919,10 @@ def report(
     minutes: float,
     origin: float,
     busy: float,
+    no_goal: bool = False,
 ) -> int:
-    """Print what the run saw and the rule's verdict on it; the exit code (`churnrule`).
+    """Print what the run saw and the rule's verdict on it, each part beside its goal; the exit
+    code (`churnrule`, 0 anyway with `no_goal`).
     `counted`: the requests sent since `origin` (the churn's start), over `minutes`; `busy`: the
     machine's busy share of its CPUs meanwhile."""
     models = [m for ms in MODELS.values() for m in ms]
@@ -980,6 +982,7 @@ def report(
     for reason in verdict.reasons():
         print(f"fails the rule: {reason}")
     unfinished, unexpected = len(verdict.unfinished), len(verdict.unexpected)
+    verdicts = check_goals(verdict)
     print(
         f"churn: seed {seed}, {len(done)} changes in {minutes:.1f} min, {len(counted)} requests "
         f"(fewest a model a minute {min(verdict.rates.values(), default=0):.0f}; at least "
@@ -989,7 +992,7 @@ def report(
         f"{len(verdict.slow)} answers past {HOLD_BOUND:g} s -> "
         f"{'pass' if verdict.passed else 'FAIL'}"
     )
-    return exit_code(verdict)
+    return goals.exit_code(verdicts, no_goal)
 
 
 def print_load(
@@ -1047,6 +1050,7 @@ def run(
     keep: Path | None = None,
     slow_lazy: float = 0.0,
     ways: tuple[str, ...] = WAYS,
+    no_goal: bool = False,
 ) -> int:
     handler = logging.StreamHandler()
     handler.addFilter(FirstOnly())
@@ -1105,7 +1109,15 @@ def run(
         if keep is not None:
             print(f"the cluster's and the pods' logs are kept in {keep}")
         return report(
-            load, counted, done, kubelet.exits, seed, (ended - began) / 60, began, next(busy)
+            load,
+            counted,
+            done,
+            kubelet.exits,
+            seed,
+            (ended - began) / 60,
+            began,
+            next(busy),
+            no_goal,
         )
 
 
@@ -1174,6 +1186,7 @@ def main() -> None:
         metavar="DIR",
         help="run the cluster in DIR (new or empty) and keep its and every pod's logs there",
     )
+    goals.add_flag(parser)
     args = parser.parse_args()
     if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
         parser.error(f"--keep: {args.keep} is not empty; name a new or empty directory")
@@ -1186,7 +1199,7 @@ def main() -> None:
         parser.error(f"--ways: choose among {','.join(WAYS)}")
     if args.slow_lazy < 0:
         parser.error("--slow-lazy: give 0 or more seconds")
-    sys.exit(run(args.minutes, args.seed, kinds, args.keep, args.slow_lazy, ways))
+    sys.exit(run(args.minutes, args.seed, kinds, args.keep, args.slow_lazy, ways, args.no_goal))
 
 
 if __name__ == "__main__":

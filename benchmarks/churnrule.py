@@ -9,6 +9,8 @@ A run passes when, over the counted time:
 - every process exit is one a change expected (`why_expected`); any other exit fails the run;
 - no answer took longer than `HOLD_BOUND`, the longest the product documents holding a request;
 - each model was sent at least `MIN_PER_MINUTE` requests a minute.
+
+`check_goals` prints each part of the rule beside its goal (`benchmarks.goals`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from benchmarks import goals
 from benchmarks.churnload import Request
 
 HOLD_BOUND = 30.0
@@ -211,6 +214,22 @@ def judge(
         if rate < min_per_minute:
             verdict.thin[model] = rate
     return verdict
+
+
+def check_goals(verdict: Verdict) -> list[bool]:
+    """Each part of the rule beside its goal, printed; all True when the run passed."""
+    return [
+        goals.check("failed requests", len(verdict.failed), 0),
+        goals.check("changes not completed within their time", len(verdict.unfinished), 0),
+        goals.check("unexpected process exits", len(verdict.unexpected), 0),
+        goals.check(f"answers past {HOLD_BOUND:g} s", len(verdict.slow), 0),
+        goals.check(
+            "fewest requests a model a minute",
+            min(verdict.rates.values(), default=0.0),
+            MIN_PER_MINUTE,
+            ">=",
+        ),
+    ]
 
 
 def exit_code(verdict: Verdict) -> int:

@@ -12,8 +12,11 @@ its RSS before and its peak during the attack (sampled every 5 ms), what the att
 unbounded, the victim's p50/p99 alone and under attack and its errors, and how many attacker
 streams were answered RESOURCE_EXHAUSTED by the budget.
 
+The goals (checked unless `--no-goal`): the budgeted gateway grows by at most twice its budget
+(what it holds, plus what it reads before it pauses), and the victim gets no error from either.
+
     .venv/bin/python -m benchmarks.held_bytes [--pods 8] [--connections 8] [--streams 128]
-        [--budget 32Mi] [--seconds 5] [--tree DIR]
+        [--budget 32Mi] [--seconds 5] [--tree DIR] [--no-goal]
 
 About a minute on a 2-core box with the defaults.
 """
@@ -38,7 +41,7 @@ from pathlib import Path
 import hpack
 import psutil
 
-from benchmarks import command_line
+from benchmarks import command_line, goals
 from benchmarks import results as results_page
 from benchmarks.proxy_latency import ROOT, _stop, _wait_http, running_triton
 from common.callers import Caller, CallerTable, write_table
@@ -216,6 +219,20 @@ def measure(gateway: Gateway, args: argparse.Namespace, attackers: list[str]) ->
     }
 
 
+def check_goals(rows: list[tuple[int, dict[str, float]]]) -> list[bool]:
+    """Each gateway's (budget in bytes, figures): a budgeted one's growth at most twice its
+    budget; no victim error from any."""
+    verdicts = []
+    for budget, figures in rows:
+        name = f"--max-buffered-bytes={budget}"
+        if budget:
+            verdicts.append(
+                goals.check(f"{name}: growth", figures["growth"], 2 * budget / 2**20, unit=" MiB")
+            )
+        verdicts.append(goals.check(f"{name}: victim errors", figures["victim errors"], 0))
+    return verdicts
+
+
 def main() -> int:
     parser = command_line(
         "held_bytes",
@@ -238,6 +255,7 @@ def main() -> int:
         help="the source tree whose gateway runs (build/native: the native build, as built)",
     )
     results_page.add_flag(parser)
+    goals.add_flag(parser)
     args = parser.parse_args()
     with results_page.captured() as printed:
         code = run(args)
@@ -266,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         name = f"--max-buffered-bytes={flag}" + (" (none)" if not flag else "")
         print(f"  {name}: 2 x budget = {2 * flag / 2**20:.0f} MiB")
         print("    " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
-    return 0
+    return goals.exit_code(check_goals(rows), args.no_goal)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,12 @@ A gateway that splits the node's in-flight budget among pods gives the victim on
 `--pods + 1`; one that splits it by namespace first gives it half, so its p99 beside the crowd
 and its throughput are what tell them apart.
 
+The goals, for this tree's gateway (checked unless `--no-goal`): the victim's share of Triton's
+answers beside the crowd at least `SHARE_GOAL` % (its fair half, less noise), its p99 beside at
+most `P99_GOAL` times alone's (what its fair half costs a closed loop), and no error.
+
     .venv/bin/python -m benchmarks.namespace_share [--pods 7] [--concurrency 4] [--budget 8]
-        [--delay-ms 5] [--seconds 6] [--baseline-tree DIR]
+        [--delay-ms 5] [--seconds 6] [--baseline-tree DIR] [--no-goal]
 
 About a minute on a 2-core box with the defaults and a baseline tree.
 """
@@ -39,12 +43,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks import goals
 from benchmarks.proxy_latency import ROOT, _stop, _wait_http
 from common.callers import Caller, CallerTable, write_table
 from sim.triton import TritonServer, free_port
 
 MODEL = "sleepy"
 VICTIM = "127.3.1.1"
+SHARE_GOAL = 45.0
+"""Percent of Triton's answers the victim's namespace gets beside the crowd: half, less noise."""
+P99_GOAL = 2.0
+"""The victim's p99 beside the crowd over its p99 alone: at its fair half a closed loop that kept
+Triton busy alone waits about twice as long."""
 
 
 @contextlib.contextmanager
@@ -172,6 +182,20 @@ def measure(url: str, args: argparse.Namespace, crowd: list[str]) -> dict[str, f
     }
 
 
+def check_goals(figures: dict[str, float]) -> list[bool]:
+    """This tree's gateway's figures (`measure`'s) against the goals."""
+    return [
+        goals.check("victim's share of answers", figures["victim share %"], SHARE_GOAL, ">=", " %"),
+        goals.check(
+            "victim's p99 beside / alone",
+            figures["p99 beside ms"] / figures["p99 alone ms"],
+            P99_GOAL,
+            unit="x",
+        ),
+        goals.check("victim errors", figures["errors"], 0),
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pods", type=int, default=7, help="team-a's pods")
@@ -180,6 +204,7 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=int, default=5, help="what each request holds Triton")
     parser.add_argument("--seconds", type=float, default=6.0, help="each measured window")
     parser.add_argument("--baseline-tree", type=Path, help="another source tree's gateway")
+    goals.add_flag(parser)
     args = parser.parse_args()
     crowd = [f"127.3.0.{n}" for n in range(1, args.pods + 1)]
     trees = [("this tree", ROOT)]
@@ -199,7 +224,7 @@ def main() -> int:
     )
     for name, figures in rows:
         print(f"  {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
-    return 0
+    return goals.exit_code(check_goals(rows[0][1]), args.no_goal)
 
 
 if __name__ == "__main__":

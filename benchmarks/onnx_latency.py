@@ -13,7 +13,10 @@ Printed per model and protocol: the median time per request directly and through
 `--rounds` rounds, and the median of the per-round differences (what the hop adds). On a shared
 box only figures of one run compare.
 
-    .venv/bin/python -m benchmarks.onnx_latency [--rounds 5] [--requests 200]
+The goals (checked unless `--no-goal`), for the model with real compute: the proxy adds at most
+`PROXY_GOAL` of Triton's own time directly, the full path at most `FULL_GOAL`, over REST and gRPC.
+
+    .venv/bin/python -m benchmarks.onnx_latency [--rounds 5] [--requests 200] [--no-goal]
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from numpy.typing import NDArray
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import command_line  # noqa: E402
+from benchmarks import command_line, goals  # noqa: E402
 from benchmarks.proxy_latency import running_full_path, running_proxy  # noqa: E402
 from sim.onnxmodels import (  # noqa: E402
     CONV_IMAGE,
@@ -52,6 +55,12 @@ from sim.triton import TritonServer  # noqa: E402
 MODELS = ("add_one", CONV_NAME)
 HOPS = ("direct", "proxy", "full")
 Send = Callable[[], None]
+Figures = dict[tuple[str, str, str], list[float]]
+"""(model, protocol, hop) -> the median ms per request of each round."""
+PROXY_GOAL = 0.25
+"""What the proxy adds to the ONNX model's time directly, as a share of that time."""
+FULL_GOAL = 0.5
+"""What the full path (proxy and node gateway) adds, as a share of the time directly."""
 
 
 def _payload(model: str) -> tuple[str, str, NDArray[Any]]:
@@ -109,9 +118,32 @@ def _load(server: TritonServer, model: str) -> None:
         pass
 
 
-def measure(rounds: int, requests: int) -> dict[tuple[str, str, str], list[float]]:
+def added(figures: Figures, model: str, protocol: str, hop: str) -> float:
+    """The median over rounds of what `hop` adds to the time directly, in ms."""
+    direct, through = figures[(model, protocol, "direct")], figures[(model, protocol, hop)]
+    return statistics.median(t - d for t, d in zip(through, direct, strict=True))
+
+
+def check_goals(figures: Figures) -> list[bool]:
+    """For the ONNX model, each hop's added time over its time directly against its goal."""
+    verdicts = []
+    for protocol in ("REST", "gRPC"):
+        direct = statistics.median(figures[(CONV_NAME, protocol, "direct")])
+        for hop, goal in (("proxy", PROXY_GOAL), ("full", FULL_GOAL)):
+            verdicts.append(
+                goals.check(
+                    f"{CONV_NAME} {protocol} {hop} added / direct",
+                    added(figures, CONV_NAME, protocol, hop) / direct,
+                    goal,
+                    unit="x",
+                )
+            )
+    return verdicts
+
+
+def measure(rounds: int, requests: int) -> Figures:
     """(model, protocol, hop) -> the median ms per request of each round."""
-    figures: dict[tuple[str, str, str], list[float]] = {}
+    figures: Figures = {}
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnx-latency-")))
         repository = work / "repository"
@@ -142,7 +174,7 @@ def measure(rounds: int, requests: int) -> dict[tuple[str, str, str], list[float
     return figures
 
 
-def report(figures: dict[tuple[str, str, str], list[float]], rounds: int, requests: int) -> None:
+def report(figures: Figures, rounds: int, requests: int) -> None:
     print(f"Median ms per request at concurrency 1 ({rounds} rounds of {requests} each):")
     print(f"{'model':<8} {'protocol':<8} {'direct':>8} {'proxy':>16} {'full path':>16}")
     last = []
@@ -152,8 +184,8 @@ def report(figures: dict[tuple[str, str, str], list[float]], rounds: int, reques
             cells = [f"{statistics.median(direct):8.3f}"]
             for hop in HOPS[1:]:
                 through = figures[(model, protocol, hop)]
-                added = statistics.median(t - d for t, d in zip(through, direct, strict=True))
-                cells.append(f"{statistics.median(through):8.3f} ({added:+.3f})")
+                more = added(figures, model, protocol, hop)
+                cells.append(f"{statistics.median(through):8.3f} ({more:+.3f})")
             print(f"{model:<8} {protocol:<8} {cells[0]} {cells[1]:>16} {cells[2]:>16}")
             last.append(f"{model} {protocol} " + " / ".join(c.strip() for c in cells))
     print("onnx_latency: direct / proxy (added) / full path (added), ms: " + "; ".join(last))
@@ -171,9 +203,11 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=200, help="requests per hop per round")
+    goals.add_flag(parser)
     args: argparse.Namespace = parser.parse_args()
-    report(measure(args.rounds, args.requests), args.rounds, args.requests)
-    return 0
+    figures = measure(args.rounds, args.requests)
+    report(figures, args.rounds, args.requests)
+    return goals.exit_code(check_goals(figures), args.no_goal)
 
 
 if __name__ == "__main__":

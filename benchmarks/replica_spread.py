@@ -28,7 +28,7 @@ import kubernetes.client
 import numpy as np
 import tritonclient.http as httpclient
 
-from benchmarks import command_line
+from benchmarks import command_line, goals
 from common.contract import Keys
 from common.hosted import serves_label
 from sim.cluster import NodeSpec, SimCluster
@@ -144,7 +144,28 @@ def run(clients: int, seconds: float, work_ms: float) -> dict[str, float]:
         }
 
 
-def main() -> None:
+def check_goals(figures: dict[str, float]) -> list[bool]:
+    """Answers a second at 1 replica (`one`) and at 2 (`spread`, `packed`) against the goals: the
+    second replica on another GPU at least `SPREAD_GOAL` times one's, on the same GPU at most
+    `PACKED_GOAL` times."""
+    return [
+        goals.check(
+            "2 replicas on two GPUs / 1 replica",
+            figures["spread"] / figures["one"],
+            SPREAD_GOAL,
+            ">=",
+            "x",
+        ),
+        goals.check(
+            "2 replicas on one GPU / 1 replica",
+            figures["packed"] / figures["one"],
+            PACKED_GOAL,
+            unit="x",
+        ),
+    ]
+
+
+def main() -> int:
     parser = command_line(
         "replica_spread",
         (
@@ -158,7 +179,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="client threads (8)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds at each (10)")
     parser.add_argument("--work-ms", type=float, default=20.0, help="a request's GPU time (20 ms)")
-    parser.add_argument("--no-goal", action="store_true", help="print, do not check the goal")
+    goals.add_flag(parser)
     args = parser.parse_args()
     figures = run(args.clients, args.seconds, args.work_ms)
     spread, packed = figures["spread"] / figures["one"], figures["packed"] / figures["one"]
@@ -168,15 +189,8 @@ def main() -> None:
         f"{figures['spread']:.1f}/s (x{spread:.2f}); 2 on one GPU {figures['packed']:.1f}/s "
         f"(x{packed:.2f})"
     )
-    met = spread >= SPREAD_GOAL and packed <= PACKED_GOAL
-    if not args.no_goal:
-        print(
-            f"goal (two GPUs >= x{SPREAD_GOAL}, one GPU <= x{PACKED_GOAL}): "
-            f"{'met' if met else 'NOT met'}"
-        )
-        if not met:
-            sys.exit(1)
+    return goals.exit_code(check_goals(figures), args.no_goal)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

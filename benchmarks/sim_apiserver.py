@@ -10,7 +10,12 @@ client:
 - the server's resident memory.
 Medians (and p95 where it helps) over rounds; single absolute times on a shared machine are noise.
 
-Run: .venv/bin/python -m benchmarks.sim_apiserver [--nodes 5000 --pods 50000]
+The goals (checked unless `--no-goal`) are what the benchmarks and tests that run on it need of
+it, so that the simulated API server is never what they measure: an agent's node-scoped pod list
+in at most `NODE_LIST_GOAL_MS` (median), a watch event seen at most `WATCH_GOAL_MS` after its
+create (p95), and at most `RSS_GOAL_MIB` resident once loaded.
+
+Run: .venv/bin/python -m benchmarks.sim_apiserver [--nodes 5000 --pods 50000] [--no-goal]
 """
 
 from __future__ import annotations
@@ -31,9 +36,15 @@ import kubernetes.client
 import kubernetes.watch
 import psutil
 
-from benchmarks import apiserver_process, command_line
+from benchmarks import apiserver_process, command_line, goals
 
 NAMESPACE = "default"
+NODE_LIST_GOAL_MS = 10.0
+"""Milliseconds: an agent's node-scoped pod list, the median."""
+WATCH_GOAL_MS = 10.0
+"""Milliseconds from a create's answer to its ADDED event on an open watch, the p95."""
+RSS_GOAL_MIB = 512.0
+"""MiB the server holds resident with every node and pod loaded."""
 
 
 def node_body(i: int) -> dict[str, Any]:
@@ -106,12 +117,30 @@ def timed(function: Callable[[], Any], rounds: int) -> list[float]:
     return times
 
 
-def describe(name: str, seconds: list[float]) -> None:
+def p95(seconds: list[float]) -> float:
     ordered = sorted(seconds)
-    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+
+
+def check_goals(node_list: list[float], watch: list[float], loaded_rss_mib: float) -> list[bool]:
+    """The node-scoped list's median and the watch's p95 (seconds each) and the loaded RSS
+    against their goals."""
+    return [
+        goals.check(
+            "node-scoped pod list, median",
+            statistics.median(node_list) * 1000,
+            NODE_LIST_GOAL_MS,
+            unit=" ms",
+        ),
+        goals.check("watch latency, p95", p95(watch) * 1000, WATCH_GOAL_MS, unit=" ms"),
+        goals.check("server RSS loaded", loaded_rss_mib, RSS_GOAL_MIB, unit=" MiB"),
+    ]
+
+
+def describe(name: str, seconds: list[float]) -> None:
     print(
         f"{name:<58} median {statistics.median(seconds) * 1000:9.2f} ms"
-        f"   p95 {p95 * 1000:9.2f} ms   (n={len(seconds)})"
+        f"   p95 {p95(seconds) * 1000:9.2f} ms   (n={len(seconds)})"
     )
 
 
@@ -217,6 +246,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=50000)
     parser.add_argument("--rounds", type=int, default=5)
+    goals.add_flag(parser)
     args = parser.parse_args()
     with apiserver_process() as (url, server):
         process = psutil.Process(server.pid)
@@ -299,7 +329,7 @@ def main() -> int:
             f" after measuring {final_rss / 2**20:.0f} MiB"
             f" ({(loaded_rss - idle_rss) / (args.nodes + args.pods) / 1024:.1f} KiB per object)"
         )
-    return 0
+    return goals.exit_code(check_goals(per_node, latencies, loaded_rss / 2**20), args.no_goal)
 
 
 if __name__ == "__main__":

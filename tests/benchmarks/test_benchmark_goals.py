@@ -6,15 +6,25 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import (
+    agent_install,
+    agent_kube,
     autoscale,
+    churnrule,
     crash_quarantine,
     goals,
+    held_bytes,
     model_hosts,
+    namespace_share,
+    onnx_latency,
     proxy_hotpath,
     proxy_latency,
+    replica_spread,
     residency_live,
+    sim_apiserver,
 )
+from benchmarks.churnload import Request
 from sim.demo.autoscale import AutoscaleResult
+from sim.onnxmodels import CONV_NAME
 
 
 def test_crash_quarantine_holds_a_quick_quarantine_to_15_s(
@@ -85,3 +95,72 @@ def test_proxy_latency_returns_each_targets_verdict(capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "target <= 1.15x: NOT MET" in out and "target <= 1.3x: met" in out
     assert goals.exit_code(proxy_latency.report(results, 2, 2)) == 1
+
+
+def test_agent_kube_wants_the_one_door_no_dearer_than_the_official_client() -> None:
+    cheaper = {"read a pod": {"official client": 0.399, "one door": 0.132}}
+    assert agent_kube.check_goals(cheaper) == [True]
+    dearer = {**cheaper, "set a pod condition": {"official client": 0.4, "one door": 0.41}}
+    assert agent_kube.check_goals(dearer) == [True, False]
+
+
+def test_agent_install_wants_its_throughput_and_a_small_load_overhead() -> None:
+    assert agent_install.check_goals(295.0, 60.0) == [True, True]
+    assert agent_install.check_goals(150.0, 400.0) == [False, False]
+
+
+def test_replica_spread_wants_a_second_gpu_to_add_and_the_same_gpu_not_to() -> None:
+    assert replica_spread.check_goals({"one": 47.0, "spread": 92.6, "packed": 48.6}) == [
+        True,
+        True,
+    ]
+    assert replica_spread.check_goals({"one": 47.0, "spread": 70.0, "packed": 60.0}) == [
+        False,
+        False,
+    ]
+
+
+def test_onnx_latency_judges_each_hop_by_what_it_adds_over_direct() -> None:
+    conv = CONV_NAME
+    figures: onnx_latency.Figures = {}
+    for protocol, direct, proxy, full in (("REST", 0.6, 0.7, 0.8), ("gRPC", 0.7, 0.9, 1.2)):
+        figures[(conv, protocol, "direct")] = [direct, direct]
+        figures[(conv, protocol, "proxy")] = [proxy, proxy]
+        figures[(conv, protocol, "full")] = [full, full]
+    # REST adds 17 % and 33 %; gRPC 29 % (over 25 %) and 71 % (over 50 %).
+    assert onnx_latency.check_goals(figures) == [True, True, False, False]
+
+
+def test_held_bytes_bounds_the_budgeted_gateway_and_counts_the_victims_errors() -> None:
+    budget = 32 * 2**20
+    unbounded = {"growth": 135.1, "victim errors": 0.0}
+    held = {"growth": 53.3, "victim errors": 0.0}
+    assert held_bytes.check_goals([(0, unbounded), (budget, held)]) == [True, True, True]
+    grown = {"growth": 70.0, "victim errors": 2.0}
+    assert held_bytes.check_goals([(0, unbounded), (budget, grown)]) == [True, False, False]
+
+
+def test_namespace_share_wants_the_victims_half_its_p99_and_no_error() -> None:
+    fair = {"victim share %": 49.0, "p99 alone ms": 10.0, "p99 beside ms": 18.5, "errors": 0.0}
+    assert namespace_share.check_goals(fair) == [True, True, True]
+    crowded = {"victim share %": 12.5, "p99 alone ms": 10.0, "p99 beside ms": 80.0, "errors": 3.0}
+    assert namespace_share.check_goals(crowded) == [False, False, False]
+
+
+def test_sim_apiserver_wants_quick_lists_and_watches_in_bounded_memory() -> None:
+    quick = [0.002] * 10
+    assert sim_apiserver.check_goals(quick, quick, 323.0) == [True, True, True]
+    slow_tail = [0.002] * 18 + [0.05] * 2
+    assert sim_apiserver.check_goals([0.02] * 5, slow_tail, 600.0) == [False, False, False]
+
+
+def test_churn_prints_each_part_of_its_rule_and_fails_a_failed_request(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    passed = churnrule.Verdict(rates={"steady": 300.0})
+    assert churnrule.check_goals(passed) == [True] * 5
+    failed = churnrule.Verdict(
+        failed=[Request("steady", "rest", 0.0, 1.0, False, "503")], rates={"steady": 100.0}
+    )
+    assert churnrule.check_goals(failed) == [False, True, True, True, False]
+    assert "goal: failed requests 1 (goal <= 0): NOT MET" in capsys.readouterr().out
