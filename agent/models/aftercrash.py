@@ -51,7 +51,7 @@ class AfterCrash:
         metrics: AgentMetrics,
         events: PodEvents,
         wake: asyncio.Event,
-        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+        fail_pod: Callable[[str, str, str, str], Awaitable[None]],
     ) -> None:
         self.models = models
         self.metrics = metrics
@@ -155,8 +155,7 @@ class AfterCrash:
         self.deferred = len(suspects) > 1 or suspects[0].name not in plan
 
     def _trial_wait(self, pod: Proven) -> float:
-        hold = self.models.hold
-        return hold.trial_wait(pod.namespace) if hold is not None else 0.0
+        return self.models.hold.trial_wait(pod.namespace)
 
     async def crashed(self, marker: Marker, pod: Proven | None, *, alone: bool = True) -> None:
         """A load Triton died under: count it, and quarantine the model at the limit."""
@@ -206,7 +205,7 @@ class AfterCrash:
         if pod is None:
             return
         self.events.warn(pod.key, pod.uid, CRASHED_REASON, message)
-        if pod.pod.controlled and self._fail_pod is not None:
+        if pod.pod.controlled:
             # Its controller replaces it; the binder may place the replacement elsewhere.
             try:
                 await self._fail_pod(pod.namespace, pod.pod.name, CRASHED_REASON, message)

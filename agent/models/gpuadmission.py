@@ -102,7 +102,7 @@ class GpuAdmission:
         metrics: AgentMetrics,
         *,
         booked: Callable[[str, str], list[int]],
-        apart: ApartMemory | None,
+        apart: ApartMemory,
         clock: Callable[[], float],
     ) -> None:
         self.triton = triton
@@ -113,8 +113,9 @@ class GpuAdmission:
         self._booked = booked
         """What every proven placement on a GPU holds but one pod's
         (`agent.models.gpuroom.Bookings.booked`)."""
-        self.apart = apart if apart is not None and apart.known else None
-        """Reads what models measured apart hold (None: every load keeps its GPU to itself)."""
+        self.apart = apart if apart.known else None
+        """Reads what models measured apart hold (None, Triton's processes unknown: every load
+        keeps its GPU to itself)."""
         self.clock = clock
         self.budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout

@@ -120,7 +120,7 @@ class RoomMaker:
         limits: ModelLimits,
         gpus: Gpus,
         crashes: CrashLedger,
-        host: HostMemory | None,
+        host: HostMemory,
     ) -> None:
         self.evictor = evictor
         self.bookings = bookings
@@ -201,8 +201,7 @@ class RoomMaker:
             if before_net is not None and after is not None:
                 self.ledger.record_unload(name, before_net, self.ledger.net(after))
             self.ledger.forget(name)
-        if self.host is not None:
-            self.host.forget(name)
-            self.crashes.answered(name)
-            self.records.step(name, record, Event.UNLOADED)
-            self.records.step(name, record, Event.IDLE)
+        self.host.forget(name)
+        self.crashes.answered(name)
+        self.records.step(name, record, Event.UNLOADED)
+        self.records.step(name, record, Event.IDLE)

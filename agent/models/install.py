@@ -134,8 +134,8 @@ class Installer:
     owners: OwnerStore
     limits: ModelLimits
     metrics: AgentMetrics
-    cache: FileCache | None
-    """Files kept after their last pod left (`agent.installs.filecache`); None keeps nothing."""
+    cache: FileCache
+    """Files kept after their last pod left (`agent.installs.filecache`; of 0 bytes, none)."""
     namespace_disk: NamespaceDisk
     clock: Callable[[], float] = time.monotonic
     _reserved: dict[str, int] = field(default_factory=dict, init=False)
@@ -195,8 +195,7 @@ class Installer:
         owned = self.owners.get(name)
         manifest = self.repository.installed_manifest(name)
         if (
-            self.cache is not None
-            and owned is not None
+            owned is not None
             and manifest is not None
             and not self.files_problem(name, owned.uid)
             and self.cache.keep(owned.namespace, self.repository.model_dir(name), manifest)
@@ -213,7 +212,7 @@ class Installer:
             if owned.namespace == namespace and name != except_name:
                 manifest = self.repository.installed_manifest(name)
                 held += manifest.total_bytes if manifest else 0
-        return held + (self.cache.bytes_of(namespace) if self.cache else 0)
+        return held + self.cache.bytes_of(namespace)
 
     def make_room(self, name: str, model_id: str, manifest: Manifest, namespace: str) -> None:
         """Reserve the model's bytes in its namespace's disk bound, evicting that namespace's
@@ -226,13 +225,12 @@ class Installer:
         self, name: str, model_id: str, manifest: Manifest, namespace: str
     ) -> None:
         needed = manifest.total_bytes
-        if self.cache is not None:
-            over = self.namespace_bytes(namespace, name) + needed - self.namespace_disk.limit
-            if self.namespace_disk.limit and over > 0:
-                self.cache.evict(namespace, over)
-            short = DISK_HEADROOM_BYTES + needed - self.repository.disk_free(self.repository.root)
-            if short > 0:
-                self.cache.evict(None, short)
+        over = self.namespace_bytes(namespace, name) + needed - self.namespace_disk.limit
+        if self.namespace_disk.limit and over > 0:
+            self.cache.evict(namespace, over)
+        short = DISK_HEADROOM_BYTES + needed - self.repository.disk_free(self.repository.root)
+        if short > 0:
+            self.cache.evict(None, short)
         problem = self.namespace_disk.problem(
             namespace, model_id, self.namespace_bytes(namespace, name), needed
         )

@@ -98,11 +98,11 @@ class Loads:
         quarantine: Quarantines,
         reports: ModelReports,
         admission: GpuAdmission,
-        room: RoomMaker | None,
-        host: HostMemory | None,
-        hold: ProbationHold | None,
+        room: RoomMaker,
+        host: HostMemory,
+        hold: ProbationHold,
         restore_gate: RestoreGate,
-        events: PodEvents | None,
+        events: PodEvents,
         executor: Executor,
         clock: Callable[[], float],
         wall: Callable[[], float],
@@ -118,16 +118,21 @@ class Loads:
         self.reports = reports
         self.admission = admission
         self.events = events
-        """Tells a pod what its load's config override lowered (None: only logged)."""
+        """Tells a pod what its load's config override lowered."""
         self.room = room
-        """Puts idle on-demand models to sleep for a load that does not fit (None: refused)."""
+        """Puts idle on-demand models to sleep for a load that does not fit (with no activity
+        table, none: the load is refused)."""
         self.host = host
-        """Admits loads on Triton's host memory (`agent.models.tritonram`); None: not admitted."""
+        """Admits loads on Triton's host memory (`agent.models.tritonram`; with no limit or no
+        Triton PID known, every load goes unmeasured)."""
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load (one whose READY is
-        watched, `agent.quarantine.crashledger`) is under way or just ended; None: never held."""
+        watched, `agent.quarantine.crashledger`) is under way or just ended (0 seconds: never
+        held)."""
+        self._unheld = ProbationHold(0)
+        """What a reload of what Triton held goes through: it is no change, and holds nobody."""
         self.restore_gate = restore_gate
-        """Closed after Triton's exit until what it held is loaded again; None: never waited."""
+        """Closed after Triton's exit until what it held is loaded again."""
         self.held_loads = HeldLoads()
         self._executor = executor
         self.clock = clock
@@ -229,14 +234,10 @@ class Loads:
             return self.reports.status_of(name, entry, manifest, owner.residency)
         admitted: Admitted | None = None
         held = self.crashes.held(owner.namespace)
-        hold = self.hold if settle else None  # a reload of what Triton held is no change
+        hold = self.hold if settle else self._unheld
         # A suspect's load is its trial: probationers are kept from Triton until it settles.
-        trial = (
-            hold is not None
-            and hold.hold_seconds > 0
-            and (held or self.crashes.suspected(owned.digest))
-        )
-        if hold is not None and trial:
+        trial = hold.hold_seconds > 0 and (held or self.crashes.suspected(owned.digest))
+        if trial:
             await hold.trial_turn(owner.namespace)  # at most half of probationers' time
         try:
             # A held namespace's load goes alone, then keeps the node quiet
@@ -249,18 +250,17 @@ class Loads:
                 self.held_loads.end(held, 0.0)
                 raise
         except BaseException:
-            if hold is not None and trial:
+            if trial:
                 hold.trial_over()
             raise
         loaded = False
         settle_seconds = 0.0
         unreachable = False
         try:
-            if hold is not None:
-                # Before the marker: a load cancelled meanwhile never reached Triton.
-                # Files counted for an exit alone hold every pod through their trial.
-                suspect = owned.digest if trial and self.crashes.suspected(owned.digest) else ""
-                await hold.begin(owner.pod.object_key, trial=trial, suspect=suspect)
+            # Before the marker: a load cancelled meanwhile never reached Triton.
+            # Files counted for an exit alone hold every pod through their trial.
+            suspect = owned.digest if trial and self.crashes.suspected(owned.digest) else ""
+            await hold.begin(owner.pod.object_key, trial=trial, suspect=suspect)
             waking = record.life.phase is Phase.IDLE_UNLOADED
             self.records.step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
             record.gpu_uuid, record.gpu_index = uuid, index
@@ -279,19 +279,17 @@ class Loads:
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:
             self.held_loads.end(held, 0.0)
-            if hold is not None:
-                hold.end(owner.pod.object_key, trial=trial)
+            hold.end(owner.pod.object_key, trial=trial)
             raise
         try:
-            if self.host is not None:
-                admitted = await self._in_thread(
-                    self.host.admit,
-                    name,
-                    manifest.digest,
-                    manifest.total_bytes,
-                    model_id,
-                    owner.key,
-                )
+            admitted = await self._in_thread(
+                self.host.admit,
+                name,
+                manifest.digest,
+                manifest.total_bytes,
+                model_id,
+                owner.key,
+            )
             await self.admission.load_measured(
                 name,
                 override,
@@ -303,7 +301,7 @@ class Loads:
                 apart=apart,
                 # READY: an exit from now on finds it settling, even while it is measured.
                 on_ready=lambda: self.crashes.finished(marker, settle=settle),
-                make_room=self.room.make_room if self.room is not None else None,
+                make_room=self.room.make_room,
             )
         except LoadTimedOutError as e:
             self.records.step(name, record, Event.LOAD_FAILED, str(e))
@@ -359,9 +357,8 @@ class Loads:
             loaded = True
             settle_seconds = self.crashes.settle_of(marker)
             self.crashes.finished(marker, settle=settle)
-            if self.host is not None:
-                await self._in_thread(self.host.finished, admitted, True)
-                admitted = None
+            await self._in_thread(self.host.finished, admitted, True)
+            admitted = None
             self.records.step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
@@ -376,16 +373,15 @@ class Loads:
                 f"GPU {index} ({uuid})" if pin is not None else "the CPU",
             )
         finally:
-            if admitted is not None and self.host is not None:
+            if admitted is not None:
                 self.host.finished(admitted, False)  # refused or failed: nothing to measure
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
-            if hold is not None:
-                hold.end(
-                    owner.pod.object_key,
-                    trial=trial,
-                    settle_seconds=settle_seconds,
-                    exited=unreachable,
-                )
+            hold.end(
+                owner.pod.object_key,
+                trial=trial,
+                settle_seconds=settle_seconds,
+                exited=unreachable,
+            )
         return self.reports.status_of(
             name, await self.triton.state(name), manifest, owner.residency
         )
@@ -415,8 +411,7 @@ class Loads:
             f"keep)"
         )
         log.warning("%s.", message, extra=subject(pod=owner.key, model=model_id))
-        if self.events is not None:
-            self.events.warn(owner.key, owner.uid, QUEUE_BOUNDED_REASON, message)
+        self.events.warn(owner.key, owner.uid, QUEUE_BOUNDED_REASON, message)
 
     def pin(self, gpu_index: int) -> int | None:
         return None if self.limits.cpu_only or gpu_index < 0 else gpu_index

@@ -106,25 +106,25 @@ class Models:
         pods: Pods,
         metrics: AgentMetrics,
         ledger: MemoryLedger,
-        cache: FileCache | None,
+        cache: FileCache,
         namespace_disk: NamespaceDisk,
         crashes: CrashLedger,
-        evictor: Evictor | None,
-        host: HostMemory | None,
-        hold: ProbationHold | None,
-        apart: ApartMemory | None,
-        events: PodEvents | None = None,
+        evictor: Evictor,
+        host: HostMemory,
+        hold: ProbationHold,
+        apart: ApartMemory,
+        events: PodEvents,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        """Where a collaborator may be None, None is a choice the parts below (`Installer`,
-        `Loads`, `RoomMaker`, `GpuAdmission`) act on: `cache`, nothing kept; `evictor`, no model
-        put to sleep for room (such a load is refused); `host`, loads not admitted on Triton's
-        host memory; `hold`, probationers never held; `apart`, no model measured apart; `events`,
-        what a load changed of a pod's config is only logged."""
+        """A deployment without one of the node's safeguards passes it switched off, never None:
+        `cache` of 0 bytes keeps nothing; an `evictor` without the gateway's activity table puts
+        no model to sleep for room (such a load is refused); `host` and `apart` without Triton's
+        PID (or, for `host`, a memory limit) admit and measure nothing apart; a `hold` of 0
+        seconds holds nobody."""
         self.repository = repository
         self.cache = cache
-        """Files kept after their last pod left (`agent.installs.filecache`); None keeps nothing."""
+        """Files kept after their last pod left (`agent.installs.filecache`)."""
         self.triton = triton
         self.owners = owners
         self.ownership = Owners(owners, pods.owner_alive)
@@ -137,7 +137,7 @@ class Models:
         self.ledger = ledger
         self.crashes = crashes
         self.host = host
-        """Admits loads on Triton's host memory (`agent.models.tritonram`); None: not admitted."""
+        """Admits loads on Triton's host memory (`agent.models.tritonram`)."""
         self.records = ModelRecords(
             repository, owners, Rules(quarantine_after=self.crashes.quarantine_after), clock
         )
@@ -157,7 +157,7 @@ class Models:
         """The models' status and the node's figures of them (`agent.models.statuses`)."""
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load is under way or just
-        ended (`agent.models.probationhold`); None: never held."""
+        ended (`agent.models.probationhold`)."""
         self.restore_gate = RestoreGate(on_gone=self.crashes.triton_exited)
         """Closed from Triton's exit until what it held is loaded again: a load Triton died under,
         asked for again, waits for it (`Loads`)."""
@@ -177,22 +177,20 @@ class Models:
         )
         """Every GPU's turns, and what its loads are admitted and billed
         (`agent.models.gpuadmission`)."""
-        self.room = None
+        self.room = RoomMaker(
+            evictor,
+            self.bookings,
+            self.admission,
+            self.records,
+            triton,
+            self.ledger,
+            limits,
+            gpus,
+            self.crashes,
+            host,
+        )
         """Puts idle on-demand models to sleep for a load that does not fit
-        (`agent.models.gpuroom`); None, without an evictor: such a load is refused."""
-        if evictor is not None:
-            self.room = RoomMaker(
-                evictor,
-                self.bookings,
-                self.admission,
-                self.records,
-                triton,
-                self.ledger,
-                limits,
-                gpus,
-                self.crashes,
-                host,
-            )
+        (`agent.models.gpuroom`)."""
         self.clock = clock
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-files")
         self.loads = Loads(
@@ -230,8 +228,6 @@ class Models:
         """The models their namespace's share of Triton's host memory no longer holds
         (`HostMemory.over_share`), read on the agent's own threads: never behind the loop's
         default executor, which other work may fill while Triton restarts."""
-        if self.host is None:
-            return []
         return await self._in_thread(self.host.over_share)
 
     # Names and ownership (the rules are `agent.pods.owners`').
@@ -317,7 +313,7 @@ class Models:
         whether or not another namespace's copy has that digest; a copy that fails its check is
         dropped and reads as a miss too."""
         namespace = owner.namespace
-        if self.cache is None or not self.cache.holds(namespace, manifest.digest):
+        if not self.cache.holds(namespace, manifest.digest):
             self.metrics.kept_installs.labels("miss").inc()
             raise not_kept(model_id)
         try:
@@ -425,8 +421,7 @@ class Models:
             raise
         self.metrics.unload_seconds.observe(self.clock() - started)
         self.ledger.forget(name)
-        if self.host is not None:
-            self.host.forget(name)
+        self.host.forget(name)
         self.crashes.answered(name)  # out of Triton on purpose: no crash to tell
         if keep_files:
             self.records.step(name, record, Event.UNLOADED)

@@ -43,8 +43,8 @@ class OverRequest:
         models: Models,
         metrics: AgentMetrics,
         events: PodEvents,
-        enforcement: str = "warn",
-        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+        enforcement: str,
+        fail_pod: Callable[[str, str, str, str], Awaitable[None]],
     ) -> None:
         self.models = models
         self.metrics = metrics
@@ -92,14 +92,13 @@ class OverRequest:
                 reason="its namespace held more of Triton's host memory than its share",
                 cause=Event.OVER_REQUEST,
             )
-            if self._fail_pod is not None:
-                await self._fail_pod(
-                    pod.namespace,
-                    pod.pod.name,
-                    "HostMemoryExceeded",
-                    f"{message}; the tritonshare agent unloaded it. Make the model hold less "
-                    f"host memory, and recreate it",
-                )
+            await self._fail_pod(
+                pod.namespace,
+                pod.pod.name,
+                "HostMemoryExceeded",
+                f"{message}; the tritonshare agent unloaded it. Make the model hold less "
+                f"host memory, and recreate it",
+            )
         except AgentError as e:
             log.warning(
                 "Unloading model %s for its namespace's host memory failed (%s): retrying.",
@@ -122,7 +121,7 @@ class OverRequest:
         )
         # Never evict on a figure another tenant could have inflated: only a warning then.
         doubt = over.doubt() if not over.sure(self.models.ledger.allowed(pod.request)) else ""
-        if self.enforcement != "evict" or self._fail_pod is None or doubt:
+        if self.enforcement != "evict" or doubt:
             if doubt:
                 message += f" ({doubt}; it is not evicted for them)"
             if name not in self._warned:

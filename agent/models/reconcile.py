@@ -73,7 +73,7 @@ class Reconciler:
         events: PodEvents,
         *,
         enforcement: str = "warn",
-        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None,
+        fail_pod: Callable[[str, str, str, str], Awaitable[None]],
         orphan_grace_seconds: float = 30.0,
         resync_seconds: float = 60.0,
         load_backoff_max_seconds: float = 300.0,
@@ -83,7 +83,7 @@ class Reconciler:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`wake` is the event others set to ask for a pass now (as `trigger`); `fail_pod` marks
-        a controlled pod Failed, so its controller replaces it (None: pods are only told)."""
+        a controlled pod Failed, so its controller replaces it."""
         self.models = models
         self.pods = pods
         self.metrics = metrics

@@ -136,13 +136,13 @@ class HostMemory:
         processes: TritonProcesses,
         rules: HostMemoryRules,
         *,
-        quiet: Quiet | None = None,
+        quiet: Quiet,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._processes = processes
         self.rules = rules
         self._quiet = quiet
-        """Asks whether a load's window was quiet; None: never (nothing else is known)."""
+        """Asks whether a load's window was quiet (a node without a gateway: never)."""
         self._wall = wall
         self._lock = threading.Lock()
         self._in_flight: dict[str, tuple[str, int]] = {}
@@ -257,9 +257,7 @@ class HostMemory:
             if after is None:
                 return
             self.used = after.rss
-        quiet = (
-            False if shared or self._quiet is None else self._quiet(name, admitted.started, ended)
-        )
+        quiet = False if shared else self._quiet(name, admitted.started, ended)
         apart = name in after.models
         own = after.models.get(name, 0)
         grown = max(after.own - admitted.before.own, 0)
@@ -340,8 +338,6 @@ class HostMemory:
     def settle(self) -> None:
         """Bill the loads whose window is now found quiet Triton's growth across it (each
         admission and each `over_share` does this first)."""
-        if self._quiet is None:
-            return
         with self._lock:
             open_ = [(k, c) for k, c in self._charged.items() if c.ended]
         now = self._wall()

@@ -20,6 +20,7 @@ import yaml
 
 from agent.errors import HostMemoryExhaustedError
 from agent.gpus.processes import TritonProcesses
+from agent.models.quietwindow import QuietWindow
 from agent.models.tritonram import HostMemory, HostMemoryRules
 from benchmarks import shapes
 from common.podresources import CPU, MEMORY, PODS, pod_requests
@@ -170,7 +171,11 @@ def test_the_agent_admits_loads_against_the_small_pools_triton_limit(
     }
     pid_file = tmp_path / "pid"
     pid_file.write_text(str(os.getpid()))
-    memory = HostMemory(TritonProcesses(pid_file), HostMemoryRules(limit=limit))
+    memory = HostMemory(
+        TritonProcesses(pid_file),
+        HostMemoryRules(limit=limit),
+        quiet=QuietWindow(None, max_age=10.0),  # a node without a gateway
+    )
     admitted = 0
     with pytest.raises(HostMemoryExhaustedError, match="does not fit in Triton's host memory"):
         for index in range(64):

@@ -43,6 +43,8 @@ from tests.conftest import MODELS_DIR
 from tests.fixtures_sim import core_v1
 
 MIB = 1024 * 1024
+NO_GATEWAY = QuietWindow(None, max_age=10.0)
+"""A node without a gateway: no window is ever found quiet."""
 
 
 def _events(
@@ -198,7 +200,8 @@ def test_loads_under_way_count_and_a_measured_figure_admits_the_same_files() -> 
     with pytest.raises(HostMemoryExhaustedError, match="measured at an earlier load"):
         host.admit("a3", "digest-a", 300 * MIB, "a", "ns/a3")
     # No limit known: nothing is admitted here.
-    assert HostMemory(Readings(0), HostMemoryRules(limit=0)).admit("x", "d", 1, "x", "p") is None
+    unlimited = HostMemory(Readings(0), HostMemoryRules(limit=0), quiet=NO_GATEWAY)
+    assert unlimited.admit("x", "d", 1, "x", "p") is None
 
 
 def test_triton_s_growth_beside_a_neighbour_s_requests_is_not_billed_to_the_load() -> None:
@@ -334,7 +337,7 @@ def test_a_namespace_holds_its_share_each_model_charged_at_least_the_floor() -> 
     rules = HostMemoryRules(
         limit=1100 * MIB, reserve=100 * MIB, per_load=1, floor=100 * MIB, namespace_percent=50
     )
-    host = HostMemory(readings, rules)
+    host = HostMemory(readings, rules, quiet=NO_GATEWAY)
     # Room for models 1000 MiB; each namespace 500 MiB. Loads measured at 1 MiB are charged 100.
     for number in range(5):
         admitted = host.admit(f"a{number}", f"d{number}", 1, "tiny", f"team-a/tiny-{number}")

@@ -15,6 +15,7 @@ from typing import Any, cast
 import pytest
 
 from agent.metrics import AgentMetrics
+from agent.models.probationhold import ProbationHold
 from agent.models.reconcile import Reconciler
 from agent.pods.modelpods import pod_from_dict
 from agent.pods.provenpods import Proven
@@ -282,7 +283,7 @@ class PlanModels:
         self.triton = SimpleNamespace(index=self._index)
         self.repository = SimpleNamespace(installed_models=lambda: ["a", "b", "c"])
         self.ledger = SimpleNamespace(over=list)
-        self.hold = None  # no probation hold: trials wait for nothing
+        self.hold = ProbationHold(0)  # no probation hold: trials wait for nothing
         self._busy = busy
         self.records = SimpleNamespace(
             is_busy=lambda name: name in self._busy,
@@ -303,7 +304,7 @@ def planner(models: PlanModels) -> Reconciler:
         cast(Any, None),
         AgentMetrics(),
         cast(Any, None),
-        fail_pod=None,
+        fail_pod=Recorder().fail_pod,
         wake=asyncio.Event(),
     )
     wanted = {name: proven([]) for name in ("a", "b", "c")}
