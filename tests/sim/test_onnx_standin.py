@@ -23,7 +23,14 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from common.tritonrelease import PINNED
-from sim.onnxmodels import CONV_IMAGE, CONV_INPUT, CONV_NAME, CONV_OUTPUT, write_conv_model
+from sim.onnxmodels import (
+    CONV_IMAGE,
+    CONV_INPUT,
+    CONV_NAME,
+    CONV_OUTPUT,
+    conv_model,
+    write_conv_model,
+)
 from sim.triton import TritonInstall, TritonServer
 from tests.deploy.example_model import MODEL_FILE
 
@@ -242,3 +249,48 @@ def test_the_pinned_release_s_onnx_runtime_bounds_hold(
     http.load_model("bounds")
     ints = np.arange(6, dtype=np.int64).reshape(2, 3)
     np.testing.assert_array_equal(_infer(http, "bounds", "IN", ints, "OUT"), ints * 2)
+
+
+def test_a_config_without_inputs_and_outputs_is_completed_from_the_model(
+    http: httpclient.InferenceServerClient, model_repository: Path
+) -> None:
+    """As Triton's ONNX Runtime backend under auto-complete: the conv model (batch dimension
+    free) gets batches of up to 4 with the dynamic batcher and its dims after the batch, and so
+    does the doubling model (every dimension free) without config.pbtxt at all (Triton finds
+    the backend by its file); one of fixed shape is not batched; each answers as ONNX Runtime
+    does."""
+    model = write_conv_model(model_repository / CONV_NAME) / "1" / "model.onnx"
+    (model_repository / CONV_NAME / "config.pbtxt").write_text('backend: "onnxruntime"\n')
+    _doubling_model(model_repository / "doubling" / "1")
+    http.load_model(CONV_NAME)
+    http.load_model("doubling")
+    config = http.get_model_config(CONV_NAME)
+    assert config["max_batch_size"] == 4 and "dynamic_batching" in config, config
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
+        (CONV_INPUT, "TYPE_FP32", list(CONV_IMAGE))
+    ]
+    assert [(o["name"], o["dims"]) for o in config["output"]] == [(CONV_OUTPUT, [100])]
+    images = _images(2, seed=3)
+    answer = _infer(http, CONV_NAME, CONV_INPUT, images, CONV_OUTPUT)
+    np.testing.assert_allclose(answer, _reference(model, CONV_INPUT, images), rtol=1e-4, atol=1e-5)
+    doubling = http.get_model_config("doubling")
+    assert doubling["max_batch_size"] == 4, doubling
+    assert [(i["name"], i["data_type"], i["dims"]) for i in doubling["input"]] == [
+        ("IN", "TYPE_INT64", [-1])
+    ]
+    ints = np.arange(6, dtype=np.int64).reshape(3, 2)
+    np.testing.assert_array_equal(_infer(http, "doubling", "IN", ints, "OUT"), ints * 2)
+    fixed = onnx.load_from_string(conv_model())  # a batch of exactly 1 instead of a free one
+    for tensor in (*fixed.graph.input, *fixed.graph.output):
+        tensor.type.tensor_type.shape.dim[0].dim_value = 1
+    (model_repository / "fixed" / "1").mkdir(parents=True)
+    onnx.save_model(fixed, str(model_repository / "fixed" / "1" / "model.onnx"))
+    (model_repository / "fixed" / "config.pbtxt").write_text('backend: "onnxruntime"\n')
+    http.load_model("fixed")
+    config = http.get_model_config("fixed")
+    assert config["max_batch_size"] == 0 and "dynamic_batching" not in config, config
+    assert [i["dims"] for i in config["input"]] == [[1, *CONV_IMAGE]]
+    answer = _infer(http, "fixed", CONV_INPUT, images[:1], CONV_OUTPUT)
+    np.testing.assert_allclose(
+        answer, _reference(model, CONV_INPUT, images[:1]), rtol=1e-4, atol=1e-5
+    )

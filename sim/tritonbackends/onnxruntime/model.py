@@ -10,8 +10,12 @@ match the model's names, data types and ranks (the batch dimension first when `m
 above 0; -1 and the model's named dimensions are free). A batch of requests that agree on every
 dimension but the first runs as one call. Like the node's ONNX Runtime (of the release that
 `release.json` beside this file names, written by `sim.triton`), it refuses a model whose IR version
-or `ai.onnx` opset is newer than that runtime reads, with that runtime's error. Unlike the real
-backend it does not complete a config from the model: config.pbtxt lists the inputs and outputs.
+or `ai.onnx` opset is newer than that runtime reads, with that runtime's error. As the real backend
+does under Triton's auto-complete (on unless `--disable-auto-complete-config`), a config without
+inputs or without outputs gets them from the model (`auto_complete_config`): its names and data
+types, -1 for a dimension the model leaves free, and, when every input and output has a free first
+dimension and the config asks no `max_batch_size`, batches of up to `DEFAULT_MAX_BATCH_SIZE` with
+the dynamic batcher.
 Each instance uses one thread unless the config's `intra_op_thread_count` parameter asks for more,
 so many models share the CPU without spinning on it.
 """
@@ -107,6 +111,72 @@ def release_problem(path, release_file):
     return ""
 
 
+DEFAULT_MAX_BATCH_SIZE = 4
+"""Triton's `--backend-config=default-max-batch-size` when not set: what auto-complete gives a
+model that can batch."""
+
+
+def _dims(shape):
+    """ONNX Runtime's shape of a tensor as config dims: -1 for a free (named or unknown) one."""
+    if not isinstance(shape, list):
+        return None
+    return [d if isinstance(d, int) and d > 0 else -1 for d in shape]
+
+
+def completed(config, model_inputs, model_outputs, default_max_batch_size):
+    """`config` (a dict, changed in place) completed from the model's inputs and outputs (ONNX
+    Runtime's NodeArgs) as the real backend completes it: nothing when the config lists both
+    inputs and outputs; else max_batch_size, then what is missing of each."""
+    if config.get("input") and config.get("output"):
+        return config
+    tensors = [*model_inputs, *model_outputs]
+    shapes = [_dims(t.shape) for t in tensors]
+    batching = all(s and s[0] == -1 for s in shapes)
+    if batching and not config.get("max_batch_size"):
+        config["max_batch_size"] = max(default_max_batch_size, 0)
+        if config["max_batch_size"] > 1 and "sequence_batching" not in config:
+            config.setdefault("dynamic_batching", {})
+    first = 1 if config.get("max_batch_size", 0) > 0 else 0
+    for key, found in (("input", model_inputs), ("output", model_outputs)):
+        if config.get(key):
+            continue
+        config[key] = []
+        for tensor in found:
+            dims = (_dims(tensor.shape) or [])[first:]
+            entry = {"name": tensor.name, "data_type": ONNX_TYPES.get(tensor.type, tensor.type)}
+            if dims:
+                entry["dims"] = dims
+            else:  # a scalar: Triton's tensors have a dimension at least
+                entry["dims"], entry["reshape"] = [1], {"shape": []}
+            config[key].append(entry)
+    return config
+
+
+def _session(path, config):
+    """An ONNX Runtime session of the model file on the CPU, or TritonModelException saying why."""
+    problem = release_problem(path, Path(__file__).with_name("release.json"))
+    if problem:
+        raise pb_utils.TritonModelException(
+            f"onnx runtime error 1: Load model from {path} failed:{problem}"
+        )
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise pb_utils.TritonModelException(
+            "the onnxruntime package is not installed beside the Python backend's stub "
+            "(pip install 'tritonshare[test]')"
+        ) from e
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = _parameter(config, "intra_op_thread_count", 1)
+    options.inter_op_num_threads = _parameter(config, "inter_op_thread_count", 1)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    try:
+        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise pb_utils.TritonModelException(f"ONNX Runtime cannot open {path}: {e}") from e
+
+
 def _parameter(config, name, default):
     value = config.get("parameters", {}).get(name, {}).get("string_value", "")
     return int(value) if value.strip() else default
@@ -138,33 +208,22 @@ def mismatch(kind, declared, found, batching):
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        config = auto_complete_model_config.as_dict()  # the object's own dict: changed in place
+        if config.get("input") and config.get("output"):
+            return auto_complete_model_config
+        name = config.get("default_model_filename") or "model.onnx"
+        path = Path(pb_utils.get_model_dir()) / name
+        session = _session(path, config)
+        completed(config, session.get_inputs(), session.get_outputs(), DEFAULT_MAX_BATCH_SIZE)
+        return auto_complete_model_config
+
     def initialize(self, args):
         config = json.loads(args["model_config"])
         name = config.get("default_model_filename") or "model.onnx"
         path = Path(args["model_repository"]) / args["model_version"] / name
-        problem = release_problem(path, Path(__file__).with_name("release.json"))
-        if problem:
-            raise pb_utils.TritonModelException(
-                f"onnx runtime error 1: Load model from {path} failed:{problem}"
-            )
-        try:
-            import onnxruntime
-        except ImportError as e:
-            raise pb_utils.TritonModelException(
-                "the onnxruntime package is not installed beside the Python backend's stub "
-                "(pip install 'tritonshare[test]')"
-            ) from e
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = _parameter(config, "intra_op_thread_count", 1)
-        options.inter_op_num_threads = _parameter(config, "inter_op_thread_count", 1)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        try:
-            self.session = onnxruntime.InferenceSession(
-                str(path), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as e:
-            raise pb_utils.TritonModelException(f"ONNX Runtime cannot open {path}: {e}") from e
+        self.session = _session(path, config)
         self.batching = int(config.get("max_batch_size", 0)) > 0
         self.inputs = [i["name"] for i in config.get("input", [])]
         self.outputs = [o["name"] for o in config.get("output", [])]
