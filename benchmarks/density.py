@@ -16,8 +16,11 @@ pod's requests and slot. Each replica asks
 what the webhook writes (`benchmarks.shapes.model_pod_requests`) beside its GPU memory, and the
 models belong to 50 namespaces; `--as tritonmodels` makes each replica a TritonModel replica
 on its namespace's model host instead (`binder.cluster.modelviews.as_replica`). Every rule below
-filters by the binder's NodeResourcesFit (`binder.framework.fit`); the first-fit-decreasing repack
-and the lower bound count GPU memory only.
+filters by the binder's NodeResourcesFit (`binder.framework.fit`). The static packing's
+first-fit decreasing (`ffd_rule`) places on the same constraints as the binder (its filters:
+pinning, node resources and pod slots, one replica of a model a node); the lower bound
+(`lower_bound`) relaxes only how replicas split into GPUs and nodes. Churn's FFD repack of the
+live set counts GPU memory, pinning and one replica a node only.
 
 The fleet (seeded; each model gets 1 to 3 replicas, uniformly), sizes drawn log-uniformly in each
 band. The bands stand for public models' sizes (parameters times bytes per parameter, plus
@@ -59,15 +62,17 @@ Static packing places the whole fleet in a random order (pods arrive in whatever
 owners create them; the binder's queue keeps kube-scheduler's first-in-first-out order), and,
 on two more lines, the binder's placement of the same fleet with each Deployment's replicas
 queued together (a ReplicaSet creates them at once), and bound largest first, which is what a
-queue sorted by size would give a backlog. Under each line: the GPUs in use per kind, and how
-full they are. Churn runs deployments (drawn from the
+queue sorted by size would give a backlog. One table holds them all, with whole-GPU serving,
+the lower bound and first-fit decreasing: GPUs in use by kind, GPUs, GiB of the GPUs opened (what
+is paid for), how full those are, and replicas refused. The goals (checked unless `--no-goal`):
+the binder opens at most `FFD_GIB_GOAL` times FFD's GiB, and refuses no more replicas. Churn runs deployments (drawn from the
 same distribution) arriving as a Poisson process and living an exponential time, at a load where
 the requested bytes of the live deployments average `--load` of the cluster's usable memory; the
 binder retries pending pods when memory is freed, as the live binder retries on cluster changes.
 It starts empty, warms up for one mean lifetime and then measures for `--lifetimes` more.
 
 Run: .venv/bin/python -m benchmarks.density [--scale 1 --models 2000 --load 0.85 --lifetimes 4]
-(`--scale 0.2 --models 400 --lifetimes 2` for a smoke test).
+[--no-goal] (`--scale 0.2 --models 400 --lifetimes 2` for a smoke test).
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from benchmarks import command_line, shapes
+from benchmarks import command_line, goals, shapes
 from benchmarks import results as results_page
 from binder.cluster.clusterstate import ClusterState, IntArray
 from binder.cluster.modelviews import as_replica
@@ -410,16 +415,63 @@ def ffd(cluster: Cluster, pods: Iterable[PodInfo]) -> Packed:
     return Packed(len(used), gib, failed, Counter(fit.kind[i] for i in used))
 
 
-def lower_bound(cluster: Cluster, requested: int) -> int:
-    """The fewest GPUs whose usable memory adds up to the requested bytes (largest first): no
-    packing can use fewer."""
-    sizes = sorted((g.memory - RESERVE for n in cluster.nodes for g in n.gpus), reverse=True)
-    total = 0
-    for count, size in enumerate(sizes, 1):
-        total += size
-        if total >= requested:
-            return count
-    return len(sizes)
+def lower_bound(cluster: Cluster, pods: list[PodInfo]) -> int:
+    """GPUs no placement on the binder's constraints can do with fewer than: the most of the
+    fewest whose usable memory holds every requested byte (largest first), the fewest A100 GPUs
+    whose memory holds the pinned replicas' bytes, and the fewest nodes (a GPU each at least)
+    whose room for the replicas' requests and pod slots holds every replica. It relaxes how
+    replicas split into GPUs and nodes, so it is a bound, not always a packing."""
+
+    def fewest(sizes: list[int], wanted: int) -> int:
+        """The fewest of `sizes` adding up to `wanted` (all of them when they cannot)."""
+        total = count = 0
+        for size in sorted(sizes, reverse=True):
+            if total >= wanted:
+                break
+            total, count = total + size, count + 1
+        return count
+
+    usable = [g.memory - RESERVE for n in cluster.nodes for g in n.gpus]
+    a100 = [g.memory - RESERVE for n in cluster.nodes if cluster.kind(n) == "a100" for g in n.gpus]
+    pinned = sum(p.request for p in pods if p.constraints == PINNED)
+    bound = max(fewest(usable, sum(p.request for p in pods)), fewest(a100, pinned))
+    if pods:
+        asks = dict(pods[0].resources)
+        if pods[0].host is None:
+            asks["pods"] = 1
+        if all(dict(p.resources) == dict(pods[0].resources) for p in pods) and any(asks.values()):
+            room = [
+                min(
+                    (n.allocatable or {}).get(name, 0) // amount
+                    for name, amount in asks.items()
+                    if amount
+                )
+                for n in cluster.nodes
+            ]
+            bound = max(bound, fewest(room, len(pods)))
+    return bound
+
+
+def ffd_rule(cluster: Cluster) -> Rule:
+    """First fit over the GPUs, largest kind first, node by node (given the replicas largest
+    first: first-fit decreasing), on the binder's constraints: the first node the binder's
+    filters leave (`eligible_nodes`: pinning, node resources and pod slots, one replica of a
+    model a node, a block big enough), and its first GPU with room."""
+    order = sorted(cluster.nodes, key=lambda n: (-KINDS[cluster.kind(n)], n.name))
+    rank = {node.name: i for i, node in enumerate(order)}
+
+    def rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
+        candidates = eligible_nodes(state, pod)
+        if not candidates.size:
+            return None
+        node = min((state.names[int(i)] for i in candidates), key=rank.__getitem__)
+        frees = state.memory.free(node)
+        for gpu, free in zip(state.nodes[node].gpus, frees, strict=True):
+            if free >= pod.request:
+                return node, gpu.uuid
+        return None
+
+    return rule
 
 
 # ---- what a state looks like -------------------------------------------------------------------
@@ -476,7 +528,60 @@ def whole_gpu(request: int) -> int:
     return min(size for size in KINDS.values() if size - RESERVE >= request)
 
 
-def static(cluster: Cluster, models: int, seed: int, hosted: bool) -> None:
+class Row(NamedTuple):
+    """A static packing's line: GPUs holding a replica, per kind; GiB of those GPUs (what is
+    paid for); how full they are; replicas refused."""
+
+    name: str
+    used: Counter[str]
+    gib: float
+    held: int
+    refused: int
+
+
+FFD = "FFD, largest GPUs first"
+BINDER = "binder"
+FFD_GIB_GOAL = 1.05
+"""The binder's GiB of GPUs opened over first-fit decreasing's on the same constraints."""
+
+
+def static_table(rows: list[Row], whole: int, whole_gib: int, bound: int, requested: int) -> None:
+    """One table: whole-GPU serving, the lower bound, then each packing, on the same cluster and
+    constraints: GPUs by kind, GPUs, GiB of GPUs opened, how full, refused."""
+    kinds = "".join(f"{kind:>6}" for kind in KINDS)
+    print(f"{'static packing':<34}{kinds}{'GPUs':>7}{'GiB opened':>12}{'full':>7}{'refused':>8}")
+    dash = "".join(f"{'-':>6}" for _ in KINDS)
+    print(f"{'whole-GPU serving (1 GPU a replica)':<34}{dash}{whole:>7}{whole_gib:>12,}")
+    bound_gib = (requested + bound * RESERVE) / GI
+    print(f"{'lower bound (same constraints)':<34}{dash}{bound:>7}{bound_gib:>12,.0f}")
+    ffd = next(r for r in rows if r.name == FFD)
+    for row in rows:
+        gpus = sum(row.used.values())
+        cells = "".join(f"{row.used[kind]:>6}" for kind in KINDS)
+        full = row.held / GI / row.gib if row.gib else 0.0
+        line = f"{row.name:<34}{cells}{gpus:>7}{row.gib:>12,.0f}{full:>7.0%}{row.refused:>8}"
+        if row is not ffd:
+            line += (
+                f"   {whole / gpus:.1f}x fewer GPUs than whole-GPU serving; against FFD "
+                f"{gpus / sum(ffd.used.values()) - 1:+.1%} GPUs, {row.gib / ffd.gib - 1:+.1%} GiB"
+            )
+        print(line)
+
+
+def check_goals(rows: list[Row]) -> list[bool]:
+    """The binder's static packing against first-fit decreasing's on the same constraints: GiB
+    of GPUs opened within `FFD_GIB_GOAL`, and no more replicas refused."""
+    ffd = next(r for r in rows if r.name == FFD)
+    binder = next(r for r in rows if r.name == BINDER)
+    return [
+        goals.check(
+            "binder's GiB of GPUs opened / FFD's", binder.gib / ffd.gib, FFD_GIB_GOAL, unit="x"
+        ),
+        goals.check("binder's replicas refused", binder.refused, ffd.refused),
+    ]
+
+
+def static(cluster: Cluster, models: int, seed: int, hosted: bool) -> list[Row]:
     rng = random.Random(seed)
     fleet = [make_deployment(rng, f"m{i:05d}", hosted) for i in range(models)]
     pods = [p for d in fleet for p in d.pods()]
@@ -488,22 +593,15 @@ def static(cluster: Cluster, models: int, seed: int, hosted: bool) -> None:
         f"{len(pods)} replicas, {requested / GI:,.0f} GiB requested "
         f"({requested / cluster.usable():.0%} of the cluster's usable GPU memory)"
     )
-    packed = ffd(cluster, pods)
-    used, used_gib, failed = packed.gpus, packed.gib, packed.failed
-    bound = lower_bound(cluster, requested)
-    print(f"{'static packing':<36}{'GPUs':>8}{'GPU GiB in use':>16}{'full':>7}{'refused':>9}")
     whole_gib = sum(whole_gpu(p.request) for p in pods) // GI
-    print(f"{'whole-GPU serving (1 GPU a replica)':<36}{len(pods):>8}{whole_gib:>16,}")
-    print(f"{'lower bound (largest GPUs first)':<36}{bound:>8}{requested / GI:>16,.0f}")
-    full = requested / GI / used_gib
-    print(f"{'FFD, largest GPUs first':<36}{used:>8}{used_gib:>16,}{full:>7.0%}{failed:>9}")
-    print(by_kind(packed.by_kind))
-    runs = [(name, rule, pods) for name, rule in RULES.items()]
     largest_first = sorted(pods, key=lambda p: (-p.request, p.uid))
+    runs: list[tuple[str, Rule, list[PodInfo]]] = [(FFD, ffd_rule(cluster), largest_first)]
+    runs += [(name, rule, pods) for name, rule in RULES.items()]
     runs.append(("binder, bound largest first", binder_rule, largest_first))
     # A ReplicaSet creates its replicas together, so a real queue holds them next to each other.
     together = [p for d in random.Random(seed + 3).sample(fleet, len(fleet)) for p in d.pods()]
     runs.append(("binder, replicas queued together", binder_rule, together))
+    rows = []
     for name, rule, order in runs:
         state = fresh_state(cluster)
         refused = 0
@@ -516,16 +614,11 @@ def static(cluster: Cluster, models: int, seed: int, hosted: bool) -> None:
                 state.assume(pod, *chosen)
         seconds = time.perf_counter() - started
         seen = picture(cluster, state)
-        gpus = sum(seen.used.values())
-        held = sum(seen.held.values())
-        print(
-            f"{name:<36}{gpus:>8}{seen.used_gib:>16,.0f}{held / GI / seen.used_gib:>7.0%}"
-            f"{refused:>9}   {len(pods) / gpus:.1f}x fewer GPUs and "
-            f"{whole_gib / seen.used_gib:.1f}x fewer GiB than whole-GPU serving; "
-            f"{seen.used_gib / used_gib - 1:+.1%} GiB in use against FFD; "
-            f"{1e3 * seconds / len(pods):.2f} ms/decision"
-        )
-        print(by_kind(seen.used, seen.held))
+        rows.append(Row(name, seen.used, seen.used_gib, sum(seen.held.values()), refused))
+        if rule is binder_rule and order is pods:
+            print(f"binder: {1e3 * seconds / len(pods):.2f} ms a decision")
+    static_table(rows, len(pods), whole_gib, lower_bound(cluster, pods), requested)
+    return rows
 
 
 def by_kind(used: Counter[str], held: Counter[str] | None = None) -> str:
@@ -762,7 +855,10 @@ def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
             lambda r: "/".join(map(str, r.repackable_blocks[0])) if r.repackable_blocks else "-",
         ),
         ("GPUs in use (mean)", lambda r: f"{np.mean(r.gpus_used):,.0f}"),
-        ("FFD repack of the live set (mean)", lambda r: f"{np.mean(r.ffd_used):,.0f}"),
+        (
+            "FFD repack of the live set, GPU memory only (mean)",
+            lambda r: f"{np.mean(r.ffd_used):,.0f}",
+        ),
         ("  replicas FFD cannot place (mean)", lambda r: f"{np.mean(r.ffd_failed):.1f}"),
         ("ms per decision", lambda r: f"{1e3 * r.seconds / max(r.decisions, 1):.3f}"),
         ("pods moved to make room (whole run)", lambda r: f"{r.moves}"),
@@ -789,7 +885,7 @@ def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
         print(f"{label:<48}" + "".join(f"{cell(results[n]):>20}" for n in names))
 
 
-def main() -> None:
+def main() -> int:
     parser = command_line(
         "density",
         (
@@ -818,14 +914,16 @@ def main() -> None:
         help="skip the FFD repack run for each refused big-model replica",
     )
     results_page.add_flag(parser)
+    goals.add_flag(parser)
     args = parser.parse_args()
     with results_page.captured() as printed:
-        run(args)
+        verdicts = run(args)
     if args.write_results is not None:
         results_page.record("density", printed.getvalue(), page=args.write_results)
+    return goals.exit_code(verdicts, args.no_goal)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> list[bool]:
     started = time.perf_counter()
     cluster = make_cluster(args.scale, args.seed)
     kinds = Counter(cluster.kind(n) for n in cluster.nodes for _ in n.gpus)
@@ -845,7 +943,7 @@ def run(args: argparse.Namespace) -> None:
         f"; each replica {each}, in {NAMESPACES} namespaces"
     )
     hosted = args.as_ == "tritonmodels"
-    static(cluster, args.models, args.seed, hosted)
+    verdicts = check_goals(static(cluster, args.models, args.seed, hosted))
     events = make_events(cluster, args.load, args.lifetime, args.lifetimes, args.seed + 2, hosted)
     print(
         f"\nchurn: {len(events.arrivals)} deployments arriving over {1 + args.lifetimes:g} mean "
@@ -859,6 +957,7 @@ def run(args: argparse.Namespace) -> None:
     )
     report_churn(cluster, results)
     print(f"\nran in {time.perf_counter() - started:.0f} s")
+    return verdicts
 
 
 def _requests(resources: Mapping[str, int]) -> str:
@@ -866,4 +965,4 @@ def _requests(resources: Mapping[str, int]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
