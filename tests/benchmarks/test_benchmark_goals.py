@@ -13,6 +13,7 @@ from benchmarks import (
     crash_quarantine,
     goals,
     held_bytes,
+    kserve_client,
     model_hosts,
     namespace_share,
     onnx_latency,
@@ -164,3 +165,21 @@ def test_churn_prints_each_part_of_its_rule_and_fails_a_failed_request(
     )
     assert churnrule.check_goals(failed) == [False, True, True, True, False]
     assert "goal: failed requests 1 (goal <= 0): NOT MET" in capsys.readouterr().out
+
+
+def test_kserve_client_judges_the_service_against_the_proxy_and_triton() -> None:
+    def paths(triton: float, proxy: float, service: float) -> dict[str, list[float]]:
+        return {"triton": [triton / 1e3], "proxy": [proxy / 1e3], "service": [service / 1e3]}
+
+    fair = {"REST": paths(1.0, 1.1, 1.12), "gRPC": paths(1.2, 1.4, 1.45)}
+    assert kserve_client.check_goals(fair, answered=True) == [True] * 5
+    # A Service as cheap as ever over the proxy, but a proxy 0.5 ms over Triton: the old check
+    # (the Service over the proxy alone) passed it.
+    slow_proxy = {"REST": paths(1.0, 1.5, 1.52), "gRPC": paths(1.2, 1.4, 1.45)}
+    assert kserve_client.check_goals(slow_proxy, answered=False) == [
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
