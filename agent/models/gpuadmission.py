@@ -26,6 +26,7 @@ from agent.gpus.memory import MemoryLedger, Unexplained, admission_problem, desc
 from agent.installs.limits import ModelLimits
 from agent.metrics import AgentMetrics
 from agent.models.apartgroups import ApartGroups
+from agent.models.loadplan import LoadRequest
 from agent.pods.provenpods import Proven
 from agent.triton import TritonClient
 
@@ -141,15 +142,8 @@ class GpuAdmission:
 
     async def load_measured(
         self,
-        name: str,
-        override: str,
-        owner: Proven,
-        uuid: str,
-        index: int,
-        size: int = 0,
+        request: LoadRequest,
         *,
-        waking: bool = False,
-        apart: bool = False,
         on_ready: Callable[[], None] | None = None,
         make_room: MakeRoom | None = None,
     ) -> None:
@@ -158,50 +152,55 @@ class GpuAdmission:
         since its last reading is observed first, so what grew before the load is not billed
         to it (`agent.gpus.memory` decides whose the window's growth is). `on_ready()` runs as soon
         as Triton answers the load READY, before it is measured."""
-        if not uuid or index < 0:
-            bound = self.budget(Turn(0, "", Work.LOAD, name, owner.namespace, 0.0, size))
-            timeout = asyncio.timeout(bound)
-            try:
-                async with timeout:
-                    await self.triton.load(name, override)
-                    if on_ready is not None:
-                        on_ready()
-            except TimeoutError as e:
-                if not timeout.expired():
-                    raise
-                raise self.timed_out(size, bound or 0.0) from e
+        if not request.uuid or request.index < 0:
+            await self._load_on_cpu(request, on_ready)
             return
-        if apart:
+        if request.apart:
             try:
-                await self._load_apart(name, override, owner, uuid, index, size, waking, on_ready)
+                await self._load_apart(request, on_ready)
                 return
             except _AloneError:
                 pass  # it does not fit as things are: a window of its own makes room, or refuses
-        load = (name, override, owner, uuid, index, size, waking, on_ready, make_room)
         try:
-            await self._load_in(*load)
+            await self._load_in(request, on_ready, make_room)
         except _AloneError:
             # In line behind the unload, whose end frees what it needs.
-            await self._load_in(*load, alone=True)
+            await self._load_in(request, on_ready, make_room, alone=True)
+
+    async def _load_on_cpu(self, request: LoadRequest, on_ready: Callable[[], None] | None) -> None:
+        """`load_measured` of a model on no GPU: within its time budget, not measured."""
+        name, size = request.name, request.size
+        bound = self.budget(Turn(0, "", Work.LOAD, name, request.owner.namespace, 0.0, size))
+        timeout = asyncio.timeout(bound)
+        try:
+            async with timeout:
+                await self.triton.load(name, request.override)
+                if on_ready is not None:
+                    on_ready()
+        except TimeoutError as e:
+            if not timeout.expired():
+                raise
+            raise self.timed_out(size, bound or 0.0) from e
 
     async def _load_in(
         self,
-        name: str,
-        override: str,
-        owner: Proven,
-        uuid: str,
-        index: int,
-        size: int,
-        waking: bool,
+        request: LoadRequest,
         on_ready: Callable[[], None] | None,
         make_room: MakeRoom | None,
         alone: bool = False,
     ) -> None:
         """`load_measured` on a GPU; _AloneError when it was granted beside an unload and does
         not fit without that unload's memory."""
+        name, owner, uuid, index, waking = (
+            request.name,
+            request.owner,
+            request.uuid,
+            request.index,
+            request.waking,
+        )
         model_id = owner.model_id
         work = Work.WAKE if waking else Work.LOAD
-        window = self.window(uuid, work, name, owner.namespace, size, alone=alone)
+        window = self.window(uuid, work, name, owner.namespace, request.size, alone=alone)
         async with window as (shared, before, beside):
             if before is not None:
                 problem = admission_problem(
@@ -231,30 +230,21 @@ class GpuAdmission:
                         f"the pod stays unloaded, delete it so the binder places it again",
                         event_reason="InsufficientGPUMemory",
                     )
-            await self.triton.load(name, override)
+            await self.triton.load(name, request.override)
             if on_ready is not None:
                 on_ready()
             reported = await self.triton.gpu_memory(name, index)
             shared.load = _Billed(name, owner.request, reported, model_id, owner.key, index)
 
-    async def _load_apart(
-        self,
-        name: str,
-        override: str,
-        owner: Proven,
-        uuid: str,
-        index: int,
-        size: int,
-        waking: bool,
-        on_ready: Callable[[], None] | None,
-    ) -> None:
+    async def _load_apart(self, request: LoadRequest, on_ready: Callable[[], None] | None) -> None:
         """`load_measured` of a model measured apart: beside the GPU's other such loads, billed
         what its own processes hold once loaded, and its share of what the loads beside it
         grew the GPU by beyond that (`agent.models.apartgroups`); _AloneError when it does not
         fit beside the loads under way (a window of its own may make room)."""
         assert self.apart is not None and self.groups is not None
-        work = Work.WAKE if waking else Work.LOAD
-        async with self.turn(uuid, work, name, owner.namespace, size, apart=True):
+        name, owner, uuid, index = request.name, request.owner, request.uuid, request.index
+        work = Work.WAKE if request.waking else Work.LOAD
+        async with self.turn(uuid, work, name, owner.namespace, request.size, apart=True):
             reading = await self.read_gpu(uuid)
             if reading is not None:
                 # What the loads under way have not allocated yet counts as used.
@@ -267,7 +257,7 @@ class GpuAdmission:
             self.groups.join(uuid, name, owner.request, reading)
             loaded = False
             try:
-                await self.triton.load(name, override)
+                await self.triton.load(name, request.override)
                 if on_ready is not None:
                     on_ready()
                 held = await self.apart.held(index)

@@ -18,6 +18,7 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,24 +35,16 @@ from agent.errors import (
 )
 from agent.gpus.inventory import gpu_for
 from agent.installs.limits import ModelLimits
-from agent.installs.modelconfig import (
-    arena_released,
-    backend_of,
-    check_declared_backend,
-    override_json,
-    parse_config,
-    pinned_config,
-    queue_bounded,
-)
 from agent.installs.repository import Repository
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models.gpuadmission import GpuAdmission, Gpus
 from agent.models.gpuroom import RoomMaker
 from agent.models.heldloads import HeldLoads
+from agent.models.loadplan import LoadPlan, pin_of, plan_load
 from agent.models.loadquarantine import Quarantines
 from agent.models.probationhold import ProbationHold
-from agent.models.records import ModelRecords
+from agent.models.records import ModelRecord, ModelRecords
 from agent.models.restoregate import RestoreGate
 from agent.models.statuses import ModelReports, ModelStatus
 from agent.models.tritonram import Admitted, HostMemory
@@ -59,9 +52,9 @@ from agent.phases import Event, Phase, given_up
 from agent.pods.ownership import OwnerRecord
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import CrashLedger, Marker
-from agent.triton import KNOWN_TO_THIS_PROCESS, READY, TritonClient
-from common.backends import runs_in_own_process
+from agent.triton import KNOWN_TO_THIS_PROCESS, READY, IndexEntry, TritonClient
 from common.logs import subject
+from common.manifest import Manifest
 
 __all__ = ["Loads"]
 
@@ -80,6 +73,46 @@ def _subdirectories(directory: Path) -> list[str]:
             return [entry.name for entry in entries if entry.is_dir()]
     except OSError:
         return []
+
+
+def _died_under(left: Marker | None, entry: IndexEntry | None) -> bool:
+    """Whether Triton exited under an earlier load of the model: its marker left unanswered, and
+    Triton holds no state of it that only the process it was sent to could have given it."""
+    return (
+        left is not None
+        and not left.finished_at
+        # A model this Triton holds, unloads or refused was sent to it: no exit since.
+        and (entry is None or entry.state not in KNOWN_TO_THIS_PROCESS)
+    )
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """How a load is watched (`Loads._watch`)."""
+
+    held: bool
+    """Its namespace is held: it goes alone (`agent.models.heldloads`)."""
+    hold: ProbationHold
+    trial: bool
+    """It loads a suspect's files: probationers are kept from Triton until it settles."""
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A load under way (`Loads._begin`): what it asks, and what says whose it is."""
+
+    plan: LoadPlan
+    record: ModelRecord
+    manifest: Manifest
+    marker: Marker
+    watch: _Watch
+    started: float
+    """When it began (the agent's monotonic clock)."""
+
+    @property
+    def settle(self) -> bool:
+        """Triton's exits after its READY count against it (not a reload of what Triton held)."""
+        return not self.marker.restore
 
 
 class Loads:
@@ -147,55 +180,66 @@ class Loads:
     async def load_locked(
         self, name: str, owner: Proven, owned: OwnerRecord, *, settle: bool = True
     ) -> ModelStatus:
-        model_id = owner.model_id
+        """Load the owner's installed model as `plan_load` plans it, after what an exit of Triton
+        under an earlier load of it asks (`_after_exit`), watched (`_watch`), marked (`_begin`)
+        and carried out (`_carry_out`). Without `settle`, a reload of what Triton held before it
+        restarted. The caller holds the model's lock and its claim (`Models.load`)."""
         record = self.records.touch(name, owner)
         record.pod = owner.key
         manifest = self.repository.installed_manifest(name)
         if manifest is None or manifest.digest != owned.digest:
             raise NotFoundError(
-                f"model {model_id!r} is not installed on this node for pod {owner.key}; install "
-                f"it (InstallModel) before loading"
+                f"model {owner.model_id!r} is not installed on this node for pod {owner.key}; "
+                f"install it (InstallModel) before loading"
             )
-        uuid, index = self.gpu_for(model_id, owner.gpu_uuid)
-        directory = self.repository.model_dir(name)
-        config = parse_config((directory / "config.pbtxt").read_text(errors="replace"), model_id)
-        # What Triton will find, not what was installed: the model's own code may have made
-        # directories beside its files since.
-        versions = self.limits.policy.versions(model_id, _subdirectories(directory))
-        self.limits.policy.check_config(config, model_id, owner.namespace, versions)
-        check_declared_backend(config, model_id, owner.pod.backend)
-        sizes = {e.path: e.size for e in manifest.files}
-        self.limits.policy.check_load_data_files(config, model_id, sizes)
-        pin = self.pin(index)
-        # Billed its own processes' memory: its load needs no window of the GPU's.
-        apart = self.admission.apart is not None and runs_in_own_process(
-            backend_of(config), config.runtime
-        )
-        # Triton requires the config's name to be the directory's: the name in Triton.
-        # ONNX Runtime keeps no arena in Triton's process: what a request takes, it gives back.
-        # Its batchers keep a request no longer than the node's bound: an unload waits for them.
-        bounded, lowered = queue_bounded(
-            arena_released(pinned_config(config, name, pin)),
-            self.limits.policy.max_queue_microseconds,
-        )
-        override = override_json(bounded)
-        if lowered:
-            self._queue_bounded(owner, model_id, lowered)
+        plan = self._plan(name, owner, manifest)
+        request = plan.request
         entry = await self.triton.state(name)
         if (
             entry is not None
             and entry.state == READY
             and record.life.held_loaded
-            and (record.gpu_uuid, record.gpu_index) == (uuid, index)
+            and (record.gpu_uuid, record.gpu_index) == (request.uuid, request.index)
         ):
             return self.reports.status_of(name, entry, manifest, owner.residency)
-        left = self.crashes.markers().get(name)
-        died_under = (
-            left is not None
-            and not left.finished_at
-            # A model this Triton holds, unloads or refused was sent to it: no exit since.
-            and (entry is None or entry.state not in KNOWN_TO_THIS_PROCESS)
+        await self._after_exit(name, owner, owned, entry)
+        if given_up(record.life, self.limits.max_load_attempts):
+            # Each try holds the GPU's slot: a model that never loads must not hold it forever.
+            return self.reports.status_of(name, entry, manifest, owner.residency)
+        watch = await self._watch(owner, owned, settle)
+        load = await self._begin(plan, record, manifest, owned, watch, settle)
+        return await self._carry_out(load)
+
+    def _plan(self, name: str, owner: Proven, manifest: Manifest) -> LoadPlan:
+        """`plan_load` of the model's files as they are on disk now; what its config's override
+        lowers is said (`_queue_bounded`)."""
+        gpu = self.gpu_for(owner.model_id, owner.gpu_uuid)
+        directory = self.repository.model_dir(name)
+        plan = plan_load(
+            name,
+            owner,
+            manifest,
+            (directory / "config.pbtxt").read_text(errors="replace"),
+            # What Triton will find, not what was installed: the model's own code may have made
+            # directories beside its files since.
+            _subdirectories(directory),
+            self.limits,
+            gpu,
+            measures_apart=self.admission.apart is not None,
         )
+        if plan.lowered:
+            self._queue_bounded(owner, owner.model_id, list(plan.lowered))
+        return plan
+
+    async def _after_exit(
+        self, name: str, owner: Proven, owned: OwnerRecord, entry: IndexEntry | None
+    ) -> None:
+        """Count an exit of Triton under an earlier load of the model, refuse quarantined files,
+        and, when such a load is asked for again at once, wait until what Triton held is loaded
+        again (`agent.models.restoregate`)."""
+        model_id = owner.model_id
+        left = self.crashes.markers().get(name)
+        died_under = _died_under(left, entry)
         if died_under:
             # The reconciler's pass over that exit will not find it: a load was in flight there.
             self.crashes.took_in_flight()
@@ -215,33 +259,32 @@ class Loads:
                 extra=subject(pod=left.pod, model=left.model_id),
             )
         self.quarantine.refuse(owned.digest, owner.namespace)
-        if died_under:
-            # Asked for again at once: the models Triton held come back first
-            # (`agent.models.restoregate`), then it may take Triton down again if it must.
-            waited = await self.restore_gate.wait()
-            if waited >= 0.1:
-                log.info(
-                    "Model %s of pod %s, in flight when Triton exited, waited %.1f s for the "
-                    "models Triton held to be loaded again.",
-                    model_id,
-                    owner.key,
-                    waited,
-                    extra=subject(pod=owner.key, model=model_id),
-                )
-            self.quarantine.refuse(owned.digest, owner.namespace)  # counted meanwhile?
-        if given_up(record.life, self.limits.max_load_attempts):
-            # Each try holds the GPU's slot: a model that never loads must not hold it forever.
-            return self.reports.status_of(name, entry, manifest, owner.residency)
-        admitted: Admitted | None = None
+        if not died_under:
+            return
+        # Asked for again at once: the models Triton held come back first, then it may take
+        # Triton down again if it must.
+        waited = await self.restore_gate.wait()
+        if waited >= 0.1:
+            log.info(
+                "Model %s of pod %s, in flight when Triton exited, waited %.1f s for the "
+                "models Triton held to be loaded again.",
+                model_id,
+                owner.key,
+                waited,
+                extra=subject(pod=owner.key, model=model_id),
+            )
+        self.quarantine.refuse(owned.digest, owner.namespace)  # counted meanwhile?
+
+    async def _watch(self, owner: Proven, owned: OwnerRecord, settle: bool) -> _Watch:
+        """Take the load's turns: a held namespace's load goes alone, then keeps the node quiet
+        (`agent.models.heldloads`); a suspect's load is its trial, for which probationers are
+        kept from Triton until it settles (`agent.models.probationhold`)."""
         held = self.crashes.held(owner.namespace)
         hold = self.hold if settle else self._unheld
-        # A suspect's load is its trial: probationers are kept from Triton until it settles.
         trial = hold.hold_seconds > 0 and (held or self.crashes.suspected(owned.digest))
         if trial:
             await hold.trial_turn(owner.namespace)  # at most half of probationers' time
         try:
-            # A held namespace's load goes alone, then keeps the node quiet
-            # (`agent.models.heldloads`).
             await self.held_loads.begin(held)
             try:
                 # Crashes counted while it waited may have quarantined it.
@@ -253,23 +296,35 @@ class Loads:
             if trial:
                 hold.trial_over()
             raise
-        loaded = False
-        settle_seconds = 0.0
-        unreachable = False
+        return _Watch(held, hold, trial)
+
+    async def _begin(
+        self,
+        plan: LoadPlan,
+        record: ModelRecord,
+        manifest: Manifest,
+        owned: OwnerRecord,
+        watch: _Watch,
+        settle: bool,
+    ) -> _InFlight:
+        """Hold probationers, step the model's life, and write the marker that says whose load
+        it was should Triton die under it; the turns are given back when any of it fails."""
+        name, owner = plan.request.name, plan.request.owner
         try:
             # Before the marker: a load cancelled meanwhile never reached Triton.
             # Files counted for an exit alone hold every pod through their trial.
+            trial = watch.trial
             suspect = owned.digest if trial and self.crashes.suspected(owned.digest) else ""
-            await hold.begin(owner.pod.object_key, trial=trial, suspect=suspect)
+            await watch.hold.begin(owner.pod.object_key, trial=trial, suspect=suspect)
             waking = record.life.phase is Phase.IDLE_UNLOADED
             self.records.step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
-            record.gpu_uuid, record.gpu_index = uuid, index
+            record.gpu_uuid, record.gpu_index = plan.request.uuid, plan.request.index
             started = self.clock()
             # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
             marker = Marker(
                 name,
                 owned.digest,
-                model_id,
+                owner.model_id,
                 owner.key,
                 started_at=self._wall(),
                 restore=not settle,
@@ -278,69 +333,99 @@ class Loads:
             )
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:
-            self.held_loads.end(held, 0.0)
-            hold.end(owner.pod.object_key, trial=trial)
+            self.held_loads.end(watch.held, 0.0)
+            watch.hold.end(owner.pod.object_key, trial=watch.trial)
             raise
+        request = replace(plan.request, waking=waking)
+        return _InFlight(replace(plan, request=request), record, manifest, marker, watch, started)
+
+    async def _carry_out(self, load: _InFlight) -> ModelStatus:
+        """Admit the load on Triton's host memory and on its GPU, which loads and measures it;
+        step its life on the outcome and give its turns back."""
+        request, watch, manifest = load.plan.request, load.watch, load.manifest
+        name, owner = request.name, request.owner
+        admitted: Admitted | None = None
+        loaded = False
+        settle_seconds = 0.0
+        unreachable = False
         try:
             admitted = await self._in_thread(
                 self.host.admit,
                 name,
                 manifest.digest,
                 manifest.total_bytes,
-                model_id,
+                owner.model_id,
                 owner.key,
             )
             await self.admission.load_measured(
-                name,
-                override,
-                owner,
-                uuid,
-                index,
-                manifest.total_bytes,
-                waking=waking,
-                apart=apart,
+                request,
                 # READY: an exit from now on finds it settling, even while it is measured.
-                on_ready=lambda: self.crashes.finished(marker, settle=settle),
+                on_ready=lambda: self.crashes.finished(load.marker, settle=load.settle),
                 make_room=self.room.make_room,
             )
-        except LoadTimedOutError as e:
+        except BaseException as e:
+            unreachable = isinstance(e, TritonUnreachableError)
+            if not self._failed(e, load):
+                raise
+            if isinstance(e, LoadTimedOutError):
+                await self._abandon(name)
+                # Triton may still be loading it: the answer is the agent's, the load is over.
+                return self.reports.status_of(name, None, manifest, owner.residency)
+        else:
+            loaded = True
+            settle_seconds = self.crashes.settle_of(load.marker)
+            self.crashes.finished(load.marker, settle=load.settle)
+            await self._in_thread(self.host.finished, admitted, True)
+            admitted = None
+            self._loaded(load)
+        finally:
+            if admitted is not None:
+                self.host.finished(admitted, False)  # refused or failed: nothing to measure
+            self.held_loads.end(watch.held, self.crashes.quiet_seconds if loaded else 0.0)
+            watch.hold.end(
+                owner.pod.object_key,
+                trial=watch.trial,
+                settle_seconds=settle_seconds,
+                exited=unreachable,
+            )
+        return self.reports.status_of(
+            name, await self.triton.state(name), manifest, owner.residency
+        )
+
+    def _failed(self, e: BaseException, load: _InFlight) -> bool:
+        """Step the model's life on its failed load, count it and say why; True when the failure
+        is the load's answer (Triton refused it, or it timed out), False when it is raised."""
+        request, record = load.plan.request, load.record
+        name, owner, waking = request.name, request.owner, request.waking
+        where = subject(pod=owner.key, model=owner.model_id)
+        if isinstance(e, LoadTimedOutError):
             self.records.step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels(e.reason).inc()
             if waking:
                 self.metrics.wakes.labels("failed").inc()
             log.warning(
-                "Model %s of pod %s was abandoned: %s",
-                model_id,
-                owner.key,
-                e,
-                extra=subject(pod=owner.key, model=model_id),
+                "Model %s of pod %s was abandoned: %s", owner.model_id, owner.key, e, extra=where
             )
-            await self._abandon(name)
-            # Triton may still be loading it: the answer is the agent's, the load is over.
-            return self.reports.status_of(name, None, manifest, owner.residency)
-        except TritonUnreachableError as e:
-            unreachable = True
+            return True
+        if isinstance(e, TritonUnreachableError):
             if isinstance(e, TritonNotConnectedError) and not self.crashes.finished_at(name):
                 # The load never reached Triton (down, or starting again after another
                 # model's crash): it cannot have crashed it, and must not be blamed.
                 self.crashes.answered(name)
             self.records.step(name, record, Event.LOAD_UNANSWERED)
             self.metrics.load_failures.labels("triton_unreachable").inc()
-            raise
-        except TritonError as e:
+            return False
+        if isinstance(e, TritonError):
             self.crashes.answered(name)
             self.records.step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels("triton_rejected").inc()
             if waking:
                 self.metrics.wakes.labels("failed").inc()
             log.warning(
-                "Model %s of pod %s failed to load: %s",
-                model_id,
-                owner.key,
-                e,
-                extra=subject(pod=owner.key, model=model_id),
+                "Model %s of pod %s failed to load: %s", owner.model_id, owner.key, e, extra=where
             )
-        except ResourceExhaustedError as e:
+            return True
+        if isinstance(e, ResourceExhaustedError):
             self.crashes.answered(name)
             self.records.step(name, record, Event.LOAD_REFUSED)
             if isinstance(e, HostMemoryExhaustedError):
@@ -349,41 +434,25 @@ class Loads:
                 self.metrics.gpu_memory_refusals.inc()
             if waking:
                 self.metrics.wakes.labels("no_room").inc()
-            raise
-        except BaseException:
-            self.records.step(name, record, Event.LOAD_UNANSWERED)
-            raise
-        else:
-            loaded = True
-            settle_seconds = self.crashes.settle_of(marker)
-            self.crashes.finished(marker, settle=settle)
-            await self._in_thread(self.host.finished, admitted, True)
-            admitted = None
-            self.records.step(name, record, Event.LOAD_OK)
-            record.vouched_at = self.clock()
-            self.metrics.load_seconds.observe(self.clock() - started)
-            if waking:
-                self.metrics.wakes.labels("woken").inc()
-                self.metrics.wake_seconds.observe(self.clock() - started)
-            log.info(
-                "Model %s of pod %s is loaded in Triton as %s on %s.",
-                model_id,
-                owner.key,
-                name,
-                f"GPU {index} ({uuid})" if pin is not None else "the CPU",
-            )
-        finally:
-            if admitted is not None:
-                self.host.finished(admitted, False)  # refused or failed: nothing to measure
-            self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
-            hold.end(
-                owner.pod.object_key,
-                trial=trial,
-                settle_seconds=settle_seconds,
-                exited=unreachable,
-            )
-        return self.reports.status_of(
-            name, await self.triton.state(name), manifest, owner.residency
+            return False
+        self.records.step(name, record, Event.LOAD_UNANSWERED)
+        return False
+
+    def _loaded(self, load: _InFlight) -> None:
+        """Step the model's life on its load answered READY, count it and say so."""
+        request, record = load.plan.request, load.record
+        self.records.step(request.name, record, Event.LOAD_OK)
+        record.vouched_at = self.clock()
+        self.metrics.load_seconds.observe(self.clock() - load.started)
+        if request.waking:
+            self.metrics.wakes.labels("woken").inc()
+            self.metrics.wake_seconds.observe(self.clock() - load.started)
+        log.info(
+            "Model %s of pod %s is loaded in Triton as %s on %s.",
+            request.owner.model_id,
+            request.owner.key,
+            request.name,
+            load.plan.where,
         )
 
     async def _abandon(self, name: str) -> None:
@@ -414,4 +483,4 @@ class Loads:
         self.events.warn(owner.key, owner.uid, QUEUE_BOUNDED_REASON, message)
 
     def pin(self, gpu_index: int) -> int | None:
-        return None if self.limits.cpu_only or gpu_index < 0 else gpu_index
+        return pin_of(self.limits, gpu_index)

@@ -12,6 +12,7 @@ import pytest
 
 from agent.gpus.gpuqueue import Work
 from agent.gpus.inventory import GpuInfo, GpuSnapshot
+from agent.models.loadplan import LoadRequest
 from agent.models.nodemodels import Models
 from tests.agent.gpus.test_gpu_turns import until
 from tests.agent.pods.test_ownership import owner_models, proven
@@ -78,7 +79,8 @@ def wake(models: Models, name: str, request: int) -> asyncio.Task[None]:
     owner = proven("team-b", name, f"uid-{name}", name)
     owner = type(owner)(owner.pod, request)
     return asyncio.create_task(
-        models.admission.load_measured(name, "{}", owner, GPU, 0, waking=True), name=f"wake {name}"
+        models.admission.load_measured(LoadRequest(name, "{}", owner, GPU, 0, waking=True)),
+        name=f"wake {name}",
     )
 
 
