@@ -44,7 +44,7 @@ from common.contract import (
     Keys,
     validate_model_id,
 )
-from common.storage import read_s3_options
+from common.storage import read_storage_options
 
 HOST_PREFIX = "tritonshare-host-"
 """Name of a namespace's model host on a node: this prefix and a hash of the node's name (and of
@@ -317,7 +317,8 @@ class HostedReplica:
     """The TritonModel's spec.storageSecret: the Secret of the host's namespace, mounted in
     the host's loader alone, whose credential it fetches with ("": none)."""
     storage_options: tuple[tuple[str, str], ...] = ()
-    """The TritonModel's s3-* annotations (`common.storage.read_s3_options`)."""
+    """The TritonModel's s3-* and schema-path annotations
+    (`common.storage.read_storage_options`)."""
     model_id: str = ""
     """The model id its clients send (spec.modelName, which the proof binds); "" reads as
     `model`, the TritonModel's name."""
@@ -438,7 +439,7 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
     uri = text("storageUri", "")
     # Checked as s3:// settings whatever the replica's URI: a roll's replicas on earlier files
     # carry the model's settings of now, which the loader applies to s3:// alone.
-    s3_options = read_s3_options(options, "", "s3")
+    s3_options = read_storage_options(options, "", "s3")
     model = text("model")
     return HostedReplica(
         model=model,

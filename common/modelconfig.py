@@ -44,3 +44,8 @@ def parse_model_config(text: str, model_id: str, source: str = "config.pbtxt") -
             config_name=config.name,
         )
     return config
+
+
+def model_config_text(config: ModelConfig) -> str:
+    """`config` as config.pbtxt text (protobuf's text format)."""
+    return str(text_format.MessageToString(config))

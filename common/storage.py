@@ -103,6 +103,45 @@ def read_s3_options(
     return tuple(options)
 
 
+SCHEMA_OPTION = "schema-path"
+"""The path of a model's schema (KServe's v2 model schema JSON: its inputs and outputs) in the
+store its files are in: the bucket of an s3:// or gs:// URI, the host of an https:// one."""
+_MAX_SCHEMA_PATH = 1024
+
+
+def read_storage_options(
+    annotations: Mapping[str, Any], prefix: str, scheme: str
+) -> tuple[tuple[str, str], ...]:
+    """The checked s3-* annotations (`read_s3_options`) and the schema path, or
+    StorageAnnotationError."""
+    options = read_s3_options(annotations, prefix, scheme)
+    key = prefix + SCHEMA_OPTION
+    if key not in annotations:
+        return options
+    value = str(annotations[key]).strip().lstrip("/")
+    parts = value.split("/")
+    if (
+        not value
+        or len(value) > _MAX_SCHEMA_PATH
+        or any(part in ("", ".", "..") for part in parts)
+        or not value.isprintable()
+    ):
+        raise StorageAnnotationError(
+            f"annotation {key}={value!r} is not the path of a file in the model's bucket; write "
+            f"one such as onnx/schema.json (no '..', at most {_MAX_SCHEMA_PATH} characters)"
+        )
+    return (*options, (SCHEMA_OPTION, value))
+
+
+def schema_uri(storage_uri: str, options: Mapping[str, str]) -> str:
+    """The URI of the schema the options name, in the store of `storage_uri` ("" when none)."""
+    path = options.get(SCHEMA_OPTION, "")
+    if not path:
+        return ""
+    scheme, _, rest = storage_uri.partition("://")
+    return f"{scheme}://{rest.partition('/')[0]}/{path}"
+
+
 def _check_option(key: str, option: str, value: str) -> None:
     if option in ("s3-usehttps", "s3-verifyssl") and value not in _FLAG:
         raise StorageAnnotationError(

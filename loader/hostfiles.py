@@ -4,8 +4,11 @@ A replica's files are fetched (loader/fetch.py: s3://, gs://, https://, with its
 and s3-* settings: loader/credentials.py) into ROOT/.fetching/<model> and renamed into place once
 whole; ROOT/.sources/<model> records the URI they came from, so they are kept while the URI stays
 the same and a restarted loader fetches nothing again. A fetch runs in a thread (the other
-replicas go on meanwhile) and ends at its deadline, its thread at its next read. The host's
-loader (loader/host.py) decides when; this module only fetches and removes.
+replicas go on meanwhile) and ends at its deadline, its thread at its next read. What was fetched
+is laid out as Triton's model (loader/layout.py: a single file, a folder without config.pbtxt),
+with the inputs and outputs of its schema when the replica names one (the `schema-path` storage
+option, fetched from the same store with the same credential). The host's loader
+(loader/host.py) decides when; this module only fetches, lays out and removes.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from common.storage import schema_uri
 from loader.agentclient import Hosted
 from loader.credentials import StorageCredential, storage_credential
 from loader.deadline import deadline_passed
+from loader.errors import FetchError
 from loader.fetch import check_uri, fetch
+from loader.layout import MAX_SCHEMA_BYTES, lay_out
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +87,13 @@ class HostFiles:
         are there from its storage URI already."""
         directory = self.root / model
         uri, secret = replica.storage_uri, replica.storage_secret
-        if self._fetched(model, uri):
+        options = dict(replica.storage_options)
+        schema = schema_uri(uri, options)
+        source = f"{uri}\n{schema}" if schema else uri
+        if self._fetched(model, source):
             return directory
         check_uri(uri)
-        credential = storage_credential(
-            self._secret_dir, secret, uri, dict(replica.storage_options)
-        )
+        credential = storage_credential(self._secret_dir, secret, uri, options)
         staging = self.root / FETCHING / model
         shutil.rmtree(staging, ignore_errors=True)
         log.info(
@@ -96,24 +103,46 @@ class HostFiles:
             f" with the credential of Secret {secret}" if secret else "",
         )
         said = await self._fetched_in_time(uri, staging, credential)
+        schema_bytes = await self._schema(model, schema, credential) if schema else None
+        laid = await asyncio.to_thread(lay_out, staging, replica.model_id, schema_bytes)
         (self.root / SOURCES / model).unlink(missing_ok=True)
         shutil.rmtree(directory, ignore_errors=True)
         staging.rename(directory)
         (self.root / SOURCES).mkdir(exist_ok=True)
-        (self.root / SOURCES / model).write_text(uri, encoding="utf-8")
-        log.info("Model %s: %s.", model, said)
+        (self.root / SOURCES / model).write_text(source, encoding="utf-8")
+        log.info("Model %s: %s%s.", model, said, f"; {laid}" if laid else "")
         return directory
+
+    async def _schema(self, model: str, uri: str, credential: StorageCredential) -> bytes:
+        """The bytes of the one file the schema URI names, fetched beside the model's."""
+        staging = self.root / FETCHING / f"{model}.schema"
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            await self._fetched_in_time(uri, staging, credential, MAX_SCHEMA_BYTES)
+            files = [f for f in staging.rglob("*") if f.is_file()]
+            if len(files) != 1:
+                raise FetchError(
+                    f"{uri}, the model's schema, names {len(files)} files: point schemaPath at "
+                    "the one JSON file"
+                )
+            return files[0].read_bytes()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def remove(self, model: str) -> None:
         """Delete `model`'s files and the record of where they came from."""
         shutil.rmtree(self.root / model, ignore_errors=True)
         (self.root / SOURCES / model).unlink(missing_ok=True)
 
-    async def _fetched_in_time(self, uri: str, staging: Path, credential: StorageCredential) -> str:
-        """The fetch, given up at its deadline even when its thread is still in a read: the
-        thread sees the same deadline at its next read and ends."""
+    async def _fetched_in_time(
+        self, uri: str, staging: Path, credential: StorageCredential, max_bytes: int = 0
+    ) -> str:
+        """The fetch of at most `max_bytes` (0: the model's limit), given up at its deadline
+        even when its thread is still in a read: the thread sees the same deadline at its next
+        read and ends."""
         seconds = self._fetch_seconds
-        fetching = self._fetch(uri, staging, self._max_bytes, self._stop, credential, seconds)
+        most = max_bytes or self._max_bytes
+        fetching = self._fetch(uri, staging, most, self._stop, credential, seconds)
         try:
             async with asyncio.timeout(seconds) as limit:
                 return await fetching

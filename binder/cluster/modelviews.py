@@ -29,7 +29,7 @@ from common.contract import (
 from common.hosted import host_group, host_storage_problem, replica_name, replica_uid
 from common.modelpod import gpu_tolerations
 from common.podresources import MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
-from common.storage import StorageAnnotationError, read_s3_options
+from common.storage import StorageAnnotationError, read_storage_options
 
 TRITONMODEL_KIND = "TritonModel"
 TRITONMODEL_API_VERSION = "tritonshare.io/v1alpha1"
@@ -80,7 +80,7 @@ class ModelInfo:
     storage_secret: str = ""
     """spec.storageSecret: the Secret of the model's namespace the host's loader fetches with."""
     storage_options: tuple[tuple[str, str], ...] = ()
-    """Its s3-* annotations, as a model pod's (`common.storage`), passed to the host's loader."""
+    """Its s3-* and schema-path annotations (`common.storage`), passed to the host's loader."""
     storage_problem: str = ""
     """Why a model host cannot fetch its files ("" when it can): its replicas are not placed."""
     concurrency: int = 0
@@ -199,7 +199,7 @@ def model_from_api(
     if not storage_problem:
         try:
             scheme = uri.partition("://")[0].lower()
-            options = read_s3_options(as_mapping(meta.get("annotations")), keys.prefix, scheme)
+            options = read_storage_options(as_mapping(meta.get("annotations")), keys.prefix, scheme)
         except StorageAnnotationError as e:
             storage_problem = str(e)
     return ModelInfo(

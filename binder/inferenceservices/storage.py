@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,6 +39,10 @@ class Files:
     credential: Mapping[str, str] = field(default_factory=dict)
     key: str = ""
     """The storage key the credential comes from ("" when none)."""
+    schema_path: str = ""
+    """The path of the model's schema in the store of `uri` (its bucket, or its host for
+    https://): `storage.schemaPath` (or the annotation), under the entry's `url` path for
+    https ("" when none)."""
 
     def secret_name(self) -> str:
         """The name of the Secret holding `credential`: the storage key and a digest of the
@@ -86,6 +90,19 @@ def files_of(
     """The TritonModel's files for the predictor's storage and its storage-config entry (None:
     no key and no `default` one), or InvalidSpecError saying what is missing; without
     `credential` (the InferenceService names its own Secret) the entry's is not read."""
+    files = _files_of(storage, entry, key, credential)
+    if not storage.schema_path:
+        return files
+    schema = storage.schema_path.lstrip("/")
+    base = str((entry or {}).get("url") or "") if files.uri.startswith("https://") else ""
+    if base and storage.uri is None:
+        schema = f"{urlsplit(base).path.strip('/')}/{schema}".lstrip("/")
+    return replace(files, schema_path=schema)
+
+
+def _files_of(
+    storage: Storage, entry: Mapping[str, Any] | None, key: str | None, credential: bool
+) -> Files:
     name = key or DEFAULT_KEY
     if storage.uri is not None:
         if entry is None:

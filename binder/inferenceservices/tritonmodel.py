@@ -1,6 +1,7 @@
 """The TritonModel an InferenceService becomes: same name, same namespace, owned by it
 (`ownerReferences`, controller: true, so deleting the InferenceService deletes it), its files
-(`storageUri`, the S3 settings as its `s3-*` annotations, `storageSecret`) and its GPU memory
+(`storageUri`, the S3 settings as its `s3-*` annotations, the schema's path as its
+`schema-path` one, `storageSecret`) and its GPU memory
 (the InferenceService's `tritonshare.io/gpu-memory` annotation, else the binder's first
 estimate), and, on the InferenceService's `tritonshare.io/autoscaling: "true"`, the scaling
 fields ModelMesh ignores (`Scaling`). The InferenceService's spec owns these fields: a change
@@ -17,6 +18,7 @@ from typing import Any
 from binder.inferenceservices.predictor import InvalidSpecError
 from binder.inferenceservices.storage import Files
 from common.quantity import QuantityError, parse_quantity
+from common.storage import SCHEMA_OPTION
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"
@@ -148,7 +150,9 @@ def controlled_by(model: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
 
 def _annotations(wanted: Wanted, prefix: str) -> dict[str, str | None]:
     given = dict(wanted.files.s3)
-    return {prefix + option: given.get(option) for option in S3_OPTIONS}
+    annotations = {prefix + option: given.get(option) for option in S3_OPTIONS}
+    annotations[prefix + SCHEMA_OPTION] = wanted.files.schema_path or None
+    return annotations
 
 
 def _spec(wanted: Wanted) -> dict[str, Any]:

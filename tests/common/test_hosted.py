@@ -32,7 +32,11 @@ def test_round_trip_keeps_every_field_in_a_stable_order() -> None:
         "p0",
         "s3://models/a",
         storage_secret="a-creds",
-        storage_options=(("s3-endpoint", "minio.data:9000"), ("s3-usehttps", "0")),
+        storage_options=(
+            ("s3-endpoint", "minio.data:9000"),
+            ("s3-usehttps", "0"),
+            ("schema-path", "onnx/schema.json"),
+        ),
         idempotent=True,
     )
     value = encode_hosted([b, a])
@@ -56,6 +60,10 @@ def test_round_trip_keeps_every_field_in_a_stable_order() -> None:
         (
             '[{"model": "a", "uid": "u", "replica": 0, "storageOptions": {"s3-endpoint": "a b"}}]',
             "s3-endpoint='a b' is not a host",
+        ),
+        (
+            '[{"model": "a", "uid": "u", "replica": 0, "storageOptions": {"schema-path": "../x"}}]',
+            "not the path of a file in the model's bucket",
         ),
     ],
 )

@@ -106,3 +106,19 @@ def test_with_a_secret_of_its_own_the_keys_credential_is_not_read() -> None:
     assert files.s3, "the endpoint and region still apply"
     gcs = {"type": "gcs", "bucket": "b", "private_key": "x"}
     assert files_of(Storage(key="g", path="m"), gcs, "g", credential=False).uri == "gs://b/m"
+
+
+def test_the_schema_path_is_in_the_store_of_the_files() -> None:
+    """In the bucket for s3 and gcs (a leading / dropped); under the entry's url path for https;
+    in the bucket of a storageUri."""
+    schema = "/onnx/schema.json"
+    files = files_of(Storage(key="k", path="onnx/mnist.onnx", schema_path=schema), MINIO, "k")
+    assert files.schema_path == "onnx/schema.json"
+    https = {"type": "https", "url": "https://models.example.com/team"}
+    files = files_of(Storage(key="h", path="m.onnx", schema_path=schema), https, "h")
+    assert files.uri == "https://models.example.com/team/m.onnx"
+    assert files.schema_path == "team/onnx/schema.json"
+    assert files_of(Storage(uri="gs://b/m", schema_path=schema), None, None).schema_path == (
+        "onnx/schema.json"
+    )
+    assert files_of(Storage(key="k", path="m"), MINIO, "k").schema_path == ""

@@ -96,3 +96,11 @@ def test_a_gpu_memory_annotation_must_be_a_quantity_of_64mi_or_more(value: str, 
     assert gpu_memory_of(isvc({}, {f"{P}gpu-memory": "3Gi"}), f"{P}gpu-memory", "1Gi") == "3Gi"
     with pytest.raises(InvalidSpecError, match=words):
         gpu_memory_of(isvc({}, {f"{P}gpu-memory": value}), f"{P}gpu-memory", "1Gi")
+
+
+def test_the_schema_path_is_an_annotation_of_the_model_and_follows_the_spec() -> None:
+    with_schema = Wanted(Files("s3://b/m", schema_path="onnx/schema.json"), None, "1Gi")
+    model = new_model(isvc({}, {}), with_schema, P)
+    assert model["metadata"]["annotations"] == {f"{P}schema-path": "onnx/schema.json"}
+    without = Wanted(Files("s3://b/m"), None, "1Gi")
+    assert patch_for(model, without, P) == {"metadata": {"annotations": {f"{P}schema-path": None}}}
