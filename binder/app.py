@@ -41,6 +41,7 @@ from binder.cluster.cache import ClusterCache
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.informer import Informer
 from binder.cluster.ledger import Ledger
+from binder.cluster.modelsizes import Sizing
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.framework.queue import SchedulingQueue
 from binder.framework.quota import check_for
@@ -124,6 +125,12 @@ class Binder:
             ),
             drain_seconds=settings.host_drain_seconds,
             preemption=settings.preemption,
+            sizing=Sizing(
+                settings.gpu_memory_estimate,
+                settings.gpu_memory_margin,
+                settings.gpu_memory_margin_min,
+                settings.min_gpu_mem,
+            ),
             queue=self.queue,
         )
         self.controller = PodController(
@@ -153,6 +160,7 @@ class Binder:
             tenant_code=settings.tenant_code_namespaces,
             min_gpu_mem=settings.min_gpu_mem,
             allowance=settings.gpu_mem_process_allowance,
+            estimate=settings.gpu_memory_estimate,
             on_model=self.models.changed,
             on_host_gone=self.models.hosts_changed,
             on_host=self.models.host_changed,
@@ -240,7 +248,6 @@ class Binder:
                 identity=settings.identity,
                 keys=settings.keys,
                 config=InferenceServiceConfig(
-                    gpu_memory=str(settings.modelmesh_gpu_memory),
                     tenant_code=frozenset(settings.tenant_code_namespaces),
                     config_namespaces=(settings.system_namespace, settings.kserve_namespace),
                     namespace_label=settings.modelmesh_namespace_label,

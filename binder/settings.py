@@ -39,6 +39,7 @@ from common.settings import (
     log_format_flag,
     log_level_flag,
     names,
+    number,
     one_of,
     path,
     port,
@@ -372,15 +373,35 @@ class Settings:
     labelled modelmesh-enabled=true as TritonModels (binder.inferenceservices). On, it does
     nothing while the API server serves no InferenceServices and looks again every 30 s.
     Default true."""
-    modelmesh_gpu_memory: int = setting(
-        "modelmesh-gpu-memory",
-        "GPU memory of an InferenceService's model when it gives none, a quantity",
+    gpu_memory_estimate: int = setting(
+        "gpu-memory-estimate",
+        "GPU memory a TritonModel or InferenceService that declares none is booked at until "
+        "its files are measured, a quantity",
         quantity(minimum=64 << 20),
         default="1Gi",
     )
-    """The GPU memory of the TritonModel an InferenceService becomes when it carries no
-    tritonshare.io/gpu-memory annotation: a first estimate (InferenceServices say none), a
-    quantity of at least 64Mi. Default 1Gi."""
+    """The first estimate of a model that declares no GPU memory (a TritonModel without
+    spec.gpuMemory; an InferenceService without the tritonshare.io/gpu-memory annotation): its
+    replicas are booked at it until one of its files has loaded and been measured, then at what
+    it measured plus the margin (`binder.cluster.modelsizes`). A quantity of at least 64Mi.
+    Default 1Gi."""
+    gpu_memory_margin: float = setting(
+        "gpu-memory-margin",
+        "percent booked above a model's measured GPU memory when it declares none",
+        number(minimum=0.0, below=1000.0),
+        default="10",
+    )
+    """Percent of its measured GPU memory booked above it for a model that declares none (the
+    larger of this and --gpu-memory-margin-min). Default 10."""
+    gpu_memory_margin_min: int = setting(
+        "gpu-memory-margin-min",
+        "the least GPU memory booked above a model's measured GPU memory when it declares none, "
+        "a quantity",
+        quantity(),
+        default="128Mi",
+    )
+    """The least booked above the measured GPU memory of a model that declares none (a
+    quantity). Default 128Mi."""
     modelmesh_namespace_label: str = setting(
         "modelmesh-namespace-label",
         "the namespace label (value true) whose ModelMesh InferenceServices the binder serves",

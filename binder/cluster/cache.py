@@ -24,6 +24,7 @@ from binder.cluster.budgets import budget_from_api
 from binder.cluster.chargedpods import Unproven, proven, same_proof
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelcache import ModelCache
+from binder.cluster.modelsizes import ESTIMATE
 from binder.cluster.modelviews import is_replica
 from binder.cluster.objects import PodInfo, lease_expiry, node_from_api, pod_from_api
 from common.contract import AGENT_LEASE_PREFIX, MIN_GPU_MEM, Keys
@@ -72,6 +73,7 @@ class ClusterCache:
         tenant_code: Collection[str] = (),
         min_gpu_mem: int = MIN_GPU_MEM,
         allowance: int = 0,
+        estimate: int = ESTIMATE,
         clock: Callable[[], float] = time.time,
         on_model: Callable[[str], None] = lambda uid: None,
         on_host_gone: Callable[[str], None] = lambda namespace: None,
@@ -85,7 +87,8 @@ class ClusterCache:
         proofs for form only, for a CLI user who cannot read the key (`binder.cluster.chargedpods`).
         `tenant_code`: the namespaces allowed to run their own code in Triton; `min_gpu_mem`:
         the least GPU memory a model may ask (`--min-gpu-mem`); `allowance`: the per-process
-        allowance booked with a model's request (`common.backends`)."""
+        allowance booked with a model's request (`common.backends`); `estimate`: the first
+        estimate of a TritonModel that declares no GPU memory (`binder.cluster.modelsizes`)."""
         self.keys = keys
         self.tenant_code = frozenset(tenant_code)
         self.min_gpu_mem = min_gpu_mem
@@ -109,6 +112,7 @@ class ClusterCache:
             tenant_code=self.tenant_code,
             min_gpu_mem=min_gpu_mem,
             allowance=allowance,
+            estimate=estimate,
             on_model=on_model,
             on_host_gone=on_host_gone,
             on_host=on_host,
@@ -265,6 +269,7 @@ class ClusterCache:
         was_ours = old is not None and bool(old.gpus or old.gpu_problem)
         if self.state.set_node(node):
             self._listener.cluster_changed(f"node {name} was added or changed")
+            self.models.measured(old, node)
         if not was_ours and (node.gpus or node.gpu_problem) and self.unproven:
             # An agent started on a node where unproven pods already ran: report them now.
             for verdict in list(self.unproven.values()):

@@ -16,8 +16,9 @@ from typing import Any
 
 from binder.cluster.chargedpods import proven, same_proof
 from binder.cluster.ledger import Ledger
-from binder.cluster.modelviews import ModelInfo, model_from_api
-from binder.cluster.objects import PodInfo
+from binder.cluster.modelsizes import ESTIMATE
+from binder.cluster.modelviews import ModelInfo, is_replica, model_from_api
+from binder.cluster.objects import NodeInfo, PodInfo
 from binder.cluster.priorities import priority_class_from_api, resolve
 from common.contract import Keys
 from common.hosted import (
@@ -66,13 +67,15 @@ class ModelCache:
         tenant_code: Collection[str],
         min_gpu_mem: int,
         allowance: int,
+        estimate: int = ESTIMATE,
         on_model: Callable[[str], None],
         on_host_gone: Callable[[str], None],
         on_host: Callable[[str, str], None],
     ) -> None:
         """`changed(why)`: the cluster changed in a way that could help unschedulable pods;
         `ring()`: the key ring in force, the cache's, after following a rotation; the others as
-        ClusterCache's."""
+        ClusterCache's; `estimate`: the first estimate of a model that declares no GPU memory
+        (`binder.cluster.modelsizes`)."""
         self.keys = keys
         self.ledger = ledger
         self.state = ledger.state
@@ -80,6 +83,7 @@ class ModelCache:
         self.tenant_code = tenant_code
         self.min_gpu_mem = min_gpu_mem
         self.allowance = allowance
+        self.estimate = estimate
         self._changed = changed
         self._ring = ring
         self._on_model = on_model
@@ -148,6 +152,7 @@ class ModelCache:
             self.tenant_code,
             self.min_gpu_mem,
             self.allowance,
+            self.estimate,
         )
         model = resolve(model, self.ledger.priority_classes)
         if not model.uid:
@@ -224,6 +229,24 @@ class ModelCache:
                 self.apply_model("DELETED", {"metadata": {"uid": uid}})
         for obj in items:
             self.apply_model("ADDED", obj)
+
+    def measured(self, old: NodeInfo | None, node: NodeInfo) -> None:
+        """The node's agent published new figures (`NodeInfo.measured`): each model with a
+        replica there whose figure changed is reconciled, so its status shows it and, when it
+        declares no GPU memory, its next replica is booked by it (`binder.cluster.modelsizes`)."""
+        before = old.measured if old is not None else {}
+        if before == node.measured:
+            return
+        changed = {
+            n for n in before.keys() | node.measured.keys() if before.get(n) != node.measured.get(n)
+        }
+        models = {
+            pod.uid.partition("/")[0]
+            for pod, _ in self.state.pods_on(node.name)
+            if is_replica(pod.uid) and pod.triton_name in changed
+        }
+        for uid in sorted(models):
+            self._on_model(uid)
 
     def place_again(self, uid: str) -> None:
         """A replica whose place is lost (its node is gone, or its proof's key): freed, and its

@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from binder.cluster.modelsizes import DECLARED, ESTIMATE, MEASURED, booked_of
 from binder.cluster.objects import (
     PodInfo,
     as_mapping,
@@ -101,6 +102,12 @@ class ModelInfo:
     autoscaling: Mapping[str, Any] | None = None
     """spec.autoscaling as written (None: the built-in autoscaler leaves the model alone),
     read by `binder.autoscaler.loop`."""
+    size_source: str = DECLARED
+    """Where the template's GPU memory comes from (`binder.cluster.modelsizes`): DECLARED
+    (spec.gpuMemory), ESTIMATED or MEASURED."""
+    gpu_memory: str = ""
+    """The quantity a new replica is booked at, before the per-process allowance: spec.gpuMemory
+    as written when DECLARED."""
 
     @property
     def key(self) -> str:
@@ -135,10 +142,12 @@ def model_from_api(
     tenant_code: Collection[str] = (),
     min_gpu_mem: int = MIN_GPU_MEM,
     allowance: int = 0,
+    estimate: int = ESTIMATE,
 ) -> ModelInfo:
     """Convert an API TritonModel; never raises on user input (problems land in the template's
     `problem`). Its replicas are read as the pod a model pod of the same spec would be, so
-    every rule reads them alike."""
+    every rule reads them alike; one that declares no GPU memory is booked as
+    `binder.cluster.modelsizes` says (`estimate`: the first estimate, in bytes)."""
     meta = as_mapping(obj.get("metadata"))
     spec = as_mapping(obj.get("spec"))
     status = as_mapping(obj.get("status"))
@@ -156,8 +165,13 @@ def model_from_api(
         *(t for t in gpu_tolerations(keys) if t not in as_sequence(spec.get("tolerations"))),
     ]
     pod_spec["schedulerName"] = scheduler_name
+    # Declared, else measured, else the first estimate (`binder.cluster.modelsizes`); a measured
+    # figure holds the model's own process already: no allowance is booked on top of it.
+    booked = booked_of(spec, status, estimate)
+    if booked.source == MEASURED:
+        allowance = 0
     pod_spec["containers"] = [
-        {"name": "model", "resources": {"limits": {keys.gpu_mem: spec.get("gpuMemory", "0")}}}
+        {"name": "model", "resources": {"limits": {keys.gpu_mem: booked.gpu_memory}}}
     ]
     model_id = str(spec.get("modelName") or name)
     annotations = {
@@ -224,6 +238,8 @@ def model_from_api(
         idempotent=spec.get("idempotent") is True,
         priority_class=str(spec.get("priorityClassName") or ""),
         autoscaling=spec["autoscaling"] if isinstance(spec.get("autoscaling"), Mapping) else None,
+        size_source=booked.source,
+        gpu_memory=booked.gpu_memory,
     )
 
 

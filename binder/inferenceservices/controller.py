@@ -77,8 +77,6 @@ Watched = tuple[Kind, Callable[[list[JsonObject]], None], Callable[[str, JsonObj
 class Config:
     """The controller's settings (binder.settings gives them)."""
 
-    gpu_memory: str
-    """The GPU memory of a model whose InferenceService gives none (a quantity)."""
     tenant_code: frozenset[str]
     """Namespaces allowed tenant code (PyTorch and Python models)."""
     config_namespaces: tuple[str, ...]
@@ -315,7 +313,7 @@ class InferenceServiceController:
             tenant_code=namespace in self._config.tenant_code,
         )
         prefix = self._keys.prefix
-        gpu_memory = gpu_memory_of(obj, f"{prefix}gpu-memory", self._config.gpu_memory)
+        gpu_memory = gpu_memory_of(obj, f"{prefix}gpu-memory")
         scaling = scaling_of(obj, f"{prefix}autoscaling")
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         chosen = str(annotations.get(f"{self._keys.prefix}storage-secret") or "") or None
@@ -350,12 +348,14 @@ class InferenceServiceController:
             except ConflictError:
                 return  # its watch event brings it here again
             log.info(
-                "InferenceService %s/%s is served as TritonModel %s (%s, %s of GPU memory).",
+                "InferenceService %s/%s is served as TritonModel %s (%s, %s).",
                 namespace,
                 name,
                 name,
                 files.uri,
-                wanted.gpu_memory,
+                f"{wanted.gpu_memory} of GPU memory"
+                if wanted.gpu_memory
+                else "its GPU memory learned at its first load",
             )
             return
         patch = patch_for(model, wanted, prefix)

@@ -2,8 +2,9 @@
 (`ownerReferences`, controller: true, so deleting the InferenceService deletes it), its files
 (`storageUri`, the S3 settings as its `s3-*` annotations, the schema's path as its
 `schema-path` one, `storageSecret`) and its GPU memory
-(the InferenceService's `tritonshare.io/gpu-memory` annotation, else the binder's first
-estimate), and, on the InferenceService's `tritonshare.io/autoscaling: "true"`, the scaling
+(the InferenceService's `tritonshare.io/gpu-memory` annotation; without it none, so the binder
+books the model at its first estimate, then by what it measured: `binder.cluster.modelsizes`),
+and, on the InferenceService's `tritonshare.io/autoscaling: "true"`, the scaling
 fields ModelMesh ignores (`Scaling`). The InferenceService's spec owns these fields: a change
 there is patched here; the TritonModel's `replicas` is set at creation and left to whatever
 scales it since. Pure.
@@ -35,7 +36,8 @@ class Wanted:
 
     files: Files
     storage_secret: str | None
-    gpu_memory: str
+    gpu_memory: str | None
+    """The annotation's declared size; None: learned (`binder.cluster.modelsizes`)."""
     scaling: Scaling | None = None
     """The scaling fields ModelMesh ignores, honoured on the InferenceService's opt-in."""
 
@@ -96,14 +98,14 @@ def _count(predictor: Mapping[str, Any], field: str, default: int) -> int:
     return value
 
 
-def gpu_memory_of(obj: Mapping[str, Any], annotation: str, default: str) -> str:
-    """The InferenceService's GPU memory: its `annotation`, else `default`; InvalidSpecError when
-    the annotation is no quantity of at least 64Mi. The one place a model's GPU memory is
-    decided: a size learned from what its replicas measured would be read here."""
+def gpu_memory_of(obj: Mapping[str, Any], annotation: str) -> str | None:
+    """The InferenceService's declared GPU memory: its `annotation`, else None (the TritonModel
+    declares none, and the binder learns it: `binder.cluster.modelsizes`); InvalidSpecError when
+    the annotation is no quantity of at least 64Mi."""
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     value = str(annotations.get(annotation) or "").strip()
     if not value:
-        return default
+        return None
     try:
         size = parse_quantity(value, what=annotation)
     except QuantityError as e:

@@ -226,8 +226,11 @@ def waiting_model(model: Mapping[str, Any]) -> Waiting | None:
     if not _fit_error(find(status.get("conditions"), "Placed")):
         return None
     spec = model.get("spec") or {}
+    # A model that declares no GPU memory: what the binder books its next replica at.
+    sized = status.get("gpuMemory")
+    sized = sized if isinstance(sized, dict) else {}
     try:
-        request = parse_quantity(str(spec.get("gpuMemory") or "0"))
+        request = parse_quantity(str(spec.get("gpuMemory") or sized.get("booked") or "0"))
     except QuantityError:
         request = 0
     return Waiting(

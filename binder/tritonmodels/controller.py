@@ -25,6 +25,7 @@ from typing import Any
 from binder.api.kube import Kube
 from binder.autoscaler.room import Room, capacity
 from binder.cluster.ledger import Ledger
+from binder.cluster.modelsizes import DEFAULT_SIZING, Sizing
 from binder.cluster.modelviews import ModelInfo, is_replica
 from binder.cluster.objects import PodInfo
 from binder.framework.moves import EvictionRefusedError, evict_victims
@@ -74,10 +75,13 @@ class TritonModelController:
         access: NodeAccess,
         drain_seconds: float,
         preemption: bool = True,
+        sizing: Sizing = DEFAULT_SIZING,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`queue` is the binder's one queue, shared with its pods (`binder.reconciler` takes
-        the turns); refused models back off there (capped: kube-scheduler's backoff)."""
+        the turns); refused models back off there (capped: kube-scheduler's backoff);
+        `sizing`: how a model that declares no GPU memory is booked
+        (`binder.cluster.modelsizes`)."""
         self._ledger = ledger
         self._leading = leading
         self._keys = keys
@@ -131,6 +135,8 @@ class TritonModelController:
             rollout=self._placer.rollout,
             preemption=self._placer.preemption,
             retry=self._retry.add,
+            nodes=ledger.state.nodes,
+            sizing=sizing,
         )
         self._hosts = HostWriter(
             kube,

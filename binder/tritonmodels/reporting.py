@@ -5,7 +5,9 @@ The status: `placements[]` ({replica, node, gpu, proof, host, ready, message, st
 `nominations[]` (the rooms held for its replicas' preemptions, only while there are some),
 `replicas`, `readyReplicas` (and `availableReplicas`), `updatedReplicas`, `selector`,
 `observedGeneration`, `loadedStorageUri` (the files a replica was last ready with) and
-`failedStorageUri` (files that failed to load before any replica of them was ready), and the
+`failedStorageUri` (files that failed to load before any replica of them was ready),
+`gpuMemory` (how its next replica is booked, and what its files measured:
+`binder.cluster.modelsizes`), and the
 conditions of `binder.tritonmodels.status.CONDITIONS` this turn owns: `Placed` (False with
 kube-scheduler's refusal, and a `FailedScheduling` Event only when the refusal changes), `Ready`
 (False naming the replicas not served and why; not True while `Loaded` is not), `Progressing`
@@ -19,13 +21,14 @@ and `Preempting`, and the roll's Warnings. Decides no placement; writes only thr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
 from binder.api.kube import Kube
+from binder.cluster.modelsizes import DECLARED, Sizing, size_status
 from binder.cluster.modelviews import ModelInfo, event_object
-from binder.cluster.objects import PodInfo
+from binder.cluster.objects import NodeInfo, PodInfo
 from binder.framework.moves import PREEMPTED, PREEMPTING
 from binder.framework.replicapreemption import ReplicaPreemption
 from binder.tritonmodels.placer import Outcome
@@ -68,9 +71,13 @@ class Reporter:
         rollout: Rollout,
         preemption: ReplicaPreemption,
         retry: Callable[[str], None],
+        nodes: Mapping[str, NodeInfo],
+        sizing: Sizing,
     ) -> None:
         """`serving`, `rollout` and `preemption` are read: whether each replica is served, its
-        files, the rooms held; `retry(uid)`: a write failed, the model is reconciled again."""
+        files, the rooms held; `retry(uid)`: a write failed, the model is reconciled again;
+        `nodes`: the cluster's nodes as the cache has them (what their agents measured);
+        `sizing`: how a model that declares no GPU memory is booked."""
         self._kube = kube
         self._executor = executor
         self._identity = identity
@@ -79,6 +86,8 @@ class Reporter:
         self._rollout = rollout
         self._preemption = preemption
         self._retry = retry
+        self._nodes = nodes
+        self._sizing = sizing
         self._writes = StatusWriter(
             kube, executor, identity, leading=leading, on_failed=self._write_failed
         )
@@ -255,6 +264,7 @@ class Reporter:
             "loadedStorageUri": files.loaded or None,
             "failedStorageUri": files.failed or None,
         }
+        status["gpuMemory"] = self._size(model, placed)
         nominations = self._preemption.nominations(model.uid)
         if nominations or model.status.get("nominations"):
             status["nominations"] = nominations or None
@@ -266,6 +276,21 @@ class Reporter:
             LOADED: loaded,
         }
         return status, said
+
+    def _size(self, model: ModelInfo, placed: dict[int, PodInfo]) -> JsonObject:
+        """status.gpuMemory (`binder.cluster.modelsizes`): the largest figure the agents publish
+        for the model's replicas of its current files."""
+        figures = []
+        for ordinal, replica in placed.items():
+            node = self._nodes.get(replica.node_name)
+            if node is None or self._rollout.uri(model, ordinal) != model.storage_uri:
+                continue
+            figure = node.measured_of(replica)
+            if figure is not None:
+                figures.append(figure)
+        declared = model.gpu_memory if model.size_source == DECLARED else None
+        measured = max(figures, default=None)
+        return size_status(declared, model.storage_uri, model.status, measured, self._sizing)
 
     async def _event(
         self, model: ModelInfo, reason: str, message: str, event_type: str = "Warning"

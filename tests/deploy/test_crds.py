@@ -36,9 +36,19 @@ def test_the_crd_is_valid_and_shaped_like_a_workload_api() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [c["name"] for c in served["additionalPrinterColumns"]]
-    assert columns == ["Ready", "Replicas", "GPU-Mem", "Residency", "Reason", "Age", "Message"]
+    assert columns == [
+        "Ready", "Replicas", "GPU-Mem", "Measured", "Residency", "Reason", "Age", "Message"
+    ]  # fmt: skip
+    # GPU memory as booked and as measured: declared, or learned when spec.gpuMemory is absent.
+    by_name = {c["name"]: c["jsonPath"] for c in served["additionalPrinterColumns"]}
+    assert by_name["GPU-Mem"] == ".status.gpuMemory.booked"
+    assert by_name["Measured"] == ".status.gpuMemory.measured"
     spec = served["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["required"] == ["storageUri", "gpuMemory"]
+    assert spec["required"] == ["storageUri"]
+    status = served["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert set(status["gpuMemory"]["properties"]) == {
+        "source", "booked", "estimate", "measured", "storageUri"
+    }  # fmt: skip
     assert spec["properties"]["residency"]["default"] == "always"
     assert spec["properties"]["replicas"] == spec["properties"]["replicas"] | {
         "default": 1,

@@ -92,10 +92,21 @@ def test_scaling_it_cannot_honour_is_refused(
 
 @pytest.mark.parametrize(("value", "words"), [("lots", "not a quantity"), ("1Mi", "under 64Mi")])
 def test_a_gpu_memory_annotation_must_be_a_quantity_of_64mi_or_more(value: str, words: str) -> None:
-    assert gpu_memory_of(isvc({}, {}), f"{P}gpu-memory", "1Gi") == "1Gi"
-    assert gpu_memory_of(isvc({}, {f"{P}gpu-memory": "3Gi"}), f"{P}gpu-memory", "1Gi") == "3Gi"
+    assert gpu_memory_of(isvc({}, {f"{P}gpu-memory": "3Gi"}), f"{P}gpu-memory") == "3Gi"
     with pytest.raises(InvalidSpecError, match=words):
-        gpu_memory_of(isvc({}, {f"{P}gpu-memory": value}), f"{P}gpu-memory", "1Gi")
+        gpu_memory_of(isvc({}, {f"{P}gpu-memory": value}), f"{P}gpu-memory")
+
+
+def test_without_the_annotation_the_model_declares_no_gpu_memory_and_an_old_guess_goes() -> None:
+    """No annotation: the TritonModel has no spec.gpuMemory (the binder learns it); one made
+    with the binder's old guess written in its spec loses it."""
+    assert gpu_memory_of(isvc({}, {}), f"{P}gpu-memory") is None
+    learned = Wanted(Files("s3://b/m"), None, None)
+    model = new_model(isvc({}, {}), learned, P)
+    assert "gpuMemory" not in model["spec"]
+    assert patch_for(model, learned, P) is None
+    guessed = new_model(isvc({}, {}), Wanted(Files("s3://b/m"), None, "1Gi"), P)
+    assert patch_for(guessed, learned, P) == {"spec": {"gpuMemory": None}}
 
 
 def test_the_schema_path_is_an_annotation_of_the_model_and_follows_the_spec() -> None:

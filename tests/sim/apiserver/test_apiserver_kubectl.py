@@ -58,6 +58,7 @@ def _populate(api: kubernetes.client.ApiClient) -> None:
             "status": {
                 "replicas": 3,
                 "readyReplicas": 2,
+                "gpuMemory": {"source": "Declared", "booked": "2Gi", "measured": "1800Mi"},
                 "conditions": [
                     {"type": "Placed", "status": "True", "reason": "AllReplicasPlaced"},
                     {
@@ -153,13 +154,14 @@ def test_kubectl_get_tritonmodels_prints_the_crd_columns(kubeconfig: Path) -> No
             "READY",
             "REPLICAS",
             "GPU-MEM",
+            "MEASURED",
             "RESIDENCY",
             "REASON",
             "AGE",
             "MESSAGE",
         ]
-        assert row[:6] == ["resnet", "2", "3", "2Gi", "always", "ModelInvalid"]
-        assert " ".join(row[7:]) == message
+        assert row[:7] == ["resnet", "2", "3", "2Gi", "1800Mi", "always", "ModelInvalid"]
+        assert " ".join(row[8:]) == message
 
 
 def test_kubectl_get_pods_wide_prints_the_pod_columns(kubeconfig: Path) -> None:
@@ -218,11 +220,12 @@ def test_kubectl_scales_a_tritonmodel_and_watches_it_change(
     try:
         assert watching.stdout is not None
         header, first = watching.stdout.readline().split(), watching.stdout.readline().split()
-        assert header[:5] == ["NAME", "READY", "REPLICAS", "GPU-MEM", "RESIDENCY"]
-        assert first[:4] == ["watched", "1", "512Mi", "on-demand"]
+        assert header[:6] == ["NAME", "READY", "REPLICAS", "GPU-MEM", "MEASURED", "RESIDENCY"]
+        # No binder here: no status, so Ready, GPU-Mem (as booked) and Measured print empty.
+        assert first[:3] == ["watched", "1", "on-demand"]
         (said,) = _kubectl(kubeconfig, "scale", "tm", "watched", "--replicas=4")
         assert said == ["tritonmodel.tritonshare.io/watched", "scaled"]
-        assert watching.stdout.readline().split()[:4] == ["watched", "4", "512Mi", "on-demand"]
+        assert watching.stdout.readline().split()[:3] == ["watched", "4", "on-demand"]
     finally:
         guard.cancel()
         watching.kill()
