@@ -43,6 +43,7 @@ from agent.kube.client import KubeClient, PodWatch
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models.evictor import Evictor
+from agent.models.node import Node
 from agent.models.nodemodels import ModelLimits, Models
 from agent.models.probationhold import ProbationHold, latest_use
 from agent.models.quietwindow import QuietWindow
@@ -254,23 +255,27 @@ class Agent:
             events=self.events,
             metrics=self.metrics,
         )
-        self.models = Models(
-            self.repository,
+        # The node as the models see it (`self.node` publishes the node's GPUs).
+        models_node = Node(
             self.triton,
-            self.owners,
+            self.repository,
             _model_limits(settings),
             gpus=self.node,
-            pods=self.pods,
-            metrics=self.metrics,
             ledger=self.ledger,
+            host=self.host_memory,
+            apart=self.apart,
+            metrics=self.metrics,
+        )
+        self.models = Models(
+            models_node,
+            self.owners,
+            self.pods,
             cache=self.cache,
             # No bound until `start` measures the repository's volume (`_prepare_cache`).
             namespace_disk=NamespaceDisk(0),
             crashes=self.crashes,
             evictor=self.evictor,
-            host=self.host_memory,
             hold=self.hold,
-            apart=self.apart,
             events=self.events,
         )
         # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.

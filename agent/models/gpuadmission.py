@@ -16,19 +16,15 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from agent.errors import LoadTimedOutError, ResourceExhaustedError
-from agent.gpus.apart import ApartMemory
 from agent.gpus.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
-from agent.gpus.inventory import GpuInfo, GpuSnapshot
-from agent.gpus.memory import MemoryLedger, Unexplained, admission_problem, describe
-from agent.installs.limits import ModelLimits
-from agent.metrics import AgentMetrics
+from agent.gpus.inventory import GpuInfo
+from agent.gpus.memory import Unexplained, admission_problem, describe
 from agent.models.apartgroups import ApartGroups
 from agent.models.loadplan import LoadRequest
+from agent.models.node import Node
 from agent.pods.provenpods import Proven
-from agent.triton import TritonClient
 
 __all__ = ["WAKE_FAILED_REASON", "GpuAdmission", "MakeRoom"]
 
@@ -80,44 +76,22 @@ the load's owner, the GPU's reading, the admission's problem and whether it wake
 GPU's reading after and what still stands in the way ("" when it fits)."""
 
 
-class Gpus(Protocol):
-    """The node's GPUs as model operations see them (`agent.status.node.NodePublisher`)."""
-
-    @property
-    def snapshot(self) -> GpuSnapshot | None:
-        """The latest reading of every GPU; None before the first."""
-
-    async def read_gpu(self, uuid: str) -> GpuInfo | None:
-        """A fresh reading of one GPU, by UUID; None when it is not on the node."""
-
-
 class GpuAdmission:
     """Every GPU's turns and measured windows on the node, and what loads are billed."""
 
-    def __init__(
-        self,
-        triton: TritonClient,
-        limits: ModelLimits,
-        ledger: MemoryLedger,
-        gpus: Gpus,
-        metrics: AgentMetrics,
-        *,
-        booked: Callable[[str, str], list[int]],
-        apart: ApartMemory,
-        clock: Callable[[], float],
-    ) -> None:
-        self.triton = triton
-        self.limits = limits
-        self.ledger = ledger
-        self._gpus = gpus
-        self.metrics = metrics
+    def __init__(self, node: Node, *, booked: Callable[[str, str], list[int]]) -> None:
+        self.triton = node.triton
+        self.limits = limits = node.limits
+        self.ledger = ledger = node.ledger
+        self._gpus = node.gpus
+        self.metrics = metrics = node.metrics
         self._booked = booked
         """What every proven placement on a GPU holds but one pod's
         (`agent.models.gpuroom.Bookings.booked`)."""
-        self.apart = apart if apart.known else None
+        self.apart = node.apart if node.apart.known else None
         """Reads what models measured apart hold (None, Triton's processes unknown: every load
         keeps its GPU to itself)."""
-        self.clock = clock
+        self.clock = node.clock
         self.budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
         )

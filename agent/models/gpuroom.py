@@ -15,17 +15,15 @@ from collections.abc import Callable
 from agent.errors import AgentError
 from agent.gpus.inventory import GpuInfo
 from agent.gpus.memory import MemoryLedger, admission_problem
-from agent.installs.limits import ModelLimits
 from agent.models.eviction import Gpu, Loaded
 from agent.models.evictor import Evictor
-from agent.models.gpuadmission import GpuAdmission, Gpus
+from agent.models.gpuadmission import GpuAdmission
+from agent.models.node import Node
 from agent.models.records import ModelRecords
-from agent.models.tritonram import HostMemory
 from agent.phases import Event, Phase
 from agent.pods.owners import Owners
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import CrashLedger
-from agent.triton import TritonClient
 
 __all__ = ["Bookings", "RoomMaker"]
 
@@ -111,27 +109,23 @@ class RoomMaker:
 
     def __init__(
         self,
+        node: Node,
         evictor: Evictor,
         bookings: Bookings,
         admission: GpuAdmission,
         records: ModelRecords,
-        triton: TritonClient,
-        ledger: MemoryLedger,
-        limits: ModelLimits,
-        gpus: Gpus,
         crashes: CrashLedger,
-        host: HostMemory,
     ) -> None:
         self.evictor = evictor
         self.bookings = bookings
         self.admission = admission
         self.records = records
-        self.triton = triton
-        self.ledger = ledger
-        self.limits = limits
-        self._gpus = gpus
+        self.triton = node.triton
+        self.ledger = node.ledger
+        self.limits = node.limits
+        self._gpus = node.gpus
         self.crashes = crashes
-        self.host = host
+        self.host = node.host
 
     async def make_room(
         self, owner: Proven, gpu: GpuInfo, problem: str, waking: bool

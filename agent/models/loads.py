@@ -1,8 +1,9 @@
 """A model's load into Triton, and what stands around it on the node.
 
-A load is checked against the node's policy and pinned to its pod's GPU (or the CPU); a load Triton
-died under before is counted first (and, asked for again at once, waits until the models Triton
-held are loaded again: `agent.models.restoregate`), and quarantined files are refused
+A load is checked against the node's policy and pinned to its pod's GPU (or the CPU), as the pure
+`agent.models.loadplan.plan_load` plans it; a load Triton died under before is counted first (and,
+asked for again at once, waits until the models Triton held are loaded again:
+`agent.models.restoregate`), and quarantined files are refused
 (`agent.models.loadquarantine`). A held namespace's load goes alone (`agent.models.heldloads`), a
 suspect's is a trial for which probationers are held (`agent.models.probationhold`), and a marker on
 disk says whose load it was should Triton die under it (`agent.quarantine.crashledger`). Triton's
@@ -34,29 +35,27 @@ from agent.errors import (
     TritonUnreachableError,
 )
 from agent.gpus.inventory import gpu_for
-from agent.installs.limits import ModelLimits
-from agent.installs.repository import Repository
 from agent.kube.events import PodEvents
-from agent.metrics import AgentMetrics
-from agent.models.gpuadmission import GpuAdmission, Gpus
+from agent.models.gpuadmission import GpuAdmission
 from agent.models.gpuroom import RoomMaker
 from agent.models.heldloads import HeldLoads
 from agent.models.loadplan import LoadPlan, pin_of, plan_load
 from agent.models.loadquarantine import Quarantines
+from agent.models.node import Node
 from agent.models.probationhold import ProbationHold
 from agent.models.records import ModelRecord, ModelRecords
 from agent.models.restoregate import RestoreGate
 from agent.models.statuses import ModelReports, ModelStatus
-from agent.models.tritonram import Admitted, HostMemory
+from agent.models.tritonram import Admitted
 from agent.phases import Event, Phase, given_up
 from agent.pods.ownership import OwnerRecord
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import CrashLedger, Marker
-from agent.triton import KNOWN_TO_THIS_PROCESS, READY, IndexEntry, TritonClient
+from agent.triton import KNOWN_TO_THIS_PROCESS, READY, IndexEntry
 from common.logs import subject
 from common.manifest import Manifest
 
-__all__ = ["Loads"]
+__all__ = ["LoadGuards", "Loads"]
 
 log = logging.getLogger(__name__)
 
@@ -115,61 +114,60 @@ class _InFlight:
         return not self.marker.restore
 
 
+@dataclass(frozen=True)
+class LoadGuards:
+    """What stands around a load so that one that crashes Triton costs its neighbours no more."""
+
+    crashes: CrashLedger
+    """Counts the exits of Triton under loads, by a marker written before each load."""
+    quarantine: Quarantines
+    """Refuses quarantined files (`agent.models.loadquarantine`)."""
+    hold: ProbationHold
+    """Holds probationers' requests at the gateway while a watched load (one whose READY is
+    watched, `agent.quarantine.crashledger`) is under way or just ended (0 seconds: never)."""
+    restore_gate: RestoreGate
+    """Closed after Triton's exit until what it held is loaded again."""
+
+
 class Loads:
     """Loads the node's models into Triton, one model's load at a time under its lock."""
 
     def __init__(
         self,
-        repository: Repository,
-        triton: TritonClient,
-        limits: ModelLimits,
-        metrics: AgentMetrics,
-        gpus: Gpus,
+        node: Node,
         *,
         records: ModelRecords,
-        crashes: CrashLedger,
-        quarantine: Quarantines,
         reports: ModelReports,
         admission: GpuAdmission,
         room: RoomMaker,
-        host: HostMemory,
-        hold: ProbationHold,
-        restore_gate: RestoreGate,
+        guards: LoadGuards,
         events: PodEvents,
         executor: Executor,
-        clock: Callable[[], float],
-        wall: Callable[[], float],
     ) -> None:
-        self.repository = repository
-        self.triton = triton
-        self.limits = limits
-        self.metrics = metrics
-        self._gpus = gpus
+        self.repository = node.repository
+        self.triton = node.triton
+        self.limits = node.limits
+        self.metrics = node.metrics
+        self._gpus = node.gpus
+        self.host = node.host
         self.records = records
-        self.crashes = crashes
-        self.quarantine = quarantine
         self.reports = reports
         self.admission = admission
-        self.events = events
-        """Tells a pod what its load's config override lowered."""
         self.room = room
         """Puts idle on-demand models to sleep for a load that does not fit (with no activity
         table, none: the load is refused)."""
-        self.host = host
-        """Admits loads on Triton's host memory (`agent.models.tritonram`; with no limit or no
-        Triton PID known, every load goes unmeasured)."""
-        self.hold = hold
-        """Holds probationers' requests at the gateway while a watched load (one whose READY is
-        watched, `agent.quarantine.crashledger`) is under way or just ended (0 seconds: never
-        held)."""
+        self.crashes = guards.crashes
+        self.quarantine = guards.quarantine
+        self.hold = guards.hold
         self._unheld = ProbationHold(0)
         """What a reload of what Triton held goes through: it is no change, and holds nobody."""
-        self.restore_gate = restore_gate
-        """Closed after Triton's exit until what it held is loaded again."""
+        self.restore_gate = guards.restore_gate
+        self.events = events
+        """Tells a pod what its load's config override lowered."""
         self.held_loads = HeldLoads()
         self._executor = executor
-        self.clock = clock
-        self._wall = wall
+        self.clock = node.clock
+        self._wall = node.wall
 
     async def _in_thread(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

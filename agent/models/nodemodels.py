@@ -6,11 +6,13 @@ same model run one after another while different models proceed in parallel; fil
 the agent's own small thread pool so the event loop keeps answering. Callers name a model by its
 public id; the agent finds its name in Triton from the caller's pod (`agent.pods.owners`).
 
-`Models` composes the parts: each model's record and lock (`agent.models.records`); receiving and
+`Models` composes the parts, each handed the node as model operations see it (`agent.models.node`:
+Triton, its repository, the policy, the GPUs and what models are billed): each model's record and
+lock (`agent.models.records`); receiving and
 checking files (`agent.models.install`); each GPU's turns, admission and billing
 (`agent.models.gpuadmission`); what placements hold, and idle on-demand models put to sleep for a
 load that does not fit (`agent.models.gpuroom`); quarantined files (`agent.models.loadquarantine`);
-status (`agent.models.statuses`). Which moves a model's life may make is `agent.phases`'; who may
+status (`agent.models.statuses`); loads (`agent.models.loads`). Which moves a model's life may make is `agent.phases`'; who may
 call, `agent.api.auth`'s; which models are wanted, `agent.models.reconcile`'s.
 """
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Protocol, TypeVar
@@ -28,28 +29,25 @@ from agent.errors import (
     ConflictError,
     DigestMismatchError,
 )
-from agent.gpus.apart import ApartMemory
 from agent.gpus.gpuqueue import Work
-from agent.gpus.memory import MemoryLedger
 from agent.installs.filecache import FileCache, NamespaceDisk
 from agent.installs.limits import ModelLimits
 from agent.installs.modelconfig import (
     pinned_as,
 )
-from agent.installs.repository import Repository
 from agent.kube.events import PodEvents
-from agent.metrics import AgentMetrics
 from agent.models.evictor import Evictor
-from agent.models.gpuadmission import GpuAdmission, Gpus
+from agent.models.gpuadmission import GpuAdmission
 from agent.models.gpuroom import Bookings, RoomMaker
 from agent.models.install import Installer, InstallResult, not_kept
 from agent.models.loadquarantine import Quarantines
-from agent.models.loads import Loads
+from agent.models.loads import LoadGuards, Loads
+from agent.models.node import Node
 from agent.models.probationhold import ProbationHold
 from agent.models.records import ModelRecord, ModelRecords
 from agent.models.restoregate import RestoreGate
 from agent.models.statuses import ModelReports, ModelStatus
-from agent.models.tritonram import HostMemory, OverShare
+from agent.models.tritonram import OverShare
 from agent.phases import (
     Event,
     ModelState,
@@ -60,7 +58,7 @@ from agent.pods.owners import Owners
 from agent.pods.ownership import OwnerRecord, OwnerStore
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import CrashLedger
-from agent.triton import LOADING, READY, UNLOADING, TritonClient
+from agent.triton import LOADING, READY, UNLOADING
 from common.logs import subject
 from common.manifest import Manifest
 
@@ -97,121 +95,77 @@ class Models:
 
     def __init__(
         self,
-        repository: Repository,
-        triton: TritonClient,
+        node: Node,
         owners: OwnerStore,
-        limits: ModelLimits,
-        *,
-        gpus: Gpus,
         pods: Pods,
-        metrics: AgentMetrics,
-        ledger: MemoryLedger,
+        *,
         cache: FileCache,
         namespace_disk: NamespaceDisk,
         crashes: CrashLedger,
         evictor: Evictor,
-        host: HostMemory,
         hold: ProbationHold,
-        apart: ApartMemory,
         events: PodEvents,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
     ) -> None:
         """A deployment without one of the node's safeguards passes it switched off, never None:
         `cache` of 0 bytes keeps nothing; an `evictor` without the gateway's activity table puts
-        no model to sleep for room (such a load is refused); `host` and `apart` without Triton's
-        PID (or, for `host`, a memory limit) admit and measure nothing apart; a `hold` of 0
-        seconds holds nobody."""
-        self.repository = repository
-        self.cache = cache
-        """Files kept after their last pod left (`agent.installs.filecache`)."""
-        self.triton = triton
+        no model to sleep for room (such a load is refused); the node's `host` and `apart`
+        without Triton's PID (or, for `host`, a memory limit) admit and measure nothing apart;
+        a `hold` of 0 seconds holds nobody."""
+        self.node = node
+        self.repository = repository = node.repository
+        self.triton = triton = node.triton
+        self.limits = limits = node.limits
+        self.metrics = node.metrics
+        self.ledger = ledger = node.ledger
+        self.host = node.host
+        self._gpus = node.gpus
+        self.clock = clock = node.clock
         self.owners = owners
         self.ownership = Owners(owners, pods.owner_alive)
-        self.limits = limits
-        self._gpus = gpus
-        self.metrics = metrics
+        live = pods.all_proven
+        self.cache = cache
+        """Files kept after their last pod left (`agent.installs.filecache`)."""
         self.installer = Installer(
-            repository, owners, limits, metrics, cache, namespace_disk, clock
+            repository, owners, limits, node.metrics, cache, namespace_disk, clock
         )
-        self.ledger = ledger
         self.crashes = crashes
-        self.host = host
-        """Admits loads on Triton's host memory (`agent.models.tritonram`)."""
-        self.records = ModelRecords(
-            repository, owners, Rules(quarantine_after=self.crashes.quarantine_after), clock
-        )
-        """Every model's record and lock (`agent.models.records`)."""
-        self.quarantine = Quarantines(self.crashes, self.ownership, self.records, pods.all_proven)
-        """What quarantined files refuse and report (`agent.models.loadquarantine`)."""
-        self.reports = ModelReports(
-            self.records,
-            self.quarantine,
-            self.ownership,
-            repository,
-            triton,
-            self.ledger,
-            limits,
-            pods.all_proven,
-        )
-        """The models' status and the node's figures of them (`agent.models.statuses`)."""
         self.hold = hold
         """Holds probationers' requests at the gateway while a watched load is under way or just
         ended (`agent.models.probationhold`)."""
-        self.restore_gate = RestoreGate(on_gone=self.crashes.triton_exited)
+        self.records = ModelRecords(
+            repository, owners, Rules(quarantine_after=crashes.quarantine_after), clock
+        )
+        """Every model's record and lock (`agent.models.records`)."""
+        self.quarantine = Quarantines(crashes, self.ownership, self.records, live)
+        """What quarantined files refuse and report (`agent.models.loadquarantine`)."""
+        self.reports = ModelReports(
+            self.records, self.quarantine, self.ownership, repository, triton, ledger, limits, live
+        )
+        """The models' status and the node's figures of them (`agent.models.statuses`)."""
+        self.restore_gate = RestoreGate(on_gone=crashes.triton_exited)
         """Closed from Triton's exit until what it held is loaded again: a load Triton died under,
         asked for again, waits for it (`Loads`)."""
         self.bookings = Bookings(
-            self.ownership, self.records, self.ledger, pods.all_proven, clock=clock, wall=wall
+            self.ownership, self.records, ledger, live, clock=clock, wall=node.wall
         )
         """What the placements on each GPU hold (`agent.models.gpuroom`)."""
-        self.admission = GpuAdmission(
-            triton,
-            limits,
-            self.ledger,
-            gpus,
-            metrics,
-            booked=self.bookings.booked,
-            apart=apart,
-            clock=clock,
-        )
+        self.admission = GpuAdmission(node, booked=self.bookings.booked)
         """Every GPU's turns, and what its loads are admitted and billed
         (`agent.models.gpuadmission`)."""
-        self.room = RoomMaker(
-            evictor,
-            self.bookings,
-            self.admission,
-            self.records,
-            triton,
-            self.ledger,
-            limits,
-            gpus,
-            self.crashes,
-            host,
-        )
+        self.room = RoomMaker(node, evictor, self.bookings, self.admission, self.records, crashes)
         """Puts idle on-demand models to sleep for a load that does not fit
         (`agent.models.gpuroom`)."""
-        self.clock = clock
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-files")
+        guards = LoadGuards(crashes, self.quarantine, hold, self.restore_gate)
         self.loads = Loads(
-            repository,
-            triton,
-            limits,
-            metrics,
-            gpus,
+            node,
             records=self.records,
-            crashes=self.crashes,
-            quarantine=self.quarantine,
             reports=self.reports,
             admission=self.admission,
             room=self.room,
-            host=host,
-            hold=hold,
-            restore_gate=self.restore_gate,
+            guards=guards,
             events=events,
             executor=self._executor,
-            clock=clock,
-            wall=wall,
         )
         """Each model's load into Triton and what stands around it (`agent.models.loads`)."""
 

@@ -19,7 +19,7 @@ from agent.installs.repository import Repository
 from agent.kube.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models.evictor import Evictor
-from agent.models.gpuadmission import Gpus
+from agent.models.node import Gpus, Node
 from agent.models.nodemodels import ModelLimits, Models, Pods
 from agent.models.probationhold import ProbationHold
 from agent.models.quietwindow import QuietWindow
@@ -85,23 +85,26 @@ def bare_models(
     metrics = AgentMetrics()
     events = PodEvents(EventsSaid(), "tritonshare-agent/node")
     unknown = TritonProcesses(None)
-    return Models(
-        repository,
+    node = Node(
         TritonClient("127.0.0.1:1", "127.0.0.1:1"),
-        owners,
+        repository,
         ModelLimits(policy=ModelPolicy(tenant_code_namespaces=namespaces), cpu_only=True),
         gpus=gpus,
-        pods=pods,
-        metrics=metrics,
         ledger=MemoryLedger(),
+        host=HostMemory(unknown, HostMemoryRules(), quiet=QuietWindow(None, max_age=10.0)),
+        apart=ApartMemory(
+            GpuReader(nvml=MockNvml(parse_spec("1xA100-80GB")).as_module()), unknown, executor=None
+        ),
+        metrics=metrics,
+    )
+    return Models(
+        node,
+        owners,
+        pods,
         cache=FileCache(repository.root.parent / ".kept", 0),
         namespace_disk=NamespaceDisk(0),
         crashes=CrashLedger(owners.directory, Rules().quarantine_after),
         evictor=Evictor(None, max_age=10.0, min_idle=0.0, events=events, metrics=metrics),
-        host=HostMemory(unknown, HostMemoryRules(), quiet=QuietWindow(None, max_age=10.0)),
         hold=ProbationHold(0),
-        apart=ApartMemory(
-            GpuReader(nvml=MockNvml(parse_spec("1xA100-80GB")).as_module()), unknown, executor=None
-        ),
         events=events,
     )

@@ -12,7 +12,7 @@ import pytest
 
 from agent.errors import OwnedByAnotherPodError
 from agent.installs.repository import Repository, build_manifest
-from agent.models.gpuadmission import Gpus
+from agent.models.node import Gpus
 from agent.models.nodemodels import Models
 from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerRecord, OwnerStore
