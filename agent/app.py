@@ -47,7 +47,7 @@ from agent.models.node import Node
 from agent.models.nodemodels import ModelLimits, Models
 from agent.models.probationhold import ProbationHold, latest_use
 from agent.models.quietwindow import QuietWindow
-from agent.models.reconcile import Reconciler
+from agent.models.reconcile import ReconcilePolicy, Reconciler
 from agent.models.tritonram import HostMemory, HostMemoryRules
 from agent.pods.callerkeys import CallerKeys, secret_beside
 from agent.pods.callertable import CallerPublisher
@@ -301,12 +301,14 @@ class Agent:
             self.pods,
             self.metrics,
             self.events,
-            orphan_grace_seconds=settings.orphan_grace_seconds,
-            resync_seconds=settings.resync_seconds,
-            load_backoff_max_seconds=settings.load_backoff_max_seconds,
-            max_load_attempts=settings.max_load_attempts,
-            triton_poll_seconds=settings.triton_poll_seconds,
-            enforcement=settings.gpu_mem_enforcement,
+            policy=ReconcilePolicy(
+                orphan_grace_seconds=settings.orphan_grace_seconds,
+                resync_seconds=settings.resync_seconds,
+                load_backoff_max_seconds=settings.load_backoff_max_seconds,
+                max_load_attempts=settings.max_load_attempts,
+                triton_poll_seconds=settings.triton_poll_seconds,
+                enforcement=settings.gpu_mem_enforcement,
+            ),
             fail_pod=self.conditions.fail,
             wake=self._reconcile_now,
         )

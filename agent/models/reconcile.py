@@ -36,6 +36,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import AgentError
@@ -62,6 +63,24 @@ INIT_CONTAINER_FAILED = "InitContainerFailed"
 """Event reason: a model host whose hosted-models annotation cannot be read serves nothing."""
 
 
+@dataclass(frozen=True)
+class ReconcilePolicy:
+    """How the reconciler converges (each from the agent's setting of the same name)."""
+
+    orphan_grace_seconds: float = 30.0
+    """Seconds a model no pod wants stays idle before it is removed."""
+    resync_seconds: float = 60.0
+    """Seconds between passes with no change seen."""
+    load_backoff_max_seconds: float = 300.0
+    """The longest wait before a failed load is tried again."""
+    max_load_attempts: int = 5
+    """Failed loads of a model before it is given up."""
+    triton_poll_seconds: float = 2.0
+    """Seconds between checks of Triton's liveness."""
+    enforcement: str = "warn"
+    """What a model over its GPU memory request gets: `warn`, or `evict`."""
+
+
 class Reconciler:
     """Converges models towards this node's pods (`agent.pods.nodepods`, fed by the watch here)."""
 
@@ -72,13 +91,8 @@ class Reconciler:
         metrics: AgentMetrics,
         events: PodEvents,
         *,
-        enforcement: str = "warn",
+        policy: ReconcilePolicy = ReconcilePolicy(),
         fail_pod: Callable[[str, str, str, str], Awaitable[None]],
-        orphan_grace_seconds: float = 30.0,
-        resync_seconds: float = 60.0,
-        load_backoff_max_seconds: float = 300.0,
-        max_load_attempts: int = 5,
-        triton_poll_seconds: float = 2.0,
         wake: asyncio.Event,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -88,19 +102,19 @@ class Reconciler:
         self.pods = pods
         self.metrics = metrics
         self.events = events
-        self.orphan_grace_seconds = orphan_grace_seconds
-        self.resync_seconds = resync_seconds
-        self.triton_poll_seconds = triton_poll_seconds
+        self.orphan_grace_seconds = policy.orphan_grace_seconds
+        self.resync_seconds = policy.resync_seconds
+        self.triton_poll_seconds = policy.triton_poll_seconds
         self._clock = clock
         self._wake = wake
         self.retries = LoadRetries(
             metrics,
             events,
-            resync_seconds=resync_seconds,
-            load_backoff_max_seconds=load_backoff_max_seconds,
-            max_load_attempts=max_load_attempts,
+            resync_seconds=policy.resync_seconds,
+            load_backoff_max_seconds=policy.load_backoff_max_seconds,
+            max_load_attempts=policy.max_load_attempts,
         )
-        self.over_request = OverRequest(models, metrics, events, enforcement, fail_pod)
+        self.over_request = OverRequest(models, metrics, events, policy.enforcement, fail_pod)
         self.after_crash = AfterCrash(models, metrics, events, self._wake, fail_pod)
         self.vouching = Vouching(models, metrics, events, self.trigger, clock)
         self.triton_live = False
