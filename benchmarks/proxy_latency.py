@@ -43,8 +43,10 @@ and `others`, the share of the box's CPU that work outside the benchmark took du
         [--native] [--baseline-tree DIR] [--models N]
 
 `--native` runs the proxy and the gateway compiled (`python -m proxy.native`, built first when
-stale); `--baseline-tree build/native` instead adds the compiled proxy as one more hop beside the
-pure one, for a pure/compiled comparison in the same rounds; with the full path measured, a
+stale), and the bare relay compiled too (`benchmarks.native_relay`), so that what the proxy costs
+beyond the floor compares compiled with compiled; `--baseline-tree build/native` instead adds the
+compiled proxy as one more hop beside the pure one, for a pure/compiled comparison in the same
+rounds; with the full path measured, a
 `--baseline-tree` (another checkout, such as the code before a change) also adds its full path
 (`fullbase`), so a gateway change is set against the gateway before it in the same rounds.
 `--models N` adds a model host's proxy whose table holds add_one and N-1 idle models (a request's
@@ -52,7 +54,8 @@ cost must not grow with them), and prints the resident memory of the one-model p
 host after warm-up (goals: at most 150 MiB, and at most +0.05 ms at c=1 over the one-model proxy).
 
 Every target is printed with met or NOT MET; the run exits 1 when one is not met (`--no-goal`: 0
-anyway).
+anyway). The last line is the headline: each hop's latency added over Triton directly at c=1 and
+its throughput kept of Triton's at c=16, beside what the proxy adds over the bare relay.
 
 A round of every hop takes about 65 s on a 2-core box (5 rounds, the default, about 6 minutes);
 more rounds narrow the intervals, and `--report` pools the rounds of several saved runs.
@@ -92,7 +95,7 @@ from tritonclient.grpc import service_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import command_line, goals  # noqa: E402
+from benchmarks import command_line, goals, native_relay  # noqa: E402
 from benchmarks import results as results_page  # noqa: E402
 from common.callerkeys import digest  # noqa: E402
 from common.callers import Caller, CallerTable, write_table  # noqa: E402
@@ -217,14 +220,24 @@ def running_proxy(
 
 @contextmanager
 def running_floor(
-    upstream: Upstream, wrapper: Sequence[str] = (), timeout: float = 30.0
+    upstream: Upstream,
+    wrapper: Sequence[str] = (),
+    timeout: float = 30.0,
+    compiled: bool = False,
 ) -> Iterator[Hop]:
     """The bare TCP relay (`benchmarks/tcp_relay.py`) for REST and gRPC, in one process (its
-    command prefixed by `wrapper`, listening within `timeout` seconds)."""
+    command prefixed by `wrapper`, listening within `timeout` seconds); compiled with mypyc
+    (`benchmarks.native_relay`, built first when stale) with `compiled`."""
     http_port, grpc_port = free_port(), free_port()
-    command = [*wrapper, sys.executable, "-m", "benchmarks.tcp_relay"]
+    if compiled:
+        native_relay.build()
+        if not native_relay.compiled():
+            raise RuntimeError(f"{native_relay.OUT} holds no compiled relay")
+        command, where = [*wrapper, *native_relay.command()], native_relay.OUT
+    else:
+        command, where = [*wrapper, sys.executable, "-m", "benchmarks.tcp_relay"], ROOT
     command += [upstream[0], f"127.0.0.1:{http_port}", upstream[1], f"127.0.0.1:{grpc_port}"]
-    process = subprocess.Popen(command, cwd=ROOT)
+    process = subprocess.Popen(command, cwd=where)
     try:
         for port in (http_port, grpc_port):
             _wait_port(port, timeout)
@@ -812,7 +825,34 @@ def report(results: Results, rounds: int, seconds: float) -> list[bool]:
             print(f"  {_label(measure, name):28} {line}")
     _report_cpu(results, seen)
     _report_gateway(results, seen)
+    print(headline(results))
     return seen
+
+
+def headline(results: Results) -> str:
+    """One line: per protocol, what the proxy and the full path add over Triton directly at c=1
+    (and the proxy over the bare relay), and the throughput each keeps of Triton's at c=16;
+    medians of per-round figures, of the hops measured."""
+    parts = []
+    for protocol, latency, throughput in (("REST", "rest1", "rest16"), ("gRPC", "grpc1", "grpc16")):
+        said = []
+        for name, label in (("relay", "proxy"), ("full", "full path")):
+            if (latency, name) in results and (latency, "direct") in results:
+                added = statistics.median(_paired(results, latency, name, False))
+                said.append(f"{label} +{added:.3f} ms" if added >= 0 else f"{label} {added:.3f} ms")
+        if (latency, "relay") in results and (latency, "floor") in results:
+            beyond = statistics.median(_paired(results, latency, "relay", False, "floor"))
+            said.append(f"the proxy {beyond:+.3f} ms over the bare relay")
+        kept = [
+            f"{label} {statistics.median(_paired(results, throughput, name, True)):.0%}"
+            for name, label in (("relay", "proxy"), ("full", "full path"))
+            if (throughput, name) in results and (throughput, "direct") in results
+        ]
+        if kept:
+            said.append(f"c=16 kept of Triton's: {', '.join(kept)}")
+        if said:
+            parts.append(f"{protocol} c=1 over Triton directly: {', '.join(said)}")
+    return "proxy_latency: " + ("; ".join(parts) or "no hop measured beside Triton directly")
 
 
 def _report_cpu(results: Results, seen: list[bool]) -> None:
@@ -1059,7 +1099,11 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             triton_urls = (triton.http_url, triton.grpc_url)
             hops: dict[str, Hop] = {"direct": Hop(*triton_urls)}
             if "floor" in paths:
-                hops["floor"] = stack.enter_context(running_floor(triton_urls))
+                hops["floor"] = stack.enter_context(
+                    running_floor(triton_urls, compiled=args.native)
+                )
+                if args.native:
+                    print("the bare relay (floor) runs compiled, as the proxy and gateway do")
             if "relay" in paths:
                 hops["relay"] = stack.enter_context(running_proxy(triton_urls, relay_mode, tree))
             if "chain" in paths:

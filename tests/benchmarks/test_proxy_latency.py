@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from benchmarks.proxy_latency import Results, box_cpu_seconds, report
+from benchmarks import native_relay
+from benchmarks.proxy_latency import Results, box_cpu_seconds, headline, report
 
 _BURN = (
     "import sys, time\n"
@@ -65,3 +67,40 @@ def test_the_report_prints_the_others_load_and_each_hops_cpu_per_call_at_c1(
     # the gateway over the bare relay in its place: CPU +72 us, latency +100 us (medians)
     assert "the gateway's CPU per call 114 us, +72 us over the bare relay's" in out
     assert "adds +100 us of latency over" in out
+
+
+def test_the_headline_says_each_hop_over_triton_directly_and_the_proxy_over_the_relay() -> None:
+    results: Results = {
+        ("rest1", "direct"): [0.30, 0.32],
+        ("rest1", "floor"): [0.40, 0.42],
+        ("rest1", "relay"): [0.42, 0.44],
+        ("rest1", "full"): [0.48, 0.50],
+        ("rest16", "direct"): [1000.0, 1000.0],
+        ("rest16", "relay"): [900.0, 900.0],
+        ("rest16", "full"): [800.0, 800.0],
+        ("grpc1", "direct"): [0.50, 0.50],
+        ("grpc1", "relay"): [0.60, 0.60],
+    }
+    assert headline(results) == (
+        "proxy_latency: REST c=1 over Triton directly: proxy +0.120 ms, full path +0.180 ms, "
+        "the proxy +0.020 ms over the bare relay, c=16 kept of Triton's: proxy 90%, full path "
+        "80%; gRPC c=1 over Triton directly: proxy +0.100 ms"
+    )
+
+
+def test_native_runs_the_bare_relay_compiled_too(tmp_path: Path) -> None:
+    """With --native the floor is the same relay compiled with mypyc: a compiled proxy against
+    an interpreted relay is no floor."""
+    out = tmp_path / "native-relay"
+    assert native_relay.build(out) is True
+    assert native_relay.compiled(out)
+    assert native_relay.build(out) is False, "up to date: not built again"
+    imported = subprocess.run(
+        [sys.executable, "-c", "import benchmarks.tcp_relay as r; print(r.__file__)"],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert imported.stdout.strip().endswith(".so"), "the run imports the compiled relay"
+    assert native_relay.command()[:2] == [sys.executable, "-c"], "python -m cannot run a .so"
