@@ -105,7 +105,7 @@ class Authorizer:
         cache_seconds: float = 30.0,
         failure_cache_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
-        watched_host: Callable[[str, str], JsonObject | None] | None = None,
+        watched_host: Callable[[str, str], JsonObject | None],
         max_hosted: Callable[[], int] = lambda: 0,
     ) -> None:
         """`max_hosted()`: the most replicas a host of this node may name (0: not known)."""
@@ -230,11 +230,7 @@ class Authorizer:
         """The caller's pod, as the pod watch shows it (or read fresh when the watch shows no
         host of the token's uid), when it is a model host of this node (checked as
         `authorize_model` checks a pod); else PermissionDeniedError."""
-        watched = (
-            self._watched_host(caller.namespace, caller.pod_name)
-            if self._watched_host is not None
-            else None
-        )
+        watched = self._watched_host(caller.namespace, caller.pod_name)
         if watched is not None and str((watched.get("metadata") or {}).get("uid")) != (
             caller.pod_uid
         ):

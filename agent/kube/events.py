@@ -46,7 +46,7 @@ class PodEvents:
         *,
         repeat_seconds: float = REPEAT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
-        replicas: Callable[[str, str], PodInfo | None] | None = None,
+        replicas: Callable[[str, str], PodInfo | None],
     ) -> None:
         """`replicas(key, uid)`: the model host's replica of that uid, by its key or its host's
         (`NodePods.replica`), whose Events go on its host."""
@@ -78,7 +78,7 @@ class PodEvents:
         self._written[(pod_key, uid, reason)] = now
         namespace, _, name = pod_key.partition("/")
         on = uid
-        replica = self._replicas(pod_key, uid) if self._replicas is not None else None
+        replica = self._replicas(pod_key, uid)
         if replica is not None:
             namespace, name, on = replica.namespace, replica.object_name, replica.object_uid
             message = f"replica {replica.name}: {message}"

@@ -23,7 +23,7 @@ WAIT_SECONDS: Final = 20.0
 class RestoreGate:
     """Closed from Triton's exit until the reconciler's first pass after it has acted."""
 
-    def __init__(self, on_gone: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_gone: Callable[[], None]) -> None:
         """`on_gone` is called at each exit (the crash ledger names the next Triton process)."""
         self._on_gone = on_gone
         self._open = asyncio.Event()
@@ -39,8 +39,7 @@ class RestoreGate:
         """Triton exited: what it held is loaded again first."""
         self.generation += 1
         self._open.clear()
-        if self._on_gone is not None:
-            self._on_gone()
+        self._on_gone()
 
     def restored(self, generation: int) -> None:
         """A reconciler pass that began at `generation` has acted: open, unless Triton exited

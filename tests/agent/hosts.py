@@ -11,6 +11,7 @@ from typing import Any
 
 import kubernetes.client
 
+from agent.kube.client import JsonObject
 from common.contract import RESIDENCY_ALWAYS
 from common.hosted import (
     HostedReplica,
@@ -125,3 +126,8 @@ def set_hosted(
 def replica_triton_name(entry: HostedReplica, namespace: str) -> str:
     """The replica's private name in Triton."""
     return private_triton_name(namespace, entry.model, entry.replica_uid)
+
+
+def unwatched(namespace: str, name: str) -> JsonObject | None:
+    """No pod watch (`NodePods.watched_host`): every model host is read fresh."""
+    return None

@@ -25,6 +25,7 @@ from agent.models.probationhold import ProbationHold
 from agent.models.quietwindow import QuietWindow
 from agent.models.tritonram import HostMemory, HostMemoryRules
 from agent.phases import Rules
+from agent.pods.modelpods import PodInfo
 from agent.pods.ownership import OwnerRecord, OwnerStore
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import CrashLedger
@@ -58,6 +59,11 @@ class OwnersAlive:
         return self.alive
 
 
+def no_replicas(pod_key: str, uid: str) -> PodInfo | None:
+    """A node with no model host: no pod stands for a replica (`NodePods.replica`)."""
+    return None
+
+
 class EventsSaid:
     """The API server as `PodEvents` writes to it: the Events said, by pod and reason."""
 
@@ -83,7 +89,7 @@ def bare_models(
     kept (a cache of 0 bytes), evicted (no activity table), held (a hold of 0 seconds) or
     measured apart or on Triton's host memory."""
     metrics = AgentMetrics()
-    events = PodEvents(EventsSaid(), "tritonshare-agent/node")
+    events = PodEvents(EventsSaid(), "tritonshare-agent/node", replicas=no_replicas)
     unknown = TritonProcesses(None)
     node = Node(
         TritonClient("127.0.0.1:1", "127.0.0.1:1"),

@@ -14,6 +14,7 @@ from agent.pods.provenpods import PlacementVerifier
 from common.contract import Keys
 from sim.apiserver import RunningApiServer
 from tests.agent.conftest import NODE, bearer, make_pod
+from tests.agent.hosts import unwatched
 from tests.fixtures_sim import TEST_RING
 
 
@@ -36,6 +37,7 @@ def authorizer(kube: object, clock: WallClock, cache_seconds: float = 3600.0) ->
         platform_accounts=(),
         cache_seconds=cache_seconds,
         clock=clock,
+        watched_host=unwatched,
     )
 
 

@@ -24,7 +24,7 @@ from common.hosted import encode_hosted, host_name
 from common.tritonname import private_triton_name
 from sim.apiserver import RunningApiServer
 from tests.agent.conftest import NODE, bearer, make_node, make_pod
-from tests.agent.hosts import make_host, replica, replica_triton_name
+from tests.agent.hosts import make_host, replica, replica_triton_name, unwatched
 from tests.fixtures_sim import TEST_RING, core_v1
 
 OTHER_NODE = "gpu-node-2"
@@ -40,6 +40,7 @@ def authorizer(kube: KubeClient, node: str = NODE) -> Authorizer:
         keys=Keys(),
         audience="tritonshare-agent",
         platform_accounts=(),
+        watched_host=unwatched,
     )
 
 

@@ -13,11 +13,13 @@ def closed(gate: RestoreGate) -> bool:
 
 
 async def test_a_pass_that_began_before_the_latest_exit_opens_nothing() -> None:
-    gate = RestoreGate()
+    exits: list[int] = []
+    gate = RestoreGate(on_gone=lambda: exits.append(gate.generation))
     assert not closed(gate) and await gate.wait(0.01) == 0.0
     gate.gone()
     before = gate.generation
     gate.gone()  # Triton exited again while that pass ran
+    assert exits == [1, 2], "the crash ledger hears of each exit"
     gate.restored(before)
     assert closed(gate)
     gate.restored(gate.generation)
@@ -25,7 +27,7 @@ async def test_a_pass_that_began_before_the_latest_exit_opens_nothing() -> None:
 
 
 async def test_a_load_waits_until_the_restore_or_its_bound() -> None:
-    gate = RestoreGate()
+    gate = RestoreGate(on_gone=lambda: None)
     gate.gone()
     waiting = asyncio.ensure_future(gate.wait(30.0))
     await asyncio.sleep(0)

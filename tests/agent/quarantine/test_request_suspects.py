@@ -26,6 +26,7 @@ from common.crashwitness import (
     read_witnesses,
     write_witnesses,
 )
+from tests.agent.nodeview import no_replicas
 
 ATTACKER = Suspect("team-a/bad", "uid-bad", "10.1.0.5", "bad", 1)
 NEIGHBOUR = Suspect("team-b/good", "uid-good", "10.1.0.6", "good", 1)
@@ -51,7 +52,7 @@ def wired(
     path = tmp_path / "crash-witness.json"
     ledger = CrashLedger(tmp_path / "state", quarantine_after, settle_seconds=60.0, wall=wall)
     ledger.load()
-    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    events = PodEvents(Recorded(), "tritonshare-agent/node", replicas=no_replicas)
     crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
     ledger.witnessed = crashes.requests_at
     return path, ledger, crashes, events
@@ -199,7 +200,7 @@ async def test_the_agent_counts_the_witnesses_of_each_exit_once(tmp_path: Path) 
     ledger = CrashLedger(tmp_path / "state", 2)
     ledger.load()
     recorded = Recorded()
-    events = PodEvents(recorded, "tritonshare-agent/node")
+    events = PodEvents(recorded, "tritonshare-agent/node", replicas=no_replicas)
     told: list[int] = []
     crashes = RequestCrashes(
         "127.0.0.1:1",
@@ -286,7 +287,7 @@ async def test_an_exit_under_a_load_counts_no_request(tmp_path: Path) -> None:
     ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: 100.5)
     ledger.load()
     told: list[int] = []
-    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    events = PodEvents(Recorded(), "tritonshare-agent/node", replicas=no_replicas)
     crashes = RequestCrashes(
         "127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: told.append(1)
     )
@@ -339,7 +340,7 @@ async def test_an_exit_the_gateway_records_after_the_agent_saw_triton_back_is_co
     path = tmp_path / "crash-witness.json"
     ledger = CrashLedger(tmp_path / "state", 1)
     ledger.load()
-    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    events = PodEvents(Recorded(), "tritonshare-agent/node", replicas=no_replicas)
     told = asyncio.Event()
     crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), told.set)
     died = time.time()
@@ -390,7 +391,7 @@ async def test_an_exit_the_agents_watch_saw_only_as_a_drop_is_counted_from_the_g
     path = tmp_path / "crash-witness.json"
     ledger = CrashLedger(tmp_path / "state", 2)
     ledger.load()
-    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    events = PodEvents(Recorded(), "tritonshare-agent/node", replicas=no_replicas)
     told = asyncio.Event()
     metrics = AgentMetrics()
     crashes = RequestCrashes(
@@ -460,7 +461,7 @@ async def test_a_reload_sent_after_the_agent_saw_triton_go_is_not_at_that_exit(
     now = [100.5]
     ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
     ledger.load()
-    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    events = PodEvents(Recorded(), "tritonshare-agent/node", replicas=no_replicas)
     crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
     reload = Marker("m-1", "n" * 64, "good", NEIGHBOUR.pod, 0.0, 100.3, restore=True)
     ledger.loading(reload)
