@@ -318,3 +318,181 @@ def test_every_docs_section_named_by_a_manifest_or_the_code_exists() -> None:
             if not doc.exists() or not any(a.startswith(wanted) for a in _anchors(doc)):
                 missing.append(f"{path.relative_to(ROOT)}: docs/{name} {heading or anchor!r}")
     assert not missing, missing
+
+
+# ---- docs/results.md: no figure older than the code it measures --------------------------------
+
+_PLACEMENT = ("binder/framework", "binder/cluster")
+_SERVING = ("agent", "binder", "proxy", "loader", "webhook")
+MEASURES: dict[str, tuple[str, ...]] = {
+    "python -m benchmarks.density": ("benchmarks/density.py", "benchmarks/shapes.py", *_PLACEMENT),
+    "python -m benchmarks.residency --no-live": (
+        "benchmarks/residency.py",
+        "benchmarks/shapes.py",
+        *_PLACEMENT,
+    ),
+    "python -m benchmarks.residency": (
+        "benchmarks/residency.py",
+        "benchmarks/residency_live.py",
+        *_SERVING,
+    ),
+    "python -m benchmarks.model_hosts": ("benchmarks/model_hosts.py", "binder"),
+    "python -m benchmarks.proxy_latency": (
+        "benchmarks/proxy_latency.py",
+        "benchmarks/tcp_relay.py",
+        "proxy",
+    ),
+    "python -m benchmarks.onnx_latency": ("benchmarks/onnx_latency.py", "proxy"),
+    "python -m benchmarks.kserve_client": ("benchmarks/kserve_client.py", "proxy"),
+    "python -m benchmarks.modelmesh_router": ("benchmarks/modelmesh_router.py", "proxy"),
+    "python -m benchmarks.proxy_hotpath": (
+        "benchmarks/proxy_hotpath.py",
+        "benchmarks/proxy_latency.py",
+        "proxy",
+    ),
+    "pytest tests/proxy/gateway/test_inflate_attacks.py": (
+        "tests/proxy/gateway/test_inflate_attacks.py",
+        "proxy",
+    ),
+    "python -m benchmarks.noisy_neighbour": ("benchmarks/noisy_neighbour.py", "proxy"),
+    "python -m benchmarks.namespace_share": ("benchmarks/namespace_share.py", "proxy"),
+    "pytest tests/e2e/test_node_pod_replacement.py": (
+        "tests/e2e/test_node_pod_replacement.py",
+        *_SERVING,
+    ),
+    "python -m benchmarks.crash_quarantine": ("benchmarks/crash_quarantine.py", "agent"),
+    "python -m benchmarks.autoscale --cost": ("benchmarks/autoscale.py", "binder/autoscaler"),
+    "python -m benchmarks.autoscale": ("benchmarks/autoscale.py", *_SERVING),
+    "python -m benchmarks.host_first_answer": ("benchmarks/host_first_answer.py", *_SERVING),
+    "python -m benchmarks.churn": ("benchmarks/churn.py", "benchmarks/churnrule.py", *_SERVING),
+    "python -m benchmarks.scale_from_zero": (
+        "benchmarks/scale_from_zero.py",
+        "benchmarks/loadfloor.py",
+        *_SERVING,
+    ),
+    "python -m benchmarks.binder_e2e": ("benchmarks/binder_e2e.py", "binder"),
+    "python -m benchmarks.replica_spread": ("benchmarks/replica_spread.py", *_SERVING),
+    "pytest tests/e2e/test_agent_down.py": ("tests/e2e/test_agent_down.py", "agent", "binder"),
+    "python -m benchmarks.agent_kube": ("benchmarks/agent_kube.py", "agent/kube", "common/kubeapi"),
+    "python -m benchmarks.agent_install": ("benchmarks/agent_install.py", "agent"),
+    "python -m tests.loader.bench_restart": ("tests/loader/bench_restart.py", "loader"),
+    "pytest tests/webhook/test_webhook_floods.py": (
+        "tests/webhook/test_webhook_floods.py",
+        "webhook",
+    ),
+    "python -m benchmarks.sim_apiserver": ("benchmarks/sim_apiserver.py", "sim/apiserver"),
+    "bash tests/gpu/run_on_gpu.sh": ("tests/gpu", "agent/gpus"),
+    "python -m sim.demo --real-gpu": ("sim/demo", "agent"),
+    "make demo": ("sim/demo", *_SERVING),
+}
+"""A results.md row's command (the start of the first one in its command cell; the longest
+that matches wins) -> the paths whose last change its figure must not be older than: the
+benchmark itself and the parts of the product it measures."""
+STALE = "stale"
+"""The word a row's date cell carries when its figure is older than the code it measures."""
+_DATE = re.compile(r"(\d{4}-\d\d-)(\d\d)((?:/\d\d)*)")
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    title: str
+    command: str
+    date: str
+    """The last day it was measured on (`2026-11-26/27`: 2026-11-27)."""
+    stale: bool
+
+
+def result_rows(page: str) -> list[ResultRow]:
+    """The rows of results.md's "Current figures" table."""
+    table = page.split("## Current figures", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if len(cells) != 4 or cells[0] in ("benchmark", "---"):
+            continue
+        commands = re.findall(r"`([^`]+)`", cells[2])
+        date = _DATE.search(cells[3])
+        assert commands and date, f"results.md row {cells[0]!r}: no command or no date"
+        day = date.group(3).rsplit("/", 1)[1] if date.group(3) else date.group(2)
+        rows.append(ResultRow(cells[0], commands[0], date.group(1) + day, STALE in cells[3]))
+    return rows
+
+
+def measured_paths(command: str) -> tuple[str, ...]:
+    """What a row's command measures (`MEASURES`), by the longest key it starts with."""
+    keys = [key for key in MEASURES if command == key or command.startswith(key + " ")]
+    assert keys, f"results.md command {command!r}: add it to MEASURES with the paths it measures"
+    return MEASURES[max(keys, key=len)]
+
+
+def _last_change(paths: Sequence[str]) -> str:
+    done = subprocess.run(
+        ["git", "log", "-1", "--format=%cs", "--", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def _history_or_skip() -> None:
+    try:
+        shallow = subprocess.run(
+            ["git", "rev-parse", "--is-shallow-repository"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the rows' dates need the code's history")
+    if shallow != "false":
+        pytest.skip(
+            "a shallow clone: the last change to a row's code is unknown "
+            "(`git fetch --unshallow`, or a full clone, runs this check)"
+        )
+
+
+def test_every_results_row_names_what_it_measures() -> None:
+    rows = result_rows((ROOT / "docs" / "results.md").read_text())
+    assert len(rows) >= 20
+    missing = [
+        f"{key}: {path}"
+        for key, paths in MEASURES.items()
+        for path in paths
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, f"MEASURES names paths that are gone: {missing}"
+    for row in rows:
+        measured_paths(row.command)
+
+
+def test_the_stale_check_reads_dates_markers_and_the_longest_command() -> None:
+    page = (
+        "## Current figures\n\n| benchmark | figure | command | date |\n| --- | --- | --- | --- |\n"
+        "| a | 1 | `python -m benchmarks.residency --no-live --as pods` | 2026-11-26/27 |\n"
+        "| b | 2 | `python -m benchmarks.churn --minutes 3` | 2026-11-22 (stale) |\n"
+        "\n## Next\n| x | y | `python -m benchmarks.churn` | 2026-01-01 |\n"
+    )
+    rows = result_rows(page)
+    assert [(r.date, r.stale) for r in rows] == [("2026-11-27", False), ("2026-11-22", True)]
+    assert measured_paths(rows[0].command) == MEASURES["python -m benchmarks.residency --no-live"]
+    with pytest.raises(AssertionError, match="add it to MEASURES"):
+        measured_paths("python -m benchmarks.nothing_such")
+
+
+def test_no_results_row_is_older_than_the_code_it_measures_unless_marked_stale() -> None:
+    """A figure measured before the last change to what it measures may no longer hold: rerun
+    it (and write the new date) or mark its date cell `stale`, so a reader knows."""
+    _history_or_skip()
+    rows = result_rows((ROOT / "docs" / "results.md").read_text())
+    older = []
+    for row in rows:
+        changed = _last_change(measured_paths(row.command))
+        if changed and row.date < changed and not row.stale:
+            older.append(f"{row.title[:60]!r} ({row.date}; its code changed {changed})")
+    assert not older, (
+        "results.md rows older than the code they measure: rerun them or add "
+        f"'{STALE}' to their date cell: {older}"
+    )
