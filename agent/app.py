@@ -50,7 +50,7 @@ from agent.models.quietwindow import QuietWindow
 from agent.models.reconcile import ReconcilePolicy, Reconciler
 from agent.models.tritonram import HostMemory, HostMemoryRules
 from agent.pods.callerkeys import CallerKeys, secret_beside
-from agent.pods.callertable import CallerPublisher
+from agent.pods.callertable import CallerPublisher, nobody_on_probation, nobody_quarantined
 from agent.pods.loadfailures import LoadFailures
 from agent.pods.nodepods import NodePods
 from agent.pods.ownership import OwnerStore
@@ -618,8 +618,8 @@ def _caller_table(
         settings.node_name,
         reconciler.callers,
         refresh_seconds=settings.gateway_table_refresh_seconds,
-        quarantine=requests.quarantine_of if requests else None,
-        probation=requests.on_probation if requests else None,
+        quarantine=requests.quarantine_of if requests else nobody_quarantined,
+        probation=requests.on_probation if requests else nobody_on_probation,
         held=hold.holds,
         trial=hold.trial,
         key_of=keys.digest,

@@ -102,6 +102,17 @@ def _preferred(replica: PodInfo) -> tuple[bool, bool, int]:
     return not loaded, replica.deleting, int(replica.uid.rpartition("/")[2])
 
 
+def nobody_quarantined(pod: str) -> str:
+    """No pod's requests are refused (a node without the gateway's witness of Triton's exits,
+    `agent.status.requestcrash`)."""
+    return ""
+
+
+def nobody_on_probation(pod: str) -> bool:
+    """No pod is on probation (a node without the gateway's witness of Triton's exits)."""
+    return False
+
+
 class CallerPublisher:
     """Writes the caller table at `path` whenever the callers change, and every refresh."""
 
@@ -112,26 +123,23 @@ class CallerPublisher:
         owners: Callable[[], Mapping[str, Proven] | None],
         *,
         refresh_seconds: float = 5.0,
-        quarantine: Callable[[str], str] | None,
-        probation: Callable[[str], bool] | None,
-        held: Callable[[str, bool], bool] | None,
-        trial: Callable[[], bool] | None,
+        quarantine: Callable[[str], str],
+        probation: Callable[[str], bool],
+        held: Callable[[str, bool], bool],
+        trial: Callable[[], bool],
         clock: Callable[[], float] = time.time,
-        key_of: Callable[[str], str] | None,
+        key_of: Callable[[str], str],
     ) -> None:
-        """`key_of(pod uid)` is the digest of a pod's caller key (`agent.pods.callerkeys`); without
-        it the rows carry none and the gateway knows the pods by address alone.
+        """`key_of(pod uid)` is the digest of a pod's caller key (`agent.pods.callerkeys`).
         `quarantine(pod)` says why a pod's requests are refused (`agent.status.requestcrash`);
         the entry of such a pod carries it, and the gateway refuses its requests with it.
         `probation(pod)` says whether the gateway serializes its requests with other
         probationers' (`agent.quarantine.suspects`); `held(pod, probation)` whether it holds the
         pod's new requests now, given whether it is on probation (`agent.models.probationhold`);
         `trial()` whether the hold is a suspect's trial (the gateway refuses held probationers'
-        requests; a pod not on probation held through it is only held).
-
-        Each may be None, a choice this class acts on: `key_of`, rows without a caller key;
-        `quarantine`, no pod's requests refused; `probation`, no pod on probation (so none
-        held); `held`, no probationer held; `trial`, no hold a trial."""
+        requests; a pod not on probation held through it is only held). A node without the
+        gateway's witness of Triton's exits passes `nobody_quarantined` and
+        `nobody_on_probation`."""
         self.path = path
         self._quarantine = quarantine
         self._probation = probation
@@ -178,15 +186,12 @@ class CallerPublisher:
         if owners is None:
             return  # the pods are not listed yet: the table on disk stays as it is
         callers, left_out = callers_of(owners, self._key_of)
-        if self._quarantine is not None:
-            callers = [replace(c, quarantined=self._quarantine(c.pod)) for c in callers]
-        if self._probation is not None:
-            callers = [replace(c, probation=self._probation(c.pod)) for c in callers]
-        if self._held is not None:
-            callers = [replace(c, held=self._held(c.pod, c.probation)) for c in callers]
+        callers = [replace(c, quarantined=self._quarantine(c.pod)) for c in callers]
+        callers = [replace(c, probation=self._probation(c.pod)) for c in callers]
+        callers = [replace(c, held=self._held(c.pod, c.probation)) for c in callers]
         if self._stopping:
             callers = [replace(c, stopping=self._stopping.get(c.pod, "")) for c in callers]
-        if self._trial is not None and self._trial():
+        if self._trial():
             callers = [replace(c, trial=c.held and c.probation) for c in callers]
         reported = frozenset(left_out)
         for reason in sorted(reported - self._reported):

@@ -167,8 +167,8 @@ class NodeQuarantine:
         on_cleared: Callable[[list[CrashRecord]], None],
         *,
         period: float,
-        on_callers_cleared: Callable[[list[CallerRecord]], None] | None = None,
-        wanting: Callable[[str], list[str]] | None = None,
+        on_callers_cleared: Callable[[list[CallerRecord]], None],
+        wanting: Callable[[str], list[str]],
         wall: Callable[[], float] = time.time,
     ) -> None:
         """`wanting(digest)`: the pods of the node that still want those files (shown)."""
@@ -240,7 +240,7 @@ class NodeQuarantine:
                 )
             if cleared:
                 self._on_cleared(cleared)
-            if callers and self._on_callers_cleared is not None:
+            if callers:
                 self._on_callers_cleared(callers)
             patch[self._keys.quarantine_clear] = None
         shown = str(current.get(self._keys.quarantined) or "")

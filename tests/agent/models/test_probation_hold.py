@@ -20,7 +20,7 @@ from agent.models.probationhold import (
     drained,
     latest_use,
 )
-from agent.pods.callertable import CallerPublisher
+from agent.pods.callertable import CallerPublisher, nobody_quarantined
 from common.activity import Activity, ActivityTable
 from common.callers import read_table
 from tests.agent.pods.test_gateway_table import pod
@@ -51,11 +51,11 @@ async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
         table,
         "node-1",
         lambda: owners,
-        quarantine=None,
+        quarantine=nobody_quarantined,
         probation=probation.__contains__,
         held=hold.holds,
-        trial=None,
-        key_of=None,
+        trial=lambda: False,  # no hold is a trial
+        key_of=lambda uid: "",  # no caller keys: pods known by address
     )
     hold.on_change = publisher.publish
     asked: list[list[str]] = []
@@ -212,11 +212,11 @@ async def test_the_caller_table_marks_held_rows_of_a_trial(tmp_path: Path) -> No
         table,
         "node-1",
         lambda: owners,
-        quarantine=None,
+        quarantine=nobody_quarantined,
         probation={"team/a"}.__contains__,
         held=hold.holds,
         trial=hold.trial,
-        key_of=None,
+        key_of=lambda uid: "",  # no caller keys: pods known by address
     )
     hold.on_change = publisher.publish
     await hold.begin("team/b", trial=True)
@@ -272,11 +272,11 @@ async def test_the_caller_table_holds_every_row_through_a_suspected_files_trial_
         table,
         "node-1",
         lambda: owners,
-        quarantine=None,
+        quarantine=nobody_quarantined,
         probation={"team/a"}.__contains__,
         held=hold.holds,
         trial=hold.trial,
-        key_of=None,
+        key_of=lambda uid: "",  # no caller keys: pods known by address
     )
     hold.on_change = publisher.publish
     await hold.begin("team/s", trial=True, suspect="d1")

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from agent.pods.callertable import CallerPublisher, callers_of
+from agent.pods.callertable import CallerPublisher, callers_of, nobody_quarantined
 from agent.pods.modelpods import PodInfo, pod_from_dict
 from agent.pods.provenpods import Proven
 from common.callers import CallerTable, read_table
@@ -141,11 +141,11 @@ def test_a_held_rows_spread_is_held_too(tmp_path: Path) -> None:
         tmp_path / "callers.json",
         NODE,
         lambda: owners,
-        quarantine=None,
+        quarantine=nobody_quarantined,
         probation=bool,
         held=lambda pod, probation: probation,
-        trial=None,
-        key_of=None,
+        trial=lambda: False,  # no hold is a trial
+        key_of=lambda uid: "",  # no caller keys: pods known by address
     )
     publisher.publish()
     assert publisher.held_names() == ["resnet.1.private", "resnet.2.private"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,12 +20,32 @@ from agent.models.reconcile import Reconciler
 from agent.pods.modelpods import pod_from_dict
 from agent.pods.provenpods import Proven
 from agent.quarantine.crashledger import COUNTS_FILE, CrashLedger, CrashRecord, Marker
-from agent.quarantine.published import NodeQuarantine
+from agent.quarantine.published import NodeAnnotations, NodeQuarantine
 from common.contract import Keys
 from common.crashwitness import Suspect
 
 DIGEST = "ab" * 32
 OTHER = "cd" * 32
+
+
+def published(
+    ledger: CrashLedger,
+    node: NodeAnnotations,
+    keys: Keys,
+    on_cleared: Callable[[list[CrashRecord]], None],
+) -> NodeQuarantine:
+    """The Node's quarantine annotation for a node with no caller quarantined and no pod that
+    wants any file."""
+    return NodeQuarantine(
+        ledger,
+        node,
+        "n1",
+        keys,
+        on_cleared,
+        period=1.0,
+        on_callers_cleared=lambda callers: None,
+        wanting=lambda digest: [],
+    )
 
 
 def marker(name: str = "m-1", digest: str = DIGEST) -> Marker:
@@ -166,6 +186,7 @@ async def test_the_node_shows_quarantines_and_an_operator_lifts_them(tmp_path: P
         keys,
         lifted.append,
         period=1.0,
+        on_callers_cleared=lambda callers: None,
         wanting=lambda digest: wanting.get(digest, []),
         wall=lambda: now[0],
     )
@@ -342,7 +363,7 @@ async def test_a_new_node_pod_takes_the_quarantines_back_from_the_node(tmp_path:
     ledger = CrashLedger(tmp_path, 2)
     ledger.load()
     lifted: list[list[CrashRecord]] = []
-    await NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0).sync()
+    await published(ledger, node, keys, lifted.append).sync()
     assert lifted == []
     restored = ledger.quarantined(DIGEST)
     assert restored is not None and (restored.pod, restored.crashes) == ("team-a/resnet-0", 2)
@@ -460,7 +481,7 @@ async def test_a_quarantine_of_files_lapses_after_the_expiry_and_one_more_crash_
     keys = Keys()
     node = FakeNode({})
     lifted: list[list[CrashRecord]] = []
-    quarantine = NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0)
+    quarantine = published(ledger, node, keys, lifted.append)
     await quarantine.sync()
     assert keys.quarantined in node.annotations and lifted == []
     now[0] += 3599.0
