@@ -54,6 +54,10 @@ QUIET_REASONS = frozenset({"ModelPending", "ModelDrained"})
 """The agent's reasons of a replica on its way in or out: no fault, no Event (as on the host)."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
+SCHEDULED_EVENT = "Scheduled"
+"""The Normal Event's reason when a turn places replicas, kube-scheduler's for a pod bound."""
+SCHEDULED_SHOWN = 10
+"""Not-ready replicas the Ready condition's message names (then how many more)."""
 
 
 class Reporter:
@@ -98,6 +102,9 @@ class Reporter:
         """Replica uid -> the agent's reason for not serving it last reported in an Event."""
         self._roll_said: dict[str, str] = {}
         """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
+        self._assigned: dict[str, tuple[str, str]] = {}
+        """Replica uid -> (node, GPU uuid) last told in a `Scheduled` Event, or found in the
+        model's status (a new leader tells only what it places)."""
 
     @property
     def writer(self) -> StatusWriter:
@@ -115,6 +122,8 @@ class Reporter:
         for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
             del self._reported[rid]
         self._roll_said.pop(uid, None)
+        for rid in [r for r in self._assigned if r.rpartition("/")[0] == uid]:
+            del self._assigned[rid]
 
     def _write_failed(self, uid: str, event_owed: bool) -> None:
         """A status or Event write failed: the model is reconciled again, with its Event when
@@ -143,10 +152,46 @@ class Reporter:
 
     async def events(self, model: ModelInfo, outcome: Outcome) -> None:
         """The Events of the model's turn: its replicas not served, preempted, and its roll."""
+        await self._scheduled(model, outcome.placed)
         await self._not_served(model, outcome.placed)
         for why in self._preemption.unwritten(model.uid):
             await self._event(model, PREEMPTED, why, "Normal")
         await self._roll(model, outcome.roll)
+
+    async def _scheduled(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
+        """A Normal `Scheduled` Event on the model naming each replica placed since the last
+        one, with its node and GPU (as kube-scheduler's "Successfully assigned ns/pod to
+        node"): one Event a turn, however many it placed. A replica the model's status already
+        lists where it is was placed before (by this binder or an earlier leader): not told."""
+        listed = {
+            (entry.get("replica"), entry.get("node"), entry.get("gpu"))
+            for entry in model.status.get("placements") or ()
+            if isinstance(entry, Mapping)
+        }
+        told = []
+        for ordinal, replica in sorted(placed.items()):
+            where = (replica.node_name, replica.gpu_uuid)
+            if self._assigned.get(replica.uid) == where:
+                continue
+            self._assigned[replica.uid] = where
+            if (ordinal, *where) not in listed:
+                told.append(f"{ordinal} to {self._gpu_named(*where)}")
+        if not told:
+            return
+        key = f"{model.namespace}/{model.name}"
+        if len(told) == 1:
+            message = f"Successfully assigned replica {told[0].replace(' to ', f' of {key} to ', 1)}"
+        else:
+            shown = told[:SCHEDULED_SHOWN]
+            more = f"; {len(told) - len(shown)} more" if len(told) > len(shown) else ""
+            message = f"Successfully assigned replicas of {key}: {'; '.join(shown)}{more}"
+        await self._event(model, SCHEDULED_EVENT, message, "Normal")
+
+    def _gpu_named(self, node: str, uuid: str) -> str:
+        """`node, GPU i (uuid)`, as the pods' Scheduled Events name a GPU."""
+        info = self._nodes.get(node)
+        index = next((g.index for g in info.gpus if g.uuid == uuid), None) if info else None
+        return f"{node}, GPU {index if index is not None else '?'} ({uuid})"
 
     async def _not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
         """A Warning Event on the model per replica and reason the agent gives for not serving
@@ -290,7 +335,11 @@ class Reporter:
                 figures.append(figure)
         declared = model.gpu_memory if model.size_source == DECLARED else None
         measured = max(figures, default=None)
-        return size_status(declared, model.storage_uri, model.status, measured, self._sizing)
+        sized = size_status(declared, model.storage_uri, model.status, measured, self._sizing)
+        # A merge patch keeps the fields it does not name: a null removes one no longer said.
+        old = model.status.get("gpuMemory")
+        gone = {k: None for k in old if k not in sized} if isinstance(old, Mapping) else {}
+        return {**gone, **sized}
 
     async def _event(
         self, model: ModelInfo, reason: str, message: str, event_type: str = "Warning"
