@@ -381,12 +381,13 @@ MEASURES: dict[str, tuple[str, ...]] = {
         "webhook",
     ),
     "python -m benchmarks.sim_apiserver": ("benchmarks/sim_apiserver.py", "sim/apiserver"),
+    "python -m benchmarks.held_bytes": ("benchmarks/held_bytes.py", "proxy"),
     "bash tests/gpu/run_on_gpu.sh": ("tests/gpu", "agent/gpus"),
     "python -m sim.demo --real-gpu": ("sim/demo", "agent"),
     "make demo": ("sim/demo", *_SERVING),
 }
-"""A results.md row's command (the start of the first one in its command cell; the longest
-that matches wins) -> the paths whose last change its figure must not be older than: the
+"""A results.md row's command (the start of the first one in its command cell, or a block's;
+the longest that matches wins) -> the paths whose last change its figure must not be older than: the
 benchmark itself and the parts of the product it measures."""
 STALE = "stale"
 """The word a row's date cell carries when its figure is older than the code it measures."""
@@ -415,6 +416,21 @@ def result_rows(page: str) -> list[ResultRow]:
         assert commands and date, f"results.md row {cells[0]!r}: no command or no date"
         day = date.group(3).rsplit("/", 1)[1] if date.group(3) else date.group(2)
         rows.append(ResultRow(cells[0], commands[0], date.group(1) + day, STALE in cells[3]))
+    return rows
+
+
+_BLOCK = re.compile(
+    r"^<!-- results:([a-z0-9_]+) -->\nCommand: `([^`]+)`; machine: [^;]+; date: ([^\n]+)$", re.M
+)
+
+
+def result_blocks(page: str) -> list[ResultRow]:
+    """The blocks the benchmarks write (`benchmarks.results`), each read as a row."""
+    rows = []
+    for name, command, when in _BLOCK.findall(page):
+        date = _DATE.search(when)
+        assert date, f"results.md block {name}: no date"
+        rows.append(ResultRow(name, command, date.group(0), STALE in when))
     return rows
 
 
@@ -455,8 +471,9 @@ def _history_or_skip() -> None:
 
 
 def test_every_results_row_names_what_it_measures() -> None:
-    rows = result_rows((ROOT / "docs" / "results.md").read_text())
-    assert len(rows) >= 20
+    page = (ROOT / "docs" / "results.md").read_text()
+    rows = result_rows(page)
+    assert len(rows) >= 20 and result_blocks(page)
     missing = [
         f"{key}: {path}"
         for key, paths in MEASURES.items()
@@ -464,7 +481,7 @@ def test_every_results_row_names_what_it_measures() -> None:
         if not (ROOT / path).exists()
     ]
     assert not missing, f"MEASURES names paths that are gone: {missing}"
-    for row in rows:
+    for row in [*rows, *result_blocks(page)]:
         measured_paths(row.command)
 
 
@@ -480,13 +497,21 @@ def test_the_stale_check_reads_dates_markers_and_the_longest_command() -> None:
     assert measured_paths(rows[0].command) == MEASURES["python -m benchmarks.residency --no-live"]
     with pytest.raises(AssertionError, match="add it to MEASURES"):
         measured_paths("python -m benchmarks.nothing_such")
+    block = (
+        "<!-- results:held_bytes -->\nCommand: `python -m benchmarks.held_bytes`; machine: x, "
+        "2 cores; date: 2026-11-25 (stale).\n"
+    )
+    assert result_blocks(block) == [
+        ResultRow("held_bytes", "python -m benchmarks.held_bytes", "2026-11-25", True)
+    ]
 
 
 def test_no_results_row_is_older_than_the_code_it_measures_unless_marked_stale() -> None:
     """A figure measured before the last change to what it measures may no longer hold: rerun
     it (and write the new date) or mark its date cell `stale`, so a reader knows."""
     _history_or_skip()
-    rows = result_rows((ROOT / "docs" / "results.md").read_text())
+    page = (ROOT / "docs" / "results.md").read_text()
+    rows = [*result_rows(page), *result_blocks(page)]
     older = []
     for row in rows:
         changed = _last_change(measured_paths(row.command))
@@ -494,5 +519,5 @@ def test_no_results_row_is_older_than_the_code_it_measures_unless_marked_stale()
             older.append(f"{row.title[:60]!r} ({row.date}; its code changed {changed})")
     assert not older, (
         "results.md rows older than the code they measure: rerun them or add "
-        f"'{STALE}' to their date cell: {older}"
+        f"'{STALE}' to their date (a row's date cell, a block's date): {older}"
     )
