@@ -116,11 +116,9 @@ async def test_a_model_without_gpu_memory_is_booked_by_what_it_measured(
     )
 
     def refused() -> str:
-        placed = next(
-            (c for c in status_of(custom, "bert").get("conditions") or [] if c["type"] == "Placed"),
-            {},
-        )
-        return str(placed.get("message") or "") if placed.get("status") == "False" else ""
+        conditions = status_of(custom, "bert").get("conditions") or []
+        said: dict[str, Any] = next((c for c in conditions if c["type"] == "Placed"), {})
+        return str(said.get("message") or "") if said.get("status") == "False" else ""
 
     message = await eventually(refused, what="a third replica refused by the quota")
     gpu_mem = KEYS.gpu_mem
