@@ -184,27 +184,8 @@ class GpuAssignments:
             annotations = meta.get("annotations") or {}
             model, gpu = annotations.get(self._keys.model_id), annotations.get(self._keys.gpu)
             if model and gpu in self._gpus:
-                self._name(found, meta.get("namespace"), model, meta.get("uid"), gpu)
-        try:
-            models = self._custom.list_cluster_custom_object(*TRITONMODELS)
-        except kubernetes.client.exceptions.ApiException as e:
-            if e.status != 404:  # no TritonModels served: model pods only
-                raise
-            models = {}
-        for obj in models.get("items", []):
-            meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-            model = spec.get("modelName") or meta.get("name")
-            for entry in (obj.get("status") or {}).get("placements") or []:
-                if entry.get("node") == self._node and entry.get("gpu") in self._gpus:
-                    uid = replica_uid(str(meta.get("uid", "")), int(entry.get("replica", 0)))
-                    self._name(found, meta.get("namespace"), model, uid, entry["gpu"])
-        return found
-
-    @staticmethod
-    def _name(found: dict[str, str], namespace: Any, model: Any, uid: Any, gpu: str) -> None:
-        # No private name for an invalid id: such a model is never loaded.
-        with contextlib.suppress(ContractError, ValueError):
-            found[private_triton_name(str(namespace or ""), str(model), str(uid or ""))] = gpu
+                _name(found, meta.get("namespace"), model, meta.get("uid"), gpu)
+        return found | replica_gpus(self._custom, self._node, self._gpus)
 
     def refresh(self) -> None:
         self._written = publish(self._root, self.read(), self._written)
@@ -217,3 +198,29 @@ class GpuAssignments:
             except Exception as e:  # the API server away: the files keep their state
                 log.warning("Simulated GPU assignments are unchanged for now (%s).", e)
             stop.wait(period)
+
+
+def replica_gpus(custom: Any, node: str, gpus: Collection[str]) -> dict[str, str]:
+    """Name in Triton -> GPU uuid, of the TritonModel replicas placed on `node`'s `gpus`
+    (their status.placements), read with `custom`, a CustomObjectsApi."""
+    found: dict[str, str] = {}
+    try:
+        models = custom.list_cluster_custom_object(*TRITONMODELS)
+    except kubernetes.client.exceptions.ApiException as e:
+        if e.status != 404:  # no TritonModels served: model pods only
+            raise
+        models = {}
+    for obj in models.get("items", []):
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        model = spec.get("modelName") or meta.get("name")
+        for entry in (obj.get("status") or {}).get("placements") or []:
+            if entry.get("node") == node and entry.get("gpu") in gpus:
+                uid = replica_uid(str(meta.get("uid", "")), int(entry.get("replica", 0)))
+                _name(found, meta.get("namespace"), model, uid, entry["gpu"])
+    return found
+
+
+def _name(found: dict[str, str], namespace: Any, model: Any, uid: Any, gpu: str) -> None:
+    # No private name for an invalid id: such a model is never loaded.
+    with contextlib.suppress(ContractError, ValueError):
+        found[private_triton_name(str(namespace or ""), str(model), str(uid or ""))] = gpu

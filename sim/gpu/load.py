@@ -7,7 +7,8 @@ UNLOADING in Triton occupies the bytes its `config.pbtxt` declares in the parame
 `sim_gpu_memory` (a quantity such as `3Gi`; none: 0), plus `sim_gpu_memory_growth` (`2Gi@5`: 2Gi
 more from 5 seconds after it was first seen READY), on the GPU of the pod whose model has that name
 in Triton on this node (its private name, `common.tritonname`, or for a model installed before
-private names its model id), by the pod's `tritonshare.io/gpu` annotation. A model keeps its GPU
+private names its model id), by the pod's `tritonshare.io/gpu` annotation, or of the TritonModel
+replica of that name, by its model's `status.placements`. A model keeps its GPU
 and its footprint until Triton has unloaded it, as on a real GPU, whether its pod and its files are
 gone meanwhile (the GPU and the config it was last seen with are remembered while Triton holds
 it). Tests make a loaded
@@ -46,6 +47,7 @@ from common.backends import runs_in_own_process
 from common.contract import Keys
 from common.quantity import QuantityError, parse_quantity
 from common.tritonname import private_triton_name
+from sim.gpu.compute import replica_gpus
 
 log = logging.getLogger(__name__)
 _HOLDING = ("LOADING", "READY", "UNLOADING")
@@ -80,6 +82,7 @@ class ModelFootprints:
         self._url = triton_http_url if "://" in triton_http_url else f"http://{triton_http_url}"
         self._repository = repository
         self._core: Any = kubernetes.client.CoreV1Api(api)
+        self._custom: Any = kubernetes.client.CustomObjectsApi(api)
         self._node = node_name
         self._gpu_indexes = dict(gpu_indexes)
         self._keys = keys or Keys()
@@ -163,6 +166,9 @@ class ModelFootprints:
                 except ValueError:  # ContractError too: no private name for an invalid id
                     continue
                 found[private] = index
+        # TritonModel replicas: on the GPU their model's status places them.
+        for private, uuid in replica_gpus(self._custom, self._node, self._gpu_indexes).items():
+            found[private] = self._gpu_indexes[uuid]
         return found
 
     def _read(self, now: float) -> dict[int, int]:
