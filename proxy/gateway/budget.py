@@ -5,8 +5,9 @@ each connection holds at most `CONNECTION_BYTES` (a REST connection: its head, p
 requests, one compressed read being counted, and an answer being renamed; a gRPC connection:
 a partial message or prefix on each of its streams, a header block, the header blocks its
 decoder keeps and the plans made from them, a small message inflated inline), and each stream at
-Triton or waiting for a slot (a ModelStreamInfer stream holds one slot while it is open, and one
-per request in flight past the first) at most `STREAM_BYTES` (request bytes Triton's window
+Triton or waiting for a slot (a ModelStreamInfer stream holds one slot per request in flight,
+the last until its answers have left for the tenant; an idle one holds none and only its
+connection's share) at most `STREAM_BYTES` (request bytes Triton's window
 holds back, a response the tenant does not read, and a large message's name, request id and
 inflated slice). Those bounds add up over pods; the node's byte budget (`--max-buffered-bytes`,
 `policy.holdings`) bounds them together: `worst_case` is the base, twice the budget and

@@ -357,6 +357,7 @@ class TritonChannel(Channel, asyncio.Protocol):
             body = self._counted(stream, body, length)
             length = len(body)
             if not body and not flags:
+                stream.replies.settle(stream)  # an answer dropped may leave it idle
                 return
         if not flags:  # the common shape first, without detours
             stream.replies.to_tenant(stream, body, False, length)
@@ -592,6 +593,8 @@ class RenamingChannel(TritonChannel):
         elif out:
             stream.replies.to_tenant(stream, out, False, answers.owed)
             answers.owed = 0
+        elif stream.slots:
+            stream.replies.settle(stream)  # an answer dropped may leave it idle
 
     def on_headers(self, sid: int, flags: int, block: bytes) -> None:
         if not flags & frames.END_STREAM:

@@ -2,12 +2,14 @@
 
 A message has its model-name field checked by `policy.routing`, exactly as the grpc.aio proxy
 checks it (an inference message also its inputs against its data, `policy.tensors`). A unary call
-takes a concurrency slot once its message passed; a ModelStreamInfer stream takes one when it
-opens, which its first request message in flight uses, and one more for each further message in
-flight, given back when Triton's answers end it (`policy.finals`): with none free, the stream's
-messages wait in its buffer (its window bounds it) for the queue's time; one refused for a full
-queue or its timeout gets an in-stream error and the stream goes on. A probationer's stream keeps
-no slot idle: each of its messages takes one through the limiter, as a unary call. The relay's
+takes a concurrency slot once its message passed; a ModelStreamInfer stream takes one for each
+request message in flight, given back when Triton's answers end it (`policy.finals`), the last
+once those answers have all left for the tenant (`settled`): an open stream with nothing at
+Triton and nothing for its tenant holds no slot, so an idle stream cannot starve its pod's or
+namespace's other calls. With none free, the stream's messages wait in its buffer (its window
+bounds it) for the queue's time; one refused for a full queue or its timeout gets an in-stream
+error and the stream goes on. A probationer's stream gives its last slot back with its last
+request's end, whatever its tenant has read. The relay's
 own answers (another model, refused APIs, overload) go on the stream through the same windows as
 Triton's.
 
@@ -148,13 +150,6 @@ class StreamGate:
         stream.waiter = self.context.spawn(self._wait_slot(stream, limiter))
         return False
 
-    def opened(self, stream: Stream) -> None:
-        """A stream of the model opened: it holds a slot from now on (`admit`), unless its pod
-        is on probation, whose streams hold slots only for their messages at Triton (one held
-        idle would keep the lane from the other probationers)."""
-        if self._limiter.probation is None:
-            self.admit(stream)
-
     def idle_back(self) -> None:
         """The pod went on probation: the slots its open streams keep with no message at
         Triton go back (its streams keep none idle from now on, `opened`, `answered`)."""
@@ -175,11 +170,11 @@ class StreamGate:
 
     def take(self, stream: Stream) -> bool:
         """A slot for the next request message of a stream: one it holds and no message uses
-        (the one it took when it opened, or one its waiter got), or a free one; else queue for
-        one (False): the message waits in the stream's buffer. A slot kept from an earlier
-        message is not reused by a probationer's stream, nor while the pod is held or
-        quarantined: it goes back and the message takes one through the limiter, which holds,
-        refuses or queues it for its lane's turn as it does a unary request."""
+        (kept from its last message until its answers left, or one its waiter got), or a free
+        one; else queue for one (False): the message waits in the stream's buffer. A slot kept
+        from an earlier message is not reused by a probationer's stream, nor while the pod is
+        held or quarantined: it goes back and the message takes one through the limiter, which
+        holds, refuses or queues it for its lane's turn as it does a unary request."""
         tracker = stream.finals
         assert tracker is not None
         if stream.limited == HOLDS_SLOT:  # taken through the limiter for this message
@@ -203,10 +198,9 @@ class StreamGate:
     def answered(self, stream: Stream, requests: int) -> None:
         """Triton's answers ended `requests` of the stream's request messages: the slots past
         those still in flight go back (to the oldest waiter first, or, under the node's budget,
-        to the namespace's pods in turn). A stream keeps one while it
-        is open, so a stream holding answers its tenant has not read counts, as it did when a
-        stream counted once: the pod's streams holding anything are at most its limit and
-        queue (`gateway.budget`)."""
+        to the namespace's pods in turn). The last is kept until the answers have left for the
+        tenant (`settled`), so a stream holding answers its tenant has not read counts: the
+        pod's streams holding anything are at most its limit and queue (`gateway.budget`)."""
         tracker = stream.finals
         if not requests or tracker is None:
             return
@@ -226,6 +220,15 @@ class StreamGate:
                 stream.waiter = None
             stream.limited = NO_SLOT
             self.hooks.later(stream)
+
+    def settled(self, stream: Stream) -> None:
+        """None of the stream's requests is at Triton and its answers all left for the tenant
+        (`replies.Replies.settle`): the slot it kept goes back; open and idle, it holds none."""
+        served = stream.served
+        limiter = self._limiter if served is None else served.limiter
+        while stream.slots:
+            stream.slots -= 1
+            limiter.release()
 
     async def _wait_slot(self, stream: Stream, limiter: Limiter) -> None:
         try:

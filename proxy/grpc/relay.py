@@ -103,6 +103,9 @@ class H2Connection(Connection):
     def answered(self, stream: Stream, requests: int) -> None:
         self.gate.answered(stream, requests)
 
+    def settled(self, stream: Stream) -> None:
+        self.gate.settled(stream)
+
     # -- checked frames from the reader (`proxy.http2.reader.FrameSink`) ---------------------------
 
     def on_data(self, body: bytes, flags: int, sid: int, size: int) -> None:
@@ -296,10 +299,6 @@ class H2Connection(Connection):
             stream.fields = sent
         else:
             self._channel().open(stream, sent, end_stream)
-        if streaming and router.model_id:
-            # An open stream holds a slot of its model's; a host's streams from their first
-            # request, once it names the model.
-            self.gate.opened(stream)
 
     def _plan(self, fields: Fields) -> _Plan:
         """The RPC a tenant's request fields call, whether it streams, the fields Triton gets for

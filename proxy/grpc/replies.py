@@ -68,6 +68,11 @@ class ReplyHooks(FrameSink):
         """Triton's answers ended `requests` of a stream's request messages: free their slots."""
         raise NotImplementedError
 
+    def settled(self, stream: Stream) -> None:
+        """A stream's answers all reached its tenant and none of its requests is at Triton:
+        free the slot it kept for them."""
+        raise NotImplementedError
+
 
 class Replies(TenantSide):
     """The tenant-bound half of one tenant connection (see the module docstring)."""
@@ -121,6 +126,8 @@ class Replies(TenantSide):
             self.out.write_data(frames.data_header(size, end_stream, stream.sid), payload)
             if triton:
                 self._give(stream, triton)
+            if stream.slots:  # a stream's answer went out: idle now, it keeps no slot
+                self.settle(stream)
             return
         stream.held += payload
         stream.held_end = stream.held_end or end_stream
@@ -175,6 +182,8 @@ class Replies(TenantSide):
             self.out.write(frames.data_header(0, True, stream.sid))
             stream.held_end = False
         self.blocked.pop(stream, None)
+        if stream.slots:
+            self.settle(stream)
         trailers, stream.trailers = stream.trailers, None
         if trailers is not None:
             self.end_to_tenant(stream, trailers)
@@ -190,6 +199,14 @@ class Replies(TenantSide):
 
     def answered(self, stream: Stream, requests: int) -> None:
         self.hooks.answered(stream, requests)
+
+    def settle(self, stream: Stream) -> None:
+        """`stream` keeps its last slot from its last request's end until its answers have all
+        left for the tenant (so a stream whose answers wait for a tenant that does not read
+        counts against the limit, as one at Triton does); then, idle, it keeps none."""
+        finals = stream.finals
+        if finals is not None and not finals.pending and finals.quiet and not stream.held:
+            self.hooks.settled(stream)
 
     def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
         if stream.sid not in self.streams:

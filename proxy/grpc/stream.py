@@ -120,7 +120,8 @@ class Stream:
         `slots` (`gate.StreamGate.take`)."""
         self.waiter: asyncio.Future[None] | None = None
         # ModelStreamInfer: the slots the stream holds, one per request message in flight at
-        # Triton (`policy.finals`) and never fewer than one while it is open (`gate`).
+        # Triton (`policy.finals`); the last goes back once its answers reached the tenant, so
+        # an idle stream holds none (`gate.StreamGate.settled`).
         self.slots = 0
         self.finals: Finals | None = None
         self.responded = False  # the tenant has the response head
@@ -211,6 +212,11 @@ class TenantSide:
 
     def answered(self, stream: Stream, requests: int) -> None:
         """Triton's answers ended `requests` of the stream's request messages."""
+        raise NotImplementedError
+
+    def settle(self, stream: Stream) -> None:
+        """Triton's DATA on `stream` passed on nothing (an answer dropped or held back): if
+        none of its requests is at Triton and nothing waits for its tenant, its slot goes."""
         raise NotImplementedError
 
     def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:

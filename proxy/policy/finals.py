@@ -101,6 +101,12 @@ class Finals:
         self.pending = 0
         """Requests sent and not yet ended."""
 
+    @property
+    def quiet(self) -> bool:
+        """Every byte of Triton's answers so far is decided and passed on: no answer's start
+        held, no large answer's rest still to come."""
+        return not self._left and not self._held
+
     def sent(self, request_id: bytes, asked: bool) -> None:
         """A request message went to Triton; `asked`: its tenant asked for the empty final."""
         self.pending += 1

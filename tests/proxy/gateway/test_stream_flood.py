@@ -300,20 +300,28 @@ def test_a_decoupled_models_requests_each_hold_a_slot_until_their_last_answer(
 def test_a_stream_message_finding_the_queue_full_is_refused_alone_and_the_stream_goes_on(
     gateway: RunningGateway,
 ) -> None:
-    """The pod's two slots are taken and its queue (two) is full of streams waiting to open:
+    """The pod's two slots are taken and its queue (two) is full of other streams' requests:
     its first stream's next two requests are each refused in the stream, saying why, while
     the stream and its request at Triton go on."""
     first = StreamFlood(gateway.grpc_url, FLOODER)
     others = [StreamFlood(gateway.grpc_url, FLOODER) for _ in range(3)]
     try:
         first.send([infer_message(1500, "a0")])
-        others[0].send([infer_message(1500, "b0")])
+        wait_for(
+            lambda: (
+                (tenant := tenant_of(gateway, FLOODER)) is not None
+                and tenant.limiter.in_flight == 1
+            ),
+            "the first stream's request at Triton",
+        )
+        for number, other in enumerate(others):
+            other.send([infer_message(1500, f"o{number}")])
         wait_for(
             lambda: (
                 (tenant := tenant_of(gateway, FLOODER)) is not None
                 and (tenant.limiter.in_flight, tenant.limiter.queued) == (LIMIT, LIMIT)
             ),
-            f"{LIMIT} requests in flight and {LIMIT} streams waiting to open",
+            f"{LIMIT} requests in flight and {LIMIT} waiting",
         )
         first.send([infer_message(1, "a1"), infer_message(1, "a2")])
         answers = first.answers(3)
