@@ -324,6 +324,7 @@ class SimCluster:
         parallel_loads: int = PARALLEL_LOADS,
         gpu_poll_seconds: float | None = None,
         keep_pod_logs: bool = False,
+        crds: Sequence[Path] = (),
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if len({n.name for n in nodes}) != len(nodes):
@@ -352,6 +353,9 @@ class SimCluster:
         have no pod-bound token naming their node, so they stay the admin, whom the agent
         policy does not concern."""
         self.keep_pod_logs = keep_pod_logs
+        self.crds = tuple(crds)
+        """More CRD files (or folders of them) the API server serves beside the chart's, such as
+        KServe's (deploy/kserve-crds)."""
         """Keep each stopped pod's container logs in `pod_logs` (a benchmark's post-mortem)."""
         self.webhook_wanted = webhook
         """Run tritonshare's webhook and the model store (pods in the short form)."""
@@ -509,7 +513,7 @@ class SimCluster:
                     NODE_POD_GROUP + self._suffix(node), pod_millicpu(node_pod_template())
                 )
         write_placement_keys(self.placement_key_dir)
-        self.apiserver = start_in_thread(settings=ApiServerSettings(crds=(CHART_CRDS,)))
+        self.apiserver = start_in_thread(settings=ApiServerSettings(crds=(CHART_CRDS, *self.crds)))
         self.apiserver.write_kubeconfig(self.kubeconfig)
         self.kube = self.apiserver.api_client()
         self.kube.user_agent = USER_AGENT
