@@ -147,6 +147,7 @@ class Binder:
             placement_keys=self.placement_keys.ring,
             consolidate_moves=settings.consolidate_moves,
             preemption=settings.preemption,
+            scheduled_events_per_second=settings.scheduled_events_per_second,
             inbox=self._inbox,
             preempt_replica=self.models.preempt,
         )

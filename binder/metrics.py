@@ -124,5 +124,11 @@ class Metrics:
             ["call"],
             registry=self.registry,
         )
+        self.scheduled_events_skipped = Counter(
+            "tritonshare_binder_scheduled_events_skipped",
+            "Pods bound without a Scheduled Event: bound while --scheduled-events-per-second "
+            "was spent.",
+            registry=self.registry,
+        )
         self.registry.register(StateCollector(state))
         self.registry.register(UnprovenCollector(unproven))

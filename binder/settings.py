@@ -258,6 +258,16 @@ class Settings:
         "bind-workers", "binding API calls in flight at once", whole(minimum=1), default="8"
     )
     """API calls for binding in flight at once. Default 8."""
+    scheduled_events_per_second: float = setting(
+        "scheduled-events-per-second",
+        "most Scheduled Events recorded a second on the pods bound (0: none)",
+        number(),
+        default="50",
+    )
+    """Most `Scheduled` Events ("Successfully assigned ns/pod to node, GPU i (uuid)") recorded a
+    second, with a burst of twice as many, as kube-scheduler's client bounds its own
+    (--kube-api-qps 50, --kube-api-burst 100); a pod bound while none is left gets none
+    (`tritonshare_binder_scheduled_events_skipped_total`). 0 records none. Default 50."""
     consolidate_moves: int = setting(
         "consolidate-moves",
         "pods one plan may evict to give a pod waiting on split GPU memory one block "

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, Unpack
 
+from binder.pods.tokenbucket import TokenBucket
 from common.conditions import Condition, condition_for, find, rfc3339
 from common.events import EventText
 from common.kubeapi.errors import ApiError
@@ -107,25 +108,6 @@ def judge(pod: Mapping[str, Any], down_for: float, rules: Rules) -> list[Verdict
     if rules.grace_seconds > 0 and down_for >= rules.grace_seconds and owned:
         verdicts.append("delete")
     return verdicts
-
-
-class TokenBucket:
-    """`rate` tokens a second, at most one held."""
-
-    def __init__(self, rate: float, clock: Callable[[], float]) -> None:
-        self._rate = rate
-        self._clock = clock
-        self._tokens = 1.0
-        self._at = clock()
-
-    def take(self) -> bool:
-        now = self._clock()
-        self._tokens = min(1.0, self._tokens + (now - self._at) * self._rate)
-        self._at = now
-        if self._tokens < 1.0:
-            return False
-        self._tokens -= 1.0
-        return True
 
 
 class AgentDown:

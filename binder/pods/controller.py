@@ -41,6 +41,7 @@ from binder.framework.quota import check_for
 from binder.metrics import Metrics
 from binder.pods.preemptions import Preemptions
 from binder.pods.roommaking import RoomMaking
+from binder.pods.scheduledevents import ScheduledEvents
 from binder.pods.unprovenreports import UnprovenReports
 from common.contract import Keys
 from common.kubeapi.errors import ApiError, ConflictError, NotFoundError
@@ -80,6 +81,7 @@ class PodController:
         monotonic: Callable[[], float] = time.monotonic,
         consolidate_moves: int = 0,
         preemption: bool = True,
+        scheduled_events_per_second: float = 0.0,
         inbox: Inbox | None,
         preempt_replica: Callable[[PodInfo, str, str], None] | None,
     ) -> None:
@@ -89,7 +91,9 @@ class PodController:
         causes share a wake-up of the loop (None: one of its own, made on first use);
         `preempt_replica(victim, by, node)` drains a TritonModel replica a pod preempts (the
         model controller's; None: replicas are never victims). `queue` is the binder's one
-        queue, shared with the TritonModels: a cluster change retries both."""
+        queue, shared with the TritonModels: a cluster change retries both.
+        `scheduled_events_per_second`: the most Scheduled Events a second
+        (`binder.pods.scheduledevents`; 0: none)."""
         self._kube = kube
         self._keys = keys
         self._policy = policy
@@ -138,6 +142,15 @@ class PodController:
             clock=clock,
             monotonic=monotonic,
             max_moves=consolidate_moves,
+        )
+        self._scheduled_events = ScheduledEvents(
+            kube,
+            self._writes,
+            per_second=scheduled_events_per_second,
+            identity=identity,
+            count=self._count,
+            skipped=metrics.scheduled_events_skipped.inc,
+            monotonic=monotonic,
         )
         self._unproven = UnprovenReports(
             kube,
@@ -356,6 +369,7 @@ class PodController:
             self._metrics.latency.observe(max(0.0, self._clock() - pod.created))
         self.queue.remove(pod.uid)
         self._reported.pop(pod.uid, None)
+        self._scheduled_events.bound(pod, placement.node, placement.gpu.index, placement.gpu.uuid)
         # DEBUG, as kube-scheduler keeps "Successfully bound pod to node" below its default
         # verbosity: a line per pod cost about 10 us of formatting and a write to stderr.
         if log.isEnabledFor(logging.DEBUG):

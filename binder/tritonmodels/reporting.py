@@ -11,11 +11,11 @@ The status: `placements[]` ({replica, node, gpu, proof, host, ready, message, st
 conditions of `binder.tritonmodels.status.CONDITIONS` this turn owns: `Placed` (False with
 kube-scheduler's refusal, and a `FailedScheduling` Event only when the refusal changes), `Ready`
 (False naming the replicas not served and why; not True while `Loaded` is not), `Progressing`
-(the roll) and `Loaded`. Events,
-once per cause: `ReplicaNotServed` per replica and reason the agent gives (per message for a host's
-loader failing to load it: its reason, FetchFailed, ModelInvalid..., is then Ready's), `Preempted`
-and `Preempting`, and the roll's Warnings. Decides no placement; writes only through
-`binder.api.kube`.
+(the roll) and `Loaded`. Events: `Scheduled` (Normal) naming the node and GPU of each replica a
+turn places; once per cause: `ReplicaNotServed` per replica and reason the agent gives (per
+message for a host's loader failing to load it: its reason, FetchFailed, ModelInvalid..., is then
+Ready's), `Preempted` and `Preempting`, and the roll's Warnings. Decides no placement; writes only
+through `binder.api.kube`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ READY_REASONS_SHOWN = 3
 SCHEDULED_EVENT = "Scheduled"
 """The Normal Event's reason when a turn places replicas, kube-scheduler's for a pod bound."""
 SCHEDULED_SHOWN = 10
-"""Not-ready replicas the Ready condition's message names (then how many more)."""
+"""Replicas a `Scheduled` Event names (then how many more)."""
 
 
 class Reporter:
@@ -168,21 +168,22 @@ class Reporter:
             for entry in model.status.get("placements") or ()
             if isinstance(entry, Mapping)
         }
-        told = []
+        told: list[tuple[int, str]] = []
         for ordinal, replica in sorted(placed.items()):
             where = (replica.node_name, replica.gpu_uuid)
             if self._assigned.get(replica.uid) == where:
                 continue
             self._assigned[replica.uid] = where
             if (ordinal, *where) not in listed:
-                told.append(f"{ordinal} to {self._gpu_named(*where)}")
+                told.append((ordinal, self._gpu_named(*where)))
         if not told:
             return
         key = f"{model.namespace}/{model.name}"
         if len(told) == 1:
-            message = f"Successfully assigned replica {told[0].replace(' to ', f' of {key} to ', 1)}"
+            ordinal, gpu = told[0]
+            message = f"Successfully assigned replica {ordinal} of {key} to {gpu}"
         else:
-            shown = told[:SCHEDULED_SHOWN]
+            shown = [f"{ordinal} to {gpu}" for ordinal, gpu in told[:SCHEDULED_SHOWN]]
             more = f"; {len(told) - len(shown)} more" if len(told) > len(shown) else ""
             message = f"Successfully assigned replicas of {key}: {'; '.join(shown)}{more}"
         await self._event(model, SCHEDULED_EVENT, message, "Normal")

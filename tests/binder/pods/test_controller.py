@@ -47,15 +47,65 @@ async def test_binds_a_pod_with_one_api_call_carrying_the_gpu_annotation(
     assert node == "gpu-1"
     pod = core.read_namespaced_pod("resnet", "default")
     assert pod.metadata.annotations[KEYS.gpu] in ("GPU-gpu-1-0", "GPU-gpu-1-1")
+    # Then its Scheduled Event, after the binding and apart from it.
+    await eventually(lambda: scheduled_events(core, "resnet"), what="the Scheduled Event")
     writes = binder_writes(apiserver, "resnet")
     assert [(w.verb, w.resource, w.subresource) for w in writes] == [
         ("create", "pods", "binding"),
     ]
+    assert [w.verb for w in binder_writes(apiserver) if w.resource == "events"] == ["create"]
     assert all(w.user_agent == USER_AGENT for w in writes)
     assert USER_AGENT.startswith("tritonshare-binder/")
     # The watch brings the bound pod back: the assumption becomes the real account.
     await eventually(lambda: not binder.cache.state.assumed_uids(), what="the assumption to clear")
     assert binder.cache.state.memory.allocated("gpu-1") in ([4 * GI, 0], [0, 4 * GI])
+
+
+def scheduled_events(core: Any, name: str) -> list[Any]:
+    events = core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={name}"
+    ).items
+    return [e for e in events if e.reason == "Scheduled"]
+
+
+async def test_a_bound_pod_gets_a_scheduled_event_naming_its_node_and_gpu(
+    core: Any, kube_api: kubernetes.client.ApiClient, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI, 16 * GI])
+    await make_binder()
+    add_pod(core, "resnet", mem="4Gi")
+    events = await eventually(lambda: scheduled_events(core, "resnet"), what="Scheduled")
+    gpu = core.read_namespaced_pod("resnet", "default").metadata.annotations[KEYS.gpu]
+    index = gpu.rpartition("-")[2]
+    [event] = events
+    assert (event.type, event.message, event.action, event.reporting_component) == (
+        "Normal",
+        f"Successfully assigned default/resnet to gpu-1, GPU {index} ({gpu})",
+        "Binding",
+        "tritonshare",
+    )
+    assert (event.involved_object.kind, event.involved_object.uid) == (
+        "Pod",
+        core.read_namespaced_pod("resnet", "default").metadata.uid,
+    )
+
+
+async def test_scheduled_events_stop_at_their_rate_and_the_rest_are_counted(
+    core: Any, kube_api: kubernetes.client.ApiClient, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI] * 2)
+    # A burst of one, then one each 1,000 s: the first pod bound gets its Event, no other.
+    binder = await make_binder(scheduled_events_per_second=0.001)
+    names = [f"m-{i}" for i in range(5)]
+    for name in names:
+        add_pod(core, name, mem="1Gi")
+    await eventually(lambda: all(node_of(core, n) for n in names), what="every bind")
+    registry = binder.metrics.registry
+    skipped = "tritonshare_binder_scheduled_events_skipped_total"
+    await eventually(lambda: registry.get_sample_value(skipped) == 4, what="4 skipped")
+    await eventually(
+        lambda: sum(len(scheduled_events(core, n)) for n in names) == 1, what="one Event"
+    )
 
 
 async def test_the_binding_carries_a_proof_of_placement_bound_to_this_pod(
@@ -131,12 +181,13 @@ async def test_unschedulable_pod_gets_one_event_and_condition_then_backs_off_qui
     labels = {"result": "unschedulable"}
     await eventually(lambda: (registry.get_sample_value(sample, labels) or 0) >= 4, what="retries")
     assert len(failed_events(core, "second")) == 1
-    writes = [
+    writes = sorted(
         (w.resource, w.subresource)
         for w in binder_writes(apiserver)
         if w.resource == "events" or w.name == "second"
-    ]
-    assert writes == [("events", ""), ("pods", "status")]
+    )
+    # The first pod's Scheduled Event, the second's one FailedScheduling and one condition.
+    assert writes == [("events", ""), ("events", ""), ("pods", "status")]
     assert binder.queue.failures(binder_uid(core, "second")) >= 3
 
 

@@ -275,6 +275,36 @@ async def test_scaling_through_scale_moves_the_replicas_and_deleting_removes_eve
     } <= made
 
 
+def scheduled(core: Any, name: str) -> list[str]:
+    """The messages of the model's Scheduled Events, oldest first."""
+    found = core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}")
+    events = [e for e in found.items if e.reason == "Scheduled" and e.type == "Normal"]
+    return [e.message for e in sorted(events, key=lambda e: e.metadata.name)]
+
+
+async def test_each_turn_that_places_replicas_says_where_in_a_scheduled_event(
+    binder: Binder, custom: Any, core: Any
+) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
+    obj = await eventually(lambda: placed(custom, "resnet", 2), what="2 replicas placed")
+    first, second = (e["node"] for e in obj["status"]["placements"])
+    await eventually(lambda: scheduled(core, "resnet"), what="the Scheduled Event")
+    assert scheduled(core, "resnet") == [
+        f"Successfully assigned replicas of default/resnet: 0 to {first}, GPU 0 (GPU-{first}-0); "
+        f"1 to {second}, GPU 0 (GPU-{second}-0)"
+    ]
+    custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, "default", PLURAL, "resnet", {"spec": {"replicas": 3}}
+    )
+    obj = await eventually(lambda: placed(custom, "resnet", 3), what="scaled to 3")
+    third = obj["status"]["placements"][2]["node"]
+    await eventually(lambda: len(scheduled(core, "resnet")) == 2, what="a second Event")
+    await eventually(lambda: len(hosts(core)) == 3, what="3 hosts")  # more turns meanwhile
+    assert scheduled(core, "resnet")[1:] == [
+        f"Successfully assigned replica 2 of default/resnet to {third}, GPU 0 (GPU-{third}-0)"
+    ], "a replica placed before is not told again"
+
+
 async def test_a_replica_on_a_deleted_node_is_placed_again(
     binder: Binder, custom: Any, core: Any
 ) -> None:
