@@ -67,7 +67,7 @@ class RuleSyncs:
         return True
 
 
-def _named_ports(pod: JsonObject) -> dict[str, int]:
+def named_ports(pod: JsonObject) -> dict[str, int]:
     """The pod's container ports by name, as an EndpointSlice carries them."""
     return {
         str(port["name"]): int(port["containerPort"])
@@ -77,7 +77,7 @@ def _named_ports(pod: JsonObject) -> dict[str, int]:
     }
 
 
-def _serving(pod: JsonObject) -> str | None:
+def serving_address(pod: JsonObject) -> str | None:
     """The pod's address if a Service would send it traffic, else None."""
     if pod["metadata"].get("deletionTimestamp"):
         return None
@@ -149,14 +149,14 @@ class Endpoints:
 
     def _apply(self, event_type: str, pod: JsonObject) -> None:
         name = pod["metadata"]["name"]
-        address = _serving(pod) if event_type != "DELETED" else None
+        address = serving_address(pod) if event_type != "DELETED" else None
         with self._lock:
             if address is None:
                 changed = self._pods.pop(name, None) is not None
             else:
                 before = self._pods.get(name)
                 changed = before is None or before[0] != address
-                self._pods[name] = (address, _named_ports(pod))
+                self._pods[name] = (address, named_ports(pod))
             if changed:
                 self._pending = True
                 self._sync()
@@ -170,9 +170,9 @@ class Endpoints:
                     ).data
                 )
                 serving = {
-                    pod["metadata"]["name"]: (address, _named_ports(pod))
+                    pod["metadata"]["name"]: (address, named_ports(pod))
                     for pod in listed.get("items", [])
-                    if (address := _serving(pod)) is not None
+                    if (address := serving_address(pod)) is not None
                 }
                 with self._lock:
                     self._pods = serving

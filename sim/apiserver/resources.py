@@ -376,6 +376,29 @@ SERVICES = Resource(
     status_subresource=True,
 )
 
+# Kept by the simulated controller manager from the pods each Service selects
+# (sim.controllers.endpoints), as kube-controller-manager's Endpoints and EndpointSlice
+# controllers keep them. Endpoints may be created by an update, as upstream's strategy allows.
+ENDPOINTS = Resource(
+    group="",
+    version="v1",
+    plural="endpoints",
+    kind="Endpoints",
+    short_names=("ep",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    allow_create_on_update=True,
+)
+
+ENDPOINT_SLICES = Resource(
+    group="discovery.k8s.io",
+    version="v1",
+    plural="endpointslices",
+    kind="EndpointSlice",
+    namespaced=True,
+    field_labels=_NAMESPACED_META | {"addressType": _path("addressType")},
+)
+
 NETWORK_POLICIES = Resource(
     group="networking.k8s.io",
     version="v1",
@@ -432,6 +455,8 @@ STORED: tuple[Resource, ...] = (
     CONFIG_MAPS,
     SECRETS,
     SERVICES,
+    ENDPOINTS,
+    ENDPOINT_SLICES,
     NETWORK_POLICIES,
     SERVICE_ACCOUNTS,
     RESOURCE_QUOTAS,

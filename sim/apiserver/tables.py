@@ -2,10 +2,11 @@
 
 `kubectl get` asks for it and prints the server's columns: the same as kube-apiserver's printers
 for pods (`-o wide`: IP, node, nominated node, readiness gates), events, nodes, namespaces,
-deployments, replica sets, services, config maps, leases, HPAs and budgets; a custom resource's
-`additionalPrinterColumns`; Name and Created At for the rest. Cells are always the wide set, as
-upstream's, and kubectl leaves out the columns of priority 1 unless asked for `-o wide`. Each row
-carries its object's metadata (or the object, or nothing, by `includeObject`). Pure functions.
+deployments, replica sets, services, endpoints, endpoint slices, config maps, leases, HPAs and
+budgets; a custom resource's `additionalPrinterColumns`; Name and Created At for the rest. Cells
+are always the wide set, as upstream's, and kubectl leaves out the columns of priority 1 unless
+asked for `-o wide`. Each row carries its object's metadata (or the object, or nothing, by
+`includeObject`). Pure functions.
 """
 
 from __future__ import annotations
@@ -409,6 +410,66 @@ _SERVICE: Printer = (
     _service_cells,
 )
 
+ENDPOINTS_SHOWN = 3
+"""Addresses a row shows before `+ N more...`, as upstream's printer."""
+
+
+def _shown_endpoints(addresses: list[str]) -> str:
+    if not addresses:
+        return NONE
+    more = len(addresses) - ENDPOINTS_SHOWN
+    return ",".join(addresses[:ENDPOINTS_SHOWN]) + (f" + {more} more..." if more > 0 else "")
+
+
+def _endpoints_cells(obj: JsonObject, now: float) -> Cells:
+    """`ip:port` of each ready address and port, as `kubectl get endpoints` shows them."""
+    shown = []
+    for subset in obj.get("subsets") or []:
+        ports = [p.get("port") for p in subset.get("ports") or []] or [None]
+        for address in subset.get("addresses") or []:
+            for port in ports:
+                ip = address.get("ip", "")
+                shown.append(f"{ip}:{port}" if port is not None else str(ip))
+    return [
+        obj["metadata"]["name"],
+        _shown_endpoints(shown),
+        _since(obj["metadata"].get("creationTimestamp"), now),
+    ]
+
+
+_ENDPOINTS: Printer = (
+    [_column("Name", fmt="name"), _column("Endpoints"), _column("Age")],
+    _endpoints_cells,
+)
+
+
+def _endpoint_slice_cells(obj: JsonObject, now: float) -> Cells:
+    ports = [str(p.get("port")) for p in obj.get("ports") or [] if p.get("port") is not None]
+    addresses = [
+        str(address)
+        for endpoint in obj.get("endpoints") or []
+        for address in endpoint.get("addresses") or []
+    ]
+    return [
+        obj["metadata"]["name"],
+        obj.get("addressType") or "",
+        ",".join(ports) or NONE,
+        _shown_endpoints(addresses),
+        _since(obj["metadata"].get("creationTimestamp"), now),
+    ]
+
+
+_ENDPOINT_SLICE: Printer = (
+    [
+        _column("Name", fmt="name"),
+        _column("AddressType"),
+        _column("Ports"),
+        _column("Endpoints"),
+        _column("Age"),
+    ],
+    _endpoint_slice_cells,
+)
+
 _CONFIG_MAP: Printer = (
     [_column("Name", fmt="name"), _column("Data", "integer"), _column("Age")],
     lambda obj, now: [
@@ -541,6 +602,8 @@ PRINTERS: Mapping[str, Printer] = {
     "deployments.apps": _DEPLOYMENT,
     "replicasets.apps": _REPLICA_SET,
     "services": _SERVICE,
+    "endpoints": _ENDPOINTS,
+    "endpointslices.discovery.k8s.io": _ENDPOINT_SLICE,
     "configmaps": _CONFIG_MAP,
     "leases.coordination.k8s.io": _LEASE,
     "horizontalpodautoscalers.autoscaling": _HPA,

@@ -1,5 +1,7 @@
-"""The simulated kube-controller-manager: the Deployment and ReplicaSet controllers and the garbage
-collector of their objects, as one API client of the simulated API server.
+"""The simulated kube-controller-manager: the Deployment and ReplicaSet controllers, the Endpoints
+and EndpointSlice controllers (`sim.controllers.endpoints`: each Service's, kept from the pods it
+selects) and the garbage collector of their objects, as one API client of the simulated API
+server.
 
 Like the real one it acts only through the API (the official client): it lists and watches
 Deployments, ReplicaSets and pods into a cache, syncs one object at a time from a queue, and
@@ -37,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sim.apiserver.clock import rfc3339
 from sim.controllers import deployment, replicaset
+from sim.controllers.endpointswriter import EndpointsWriter
 from sim.controllers.podtemplate import controller_uid
 from sim.watching import watch_events
 
@@ -47,6 +50,8 @@ JsonObject = dict[str, Any]
 Key = tuple[str, str]
 DEPLOYMENTS, REPLICA_SETS, PODS = "deployments", "replicasets", "pods"
 SERVICES = "services"
+ENDPOINTS = "endpoints"
+"""The queue's kind for a Service whose Endpoints and EndpointSlices are to be synced."""
 CRDS = "customresourcedefinitions"
 BACKOFF_INITIAL, BACKOFF_MAX = 0.5, 30.0
 TOMBSTONES_KEPT = 10_000
@@ -144,6 +149,7 @@ class ControllerManager:
         self.extensions = cast(Any, client.ApiextensionsV1Api(api_client))
         self.custom = cast(Any, client.CustomObjectsApi(api_client))
         self.clock = clock
+        self._endpoints = EndpointsWriter(api_client)
         kinds = (DEPLOYMENTS, REPLICA_SETS, PODS, SERVICES, CRDS)
         self._caches = {kind: _Cache() for kind in kinds}
         self._custom_kinds: dict[str, tuple[str, str, str, bool]] = {}
@@ -265,6 +271,8 @@ class ControllerManager:
                     self._sync_deployment(key)
                 elif kind == REPLICA_SETS:
                     self._sync_replica_set(key)
+                elif kind == ENDPOINTS:
+                    self._sync_endpoints(key)
                 else:
                     self._collect(kind.removeprefix("gc-"), key)
                 if item not in self._retrying:
@@ -380,6 +388,11 @@ class ControllerManager:
             self._collect_dependents(uid)
         elif any(owner in self._owners_gone for owner in _owner_uids(obj)):
             self._enqueue(f"gc-{kind}", key)
+        if kind == SERVICES:
+            self._enqueue(ENDPOINTS, key)
+            return
+        if kind == PODS:
+            self._pod_endpoints_changed(key[0])
         if kind == DEPLOYMENTS:
             self._enqueue(DEPLOYMENTS, key)
             return
@@ -408,6 +421,25 @@ class ControllerManager:
         return None
 
     # the controllers
+
+    def _pod_endpoints_changed(self, namespace: str) -> None:
+        """A pod of `namespace` changed: the endpoints of its Services with a selector may
+        have (it may have joined or left one by its labels, readiness or deletion)."""
+        with self._lock:
+            services = [
+                key
+                for key, service in self._caches[SERVICES].objects.items()
+                if key[0] == namespace and (service.get("spec") or {}).get("selector")
+            ]
+        for key in services:
+            self._enqueue(ENDPOINTS, key)
+
+    def _sync_endpoints(self, key: Key) -> None:
+        """The Service's Endpoints and EndpointSlices from its pods (sim.controllers.endpoints)."""
+        with self._lock:
+            service = self._caches[SERVICES].objects.get(key)
+            pods = [pod for (ns, _), pod in self._caches[PODS].objects.items() if ns == key[0]]
+        self._endpoints.sync(key, service, pods)
 
     def _sync_replica_set(self, key: Key) -> None:
         with self._lock:
