@@ -137,6 +137,14 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     status_parser = commands.add_parser(
         "status", help="nodes and GPUs: capacity, allocated, free, models", allow_abbrev=False
     )
+    status_parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also say how old the agents' figures may be and where the GPU memory reserve "
+        "comes from (said without -v only when the reserve given differs from the binder's, "
+        "or no binder has published one)",
+    )
     FLAGS.add_to(status_parser)
     why = commands.add_parser(
         "explain",
@@ -383,10 +391,10 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
             asleep = asleep_keys(listing.pods, charged, keys)
             held = [r for r in quarantined(listing.nodes, keys) if only in (None, r["namespace"])]
             if output == "text":
-                status(cache, out, now, only, asleep)
+                status(cache, out, now, only, asleep, notes=args.verbose)
                 write_unserved(cache, states, out, only)
                 write_quarantined(held, out)
-                write_reserve(reserve, given_reserve, published, out)
+                write_reserve(reserve, given_reserve, published, out, always=args.verbose)
             else:
                 document = status_document(cache, now, states, only, asleep)
                 document["quarantined"] = held

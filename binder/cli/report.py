@@ -385,13 +385,21 @@ def status_document(
     }
 
 
-def write_reserve(reserve: int, given: int | None, published: int | None, out: TextIO) -> None:
-    """Where the reserve in the figures above comes from, so a mismatch with the binder shows."""
+def write_reserve(
+    reserve: int, given: int | None, published: int | None, out: TextIO, *, always: bool = False
+) -> None:
+    """Where the reserve in the figures above comes from, so a mismatch with the binder shows:
+    said when the figures may differ from the binder's (a reserve given that differs from the
+    leader's, or none published), else only when `always` (`status -v`)."""
     if given is not None:
         where = "from --gpu-mem-reserve"
         if published is not None and published != given:
             where += f"; the binder leader places with {format_bytes(published)}"
+        elif not always:
+            return
     elif published is not None:
+        if not always:
+            return
         where = "as the binder leader publishes it"
     else:
         where = "no binder leader has published its own; pass --gpu-mem-reserve"

@@ -184,9 +184,12 @@ def status(
     now: float,
     namespace: str | None = None,
     asleep: frozenset[str] = frozenset(),
+    *,
+    notes: bool = False,
 ) -> None:
     """Every node and GPU (the figures count every namespace: GPUs are shared), with the pods
-    and TritonModel replicas on each, of `namespace` alone when given."""
+    and TritonModel replicas on each, of `namespace` alone when given; `notes`: how old the
+    agents' figures may be, too (`status -v`)."""
     state = cache.state
     header = ["NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "LOADED"]
     header += ["SLEEPING", "FREE", "USED"]
@@ -241,7 +244,7 @@ def status(
         f"{counted(len(pending(cache, namespace)), 'pod')} pending"
         f"{'' if namespace is None else ' in ' + namespace}.\n"
     )
-    if any(state.nodes[name].gpus for name in state.names):
+    if notes and any(state.nodes[name].gpus for name in state.names):
         out.write(
             "LOADED, SLEEPING, USED and `uses` are what each agent last published: it rewrites "
             "them at most every --usage-publish-seconds (60 s by default), so they may be that "

@@ -96,8 +96,12 @@ async def test_status_reads_the_reserve_the_binder_leader_places_with(
 
     document = await eventually(published, what="the leader's reserve in the status")
     assert document["nodes"][0]["gpus"][0]["capacity"] == 14 * GI
-    _, text = run_cli(kubeconfig, "status")
+    _, text = run_cli(kubeconfig, "status", "-v")
     assert "GPU memory reserve 2Gi per GPU (as the binder leader publishes it)." in text
+    assert "what each agent last published" in text
+    # Without -v the figures stand alone: no note repeated on every call while all agree.
+    _, text = run_cli(kubeconfig, "status")
+    assert "GPU memory reserve" not in text and "last published" not in text
     _, text = run_cli(kubeconfig, "status", "--gpu-mem-reserve", "1Gi")
     assert "reserve 1Gi per GPU (from --gpu-mem-reserve; the binder leader places with 2Gi)" in text
 
