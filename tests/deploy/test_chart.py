@@ -550,6 +550,7 @@ def test_toggles_leave_out_what_they_name() -> None:
             "monitoring": {
                 "podMonitors": {"enabled": False},
                 "alerts": {"enabled": False},
+                "modelmeshRules": {"enabled": False},
                 "dashboard": {"enabled": False},
             },
             "node": {"priorityClass": {"create": False, "name": ""}},

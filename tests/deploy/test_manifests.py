@@ -241,10 +241,14 @@ _PROMETHEUS_RULE = {
                                 "type": "array",
                                 "items": {
                                     "type": "object",
-                                    "required": ["alert", "expr"],
+                                    "required": ["expr"],
+                                    # An alerting rule, or a recording one (the operator's
+                                    # CRD: Prometheus refuses a rule with both or neither).
+                                    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
                                     "additionalProperties": False,
                                     "properties": {
                                         "alert": {"type": "string"},
+                                        "record": {"type": "string"},
                                         "expr": {"type": "string"},
                                         "for": _DURATION,
                                         "labels": {
@@ -682,8 +686,8 @@ def test_the_documented_overlay_moves_monitoring_to_another_namespace(
         }
         assert named == {"observability"}, f"{name} admits {named}"
     selected = [o for o in objects.values() if o["kind"] in ("PodMonitor", "PrometheusRule")]
-    assert len(selected) == 5
-    for obj in selected:  # the four PodMonitors and the rule: what Prometheus selects
+    assert len(selected) == 6
+    for obj in selected:  # the four PodMonitors and the two rules: what Prometheus selects
         assert obj["metadata"]["labels"]["release"] == "prometheus", name_of(obj)
     images = {c["image"] for o in objects.values() if (s := pod_spec(o)) for c in containers(s)}
     assert "registry.example.com/tritonshare:0.1.0" in images
