@@ -201,6 +201,7 @@ class Binder:
                 settings.agent_down_grace_seconds,
             ),
             deletions_per_second=settings.agent_down_deletions_per_second,
+            replace_seconds=settings.agent_down_replace_seconds,
             identity=settings.identity,
         )
         self.autoscaling = Autoscaling(

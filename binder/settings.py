@@ -363,7 +363,21 @@ class Settings:
         default="0.1",
     )
     """Most model pods deleted per second for dead agents, cluster-wide (a token bucket of 1),
-    as kube-controller-manager's --node-eviction-rate. Default 0.1."""
+    as kube-controller-manager's --node-eviction-rate, while the agents of more than 2 nodes and
+    at least 55% of them are down at once; otherwise the floor of each node's rate
+    (--agent-down-replace-seconds). Default 0.1."""
+    agent_down_replace_seconds: float = setting(
+        "agent-down-replace-seconds",
+        "seconds past --agent-down-grace within which a node's model pods are all deleted for "
+        "replacement, whatever their count (0: at --agent-down-deletions-per-second)",
+        seconds(),
+        default="60",
+    )
+    """Seconds past --agent-down-grace within which the controller-owned model pods of a node
+    whose agent is down are all deleted for their controllers to replace: the node's deletion
+    rate is its pods' count over this (at least --agent-down-deletions-per-second), so 80 pods
+    go at 1.3 a second. Not while most agents are down at once (see
+    --agent-down-deletions-per-second). 0: --agent-down-deletions-per-second alone. Default 60."""
     autoscale_period_seconds: float = setting(
         "autoscale-period",
         "seconds between two reads of the proxies' counts by the built-in autoscaler (0: off)",

@@ -17,9 +17,15 @@ Here, every PERIOD_SECONDS while this replica leads, for each node whose agent L
 - once the agent has been down for --agent-down-grace (default 300 s, the gateway's
   --table-stale-grace and Kubernetes' unreachable-node grace, so the gateway stops serving them
   about when they are replaced), pods owned by a controller are deleted (uid precondition) so the
-  controller creates replacements, which the binder places on a node with a live agent. At most
-  --agent-down-deletions-per-second (a token bucket of 1), like --node-eviction-rate. A pod that no
-  controller owns is never deleted: nothing would replace it.
+  controller creates replacements, which the binder places on a node with a live agent. Each
+  node's at a rate scaled by its size, so all of them go within --agent-down-replace-seconds of
+  the first pass past the grace (its deletable pods / that, at least
+  --agent-down-deletions-per-second; a bucket of one pass's worth). While more than 2 nodes'
+  agents and at least UNHEALTHY_FRACTION of them are down at once (a bad agent roll-out, a
+  partition: replacements would find few live nodes), only --agent-down-deletions-per-second
+  cluster-wide (a token bucket of 1), as kube's node lifecycle controller slows its evictions in
+  a zone mostly unhealthy (--unhealthy-zone-threshold). A pod that no controller owns is never
+  deleted: nothing would replace it.
 Down since: the Lease's own expiry (renewTime + leaseDurationSeconds), or, for a Lease that is
 gone, when this replica first saw it gone. Nodes whose Lease this replica never saw are left alone.
 Owns this decision (`judge`, pure) and its pass; the API calls are binder.api.kube's.
@@ -46,6 +52,9 @@ from common.kubeapi.session import JsonObject
 log = logging.getLogger(__name__)
 
 PERIOD_SECONDS = 5.0
+UNHEALTHY_FRACTION = 0.55
+"""kube-controller-manager's --unhealthy-zone-threshold: the share of the nodes whose agents are
+down from which deletions fall back to --agent-down-deletions-per-second, cluster-wide."""
 REASON = "AgentUnreachable"
 EVENT_REASON = "NodeAgentDown"
 _TERMINATED = frozenset({"Succeeded", "Failed"})
@@ -121,12 +130,20 @@ class AgentDown:
         deletions_per_second: float,
         identity: str,
         clock: Callable[[], float] = time.time,
+        replace_seconds: float = 0.0,
     ) -> None:
+        """`replace_seconds`: the time a node's deletable pods are all deleted within, once
+        past the grace (0: only `deletions_per_second`, cluster-wide)."""
         self._kube = kube
         self.rules = rules
         self._identity = identity
         self._clock = clock
         self._bucket = TokenBucket(deletions_per_second, clock)
+        self._replace_seconds = replace_seconds
+        self._node_buckets: dict[str, TokenBucket] = {}
+        """Node -> its deletions' bucket, scaled by its deletable pods (see `_bucket_for`)."""
+        self._agents = 0
+        """Nodes with an agent Lease, as `down_nodes` last saw them."""
         self._gone_since: dict[str, float] = {}
         self.deleted: list[str] = []
         """Keys of the pods this replica deleted (for tests and the log)."""
@@ -135,6 +152,7 @@ class AgentDown:
 
     def down_nodes(self, leases: Mapping[str, float], now: float) -> dict[str, float]:
         """Node -> since when its agent is down, from the lease expiries (0: the Lease is gone)."""
+        self._agents = len(leases)
         down = {}
         for node, expiry in leases.items():
             if expiry > now:
@@ -167,6 +185,9 @@ class AgentDown:
 
     def pass_once(self, down: Mapping[str, float], leading: Callable[[], bool]) -> None:
         """One pass over the nodes whose agent is down (blocking: run in the API executor)."""
+        for node in [n for n in self._node_buckets if n not in down]:
+            del self._node_buckets[node]  # back, or gone: a later loss starts afresh
+        scaled = self._replace_seconds > 0 and not self.widespread(len(down))
         for node, since in sorted(down.items()):
             if not leading():
                 return
@@ -182,10 +203,13 @@ class AgentDown:
                 )
                 continue
             down_for = self._clock() - since
-            for pod in pods:
-                for verdict in judge(pod, down_for, self.rules):
+            verdicts = [(pod, judge(pod, down_for, self.rules)) for pod in pods]
+            deletable = sum("delete" in said for _, said in verdicts)
+            bucket = self._bucket_for(node, deletable) if scaled else self._bucket
+            for pod, said in verdicts:
+                for verdict in said:
                     try:
-                        self._act(verdict, pod, node, since, down_for)
+                        self._act(verdict, pod, node, since, down_for, bucket)
                     except ApiError as e:
                         log.warning(
                             "Could not %s pod %s on node %s, whose agent is down (%s): trying "
@@ -196,8 +220,30 @@ class AgentDown:
                             e,
                         )
 
+    def widespread(self, down: int) -> bool:
+        """Whether `down` nodes' agents down at once is an outage rather than a node's loss:
+        more than 2, and at least UNHEALTHY_FRACTION of the nodes with an agent."""
+        return down > 2 and down >= UNHEALTHY_FRACTION * max(self._agents, down)
+
+    def _bucket_for(self, node: str, deletable: int) -> TokenBucket:
+        """The node's deletions: `deletable` pods within --agent-down-replace-seconds, at least
+        --agent-down-deletions-per-second; a pass's worth held, and a fifth more for a pass
+        that runs late, so the last deletions come a pass before the time is up."""
+        rate = max(self._bucket.rate, deletable / self._replace_seconds)
+        bucket = self._node_buckets.get(node)
+        if bucket is None or bucket.rate < rate:
+            bucket = TokenBucket(rate, self._clock, burst=rate * PERIOD_SECONDS * 1.2)
+            self._node_buckets[node] = bucket
+        return bucket
+
     def _act(
-        self, verdict: Verdict, pod: Mapping[str, Any], node: str, since: float, down_for: float
+        self,
+        verdict: Verdict,
+        pod: Mapping[str, Any],
+        node: str,
+        since: float,
+        down_for: float,
+        bucket: TokenBucket,
     ) -> None:
         metadata = pod.get("metadata") or {}
         namespace, name, uid = metadata["namespace"], metadata["name"], metadata.get("uid", "")
@@ -222,8 +268,8 @@ class AgentDown:
             self._tell(namespace, name, uid, message)
             log.warning("Pod %s/%s: %s.", namespace, name, message)
             return
-        if not self._bucket.take():
-            return  # the next pass; --agent-down-deletions-per-second
+        if not bucket.take():
+            return  # the next pass: --agent-down-replace-seconds, --agent-down-deletions-per-second
         self._kube.delete_pod(namespace, name, uid)
         self.deleted.append(f"{namespace}/{name}")
         self._kube.record_event(

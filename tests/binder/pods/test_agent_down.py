@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from binder.pods.agentdown import EVENT_REASON, REASON, AgentDown, Rules, judge
+from binder.pods.agentdown import EVENT_REASON, PERIOD_SECONDS, REASON, AgentDown, Rules, judge
 
 CONDITION = "tritonshare.io/ModelLoaded"
 RULES = Rules("tritonshare", CONDITION, grace_seconds=300.0)
@@ -191,3 +191,52 @@ def test_the_condition_keeps_its_transition_time_while_its_status_stays() -> Non
     since = {n: (c["reason"], c["lastTransitionTime"]) for n, c in kube.conditions}
     assert since["unknown"] == (REASON, "T0")
     assert since["ready"][0] == REASON and since["ready"][1].endswith("Z")
+
+
+def passes_until_all_deleted(
+    watcher: AgentDown, kube: Kube, clock: Clock, down: dict[str, float], count: int
+) -> float:
+    """Passes every PERIOD_SECONDS from now (each node's agent down since `down[node]`, past the
+    grace); the seconds until `count` pods were deleted (a bound past which it stops)."""
+    start = clock.now
+    while len(kube.deleted) < count and clock.now - start < 3600:
+        watcher.pass_once(down, lambda: True)
+        if len(kube.deleted) >= count:
+            break
+        clock.now += PERIOD_SECONDS
+    return clock.now - start
+
+
+def test_a_whole_nodes_pods_are_deleted_within_the_replace_time_whatever_their_count() -> None:
+    for count in (5, 80, 400):
+        clock = Clock()
+        kube = Kube({"gpu-1": [pod(f"m{i}", marked=True) for i in range(count)]})
+        watcher = AgentDown(
+            kube, RULES, deletions_per_second=0.1, identity="b", clock=clock, replace_seconds=60
+        )
+        watcher.down_nodes({f"gpu-{n}": 2000.0 for n in range(2, 11)} | {"gpu-1": 0.0}, 1.0)
+        took = passes_until_all_deleted(watcher, kube, clock, {"gpu-1": clock.now - 300}, count)
+        assert len(kube.deleted) == count
+        # 5 pods at the floor's 0.1 a second; more within the minute (a pass before it ends).
+        assert took <= (40 if count == 5 else 55), (count, took)
+        assert len({uid for _, uid in kube.deleted}) == count, "each pod once"
+
+
+def test_when_most_agents_are_down_at_once_only_the_cluster_wide_rate_deletes() -> None:
+    clock = Clock()
+    down_nodes = [f"gpu-{n}" for n in range(1, 5)]
+    kube = Kube({n: [pod(f"{n}-m{i}", marked=True) for i in range(20)] for n in down_nodes})
+    watcher = AgentDown(
+        kube, RULES, deletions_per_second=0.1, identity="b", clock=clock, replace_seconds=60
+    )
+    leases = {n: 0.0 for n in down_nodes} | {"gpu-5": 5000.0}  # 4 of 5 down
+    down = watcher.down_nodes(leases, clock.now)
+    assert watcher.widespread(len(down))
+    since = {n: clock.now - 300 for n in down_nodes}
+    for _ in range(12):  # a minute of passes
+        watcher.pass_once(since, lambda: True)
+        clock.now += PERIOD_SECONDS
+    assert len(kube.deleted) == 6, "0.1 a second cluster-wide: 1 at once, then 1 each 10 s"
+    # One node of five down is a node's loss: scaled again.
+    assert not watcher.widespread(1)
+    assert not watcher.widespread(2), "two nodes are never an outage (kube's > 2)"
