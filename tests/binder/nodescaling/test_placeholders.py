@@ -76,6 +76,11 @@ def test_only_a_fit_error_makes_a_model_wait() -> None:
     )
     assert waiting_model(model("ExceededQuota", f"replica 1: {FIT_ERROR}")) is None
     assert waiting_model(model("Unschedulable", "replica 1: a spec problem")) is None
+    # One that declares no GPU memory waits for what the binder books its next replica at.
+    learned = model("Unschedulable", f"replica 1: {FIT_ERROR}")
+    learned["status"]["gpuMemory"] = {"source": "Measured", "booked": "3380Mi"}
+    waiting = waiting_model(learned)
+    assert waiting is not None and waiting.request == 3380 << 20
 
 
 def test_models_of_one_node_selection_share_a_group() -> None:
