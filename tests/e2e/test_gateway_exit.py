@@ -137,13 +137,13 @@ def test_an_idempotent_models_calls_are_answered_through_a_gateway_or_triton_exi
     metrics = f"http://{gateway.address}:{gateway.metrics}/metrics"
 
     # The gateway's process ends: the host's proxy loses its connections to the gateway.
-    killed = _calls_lost_by(address, metrics, gateway.serving_pid)
+    killed = _calls_lost_by(address, metrics, gateway.serving_pid, cluster.workdir)
     wait_until("a new gateway process", lambda: gateway.serving_pid() not in (None, killed), 30)
     wait_until("the gateway serving", lambda: _rest(address, "plain") == "200", 30)
     # Triton's process ends (as a crash): the gateway loses its connections to Triton, holds the
     # calls sent again until the models are loaded again, and the host's proxy sends them.
     triton = cluster.tritons[NODE.name]
-    _calls_lost_by(address, metrics, lambda: _kept_pid(triton.process))
+    _calls_lost_by(address, metrics, lambda: _kept_pid(triton.process), cluster.workdir)
 
 
 def _kept_pid(keeper: subprocess.Popen[bytes] | None) -> int | None:
@@ -152,10 +152,13 @@ def _kept_pid(keeper: subprocess.Popen[bytes] | None) -> int | None:
     return next((p.pid for p in process_stats() if p.parent == keeper.pid and p.state != "Z"), None)
 
 
-def _calls_lost_by(address: str, metrics: str, victim: Callable[[], int | None]) -> int:
+def _calls_lost_by(
+    address: str, metrics: str, victim: Callable[[], int | None], workdir: Path
+) -> int:
     """Two calls of each model over each protocol at Triton through the gateway, then the
     process `victim` names SIGKILLed (its pid returned): the idempotent model's calls are
-    answered; the other's fail once (REST 502, gRPC UNAVAILABLE)."""
+    answered; the other's fail once (REST 502, gRPC UNAVAILABLE). A failure shows what the
+    proxies (the host's, the gateway) logged at WARNING and above in `workdir`."""
     with ThreadPoolExecutor(4) as pool:
         calls = {
             (model, protocol): pool.submit(call, address, model)
@@ -173,7 +176,23 @@ def _calls_lost_by(address: str, metrics: str, victim: Callable[[], int | None])
         assert killed is not None
         os.kill(killed, signal.SIGKILL)
         outcomes = {key: call.result(90) for key, call in calls.items()}
-    assert outcomes[("idem", "rest")] == "200" and outcomes[("idem", "grpc")] == "OK", outcomes
-    assert outcomes[("plain", "rest")] == "502", outcomes
-    assert outcomes[("plain", "grpc")] == "StatusCode.UNAVAILABLE", outcomes
+    expected = {
+        ("idem", "rest"): "200",
+        ("idem", "grpc"): "OK",
+        ("plain", "rest"): "502",
+        ("plain", "grpc"): "StatusCode.UNAVAILABLE",
+    }
+    assert outcomes == expected, f"{outcomes}\n{_warnings(workdir)}"
     return killed
+
+
+def _warnings(workdir: Path) -> str:
+    """The proxies' and the gateway's log lines at WARNING and above, for a failure's message."""
+    lines = []
+    for path in sorted(workdir.rglob("*.log")):
+        if path.name == "proxy.log" or path.name.startswith("gateway"):
+            text = path.read_text(errors="replace").splitlines()
+            lines += [
+                f"{path.name}: {line}" for line in text if " WARNING " in line or " ERROR " in line
+            ]
+    return "\n".join(lines[-40:])
