@@ -34,7 +34,10 @@ The closing line:
 
 The live run's goals (`residency_live.check_goals`: wake p99 1.5 s and +0.1 s over Triton's own
 load, the always model's p99 1.2x alone, no failure) are printed as met or NOT MET; the run exits
-1 when one is not met (`--no-goal`: 0 anyway). The placement simulation has no goal.
+1 when one is not met (`--no-goal`: 0 anyway). The placement simulation's goal (`check_placement`):
+all `always`, the binder opens at most `BOUND_GOAL` times the GPUs of `lower_bound`, the fewest
+whole nodes whose GPU memory holds every model and, as pods, whose room holds their requests and
+pod slots (a TritonModel replica's host is left out: a bound still).
 
 `--quick` shrinks both halves (300 models, half an hour replayed; 2 on-demand models, 2 rounds).
 
@@ -68,6 +71,8 @@ RESERVE = GI // 2
 NOW = 1_000_000.0
 DAY = 86_400.0
 DEFAULT_SHAPE = "8xA100-80GB:96:110"
+BOUND_GOAL = 1.02
+"""All `always`: the GPUs the binder opens over `lower_bound`'s, at most."""
 AS = ("pods", "tritonmodels")
 
 
@@ -276,9 +281,8 @@ def main() -> int:
         args.live_models, args.rounds, args.idle_seconds, args.alone_seconds = 2, 2, 1.0, 3.0
     if args.namespaces < 1:
         parser.error(f"--namespaces {args.namespaces}: give at least 1")
-    met: list[bool] = []
     with results_page.captured() as printed:
-        base_gpus, tail_gpus, bound = run(args)
+        base_gpus, tail_gpus, bound, met = run(args)
         if args.no_live:
             live_figures = ""
         else:
@@ -292,7 +296,7 @@ def main() -> int:
                     alone_seconds=args.alone_seconds,
                 )
             p50, p99, ratio = residency_live.report(result)
-            met = residency_live.check_goals(result)
+            met += residency_live.check_goals(result)
             # Triton's own load beside the wake: the difference is tritonshare's overhead.
             loads = [residency_live.percentile(result.triton_loads, q) for q in (0.5, 0.99)]
             live_figures = (
@@ -316,9 +320,25 @@ def _shape(text: str) -> shapes.NodeShape:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
-def run(args: argparse.Namespace) -> tuple[int, int, str]:
+def lower_bound(sizes: list[int], shape: shapes.NodeShape, as_: str) -> int:
+    """GPUs of the fewest whole nodes of `shape` that hold `sizes` in GPU memory and, `as_` pods,
+    their requests and pod slots in the nodes' room."""
+    nodes = math.ceil(sum(sizes) / ((shape.gpu_memory - RESERVE) * shape.gpus))
+    if as_ == "pods":
+        asks = {**shapes.model_pod_requests(), "pods": 1}
+        room = min(shape.room[name] // amount for name, amount in asks.items() if amount)
+        nodes = max(nodes, math.ceil(len(sizes) / max(room, 1)))
+    return nodes * shape.gpus
+
+
+def check_placement(gpus: int, bound: int) -> list[bool]:
+    """All `always`: the binder's GPUs within `BOUND_GOAL` of the lower bound's."""
+    return [goals.check("all always: GPUs / the lower bound's", gpus / bound, BOUND_GOAL, unit="x")]
+
+
+def run(args: argparse.Namespace) -> tuple[int, int, str, list[bool]]:
     """The placement simulation; (GPUs all always, GPUs with the tail on-demand at best, what
-    bound each)."""
+    bound each, its goal's verdict)."""
     shape: shapes.NodeShape = args.node_shape
     print(
         f"{args.models} models in {args.namespaces} namespaces, 0.5-16 GiB log-uniform, top 20 % "
@@ -342,11 +362,13 @@ def run(args: argparse.Namespace) -> tuple[int, int, str]:
     )
     always = [m for m in fleet(args, on_demand_tail=False) if m.size <= usable]
     baseline = pack(always, 1.0, shape, args.as_)
+    least = lower_bound([m.size for m in always], shape, args.as_)
     print(
         f"{'configuration':<36}{'GPUs':>6}{'in use':>8}{'hosts':>7}{'wakes/h':>10}"
         f"{'requests that waited':>22}  bound by (models that fitted no node)"
     )
     _row("all always (baseline)", baseline, 0.0, 0.0)
+    print(f"{'lower bound, all always':<36}{least:>6}")
     summary = []
     for factor in (float(f) for f in args.factors.split(",")):
         packed = pack(tail, factor, shape, args.as_)
@@ -356,13 +378,14 @@ def run(args: argparse.Namespace) -> tuple[int, int, str]:
         summary.append((factor, packed, waited))
     factor, best, waited = min(summary, key=lambda item: (item[1].gpus, item[0]))
     base_gpus = baseline.gpus
+    met = check_placement(base_gpus, least)
     print(
         f"simulation: GPUs all-always {base_gpus}, with the tail on-demand {best.gpus} "
         f"({base_gpus / best.gpus:.1f}x fewer) at over-commit {factor:g}; "
         f"{waited:.3f} % of requests waited for a wake"
     )
     bound = f"{shapes.binding(baseline.refused)} (all-always) and {shapes.binding(best.refused)}"
-    return base_gpus, best.gpus, f"{bound} (tail)"
+    return base_gpus, best.gpus, f"{bound} (tail)", met
 
 
 def _row(label: str, packed: Packed, wakes: float, waited: float) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import model_hosts, residency, residency_live
+from benchmarks import model_hosts, residency, residency_live, shapes
 
 
 def test_a_small_fleet_needs_fewer_gpus_with_its_tail_on_demand(
@@ -160,3 +160,17 @@ def test_model_hosts_places_every_replica_with_one_host_per_namespace_and_node(
     assert int(attacked[2]) <= 40, "the attacker's namespace takes its turns, not more"
     newcomer = re.search(r"placed in [\d.]+ ms \((\d+) attacking turns? first\)", out)
     assert newcomer is not None and int(newcomer[1]) <= 1, out
+
+
+def test_the_placement_is_held_to_the_lower_bound_of_whole_nodes_memory_and_pod_slots() -> None:
+    gib = 1024**3
+    one = shapes.parse_shape("1xA100-80GB:96:110")
+    eight = shapes.parse_shape("8xA100-80GB:96:110")
+    full = [int(79.5 * gib)] * 9
+    assert residency.lower_bound(full, one, "tritonmodels") == 9
+    assert residency.lower_bound(full, eight, "tritonmodels") == 16, "whole nodes"
+    tiny = [gib // 2] * 300
+    assert residency.lower_bound(tiny, eight, "tritonmodels") == 8
+    assert residency.lower_bound(tiny, eight, "pods") == 24, "109 pod slots a node"
+    assert residency.check_placement(112, 112) == [True]
+    assert residency.check_placement(152, 112) == [False]
