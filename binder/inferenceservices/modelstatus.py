@@ -15,7 +15,7 @@ runtime, `FailedToLoad`) with ModelMesh's reason. Pure: the time comes in.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from binder.inferenceservices.predictor import INVALID_PREDICTOR_SPEC
@@ -135,6 +135,15 @@ def reading_of(model: Mapping[str, Any] | None, refusal: Refusal | None) -> Read
     if failed_load:
         return Reading(BLOCKED, FAILED, total=total, failed=not_ready, failure=failure)
     return Reading(IN_PROGRESS, LOADING, total=total, failure=failure)
+
+
+def with_storage_key(reading: Reading, key: str | None) -> Reading:
+    """`reading` whose failed load names the storage key its files come from (the TritonModel's
+    message names the bucket and the path): which `storage-config` entry to check."""
+    if key is None or reading.failure is None or reading.failure[0] != MODEL_LOAD_FAILED:
+        return reading
+    reason, message, since = reading.failure
+    return replace(reading, failure=(reason, f"storage key {key}: {message}", since))
 
 
 def status_of(

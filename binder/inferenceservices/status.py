@@ -14,7 +14,14 @@ from concurrent.futures import Executor
 from typing import Any
 
 from binder.api.kube import Kube
-from binder.inferenceservices.modelstatus import CONDITIONS, Refusal, reading_of, status_of
+from binder.inferenceservices.modelstatus import (
+    CONDITIONS,
+    Refusal,
+    reading_of,
+    status_of,
+    with_storage_key,
+)
+from binder.inferenceservices.predictor import InvalidSpecError, parse
 from binder.inferenceservices.tritonmodel import API_VERSION, KIND
 from common.conditions import now_rfc3339
 from common.kubeapi.errors import ConflictError, NotFoundError
@@ -32,6 +39,14 @@ def _pruned(value: Any) -> Any:
     if isinstance(value, list):
         return [_pruned(v) for v in value]
     return value
+
+
+def _storage_key(obj: JsonObject) -> str | None:
+    """The storage key the InferenceService's files come from (None: none, or no valid spec)."""
+    try:
+        return parse(obj).storage.key
+    except InvalidSpecError:
+        return None
 
 
 class StatusWriter:
@@ -58,7 +73,7 @@ class StatusWriter:
         meta = obj["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
         old = obj.get("status") or {}
-        reading = reading_of(model, refusal)
+        reading = with_storage_key(reading_of(model, refusal), _storage_key(obj))
         fields, said = status_of(
             namespace, int(meta.get("generation") or 1), reading, old, now_rfc3339()
         )

@@ -5,7 +5,8 @@ for an S3 API server (moto, IAM authentication on), and InferenceServices whose 
 and the path of one `.onnx` file. The host's loader lays the file out as Triton's model; one
 without a schema gets its inputs and outputs from the model (Triton's auto-complete: batches of
 up to 4), one with `schemaPath` takes the schema's (any batch, no batcher); each reads `Loaded`
-and answers through `modelmesh-serving:8033` with ONNX Runtime's own numbers."""
+and answers through `modelmesh-serving:8033` with ONNX Runtime's own numbers. One whose file is
+missing reads `FailedToLoad` naming the storage key, the bucket and the path."""
 
 from __future__ import annotations
 
@@ -120,6 +121,15 @@ def _loaded(custom: Any, name: str) -> dict[str, Any] | None:
     return status if states.get("activeModelState") == "Loaded" else None
 
 
+def _failed(custom: Any, name: str) -> dict[str, Any] | None:
+    obj = custom.get_namespaced_custom_object(KSERVE, "v1beta1", NAMESPACE, ISVCS, name)
+    model_status = (obj.get("status") or {}).get("modelStatus") or {}
+    if (model_status.get("states") or {}).get("activeModelState") != "FailedToLoad":
+        return None
+    failure: dict[str, Any] = model_status.get("lastFailureInfo") or {}
+    return failure
+
+
 def _said(custom: Any, name: str) -> str:
     """The InferenceService's and its TritonModel's status, for a wait that timed out."""
     isvc = custom.get_namespaced_custom_object(KSERVE, "v1beta1", NAMESPACE, ISVCS, name)
@@ -170,7 +180,12 @@ def test_a_single_onnx_file_at_a_storage_key_and_path_answers_as_onnx_runtime(
     custom.create_namespaced_custom_object(
         KSERVE, "v1alpha1", NAMESPACE, "servingruntimes", TRITON_2X
     )
-    for body in (_isvc("example-onnx-mnist"), _isvc("mnist-schema", schemaPath="onnx/schema.json")):
+    missing = _isvc("missing", path="onnx/missing.onnx")
+    for body in (
+        _isvc("example-onnx-mnist"),
+        _isvc("mnist-schema", schemaPath="onnx/schema.json"),
+        missing,
+    ):
         custom.create_namespaced_custom_object(KSERVE, "v1beta1", NAMESPACE, ISVCS, body)
     for name in ("example-onnx-mnist", "mnist-schema"):
         status = wait_until(
@@ -180,6 +195,12 @@ def test_a_single_onnx_file_at_a_storage_key_and_path_answers_as_onnx_runtime(
             on_fail=lambda name=name: _said(custom, name) + cluster.log_tails(),  # type: ignore[misc]
         )
         assert status["url"] == f"grpc://modelmesh-serving.{NAMESPACE}:8033", status
+
+    # A fetch that finds nothing says which storage key, bucket and path.
+    failure = wait_until("missing FailedToLoad", partial(_failed, custom, "missing"), 60)
+    assert failure["reason"] == "ModelLoadFailed", failure
+    said = failure["message"]
+    assert "storage key localMinIO: " in said and f"s3://{BUCKET}/onnx/missing.onnx" in said, said
 
     session = onnxruntime.InferenceSession(mnist, providers=["CPUExecutionProvider"])
     images = np.random.default_rng(1).random((6, 1, 28, 28), dtype=np.float32)

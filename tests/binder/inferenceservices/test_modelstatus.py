@@ -19,6 +19,7 @@ from binder.inferenceservices.modelstatus import (
     Refusal,
     reading_of,
     status_of,
+    with_storage_key,
 )
 
 URI = "s3://b/m"
@@ -126,3 +127,14 @@ def test_a_failures_time_stays_while_it_is_the_same() -> None:
     other = Reading(INVALID, FAILED, failure=("InvalidPredictorSpec", "worse", ""))
     moved, _ = status_of("ns", 1, other, first, "t3")
     assert moved["modelStatus"]["lastFailureInfo"]["time"] == "t3"
+
+
+def test_a_failed_load_names_the_storage_key_its_files_come_from() -> None:
+    """The TritonModel's message names the bucket and path; the key says which storage-config
+    entry holds them. Other failures, and files without a key, are left as they are."""
+    failed = Reading(BLOCKED, FAILED, failure=("ModelLoadFailed", f"{URI}: S3 refused", "t"))
+    named = with_storage_key(failed, "localMinIO")
+    assert named.failure == ("ModelLoadFailed", f"storage key localMinIO: {URI}: S3 refused", "t")
+    assert with_storage_key(failed, None) == failed
+    waiting = Reading(IN_PROGRESS, LOADING, failure=("RuntimeUnhealthy", "no room", "t"))
+    assert with_storage_key(waiting, "localMinIO") == waiting
