@@ -20,11 +20,11 @@ from agent.gpus.processes import TritonProcesses
 
 
 class ApartMemory:
-    """Reads, per GPU, what each model measured apart holds; `executor` runs the NVML calls (None:
-    the loop's default executor)."""
+    """Reads, per GPU, what each model measured apart holds; `executor` runs the NVML calls (the
+    agent's own thread: never the loop's default executor, which other work may fill)."""
 
     def __init__(
-        self, reader: GpuReader, processes: TritonProcesses, *, executor: Executor | None
+        self, reader: GpuReader, processes: TritonProcesses, *, executor: Executor
     ) -> None:
         self._reader = reader
         self._processes = processes

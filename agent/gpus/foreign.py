@@ -73,7 +73,8 @@ def describe(process: ForeignProcess) -> str:
 
 class ForeignWatch:
     """Checks the GPUs' processes every period; `counts` feeds the metric. `executor` runs the
-    checks, which call NVML and read /proc (None: the loop's default executor)."""
+    checks, which call NVML and read /proc (the agent's own thread: never the loop's default
+    executor, which other work may fill)."""
 
     def __init__(
         self,
@@ -83,7 +84,7 @@ class ForeignWatch:
         node_name: str,
         *,
         period: float,
-        executor: Executor | None,
+        executor: Executor,
     ) -> None:
         self._reader = reader
         self._processes = processes

@@ -95,20 +95,18 @@ class NodePublisher:
     def __init__(
         self,
         kube: NodeApi,
-        reader: GpuReader | None,
+        reader: GpuReader,
         metrics: AgentMetrics,
         settings: NodeSettings,
         *,
         clocks: Clocks = Clocks(),
-        nvml_executor: Executor | None,
-        on_snapshot: Callable[[GpuSnapshot], None] | None,
-        usage: Callable[[GpuSnapshot | None], str] | None,
+        nvml_executor: Executor,
+        on_snapshot: Callable[[GpuSnapshot], None],
+        usage: Callable[[GpuSnapshot | None], str | None],
     ) -> None:
-        """`reader` None publishes no GPUs. NVML calls can block for seconds on a failing GPU:
-        with `nvml_executor` they run there, so health checks and the API keep answering (None:
-        they run on the loop's thread). `on_snapshot` sees each good reading (where NVML was
-        read; None: nothing does); `usage` gives the measured memory annotation (None: not
-        published)."""
+        """NVML calls can block for seconds on a failing GPU: they run on `nvml_executor`, so
+        health checks and the API keep answering. `on_snapshot` sees each good reading (where
+        NVML was read); `usage` gives the measured memory annotation (None: none to publish)."""
         self._kube = kube
         self._reader = reader
         self._metrics = metrics
@@ -130,9 +128,6 @@ class NodePublisher:
     # GPUs.
     def read_gpus(self) -> GpuSnapshot | None:
         """Read NVML once; keep the last good snapshot when NVML fails, in any way."""
-        if self._reader is None:
-            self.snapshot, self.gpus_read = GpuSnapshot(), True
-            return self.snapshot
         try:
             snapshot = self._reader.read()
         except NvmlUnavailableError as e:
@@ -170,8 +165,7 @@ class NodePublisher:
                 ", ".join(f"{g.index}={g.product} ({g.uuid})" for g in snapshot.gpus) or "none",
             )
         self.snapshot, self.gpus_read = snapshot, True
-        if self._on_snapshot is not None:
-            self._on_snapshot(snapshot)
+        self._on_snapshot(snapshot)
         return snapshot
 
     async def wait_for_gpus(self, seconds: float, retry: float, source: str) -> None:
@@ -188,9 +182,7 @@ class NodePublisher:
             await self.refresh_gpus()
 
     async def refresh_gpus(self) -> GpuSnapshot | None:
-        """`read_gpus` on the NVML executor when there is one."""
-        if self._nvml_executor is None:
-            return self.read_gpus()
+        """`read_gpus` on the NVML executor."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._nvml_executor, self.read_gpus)
 
@@ -237,7 +229,7 @@ class NodePublisher:
         them all, and the binder would place models on GPUs this Triton cannot reach. Nothing
         is compared where the node advertises no `nvidia.com/gpu` (DRA, the environment-variable
         mode) or on a CPU-only node."""
-        if self.settings.cpu_only or self._reader is None:
+        if self.settings.cpu_only:
             return
         name = self.settings.node_name
         node = await self._kube.get_node(name)
@@ -282,12 +274,14 @@ class NodePublisher:
         writes = 0
         wanted = node_annotations(self.snapshot, self.settings.keys)
         now = self._clock()
-        if self._usage is not None and (
+        if (
             self._usage_written_at is None
             or now - self._usage_written_at >= self.settings.usage_publish_seconds
         ):
             # Measured memory changes often; it is published at most once per period.
-            wanted[self.settings.keys.gpu_usage] = self._usage(self.snapshot)
+            usage = self._usage(self.snapshot)
+            if usage is not None:
+                wanted[self.settings.keys.gpu_usage] = usage
         changed = annotations_patch(self._node_annotations, wanted)
         if changed:
             await self._kube.patch_node_annotations(self.settings.node_name, changed)

@@ -33,6 +33,7 @@ from agent.triton import TritonClient
 from common.events import EventText
 from sim.gpu.nvml import MockNvml
 from sim.gpu.spec import parse_spec
+from tests.executors import CallerThread
 
 
 class NoGpus:
@@ -99,7 +100,9 @@ def bare_models(
         ledger=MemoryLedger(),
         host=HostMemory(unknown, HostMemoryRules(), quiet=QuietWindow(None, max_age=10.0)),
         apart=ApartMemory(
-            GpuReader(nvml=MockNvml(parse_spec("1xA100-80GB")).as_module()), unknown, executor=None
+            GpuReader(nvml=MockNvml(parse_spec("1xA100-80GB")).as_module()),
+            unknown,
+            executor=CallerThread(),
         ),
         metrics=metrics,
     )

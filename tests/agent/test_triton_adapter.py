@@ -22,6 +22,7 @@ from agent.triton import READY, TritonClient
 from common.contract import Keys
 from sim.triton import TritonServer, free_port
 from tests.conftest import copy_model
+from tests.executors import CallerThread
 
 
 @pytest.mark.triton
@@ -89,9 +90,9 @@ async def test_a_node_without_nvml(cpu_only: bool, kubeconfig: Path) -> None:
                 system_namespace="tritonshare-system",
                 cpu_only=cpu_only,
             ),
-            nvml_executor=None,
-            on_snapshot=None,
-            usage=None,
+            nvml_executor=CallerThread(),
+            on_snapshot=lambda snapshot: None,
+            usage=lambda snapshot: None,  # the measured memory is not published
         )
         snapshot = node.read_gpus()
     finally:

@@ -29,6 +29,7 @@ from agent.settings import parse_settings as agent_settings
 from agent.status.node import NodePublisher, NodeSettings
 from common.contract import Keys
 from sim.gpu.nvml import NVML_ERROR_NOT_SUPPORTED, MockNvml, NVMLError, parse_spec
+from tests.executors import CallerThread
 from tests.gpu import hardware
 
 MIB = 1024**2
@@ -168,8 +169,8 @@ def published_by_the_agent(gpus: Gpus, keys: Keys) -> dict[str, str]:
             system_namespace="tritonshare-system",
             cpu_only=False,
         ),
-        nvml_executor=None,
-        on_snapshot=None,
+        nvml_executor=CallerThread(),
+        on_snapshot=lambda snapshot: None,
         usage=MemoryLedger().annotation,
     )
     publisher.read_gpus()

@@ -10,6 +10,7 @@ from agent.gpus.apart import ApartMemory
 from agent.gpus.nvml import GpuReader
 from agent.gpus.processes import TritonProcesses
 from sim.gpu.nvml import MockNvml, parse_spec
+from tests.executors import CallerThread
 
 MI = 1024**2
 STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
@@ -45,7 +46,7 @@ def test_each_models_stubs_and_their_children_hold_what_nvml_lists_for_them(
     for pid, used in ((11, 600 * MI), (13, 100 * MI), (14, 700 * MI), (10, 900 * MI)):
         mock.add_process(0, pid, used)
     mock.add_process(1, 12, 50 * MI)
-    apart = ApartMemory(GpuReader(nvml=mock.as_module()), processes, executor=None)
+    apart = ApartMemory(GpuReader(nvml=mock.as_module()), processes, executor=CallerThread())
     assert apart.held_now(0) == {"ns-a.m1-x": 700 * MI, "ns-b.m2-y": 700 * MI}
     assert apart.held_now(1) == {"ns-a.m1-x": 50 * MI}
     # How many of each model's processes are on each GPU: what the driver's share is split by.
@@ -55,13 +56,13 @@ def test_each_models_stubs_and_their_children_hold_what_nvml_lists_for_them(
     assert apart.held_now(0) is None
     assert (
         ApartMemory(
-            GpuReader(nvml=mock.as_module()), TritonProcesses(None), executor=None
+            GpuReader(nvml=mock.as_module()), TritonProcesses(None), executor=CallerThread()
         ).held_now(0)
         is None
     )
     assert (
         ApartMemory(
-            GpuReader(nvml=mock.as_module()), TritonProcesses(None), executor=None
+            GpuReader(nvml=mock.as_module()), TritonProcesses(None), executor=CallerThread()
         ).listed_now(0)
         is None
     )

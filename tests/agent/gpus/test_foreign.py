@@ -21,6 +21,7 @@ from agent.metrics import AgentMetrics
 from sim.gpu.nvml import MockNvml, parse_spec
 from sim.triton import TritonServer
 from tests.agent.conftest import NODE, StartAgent, eventually
+from tests.executors import CallerThread
 
 
 def node_events(api: kubernetes.client.ApiClient) -> list[str]:
@@ -78,7 +79,7 @@ async def test_a_process_that_is_not_triton_s_is_counted_and_reported_once(
             await asyncio.sleep(0.05)
             tree = processes.tree()
         child = max(tree.pids - {triton.pid})
-        watch = ForeignWatch(reader, processes, kube, NODE, period=1.0, executor=None)
+        watch = ForeignWatch(reader, processes, kube, NODE, period=1.0, executor=CallerThread())
         metrics.watch_foreign(watch.counts)
         mock.add_process(0, triton.pid, 300 << 20)
         mock.add_process(1, child, 200 << 20)
@@ -112,7 +113,7 @@ async def test_a_process_that_is_not_triton_s_is_counted_and_reported_once(
         # Triton's PID unknown: nothing is checked (a guess would blame Triton itself).
         assert (
             ForeignWatch(
-                reader, TritonProcesses(None), kube, NODE, period=1.0, executor=None
+                reader, TritonProcesses(None), kube, NODE, period=1.0, executor=CallerThread()
             ).check(reader.read())
             is None
         )

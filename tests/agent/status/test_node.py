@@ -26,6 +26,7 @@ from common.contract import Keys
 from sim.apiserver import RunningApiServer
 from sim.gpu.nvml import Event, MockNvml, SpecError, load_events, parse_spec
 from tests.agent.conftest import NODE, make_node, start_agent
+from tests.executors import CallerThread
 from tests.fixtures_sim import write_test_placement_key
 
 T4 = 15360 * 1024 * 1024
@@ -68,9 +69,9 @@ def publisher(
             **settings,
         ),
         clocks=Clocks(monotonic=fake.clock, sleep=sleep or fake.sleep, wall=fake.wall),
-        nvml_executor=None,
-        on_snapshot=None,
-        usage=None,
+        nvml_executor=CallerThread(),
+        on_snapshot=lambda snapshot: None,
+        usage=lambda snapshot: None,  # the measured memory is not published
     )
 
 
