@@ -304,9 +304,12 @@ class Proxy:
 
     def retuned(self, served: Served) -> None:
         """A host model's line changed: a parked one now served here lets its requests go on;
-        an on-demand one takes its new idle time; an idempotent one is sent again."""
+        an on-demand one takes its new idle time; an idempotent one is sent again; a leaving
+        one's idle streams end."""
         entry = served.entry
         served.resend = entry.idempotent
+        if entry.leaving:
+            self.end_unserved()
         if entry.parked != self.parking.asleep(served.model_id):
             if entry.parked:
                 self.park(served)
@@ -338,6 +341,14 @@ class Proxy:
         for model_id in [m for m in self.parking.models if m not in self.table.names]:
             self.parking.unpark(model_id, gone=True)
         self.sleep_changed()
+        self.end_unserved()
+
+    def end_unserved(self) -> None:
+        """A model leaves the host or left its table: its idle gRPC streams end now, the others
+        after their answers, so that their clients open them again through the Service."""
+        for relay in (self.grpc, self.mesh_grpc):
+            if isinstance(relay, GrpcRelay):
+                relay.end_unserved()
 
     def removed(self, served: Served) -> None:
         """A model left the host's table: no more sleeps or wakes of it from here."""

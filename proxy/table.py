@@ -18,9 +18,11 @@ Triton's answers, to and from that entry's private name (`private`, `private_enc
 may stand for replicas of its model on the host (`Replicas`, one or several): each request goes
 to the one with the fewest requests held, and is mapped to its private name once picked.
 
-A model that leaves the table is drained: the routers stop naming it at once (its new requests
-are answered as Triton answers for a model it does not have), the requests it has in flight
-finish, and after them (or after the drain bound) its entry and its metrics go. The table is no
+A model that leaves the table is drained: the routers stop naming it at once (for
+`LEFT_SECONDS` its new inference requests are answered "retry", REST 503 with `Retry-After` and
+gRPC UNAVAILABLE, its streams end so; then as Triton answers for a model it does not have), the
+requests it has in flight finish, and after them (or after the drain bound) its entry and its
+metrics go. The table is no
 authorization: the node gateway and the agent check each replica's proof; this only narrows what
 the proxy forwards. What it must not do: talk to Triton or the agent, or relay bytes.
 """
@@ -74,6 +76,11 @@ class Entry:
     answer began is sent again (`Served.resend`)."""
 
 
+LEFT_SECONDS: Final = 60.0
+"""How long a model that left the table is answered "served elsewhere: retry" (REST 503 with
+`Retry-After`, gRPC UNAVAILABLE) rather than Triton's unknown-model answer: a client whose
+connection outlived the model's time here, or that the Service's endpoints had not caught up
+for, retries through the Service, which routes to a host that serves it."""
 RESEND_BYTES: Final = 1024 * 1024
 """The most of one request a proxy keeps to send again (`Served.resend`); a larger one is not
 kept, and fails as any other model's if its connection goes under it."""
@@ -268,6 +275,11 @@ class ModelTable:
         """The private name in Triton of each model that has one (REST paths)."""
         self.private_encoded: dict[bytes, bytes] = {}
         """`private`, encoded (gRPC messages)."""
+        self.left: set[str] = set()
+        """The model ids that left the table within `LEFT_SECONDS` (draining or removed), and
+        are not back: the routers answer them "retry" (`LEFT_SECONDS`)."""
+        self.left_encoded: set[bytes] = set()
+        self._left_at: dict[str, float] = {}
         self._identity: tuple[int, int, int] | None = None
         self._waiting_said = False
 
@@ -301,13 +313,18 @@ class ModelTable:
                 continue
             self.names.add(name)
             self.encoded.add(name.encode())
+            if self._left_at.pop(name, None) is not None:
+                self.left.discard(name)
+                self.left_encoded.discard(name.encode())
             changed = True
         names = {entry.model for entry in wanted}
         for name, served in self.models.items():
             if name not in names and served.draining_since is None:
-                served.draining_since = self._clock()
+                served.draining_since = self._left_at[name] = self._clock()
                 self.names.discard(name)
                 self.encoded.discard(name.encode())
+                self.left.add(name)
+                self.left_encoded.add(name.encode())
                 changed = True
                 log.info(
                     "Model %s left the table: refusing its new requests, removing it once its "
@@ -334,8 +351,18 @@ class ModelTable:
             limiter.set_limit(limit)
 
     def sweep(self) -> None:
-        """Remove the draining entries with nothing in flight, or past the drain bound."""
+        """Remove the draining entries with nothing in flight, or past the drain bound; forget
+        the models that left `LEFT_SECONDS` ago."""
         now = self._clock()
+        forgot = False
+        for name, left_at in list(self._left_at.items()):
+            if now - left_at >= LEFT_SECONDS:
+                del self._left_at[name]
+                self.left.discard(name)
+                self.left_encoded.discard(name.encode())
+                forgot = True
+        if forgot and self.on_change is not None:
+            self.on_change()  # the relays' prepared answers for it go too
         for name, served in list(self.models.items()):
             since = served.draining_since
             if since is None:

@@ -13,6 +13,12 @@ request's end, whatever its tenant has read. The relay's
 own answers (another model, refused APIs, overload) go on the stream through the same windows as
 Triton's.
 
+A stream whose model leaves the host or left its table ends UNAVAILABLE, with GOAWAY on its
+connection, as soon as none of its requests is at Triton and its answers are out (at once when
+idle, else after its last answer), so that its client opens it again through the model's
+Service; a message that comes meanwhile for a model gone from the table waits, unsent, and
+ends with it.
+
 One `StreamGate` per tenant connection, fed by its `intake.StreamIntake` (reached back through
 `GateHooks`); it writes through the connection's `outbox.Outbox`, answers through its
 `replies.Replies`, and reaches the listener through `GateContext`. What it must not do: decide
@@ -50,6 +56,16 @@ FORWARDED: Final = frozenset(
 OTHER_MODEL: Final = (
     "this stream serves model {}, which its first message named; open a stream per model"
 )
+UNSERVED: Final = (
+    "model {} is no longer served here (it moves to another host, or its host is replaced): "
+    "open the stream again, through the model's Service"
+)
+
+
+def unserved(served: Served | None) -> bool:
+    """Whether `served` is a model that leaves this host (`table.Entry.leaving`) or left its
+    table (draining, or removed): its streams end once idle (`StreamGate.end_unserved`)."""
+    return served is not None and (served.entry.leaving or served.draining_since is not None)
 
 
 class GateContext(Protocol):
@@ -229,6 +245,58 @@ class StreamGate:
         while stream.slots:
             stream.slots -= 1
             limiter.release()
+        if served is not None and (served.entry.leaving or served.draining_since is not None):
+            self.end_unserved(stream)
+
+    def end_unserved(self, stream: Stream, model: str = "") -> None:
+        """`stream`'s model leaves the host or left its table (`unserved`) and none of its
+        requests is at Triton: it ends UNAVAILABLE (what it buffered was never sent) and its
+        connection takes no new stream (GOAWAY), so that its client opens it again through
+        the model's Service, which routes to a host that serves it."""
+        if self.streams.get(stream.sid) is not stream or not stream.started:
+            return
+        served = stream.served
+        self.replies.hooks.go_away()
+        name = served.model_id if served is not None else model
+        self.refuse(stream, "UNAVAILABLE", UNSERVED.format(name), None, 1)
+
+    def end_idle_unserved(self) -> None:
+        """The table changed: every open stream of a model that leaves the host or left its
+        table, and that has nothing at Triton nor for its tenant, ends now (`end_unserved`);
+        the others end as their last answers leave (`settled`)."""
+        for stream in list(self.streams.values()):
+            tracker = stream.finals
+            if (
+                tracker is not None
+                and unserved(stream.served)
+                and not tracker.pending
+                and tracker.quiet
+                and not stream.held
+            ):
+                self.end_unserved(stream)
+
+    def _unsent(
+        self, stream: Stream, message: bytes, framed: bytes | None, model: str = ""
+    ) -> bool:
+        """A message of a stream whose model left the table: kept unsent in the buffer; the
+        stream ends now if nothing of it is at Triton, else once its answers are out
+        (`settled`). False: the stream reads no further."""
+        stream.buf[:0] = framed or framing.grpc_message(message)
+        tracker = stream.finals
+        assert tracker is not None
+        if not tracker.pending and not stream.slots:
+            self.end_unserved(stream, model)
+        return False
+
+    def _left_table(self, message: bytes) -> str:
+        """The model a stream message names when it left the table moments ago
+        (`table.LEFT_SECONDS`); '' otherwise: a model never served here gets Triton's
+        unknown-model answer in the stream."""
+        try:
+            name = wire.string_fields(message, (1,)).get(1, b"")
+        except wire.WireError:
+            return ""
+        return name.decode() if name in self._router.left else ""
 
     async def _wait_slot(self, stream: Stream, limiter: Limiter) -> None:
         try:
@@ -277,6 +345,9 @@ class StreamGate:
                 total = len(named) + 5
                 message, framed = named, None
         if stream.streaming:
+            served = stream.served
+            if served is not None and served.draining_since is not None:
+                return self._unsent(stream, message, framed)  # its model left the table
             refusal = router.decide_stream_message(message)
             if refusal is None and router.per_model:
                 refusal = self._other_than_served(stream, message)
@@ -309,6 +380,10 @@ class StreamGate:
                 tracker.sent(request_id, asked)
                 self._tail(stream, sent, framed)
                 return True
+            if stream.served is None and self._router.left:
+                gone = self._left_table(message)
+                if gone:  # a new stream's first message, for a model that left
+                    return self._unsent(stream, message, framed, gone)
             self.replies.forwarded(stream, total)
             self.inject(stream, refusal)
             return True
@@ -320,7 +395,12 @@ class StreamGate:
         stream.route = decision.route
         if isinstance(decision, GrpcAnswer):
             ok = decision.code == "OK"
-            self.refuse(stream, decision.code, decision.details, decision.response if ok else None)
+            retry_after = 0
+            if decision.code == "UNAVAILABLE":  # a model that left the host (`routing.left`)
+                self.replies.hooks.go_away()  # the client's next call: through the Service
+                retry_after = 1
+            response = decision.response if ok else None
+            self.refuse(stream, decision.code, decision.details, response, retry_after)
             return False
         limiter = self._limiter
         quarantine = limiter.refusal

@@ -73,6 +73,10 @@ class ReplyHooks(FrameSink):
         free the slot it kept for them."""
         raise NotImplementedError
 
+    def go_away(self) -> None:
+        """Take no new streams on the connection; those already open finish."""
+        raise NotImplementedError
+
 
 class Replies(TenantSide):
     """The tenant-bound half of one tenant connection (see the module docstring)."""

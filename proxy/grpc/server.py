@@ -54,6 +54,7 @@ class GrpcRelay:
             settings.triton_name,
             table.encoded if mesh is None else mesh.encoded,
             table.private_encoded if table.renames else None,
+            table.left_encoded if mesh is None else None,
         )
         self.mesh = mesh is not None
         """The namespace router's port (`proxy.mesh`): a call is opened upstream once its
@@ -221,6 +222,12 @@ class GrpcRelay:
                 connection.go_away()
         elif self._server is not None and self._server.is_serving():
             self.closing = False
+
+    def end_unserved(self) -> None:
+        """Models left the table or are listed leaving: the streams of theirs with nothing at
+        Triton end now (`gate.StreamGate.end_idle_unserved`), the others after their answers."""
+        for connection in list(self.connections):
+            connection.gate.end_idle_unserved()
 
     def abort_all(self) -> None:
         """Drop every tenant connection now, open streams or not (the caller lost its right)."""

@@ -65,6 +65,7 @@ class RestRelay:
             settings.triton_name,
             table.names if mesh is None else mesh.names,
             table.private if table.renames else None,
+            table.left if mesh is None else None,
         )
         self.listen = settings.listen_http
         """Where it listens: the REST port, or (`mesh`) the namespace router's."""

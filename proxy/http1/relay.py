@@ -244,7 +244,7 @@ class ClientConnection(Exchange):
         """Give `answer` (the router's, or `gate.admit`'s), closing after it if it says so."""
         if answer.close:
             self._keep_alive = False
-        self._answer_locally(answer.status, answer.content_type, answer.body)
+        self._answer_locally(answer.status, answer.content_type, answer.body, answer.retry_after)
 
     def _give_health_body(self, upstream: Upstream, decision: Forward) -> None:
         """Have Triton's answer to the health call just sent on `upstream` reach the tenant

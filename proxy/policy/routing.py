@@ -69,6 +69,8 @@ class Answer:
     """Close the connection after it: a host's answer for a model it does not serve (the
     client's keep-alive connection outlived the model's replica here: its next connection goes
     through the model's Service, to a host that serves it)."""
+    retry_after: int = 0
+    """Seconds for a `Retry-After` header (0: none)."""
 
 
 def error_body(message: str) -> bytes:
@@ -78,6 +80,14 @@ def error_body(message: str) -> bytes:
 
 NOT_FOUND: Final = Answer("unknown", 404, TEXT, error_body("Not Found"))
 _METHOD_NOT_ALLOWED: Final = error_body("Method Not Allowed")
+
+
+def left_model_message(name: str) -> str:
+    """What a host answers for a model that left it moments ago (`table.LEFT_SECONDS`)."""
+    return (
+        f"model '{name}' is no longer served on this host (it moved to another, or the host is "
+        "being replaced): retry, through the model's Service"
+    )
 
 
 def unknown_model_message(name: str, served: str = "") -> str:
@@ -199,9 +209,13 @@ class HttpRouter:
         triton_name: str = "",
         names: set[str] | None = None,
         private: dict[str, str] | None = None,
+        left: set[str] | None = None,
     ) -> None:
         self.model_id = model_id
         self.names: set[str] = {model_id} if names is None else names
+        self.left: set[str] = set() if left is None else left
+        """A host's models that left its table moments ago (`table.ModelTable.left`): their
+        inference requests are answered 503 with `Retry-After`, the connection closed."""
         self.triton_name = triton_name or model_id
         self.renames = self.triton_name != model_id
         """Triton knows the model by another name: paths, and Triton's answers, are mapped."""
@@ -226,6 +240,9 @@ class HttpRouter:
                 answer = _other_model(method, name, kind, served_words(self.model_id, self.names))
                 if self.model_id:
                     return answer
+                if answer.status == 404 and kind in _INFERENCE_KINDS and name in self.left:
+                    body = error_body(left_model_message(name))
+                    return Answer(answer.route, 503, answer.content_type, body, True, 1)
                 return Answer(answer.route, answer.status, answer.content_type, answer.body, True)
             if self.renames:  # the path begins with MODELS and the model id, matched above
                 raw_path = MODELS + self.triton_name + raw_path[self._cut :]
@@ -344,10 +361,14 @@ class GrpcRouter:
         triton_name: str = "",
         names: set[bytes] | None = None,
         private: dict[bytes, bytes] | None = None,
+        left: set[bytes] | None = None,
     ) -> None:
         self.model_id = model_id
         self._name = model_id.encode()
         self.names: set[bytes] = {self._name} if names is None else names
+        self.left: set[bytes] = set() if left is None else left
+        """A host's models that left its table moments ago (`table.ModelTable.left_encoded`):
+        their inference calls and streams are answered UNAVAILABLE, with GOAWAY."""
         self.triton_name = (triton_name or model_id).encode()
         self.renames = self.triton_name != self._name
         """Triton knows the model by another name: messages, and Triton's answers, are mapped."""
@@ -369,6 +390,8 @@ class GrpcRouter:
             return GrpcAnswer(kind, "OK")  # ready: false, Triton's answer for an unknown model
         if kind == "ModelStatistics":
             return GrpcAnswer(kind, "INVALID_ARGUMENT", unavailable_model_message(_text(name)))
+        if kind == "ModelInfer" and name in self.left:
+            return GrpcAnswer(kind, "UNAVAILABLE", left_model_message(_text(name)))
         return GrpcAnswer(kind, "NOT_FOUND", self.unknown_message(name))
 
     def unknown_message(self, name: bytes) -> str:

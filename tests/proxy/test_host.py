@@ -196,8 +196,10 @@ async def test_a_removed_model_drains_and_an_added_one_is_served(
                 await wait_until(lambda: "identity" in table.names, "identity joining the table")
                 assert "sleepy" not in table.names and "sleepy" in table.models  # draining
                 async with session.post(f"{base}/sleepy/infer", data=body) as response:
-                    assert response.status == 404
-                    assert "unknown model: 'sleepy'" in await response.text()
+                    # Served elsewhere now: the client retries through the Service.
+                    assert response.status == 503
+                    assert response.headers["Retry-After"] == "1"
+                    assert "no longer served on this host" in await response.text()
                 # On the same connection, the same request now finds the model.
                 assert await asyncio.to_thread(identity_ready) == 200
                 response = await in_flight  # sent before the model left: it finishes

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy
@@ -101,8 +102,9 @@ def test_a_model_gone_from_the_host_closes_the_connection_it_came_on(
     host: RunningProxy, table: Path
 ) -> None:
     """A keep-alive connection that outlived its model's time on the host (no request came while
-    it was `leaving`): the host's 404 for it says `Connection: close` and ends the connection, so
-    the client's next request goes through the model's Service instead of finding 404 again."""
+    it was `leaving`): the host's answer for it is 503 with `Retry-After` (the model is served
+    elsewhere: retry), says `Connection: close` and ends the connection, so the client's retry
+    goes through the model's Service instead of finding the model gone again."""
     connection = http.client.HTTPConnection(host.http_url, timeout=10)
     try:
         assert _infer(connection, "add_one").getheader("Connection") is None
@@ -120,12 +122,13 @@ def test_a_model_gone_from_the_host_closes_the_connection_it_came_on(
             )
             answer = connection.getresponse()
             body = answer.read()
-            if answer.status == 404:
+            if answer.status != 200:
                 break
-            assert answer.status == 200, (answer.status, body)
             assert time.monotonic() < deadline, "the host went on serving add_one"
             time.sleep(0.05)
-        assert b"this host serves 'identity'" in body
+        assert answer.status == 503, (answer.status, body)
+        assert b"no longer served on this host" in body and b"retry" in body, body
+        assert answer.getheader("Retry-After") == "1"
         assert answer.getheader("Connection") == "close"
         assert connection.sock is None
     finally:
@@ -175,3 +178,31 @@ def test_a_leaving_model_s_grpc_clients_are_sent_goaway(host: RunningProxy, tabl
         for poller in pollers:
             poller.join(5)
         channel.close()
+
+
+def test_a_grpc_call_for_a_model_gone_from_the_host_is_told_to_retry(
+    host: RunningProxy, table: Path
+) -> None:
+    """A gRPC call for a model that just left the host: UNAVAILABLE (with `retry-after`),
+    which gRPC clients retry, not Triton's NOT_FOUND, and its connection gets GOAWAY."""
+    client = grpcclient.InferenceServerClient(host.grpc_url)
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+    try:
+        client.infer("add_one", [tensor])
+        temporary = table.with_suffix(".new")
+        temporary.write_text(json.dumps([{"model": "identity"}]))
+        temporary.replace(table)
+        deadline = time.monotonic() + 10
+        while True:  # until the proxy has reread its table
+            try:
+                client.infer("add_one", [tensor], client_timeout=10)
+            except InferenceServerException as e:
+                error = e
+                break
+            assert time.monotonic() < deadline, "the host went on serving add_one"
+            time.sleep(0.05)
+        assert error.status() == "StatusCode.UNAVAILABLE", (error.status(), str(error))
+        assert "no longer served on this host" in str(error), str(error)
+    finally:
+        client.close()

@@ -90,3 +90,88 @@ def test_an_idle_open_stream_leaves_its_models_one_slot_to_a_unary_call(
     finally:
         stream.close()
         unary.close()
+
+
+def _ended_unavailable(stream: StreamClient, within: float = 10.0) -> str:
+    """Wait for the stream's end (its callback's error) and return what it said; it must be
+    UNAVAILABLE, which gRPC clients take as "open it again"."""
+    result, error = stream.answers.get(timeout=within)
+    assert result is None and error is not None, "an answer came where the stream should end"
+    assert error.status() == "StatusCode.UNAVAILABLE", (error.status(), str(error))
+    return str(error)
+
+
+def test_an_idle_stream_of_a_model_leaving_the_host_ends_unavailable(
+    host: RunningProxy, table: Path
+) -> None:
+    """add_one is listed leaving (its Service no longer routes here): its open, idle stream
+    ends at once with UNAVAILABLE, so that its client opens it again through the Service;
+    the host's other model's stream stays open and answered."""
+    leaving = StreamClient(host.grpc_url)
+    staying = StreamClient(host.grpc_url)
+    try:
+        assert leaving.infer("l0").get_response().id == "l0"
+        staying.client.async_stream_infer("identity", identity_inputs(), request_id="i0")
+        assert staying.answers.get(timeout=30)[1] is None
+        write_table(
+            table,
+            [{"model": "add_one", "maxConcurrency": 1, "leaving": True}, {"model": "identity"}],
+        )
+        said = _ended_unavailable(leaving)
+        assert "add_one" in said and "Service" in said, said
+        staying.client.async_stream_infer("identity", identity_inputs(), request_id="i1")
+        result, error = staying.answers.get(timeout=30)
+        assert error is None and result.get_response().id == "i1", error
+    finally:
+        leaving.close()
+        staying.close()
+
+
+def test_a_stream_of_a_model_gone_from_the_host_ends_unavailable_not_unknown_model(
+    host: RunningProxy, table: Path
+) -> None:
+    """add_one leaves the models file outright (the host no longer serves it): its open stream
+    ends UNAVAILABLE; before, each later message got "unknown model" inside the stream, which
+    no client retries."""
+    stream = StreamClient(host.grpc_url)
+    try:
+        assert stream.infer("g0").get_response().id == "g0"
+        write_table(table, [{"model": "identity"}])
+        said = _ended_unavailable(stream)
+        assert "unknown model" not in said.lower(), said
+    finally:
+        stream.close()
+
+
+def test_a_stream_with_a_request_in_flight_ends_after_its_answer(
+    served_triton: TritonServer, table: Path
+) -> None:
+    """sleepy is listed leaving while a request of its stream is at Triton: the request is
+    answered, then the stream ends UNAVAILABLE."""
+    write_table(table, [{"model": "sleepy"}, {"model": "identity"}])
+    settings = proxy_settings(
+        served_triton, model_id="", models_file=table, models_check_seconds=0.05
+    )
+    with running_proxy(settings) as host:
+        stream = StreamClient(host.grpc_url)
+        try:
+            delay = grpcclient.InferInput("DELAY_MS", [1], "INT32")
+            delay.set_data_from_numpy(np.array([1500], dtype=np.int32))
+            stream.client.async_stream_infer("sleepy", [delay], request_id="z0")
+            sleepy = host.proxy.table.models["sleepy"].limiter
+            deadline = time.monotonic() + 10
+            while not sleepy.in_flight:
+                assert time.monotonic() < deadline, "the request never reached Triton"
+                time.sleep(0.01)
+            write_table(table, [{"model": "sleepy", "leaving": True}, {"model": "identity"}])
+            result, error = stream.answers.get(timeout=30)
+            assert error is None and result.get_response().id == "z0", error
+            _ended_unavailable(stream)
+        finally:
+            stream.close()
+
+
+def identity_inputs() -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("INPUT_FP32", [5], "FP32")
+    tensor.set_data_from_numpy(np.arange(5, dtype=np.float32))
+    return [tensor]

@@ -17,7 +17,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.residency import ASLEEP
 from proxy.settings import parse_settings
-from proxy.table import Entry, ModelTable, Served, TableError, read_models
+from proxy.table import LEFT_SECONDS, Entry, ModelTable, Served, TableError, read_models
 
 
 def _write(path: Path, entries: list[dict[str, object]]) -> None:
@@ -163,3 +163,34 @@ def test_an_entry_retired_in_flight_comes_back_under_its_new_private_name() -> N
     assert removed == ["m"] and table.models["m"] is not old
     assert table.private == {"m": "m-replica-1"}
     assert old.private == b"m-replica-0", "the request in flight keeps its replica"
+
+
+def test_a_model_that_left_is_answered_retry_for_a_while_then_unknown() -> None:
+    """A model leaving the table is in `left` (the routers answer it "retry") from the moment
+    it leaves until `LEFT_SECONDS` later, or until it is back; the relays are told when it
+    goes from there (their prepared answers for it go)."""
+    now = [100.0]
+    changes: list[int] = []
+
+    def make(entry: Entry) -> Served:
+        limiter = Limiter(4, 4, 1.0)
+        return Served(entry.model, limiter, ProxyMetrics(limiter, entry.model), entry)
+
+    table = ModelTable(make, drain_seconds=30.0, clock=lambda: now[0])
+    table.on_change = lambda: changes.append(1)
+    table.set_models([Entry("m"), Entry("n")])
+    table.set_models([Entry("n")])
+    assert "m" not in table.models, "drained at once: nothing in flight"
+    assert table.left == {"m"} and table.left_encoded == {b"m"}
+    now[0] += LEFT_SECONDS - 1
+    changes.clear()
+    table.sweep()
+    assert table.left == {"m"} and not changes
+    now[0] += 1
+    table.sweep()
+    assert table.left == set() and table.left_encoded == set() and changes == [1]
+    table.set_models([Entry("n")])
+    table.set_models([Entry("m"), Entry("n")])
+    table.set_models([Entry("n")])
+    table.set_models([Entry("m"), Entry("n")])
+    assert table.left == set(), "back in the table: served, not 'retry'"
