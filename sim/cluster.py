@@ -79,6 +79,7 @@ from sim.gpustack import (
     node_size,
     nvml_gpus,
     render_node_daemonsets,
+    selects,
 )
 from sim.modelstore import ModelStore
 from sim.node.addresses import PodAddresses
@@ -89,6 +90,7 @@ from sim.node.cpushares import (
     pod_millicpu,
 )
 from sim.node.kubelet import HollowKubelet, Kubelet
+from sim.node.mirrorpods import Mirror, MirrorPods
 from sim.node.nodepods import ContainerExit, NodePodKubelet, Running
 from sim.processes import (
     ClusterError,
@@ -131,6 +133,9 @@ ADMISSION_POLICY_FILES = tuple(
 )
 DEPLOY_BASE = Path(__file__).resolve().parents[1] / "deploy" / "base"
 NODE_DAEMONSET = DEPLOY_BASE / "node" / "node-daemonset.yaml"
+BINDER_DEPLOYMENT = DEPLOY_BASE / "binder-deployment.yaml"
+PRIORITY_CLASS = DEPLOY_BASE / "priority-class.yaml"
+WEBHOOK_DEPLOYMENT = DEPLOY_BASE.parent / "webhook" / "webhook-deployment.yaml"
 SYSTEM_NAMESPACE_MANIFEST = DEPLOY_BASE / "namespace.yaml"
 EXAMPLE_NAMESPACE_MANIFEST = DEPLOY_BASE.parent / "example" / "namespace.yaml"
 """The namespaces as shipped, with their Pod Security labels (`apply_namespace`)."""
@@ -165,6 +170,19 @@ def node_pod_template() -> dict[str, Any]:
     """The pod template of deploy/base's node DaemonSet: Triton, the agent and the gateway."""
     daemonset = yaml.safe_load(NODE_DAEMONSET.read_text())
     return cast(dict[str, Any], daemonset["spec"]["template"])
+
+
+@functools.cache
+def _deployment_template(manifest: Path) -> dict[str, Any]:
+    """The pod template of the Deployment in `manifest` (deploy/'s binder, webhook)."""
+    for document in yaml.safe_load_all(manifest.read_text()):
+        if document and document.get("kind") == "Deployment":
+            return cast(dict[str, Any], document["spec"]["template"])
+    raise ValueError(f"{manifest} holds no Deployment")
+
+
+def _container_names(manifest: Path) -> list[str]:
+    return [c["name"] for c in _deployment_template(manifest)["spec"]["containers"]]
 
 
 def node_container_millicpu(pod: dict[str, Any], name: str) -> int:
@@ -325,8 +343,11 @@ class SimCluster:
         gpu_poll_seconds: float | None = None,
         keep_pod_logs: bool = False,
         crds: Sequence[Path] = (),
+        mirror_pods: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
+        """`mirror_pods`: list the node pods, binders and webhook it runs as pods of the system
+        namespace (`sim.node.mirrorpods`; `make sim-up` does)."""
         if len({n.name for n in nodes}) != len(nodes):
             raise ValueError("two simulated nodes have the same name: give each its own")
         self.workdir = workdir
@@ -417,6 +438,10 @@ class SimCluster:
         """Starts the node pods' containers again when they exit or fail their liveness probe, as
         the nodes' kubelets would (from `start` on; `restarts`, `container_exits`)."""
         self._kubelet_clients: list[kubernetes.client.ApiClient] = []
+        self.mirror_pods: MirrorPods | None = None
+        self._mirrors_wanted = mirror_pods
+        self._restarts_before: dict[str, dict[str, int]] = {}
+        """Node -> its containers' restarts when its node pod was last replaced."""
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": str(self.kubeconfig)}
 
     @property
@@ -548,6 +573,8 @@ class SimCluster:
             self._register_webhook(self.webhook)
         self._start_controllers()
         self._start_kubelets()
+        if self._mirrors_wanted:
+            self._start_mirror_pods()
 
     def _free_node_port(self) -> int:
         """A TCP port free a moment ago on every real node's address (each node binds it)."""
@@ -594,6 +621,107 @@ class SimCluster:
         if not self.controllers.wait_synced(30):
             raise ClusterError("the controller manager did not list the cluster within 30 s")
         self.say("The controller manager rolls Deployments and keeps ReplicaSets' pods.")
+
+    def _start_mirror_pods(self) -> None:
+        assert self.apiserver is not None
+        # The node pod's PriorityClass, as `kubectl apply -k deploy/base` creates it.
+        scheduling = cast(Any, kubernetes.client.SchedulingV1Api(self.kube))
+        with contextlib.suppress(kubernetes.client.ApiException):  # there already
+            scheduling.create_priority_class(
+                yaml.safe_load(PRIORITY_CLASS.read_text()), _preload_content=False
+            )
+        api = self.apiserver.api_client()
+        self._kubelet_clients.append(api)
+        self.mirror_pods = MirrorPods(
+            api,
+            DEFAULT_SYSTEM_NAMESPACE,
+            self._mirrors,
+            self._mirror_state,
+            lambda mirror: self._replace_mirrored(mirror.node),
+            clock=self.apiserver.clock.now,
+        )
+        self.mirror_pods.start()
+        self.say("The node pods, binders and webhook are listed as pods of tritonshare-system.")
+
+    def _mirrors(self) -> list[Mirror]:
+        """The pods this cluster runs as processes, as `kubectl get pods -A` is to list them."""
+        apps = cast(Any, kubernetes.client.AppsV1Api(self.kube))
+        wanted = []
+        for daemonset in apps.list_namespaced_daemon_set(DEFAULT_SYSTEM_NAMESPACE).items:
+            template = self.kube.sanitize_for_serialization(daemonset.spec.template)  # type: ignore[union-attr]
+            owner = {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "name": daemonset.metadata.name,
+                "uid": daemonset.metadata.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+            labels = {
+                n.name: self._node(n.name)["metadata"].get("labels") or {} for n in self.real_nodes
+            }
+            for node in self.real_nodes:
+                if node.name in self.agents and selects(
+                    {"spec": {"template": template}}, labels[node.name]
+                ):
+                    wanted.append(
+                        Mirror(
+                            f"node/{node.name}",
+                            daemonset.metadata.name,
+                            template,
+                            node.name,
+                            owner,
+                            True,
+                        )
+                    )
+        for binder in self.binders:
+            wanted.append(
+                Mirror(
+                    f"binder/{binder.identity}",
+                    "tritonshare-binder",
+                    _deployment_template(BINDER_DEPLOYMENT),
+                )
+            )
+        if self.webhook is not None:
+            wanted.append(
+                Mirror("webhook", "tritonshare-webhook", _deployment_template(WEBHOOK_DEPLOYMENT))
+            )
+        return wanted
+
+    def _mirror_state(self, mirror: Mirror) -> dict[str, tuple[bool, int]]:
+        """Each container of the mirrored pod: running, and its restarts since the pod began."""
+        if mirror.key.startswith("node/"):
+            node = mirror.node
+            restarts = self.restarts(node)
+            before = self._restarts_before.get(node, {})
+            return {
+                name: (
+                    self.container_run(node, name) is not None,
+                    restarts.get(name, 0) - before.get(name, 0),
+                )
+                for name in ("triton", "agent", "gateway")
+            }
+        if mirror.key == "webhook":
+            process = self.webhook.process if self.webhook is not None else None
+            running = (
+                process is not None
+                and process.process is not None
+                and process.process.poll() is None
+            )
+            return {c: (running, 0) for c in _container_names(WEBHOOK_DEPLOYMENT)}
+        identity = mirror.key.partition("/")[2]
+        binder = next((b for b in self.binders if b.identity == identity), None)
+        running = (
+            binder is not None
+            and binder.process.process is not None
+            and binder.process.process.poll() is None
+        )
+        return {c: (running, 0) for c in _container_names(BINDER_DEPLOYMENT)}
+
+    def _replace_mirrored(self, node: str) -> None:
+        """A node pod's mirror deleted: the node pod replaced, as its DaemonSet would."""
+        self.replace_node_pod(node)
+        self._restarts_before[node] = dict(self.restarts(node))
 
     def _store_node_daemonsets(self) -> None:
         """deploy/base's node DaemonSets, as `kubectl apply -k deploy/base` creates them: the

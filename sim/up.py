@@ -187,6 +187,7 @@ def run(workdir: Path, masquerade: bool = False) -> int:
         webhook=True,
         node_ports=True,
         masquerade=masquerade,
+        mirror_pods=True,
         say=_say,
     )
     services: ServiceProxy | None = None

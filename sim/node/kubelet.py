@@ -38,6 +38,13 @@ from sim.watching import watch_events
 log = logging.getLogger(__name__)
 
 USER_AGENT = "tritonshare-sim-kubelet"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+"""A mirror pod's mark: the API's copy of a pod something else runs (`sim.node.mirrorpods`), as
+the kubelet's mirror pods of static pods; a kubelet never runs one."""
+
+
+def is_mirror(pod: Obj) -> bool:
+    return MIRROR_ANNOTATION in (pod["metadata"].get("annotations") or {})
 
 
 class _PodWatcher:
@@ -104,7 +111,7 @@ class _PodWatcher:
                         field_selector=self._field_selector, _preload_content=False
                     )
                 )
-                self.sync(listed.get("items", []))
+                self.sync([p for p in listed.get("items", []) if not is_mirror(p)])
                 self._watch(listed["metadata"]["resourceVersion"])
             except Exception as e:
                 if self._stop.is_set():
@@ -121,7 +128,8 @@ class _PodWatcher:
             resource_version,
             field_selector=self._field_selector,
         ):
-            self.handle(event_type, raw)
+            if not is_mirror(raw):
+                self.handle(event_type, raw)
 
 
 class Kubelet(_PodWatcher):
