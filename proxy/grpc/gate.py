@@ -251,12 +251,14 @@ class StreamGate:
     def end_unserved(self, stream: Stream, model: str = "") -> None:
         """`stream`'s model leaves the host or left its table (`unserved`) and none of its
         requests is at Triton: it ends UNAVAILABLE (what it buffered was never sent) and its
-        connection takes no new stream (GOAWAY), so that its client opens it again through
-        the model's Service, which routes to a host that serves it."""
+        connection takes no new stream (GOAWAY; not at the node gateway, whose tenant is a
+        pod's proxy), so that its client opens it again through the model's Service, which
+        routes to a host that serves it."""
         if self.streams.get(stream.sid) is not stream or not stream.started:
             return
         served = stream.served
-        self.replies.hooks.go_away()
+        if not self._router.per_model:  # the node gateway's tenant is a proxy: no GOAWAY
+            self.replies.hooks.go_away()
         name = served.model_id if served is not None else model
         self.refuse(stream, "UNAVAILABLE", UNSERVED.format(name), None, 1)
 
@@ -397,7 +399,8 @@ class StreamGate:
             ok = decision.code == "OK"
             retry_after = 0
             if decision.code == "UNAVAILABLE":  # a model that left the host (`routing.left`)
-                self.replies.hooks.go_away()  # the client's next call: through the Service
+                if not router.per_model:  # the client's next call: through the Service
+                    self.replies.hooks.go_away()
                 retry_after = 1
             response = decision.response if ok else None
             self.refuse(stream, decision.code, decision.details, response, retry_after)
