@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (whole files each, tests/parallel.py); 0 runs in one process.
 # Three on two cores: the suite waits on real servers far more than it computes.
@@ -10,26 +11,37 @@ PYTEST_WORKERS ?= 3
 
 .PHONY: demo sim-up sim-down test lint types imports unit proto proto-check native clean venv
 
-# Said before it is done: the first install takes about a minute, and pip is kept quiet.
-$(STAMP): pyproject.toml
+# Said before it is done, and pip kept quiet. `make demo` installs only what the demo runs
+# (the `demo` extra); `make test` adds the test tools (the `test` extra, which includes it).
+define install
 	@test -x $(PY) || { echo "Creating the virtual environment $(VENV) with $(PYTHON)."; $(PYTHON) -m venv $(VENV); }
-	@echo "Installing tritonshare and what its demo and tests use into $(VENV) (about a minute the"
-	@echo "first time, about 900 MB: a real Triton server (nvidia-pytriton), gRPC, Kubernetes, test tools)."
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[$(1)]'
 	@echo "Installed; $(VENV) is reused until pyproject.toml changes."
-	@touch $(STAMP)
+endef
+
+$(DEMO_STAMP): pyproject.toml
+	@echo "Installing tritonshare and what its demo runs into $(VENV) (about 700 MB: a real Triton"
+	@echo "server (nvidia-pytriton), ONNX Runtime, gRPC, Kubernetes; about 5 minutes the first time)."
+	$(call install,demo)
+	@touch $@
+
+$(STAMP): pyproject.toml
+	@echo "Installing tritonshare, its demo and its test tools into $(VENV) (about 1.4 GB: the demo's"
+	@echo "700 MB and Helm's SDK, schema validators, S3 and GCS API servers, linters; 5 to 10 minutes)."
+	$(call install,test)
+	@touch $@ $(DEMO_STAMP)
 
 venv: $(STAMP)
 
 ## make demo: the product end to end on the simulated cluster, with a real Triton on the CPU;
 ## make demo GPU=real: on this machine's GPU, printing what a GPU check needs (docs/sim.md).
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m sim.demo $(if $(filter real,$(GPU)),--real-gpu)
 
 ## make sim-up: the simulated cluster left running in the background for kubectl and tritonshare;
 ## its last line is the `export KUBECONFIG=...` to run. make sim-down stops it and removes .sim.
-sim-up: $(STAMP)
+sim-up: $(DEMO_STAMP)
 	@$(PY) -m sim.up start
 
 sim-down:
