@@ -91,7 +91,8 @@ def test_a_tritonmodel_replica_holds_its_declared_memory_on_the_gpu_its_status_p
     server = start_in_thread(settings=ApiServerSettings(crds=(CHART / "crds",)))
     api = server.api_client()
     custom: Any = kubernetes.client.CustomObjectsApi(api)
-    kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": "team-a"}})
+    core: Any = kubernetes.client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": "team-a"}})
     body = {"apiVersion": "tritonshare.io/v1alpha1", "kind": "TritonModel",
             "metadata": {"name": "bert"}, "spec": {"storageUri": "s3://b/bert"}}  # fmt: skip
     model = custom.create_namespaced_custom_object(*MODELS[:2], "team-a", MODELS[2], body)
