@@ -62,9 +62,9 @@ Static packing places the whole fleet in a random order (pods arrive in whatever
 create them; the binder's queue keeps kube-scheduler's first-in-first-out order), and, on two more
 lines, the binder's placement of the same fleet with each Deployment's replicas queued together (a
 ReplicaSet creates them at once), and bound largest first, which is what a queue sorted by size
-would give a backlog. One table holds them all, with whole-GPU serving, the lower bound and first-
-fit decreasing: GPUs in use by kind, GPUs, GiB of the GPUs opened (what is paid for), how full those
-are, and replicas refused. The goals (checked unless `--no-goal`): the binder opens at most
+would give a backlog. One table holds them all, with whole-GPU serving, the lower bound and
+first-fit decreasing: GPUs in use by kind, GPUs, GiB of the GPUs opened (what is paid for), how full
+those are, and replicas refused. The goals (checked unless `--no-goal`): the binder opens at most
 `FFD_GIB_GOAL` times FFD's GiB, and refuses no more replicas. Churn runs deployments (drawn from the
 same distribution) arriving as a Poisson process and living an exponential time, at a load where the
 requested bytes of the live deployments average `--load` of the cluster's usable memory; the binder
