@@ -64,6 +64,7 @@ from agent.status.memoryreadings import MemoryReadings
 from agent.status.node import NodePublisher, NodeSettings
 from agent.status.requestcrash import RequestCrashes
 from agent.status.stopping import NodeStop
+from agent.status.tritonversion import read_triton_version
 from agent.triton import TritonClient
 from common.activity import ActivityTableError
 from common.activity import read_table as read_activity
@@ -494,6 +495,12 @@ class Agent:
 
         stop = lifecycle.stop_event
         lifecycle.spawn("the node publisher", self.node.run(stop))
+        lifecycle.spawn(
+            "the Triton version reader",
+            read_triton_version(self.triton, settings.keys, self.node.set_triton, stop),
+            consequence="the node publishes no Triton version",
+            vital=False,
+        )
         lifecycle.spawn(
             "the foreign GPU process check",
             self.foreign.run(stop, self.gpu_snapshot),

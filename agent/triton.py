@@ -191,6 +191,14 @@ class TritonClient:
             return False
         return status == 200
 
+    async def server_version(self) -> str:
+        """Triton's own version, from its server metadata (`GET /v2`: `2.51.0`)."""
+        status, payload = await self._request("GET", "/v2", time_limit=self._request_timeout)
+        version = payload.get("version") if isinstance(payload, dict) else None
+        if status != 200 or not isinstance(version, str) or not version:
+            raise self._refused(status, payload, "its server metadata")
+        return version
+
     async def index(self) -> dict[str, IndexEntry]:
         """Every model in Triton's repository, by name (shared with the calls made meanwhile)."""
         if self._index_in_flight is None:

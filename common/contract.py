@@ -45,6 +45,7 @@ _PREFIX_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9_.-]*$"
 )
 _MODEL_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_TRITON_RELEASE_RE = re.compile(r"[0-9]{2}\.[0-9]{2}")
 SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 """A Secret's name (a DNS subdomain): what a model names its storage credential by, resolved
 in its own namespace only (no `/`, so no other namespace can be named)."""
@@ -192,6 +193,24 @@ class Keys:
         return f"{self.prefix}replica-spread"
 
     @property
+    def triton_version(self) -> str:
+        """Node annotation written by the agent: the NGC release of the node's Triton (`24.10`);
+        pod annotation: the release the model needs (a TensorRT plan's), placed only there."""
+        return f"{self.prefix}triton-version"
+
+    @property
+    def tensorrt_version(self) -> str:
+        """Node annotation written by the agent: the TensorRT of the node's Triton (`10.5.0`),
+        where its release is known (`common.tritonrelease.RELEASES`)."""
+        return f"{self.prefix}tensorrt-version"
+
+    @property
+    def onnxruntime_version(self) -> str:
+        """Node annotation written by the agent: the ONNX Runtime of the node's Triton, where
+        its release is known."""
+        return f"{self.prefix}onnxruntime-version"
+
+    @property
     def idempotent(self) -> str:
         """Pod annotation: "true" when the model's calls may run twice (no sequence batcher, no
         side effects), so the proxy sends again one lost with the node gateway's process."""
@@ -270,6 +289,17 @@ def validate_replica_spread(value: str, key: str) -> str:
         f"{key}={str(value)[:64]!r} is not a replica spread; write {SPREAD_GPU} (replicas on "
         f"other nodes, then other GPUs, the default), {SPREAD_NODE} (other nodes only) or "
         f"{SPREAD_NONE} (packed)"
+    )
+
+
+def validate_triton_version(value: str, key: str) -> str:
+    """Return the NGC Triton release `value` names (`24.10`), else raise ContractError saying
+    what to write; `key` is the annotation's (or field's) name, for the message."""
+    if _TRITON_RELEASE_RE.fullmatch(value):
+        return value
+    raise ContractError(
+        f"{key}={str(value)[:64]!r} is not a Triton release; write the NGC container's tag "
+        f"without -py3, such as 24.10"
     )
 
 

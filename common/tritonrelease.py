@@ -63,3 +63,24 @@ PINNED = RELEASES["24.10"]
 DEFAULT_ONNX_DOMAINS = frozenset({"", "ai.onnx"})
 """The names of ONNX's default operator domain in a model's `opset_import`."""
 ML_ONNX_DOMAIN = "ai.onnx.ml"
+
+_MONTHLY_SINCE = (2, 30, 2023, 1)
+"""Triton 2.30.0 is NGC 23.01; since then each monthly release has raised the minor version by one
+(2.45.0 is 24.04, 2.51.0 is 24.10)."""
+
+
+def release_of_server(server: str) -> str | None:
+    """The NGC release (`24.10`) of a Triton whose server metadata reports `server` (`2.51.0`):
+    a known release's, else the one the monthly numbering gives; None for a version outside it."""
+    for known in RELEASES.values():
+        if known.server == server:
+            return known.release
+    parts = server.split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        return None
+    major, minor = int(parts[0]), int(parts[1])
+    first_major, first_minor, year, month = _MONTHLY_SINCE
+    if major != first_major or minor < first_minor:
+        return None
+    months = year * 12 + month - 1 + minor - first_minor
+    return f"{months // 12 % 100:02d}.{months % 12 + 1:02d}"

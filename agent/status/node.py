@@ -1,4 +1,5 @@
-"""What the agent keeps on the API server for its node: GPU annotations, capacity, and the Lease.
+"""What the agent keeps on the API server for its node: GPU annotations (and its Triton's versions,
+`agent.status.tritonversion`), capacity, and the Lease.
 
 One loop reads the GPUs every poll period, patches the Node only when an annotation value changes
 (used memory is not published, so a busy GPU costs no writes), rereads the Node rarely to repair
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,7 +42,9 @@ log = logging.getLogger(__name__)
 class NodeApi(Protocol):
     async def get_node(self, name: str) -> dict[str, Any] | None: ...
 
-    async def patch_node_annotations(self, name: str, annotations: dict[str, str]) -> None: ...
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> None: ...
 
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None: ...
 
@@ -124,6 +127,14 @@ class NodePublisher:
         self._on_snapshot = on_snapshot
         self._usage = usage
         self._usage_written_at: float | None = None
+        self._triton: dict[str, str] | None = None
+        """The node's Triton versions; None until Triton has told its version."""
+
+    def set_triton(self, annotations: dict[str, str]) -> None:
+        """The node's Triton release and backend versions (`agent.status.tritonversion`),
+        written with the GPU annotations from the next patch on; those of an earlier Triton
+        that these lack are removed."""
+        self._triton = dict(annotations)
 
     # GPUs.
     def read_gpus(self) -> GpuSnapshot | None:
@@ -272,7 +283,7 @@ class NodePublisher:
             await self.sync_node()
         assert self._node_annotations is not None
         writes = 0
-        wanted = node_annotations(self.snapshot, self.settings.keys)
+        wanted = {**node_annotations(self.snapshot, self.settings.keys), **(self._triton or {})}
         now = self._clock()
         if (
             self._usage_written_at is None
@@ -282,10 +293,19 @@ class NodePublisher:
             usage = self._usage(self.snapshot)
             if usage is not None:
                 wanted[self.settings.keys.gpu_usage] = usage
-        changed = annotations_patch(self._node_annotations, wanted)
+        changed: dict[str, str | None] = dict(annotations_patch(self._node_annotations, wanted))
+        if self._triton is not None:
+            keys = self.settings.keys
+            for key in (keys.triton_version, keys.tensorrt_version, keys.onnxruntime_version):
+                if key in self._node_annotations and key not in self._triton:
+                    changed[key] = None
         if changed:
             await self._kube.patch_node_annotations(self.settings.node_name, changed)
-            self._node_annotations.update(changed)
+            for key, value in changed.items():
+                if value is None:
+                    self._node_annotations.pop(key, None)
+                else:
+                    self._node_annotations[key] = value
             self._metrics.kube_writes.labels("node").inc()
             writes += 1
             if self.settings.keys.gpu_usage in changed:

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -142,8 +142,10 @@ class RecordingNode:
     async def get_node(self, name: str) -> dict[str, Any]:
         return {"metadata": {"name": name, "annotations": {}}}
 
-    async def patch_node_annotations(self, name: str, annotations: dict[str, str]) -> None:
-        self.written.update(annotations)
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        self.written.update({k: v for k, v in annotations.items() if v is not None})
 
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None:
         raise AssertionError("not advertised")
