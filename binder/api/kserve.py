@@ -43,6 +43,10 @@ class KServe:
         path = f"{_isvc_path(namespace, name)}/status"
         self._session.write(what, "PATCH", path, body, MERGE_PATCH)
 
+    def read_inferenceservice(self, namespace: str, name: str) -> JsonObject:
+        """The InferenceService `namespace/name` (NotFoundError: none, or no such kind)."""
+        return self._session.read(_isvc_path(namespace, name))
+
     def read_inferenceservice_config(self, namespace: str) -> dict[str, str] | None:
         """The data of the namespace's inferenceservice-config ConfigMap (None: none)."""
         path = f"{namespace_path(namespace)}/configmaps/{INFERENCESERVICE_CONFIG}"

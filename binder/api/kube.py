@@ -92,6 +92,7 @@ class Kube:
 
         kserve = KServe(session)
         self.patch_inferenceservice_status = kserve.patch_inferenceservice_status
+        self.read_inferenceservice = kserve.read_inferenceservice
         self.read_inferenceservice_config = kserve.read_inferenceservice_config
         self.read_storage_config = kserve.read_storage_config
         self.create_storage_secret = kserve.create_storage_secret

@@ -148,10 +148,13 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     FLAGS.add_to(status_parser)
     why = commands.add_parser(
         "explain",
-        help="what the binder does with a pod or a TritonModel, and why on each node",
-        description="Explain a pod (POD, NAMESPACE/POD, pod/POD) or a TritonModel (tm/NAME, "
-        "tritonmodel/NAME, `tritonmodel NAME`); a bare NAME is the pod of that name, else the "
-        "TritonModel.",
+        help="what the binder does with a pod, a TritonModel or an InferenceService, and why "
+        "on each node",
+        description="Explain a pod (POD, NAMESPACE/POD, pod/POD), a TritonModel (tm/NAME, "
+        "tritonmodel/NAME, `tritonmodel NAME`: each replica's node, GPU and model host pod, and "
+        "its GPU memory as declared, estimated or measured) or an InferenceService (isvc/NAME, "
+        "`inferenceservice NAME`: its status as ModelMesh's, and the TritonModel it is served "
+        "as, explained); a bare NAME is the pod of that name, else the TritonModel.",
         allow_abbrev=False,
     )
     why.add_argument("target", nargs="+", metavar="NAME", help="[KIND/][NAMESPACE/]NAME")
@@ -406,7 +409,8 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
             print(f"{prog}: {e}", file=sys.stderr)
             return 2
         namespace = namespace or flags.get("namespace") or context_namespace or "default"
-        return explain_command(kube, keys, cache, (kind, namespace, name), output, out, now)
+        target = (kind, namespace, name)
+        return explain_command(kube, keys, cache, target, output, out, now, listing.models)
     except UnavailableError as e:
         if e.status == 0:
             print(

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from binder.cluster.cache import ClusterCache
+from binder.cluster.modelsizes import ESTIMATED, MEASURED
 from binder.cluster.modelviews import ModelInfo
 from binder.framework.placement import Placement, place
 from binder.framework.quota import replica_quota
@@ -52,12 +53,14 @@ def model_document(cache: ClusterCache, model: ModelInfo, now: float, keys: Keys
     first, as the controller's)."""
     state = cache.state
     template = model.template
+    sized = model.status.get("gpuMemory")  # `binder.cluster.modelsizes`
     document: dict[str, Any] = {
         "tritonModel": model.key,
         "model": template.model_id,
         "request": template.request,
         "replicas": model.replicas,
         "problem": template.problem or None,
+        "gpuMemory": dict(sized) if isinstance(sized, Mapping) else None,
         "placements": [],
     }
     refusal = _refusal(cache, model)
@@ -80,6 +83,7 @@ def model_document(cache: ClusterCache, model: ModelInfo, now: float, keys: Keys
                     "gpu": replica.gpu_uuid,
                     "index": gpu.index if gpu is not None else None,
                     "measured": node.measured_of(replica) if node is not None else None,
+                    "host": str(served.get("host") or "") or None,
                 },
                 "ready": served.get("ready") is True,
                 "message": str(served.get("message") or "") or None,
@@ -126,6 +130,9 @@ def write_model(document: dict[str, Any], out: TextIO) -> None:
         f"of GPU memory per replica for model {document['model']}; "
         f"{document['replicas']} wanted.\n"
     )
+    size = _size_sentence(document.get("gpuMemory") or {})
+    if size:
+        out.write(size + "\n")
     for ordinal in document["unproven"]:
         out.write(
             f"Replica {ordinal}'s placement in its status proves nothing the binder signed: not "
@@ -143,9 +150,10 @@ def write_model(document: dict[str, Any], out: TextIO) -> None:
                 if entry.get("message")
                 else "not served yet"
             )
+            host = f", model host pod {placed['host']}" if placed.get("host") else ""
             out.write(
                 f"Replica {ordinal} is placed on node {placed['node']}, GPU {index} "
-                f"({placed['gpu']}); {served}.\n"
+                f"({placed['gpu']}){host}; {served}.\n"
             )
         elif entry["decision"] is not None:
             decision = entry["decision"]
@@ -158,3 +166,20 @@ def write_model(document: dict[str, Any], out: TextIO) -> None:
             out.write(f"Replica {ordinal} is refused by its namespace's quota: {why}\n")
         else:
             out.write(f"Replica {ordinal} fits nowhere now: {entry['message']}\n")
+
+
+def _size_sentence(sized: Mapping[str, Any]) -> str:
+    """What status.gpuMemory says of a model that declares no GPU memory ("" for one that
+    does: the first line names its size)."""
+    if sized.get("source") == MEASURED:
+        return (
+            f"It declares no GPU memory: its files measured {sized.get('measured')} at their "
+            f"load, so its next replica is booked at {sized.get('booked')} (the measure and its "
+            f"margin; first estimate {sized.get('estimate')})."
+        )
+    if sized.get("source") == ESTIMATED:
+        return (
+            f"It declares no GPU memory and its files are not measured yet: its next replica "
+            f"is booked at the first estimate, {sized.get('booked')}, until one has loaded."
+        )
+    return ""

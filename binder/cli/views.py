@@ -29,6 +29,7 @@ from binder.api.listwatch import (
     Kind,
     leases_in,
 )
+from binder.cli.isvcreport import isvc_document, owns, write_isvc
 from binder.cli.modelreport import find_model, model_document, write_model
 from binder.cli.report import (
     explain_document,
@@ -380,30 +381,40 @@ def explain_unproven(cache: ClusterCache, pod: PodInfo, out: TextIO) -> bool:
 
 POD_KINDS = frozenset({"pod", "pods", "po"})
 MODEL_KINDS = frozenset({"tm", "tritonmodel", "tritonmodels", "tritonmodel.tritonshare.io"})
+ISVC_KINDS = frozenset(
+    {"isvc", "inferenceservice", "inferenceservices", "inferenceservice.serving.kserve.io"}
+)
 
 
 def explain_target(words: Sequence[str]) -> tuple[str, str, str]:
     """(kind, namespace, name) of what `explain` is asked about, kubectl's ways: `NAME`,
     `NAMESPACE/NAME`, `KIND/NAME`, `KIND/NAMESPACE/NAME` or `KIND NAME`; kind "pod",
-    "tritonmodel", or "" for a bare name (the pod of that name, else the TritonModel); namespace
-    "" when not given. ValueError saying what to write otherwise."""
-    if len(words) == 2 and words[0].lower() in POD_KINDS | MODEL_KINDS:
+    "tritonmodel", "inferenceservice", or "" for a bare name (the pod of that name, else the
+    TritonModel); namespace "" when not given. ValueError saying what to write otherwise."""
+    kinds = POD_KINDS | MODEL_KINDS | ISVC_KINDS
+    if len(words) == 2 and words[0].lower() in kinds:
         words = [f"{words[0]}/{words[1]}"]
     if len(words) != 1:
         raise ValueError(
             f"explain takes one name, not {' '.join(words)!r}: write POD, NAMESPACE/POD, "
-            f"tm/NAME or `tritonmodel NAME`"
+            f"tm/NAME, isvc/NAME or `tritonmodel NAME`"
         )
     first, _, rest = words[0].partition("/")
     kind = ""
-    if rest and first.lower() in POD_KINDS | MODEL_KINDS:
-        kind = "pod" if first.lower() in POD_KINDS else "tritonmodel"
+    if rest and first.lower() in kinds:
+        kind = (
+            "pod"
+            if first.lower() in POD_KINDS
+            else "tritonmodel"
+            if first.lower() in MODEL_KINDS
+            else "inferenceservice"
+        )
         words = [rest]
     namespace, _, name = words[0].rpartition("/")
     if not name or "/" in namespace:
         raise ValueError(
-            f"{' '.join(words)!r} names nothing to explain: write POD, NAMESPACE/POD, tm/NAME "
-            f"or tm/NAMESPACE/NAME"
+            f"{' '.join(words)!r} names nothing to explain: write POD, NAMESPACE/POD, tm/NAME, "
+            f"isvc/NAME or tm/NAMESPACE/NAME"
         )
     return kind, namespace, name
 
@@ -416,10 +427,13 @@ def explain_command(
     output: str,
     out: TextIO,
     now: float,
+    models: Sequence[JsonObject] = (),
 ) -> int:
-    """`explain`: what the binder does with the pod or TritonModel `target` (kind, namespace,
-    name); 1 when there is none."""
+    """`explain`: what the binder does with the pod, TritonModel or InferenceService `target`
+    (kind, namespace, name); 1 when there is none. `models`: the TritonModels as listed."""
     kind, namespace, name = target
+    if kind == "inferenceservice":
+        return _explain_isvc(kube, keys, cache, (namespace, name), models, output, out, now)
     raw = None
     if kind != "tritonmodel":
         try:
@@ -458,6 +472,48 @@ def explain_command(
         document = explain_document(cache, pod, now)
         if served is not None:
             document["load"] = {"state": served[0], "reason": served[1] or None}
+        write_document(document, output, out)
+    return 0
+
+
+def _explain_isvc(
+    kube: Kube,
+    keys: Keys,
+    cache: ClusterCache,
+    key: tuple[str, str],
+    models: Sequence[JsonObject],
+    output: str,
+    out: TextIO,
+    now: float,
+) -> int:
+    """`explain isvc/NAME`: its status and the TritonModel it owns (`binder.cli.isvcreport`)."""
+    namespace, name = key
+    try:
+        isvc = kube.read_inferenceservice(namespace, name)
+    except NotFoundError:
+        print(
+            f"{prog_name(sys.argv[0])}: InferenceService {namespace}/{name} does not exist",
+            file=sys.stderr,
+        )
+        return 1
+    raw = next(
+        (
+            m
+            for m in models
+            if (m.get("metadata") or {}).get("namespace") == namespace
+            and (m.get("metadata") or {}).get("name") == name
+        ),
+        None,
+    )
+    model = find_model(cache, namespace, name)
+    explained = None
+    if raw is not None and model is not None and owns(isvc, raw):
+        cache.replace_quotas(kube.list_all(QUOTAS)[0])
+        explained = model_document(cache, model, now, keys)
+    document = isvc_document(isvc, raw, explained)
+    if output == "text":
+        write_isvc(document, out)
+    else:
         write_document(document, output, out)
     return 0
 

@@ -126,7 +126,8 @@ async def test_status_and_explain_count_every_replica_as_the_binder_does(
     # not served as its status says (no agent here to load it).
     placed = (
         f"Replica 0 is placed on node gpu-1, GPU {_index(rows, replica['gpu'])} "
-        f"({replica['gpu']}); not served: not loaded on its model host yet."
+        f"({replica['gpu']}), model host pod {replica['host']}; not served: not loaded on its "
+        f"model host yet."
     )
     for words in (["tm/big"], ["tritonmodel", "big"], ["big"], ["tm/default/big"]):
         code, text = _cli(kubeconfig, placement_keys, "explain", *words)
