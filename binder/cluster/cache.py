@@ -54,6 +54,7 @@ def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
         pod.request,
         pod.model_key,
         pod.replica_spread,
+        pod.triton_version,
         pod.problem,
         pod.scheduler_name,
     )

@@ -182,6 +182,8 @@ def model_from_api(
     backend = as_mapping(meta.get("annotations")).get(keys.backend)
     if backend is not None:
         annotations[keys.backend] = str(backend)
+    if spec.get("tritonVersion"):
+        annotations[keys.triton_version] = str(spec["tritonVersion"])
     pod = {
         "metadata": {
             "uid": str(meta.get("uid", "")),

@@ -36,6 +36,7 @@ from common.contract import (
     parse_overcommit,
     validate_replica_spread,
     validate_residency,
+    validate_triton_version,
 )
 from common.podresources import (
     HostPort,
@@ -149,6 +150,8 @@ class NodeInfo:
     """The over-commit factor of the node's GPUs for `on-demand` models (its label; 1: off)."""
     overcommit_problem: str = ""
     """Why the node's over-commit label could not be read (then the factor is 1); empty if fine."""
+    triton_version: str = ""
+    """The NGC release of the node's Triton its agent publishes (`24.10`); "" when none is."""
 
     def measured_of(self, pod: PodInfo) -> int | None:
         """What the pod's model is measured to use here: by its private name; else, for a model
@@ -249,6 +252,9 @@ class PodInfo:
     replica_spread: str = SPREAD_GPU
     """How placement spreads the replicas of its model revision (`model_key`): `GPU` (other
     nodes first, then other GPUs of a node), `Node` (other nodes only) or `None` (packed)."""
+    triton_version: str = ""
+    """The NGC Triton release the model needs (a TensorRT plan's): placed only on nodes whose
+    agent publishes it; "" for any node."""
     model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
     """The (namespace, model id, revision) placement spreads over nodes; made once here, as
     placement reads it for every decision."""
@@ -465,6 +471,12 @@ def pod_from_api(
             validate_replica_spread(spread, f"annotation {keys.replica_spread}")
         except ContractError as e:
             problem = str(e)
+    triton_version = str(annotations.get(keys.triton_version) or "")
+    if triton_version and not problem:
+        try:
+            validate_triton_version(triton_version, f"annotation {keys.triton_version}")
+        except ContractError as e:
+            problem = str(e)
     return PodInfo(
         uid=str(meta.get("uid", "")),
         namespace=namespace,
@@ -501,6 +513,7 @@ def pod_from_api(
         nomination=_nomination(annotations.get(keys.nomination)),
         on_demand=residency == RESIDENCY_ON_DEMAND,
         replica_spread=spread,
+        triton_version=triton_version,
     )
 
 
@@ -627,6 +640,7 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
         allocatable=allocatable,
         overcommit=overcommit,
         overcommit_problem=overcommit_problem,
+        triton_version=str(annotations.get(keys.triton_version) or ""),
     )
 
 

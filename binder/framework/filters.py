@@ -1,10 +1,11 @@
 """kube-scheduler's filters and scores that look at the other pods, in its order, for one pod:
 NodePorts and NodeResourcesFit (`binder.framework.fit`), PodTopologySpread
-(`binder.framework.spread`) and InterPodAffinity (`binder.framework.interpod`). Replicas of one
+(`binder.framework.spread`) and InterPodAffinity (`binder.framework.interpod`), after our Triton
+release filter (`binder.framework.tritonversion`), a node property as NodeAffinity. Replicas of one
 model may share a node, as pods of one model id may (each has its own private name in Triton);
 placement prefers a node without one.
 
-`PodFilters` is what placement reads: which nodes pass all four (a mask over every node), why
+`PodFilters` is what placement reads: which nodes pass all five (a mask over every node), why
 each node that fails does (the first failing plugin's reasons, as kube-scheduler reports them),
 and the two plugins' scores over the candidate nodes, None when they would score every candidate
 alike (then placement may read its free-memory index instead of scoring every node).
@@ -24,6 +25,7 @@ from binder.cluster.objects import PodInfo
 from binder.framework.fit import fit_mask, fits_node, node_fit_reasons
 from binder.framework.interpod import AFFINITY_WEIGHT, affinity_filter, affinity_scores
 from binder.framework.spread import SPREAD_WEIGHT, spread_filter, spread_scores
+from binder.framework.tritonversion import version_filter
 
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
@@ -38,6 +40,8 @@ class PodFilters:
     pod: PodInfo
     spread: dict[int, str] = field(default_factory=dict)
     affinity: dict[int, str] = field(default_factory=dict)
+    version: dict[int, str] = field(default_factory=dict)
+    """The nodes whose Triton is not the release the pod needs, with why."""
     _fit: BoolArray | None = None
     _ok: BoolArray | None = None
     _passed: dict[int, bool] = field(default_factory=dict)
@@ -51,24 +55,25 @@ class PodFilters:
 
     @property
     def ok(self) -> BoolArray:
-        """Per node (index order): whether NodePorts, NodeResourcesFit, PodTopologySpread and
-        InterPodAffinity all pass."""
+        """Per node (index order): whether the Triton release, NodePorts, NodeResourcesFit,
+        PodTopologySpread and InterPodAffinity all pass."""
         if self._ok is None:
             ok = self.fit.copy()
-            for rejected in (self.spread, self.affinity):
+            for rejected in (self.version, self.spread, self.affinity):
                 if rejected:
                     ok[np.fromiter(rejected, np.int64, len(rejected))] = False
             self._ok = ok
         return self._ok
 
     def passes(self, i: int) -> bool:
-        """Whether node `i` passes all four."""
+        """Whether node `i` passes all five."""
         if self._ok is not None:
             return bool(self._ok[i])
         passed = self._passed.get(i)
         if passed is None:
             passed = self._passed[i] = (
-                i not in self.spread
+                i not in self.version
+                and i not in self.spread
                 and i not in self.affinity
                 and fits_node(self.state, self.pod, i)
             )
@@ -77,6 +82,8 @@ class PodFilters:
     def reasons(self, i: int) -> list[str]:
         """Why node `i` fails, as kube-scheduler reports it (the first failing plugin's
         reasons); empty when it passes."""
+        if i in self.version:
+            return [self.version[i]]
         reasons = node_fit_reasons(self.state, self.pod, self.state.names[i])
         if reasons:
             return reasons
@@ -100,4 +107,10 @@ class PodFilters:
 
 
 def pod_filters(state: ClusterState, pod: PodInfo) -> PodFilters:
-    return PodFilters(state, pod, spread_filter(state, pod), affinity_filter(state, pod))
+    return PodFilters(
+        state,
+        pod,
+        spread_filter(state, pod),
+        affinity_filter(state, pod),
+        version_filter(state, pod),
+    )

@@ -692,15 +692,15 @@ UnschedulableAndUnresolvable): preemption skips those nodes."""
 
 def resolvable_nodes(state: ClusterState, pod: PodInfo, now: float) -> list[str]:
     """The nodes where evicting other pods could let the pod in: they pass Kubernetes' node
-    rules, publish GPUs, have a live agent, hold some charged pod of lower priority, and fail
-    no filter that other pods' leaving cannot cure."""
+    rules, publish GPUs, have a live agent, run the Triton release it needs, hold some charged
+    pod of lower priority, and fail no filter that other pods' leaving cannot cure."""
     cls = state.constraint_class(pod.constraints)
     filters = pod_filters(state, pod)
     passing = set(cls.nodes.tolist())
     out = []
     for node in state.nodes_with_lower_priority(pod.priority):
         i = state.index.get(node)
-        if i is None or i not in passing or _node_reason(state, node, now):
+        if i is None or i not in passing or i in filters.version or _node_reason(state, node, now):
             continue
         if not UNRESOLVABLE.intersection(filters.reasons(i)):
             out.append(node)

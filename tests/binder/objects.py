@@ -39,9 +39,11 @@ def node_obj(
     unschedulable: bool = False,
     healthy: list[bool] | None = None,
     allocatable: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """`allocatable`: the node's status.allocatable (none: NodeResourcesFit does not judge it)."""
-    annotations: dict[str, str] = {}
+    """`allocatable`: the node's status.allocatable (none: NodeResourcesFit does not judge it);
+    `annotations`: more than the agent's GPU annotations (its Triton's version)."""
+    annotations = dict(annotations or {})
     if gpus is not None:
         annotations[KEYS.gpus] = gpus_annotation(gpus, name, healthy=healthy)
         annotations[KEYS.gpu_mem_total] = str(sum(gpus))
