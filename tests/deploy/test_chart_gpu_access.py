@@ -215,6 +215,7 @@ def test_the_environment_variable_mode_is_an_explicit_opt_in() -> None:
         ({"node": {"pools": [{"name": "a"}]}}, "gpus"),
         ({"node": {"pools": [{"name": "A100", "gpus": 8}]}}, "/node/pools/0/name"),
         ({"node": {"pools": []}}, "/node/pools"),
+        ({"node": {"pools": [{"name": "a", "gpus": 1, "tritonImage": ""}]}}, "tritonImage"),
     ],
 )
 def test_the_values_schema_refuses_a_wrong_gpu_setting(
@@ -258,3 +259,26 @@ def test_the_readmes_example_pool_selects_by_instance_type_alone() -> None:
     assert "nvidia.com/" not in json.dumps(spec.get("affinity", {})), spec.get("affinity")
     triton = _containers(daemonsets["tritonshare-node-t4"])["triton"]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_a_pool_pins_its_own_triton_image() -> None:
+    """A pool of another Triton release (a TensorRT plan's) beside the default pool: its node pod
+    runs the pool's image, every other pool's runs triton.image (its digest where one is set)."""
+    image = "nvcr.io/nvidia/tritonserver:24.09-py3"
+    pools = [*POOLS, {"name": "plans", "gpus": 1, "tritonImage": image}]
+    digest = "sha256:" + "a" * 64
+    for triton, default_image in (
+        ({}, "nvcr.io/nvidia/tritonserver:24.10-py3"),
+        ({"image": {"digest": digest}}, f"nvcr.io/nvidia/tritonserver@{digest}"),
+    ):
+        objects = render_chart({"node": {"pools": pools}, "triton": triton})
+        _validate(objects, KUBERNETES_VERSION)
+        images = {
+            name: _containers(daemonset)["triton"]["image"]
+            for name, daemonset in _daemonsets(objects).items()
+        }
+        assert images == {
+            "tritonshare-node": default_image,
+            "tritonshare-node-l4": default_image,
+            "tritonshare-node-plans": image,
+        }
