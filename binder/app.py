@@ -232,6 +232,7 @@ class Binder:
                     settings.node_group_gpu_mem,
                     settings.gpu_mem_reserve,
                     settings.placeholder_pending_seconds,
+                    settings.placeholder_gpu_memory_label,
                 ),
                 serves=self._serves,
                 leading=leading.is_set,

@@ -79,6 +79,14 @@ def label_requirements(value: str) -> tuple[tuple[str, str | None], ...]:
     return tuple(pairs)
 
 
+def label_key(value: str) -> str:
+    """A label key as Kubernetes writes it, or empty (none)."""
+    key = value.strip()
+    if key and not _label_key(key):
+        raise BadValueError("is no label key (such as karpenter.k8s.aws/instance-gpu-memory)")
+    return key
+
+
 def default_identity() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
 
@@ -316,6 +324,18 @@ class Settings:
     a GPU node. Default nvidia.com/gpu.present=true (GPU feature discovery's label); on EKS
     with Karpenter `karpenter.k8s.aws/instance-gpu-count`, on GKE
     `cloud.google.com/gke-accelerator`; empty: none."""
+    placeholder_gpu_memory_label: str = setting(
+        "placeholder-gpu-memory-label",
+        "the node label giving a GPU's memory in MiB, which a placeholder's node must have enough "
+        "of (empty: none)",
+        label_key,
+        default="tritonshare.io/gpu-memory",
+    )
+    """The node label whose value is the memory of one of the node's GPUs in MiB (Karpenter's
+    `karpenter.k8s.aws/instance-gpu-memory`, or this label set on a node group): a placeholder
+    asks for a node where it is at least the largest request of the models it stands for plus
+    `--gpu-mem-reserve`, or where it is absent (a node group not labelled). Default
+    tritonshare.io/gpu-memory; empty: no GPU size asked."""
     placeholder_grace_seconds: float = setting(
         "placeholder-grace",
         "seconds models may still wait once a placeholder's node serves before another node is "

@@ -54,6 +54,7 @@ REFUSED_SECONDS = 1800.0
 """How long a group whose added node did not take it asks for no node (Cluster Autoscaler's
 longest backoff of a node group that failed to scale up, --max-node-group-backoff-duration)."""
 _ENDED = frozenset({"Succeeded", "Failed"})
+MIB = 2**20
 
 
 class NodeScalingKube(Protocol):
@@ -94,6 +95,9 @@ class Config:
     pending_seconds: float = 0.0
     """Seconds a placeholder may stay pending before its group is refused
     (`--placeholder-pending-timeout`; 0: never)."""
+    gpu_memory_label: str = ""
+    """The node label of a GPU's memory in MiB a placeholder asks enough of
+    (`--placeholder-gpu-memory-label`; empty: none)."""
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -314,6 +318,10 @@ class NodeScaling:
 
     def _manifest(self, group: Group, name: str, waiting: list[Waiting]) -> JsonObject:
         config = self.config
+        largest = max((w.request for w in waiting), default=0)
+        # The GPU must hold the largest of the models with the reserve kept free, in whole MiB.
+        needed = -(-(largest + config.gpu_mem_reserve) // MIB)
+        sized = (config.gpu_memory_label, needed) if config.gpu_memory_label and largest else None
         return manifest(
             group,
             name=name,
@@ -322,6 +330,7 @@ class NodeScaling:
             image=config.image,
             node_selector=config.node_selector,
             waiting_for=[w.what for w in waiting],
+            gpu_memory=sized,
         )
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -278,10 +278,13 @@ def manifest(
     image: str,
     node_selector: Sequence[tuple[str, str | None]],
     waiting_for: Sequence[str],
+    gpu_memory: tuple[str, int] | None = None,
 ) -> JsonObject:
     """The placeholder pod for `group`: it fits only a node that runs no model pod, model host
     or other placeholder, and that the waiting models' node rules and `node_selector`
-    accept."""
+    accept. `gpu_memory`: (label, MiB): the node's label gives its GPUs' memory in MiB, at least
+    that much (Gt), or the node lacks the label (a second term, which node autoscalers try
+    after the first)."""
     selection = group.selection
     extra = [
         {"key": key, "operator": "In", "values": [value]}
@@ -289,10 +292,18 @@ def manifest(
         else {"key": key, "operator": "Exists"}
         for key, value in node_selector
     ]
+    sizes: list[list[JsonObject]] = [[]]
+    if gpu_memory is not None:
+        label, mebibytes = gpu_memory
+        sizes = [
+            [{"key": label, "operator": "Gt", "values": [str(mebibytes - 1)]}],
+            [{"key": label, "operator": "DoesNotExist"}],
+        ]
     # Required terms are OR'ed and a term's expressions AND'ed: each term of the model's gets the
-    # placeholder's own expressions.
+    # placeholder's own expressions (once per GPU size term).
     terms = [
-        {**term, "matchExpressions": [*(term.get("matchExpressions") or []), *extra]}
+        {**term, "matchExpressions": [*(term.get("matchExpressions") or []), *extra, *size]}
+        for size in sizes
         for term in selection.terms or ({},)
     ]
     node_affinity = (

@@ -617,6 +617,7 @@ def test_the_binder_may_patch_nodes_only_with_node_autoscaling() -> None:
             [placeholder] = [o for o in objects if name_of(o).endswith("/tritonshare-placeholder")]
             assert (placeholder["value"], placeholder["preemptionPolicy"]) == (-10, "Never")
             assert settings.placeholder_node_selector == (("nvidia.com/gpu.present", "true"),)
+            assert settings.placeholder_gpu_memory_label == "tritonshare.io/gpu-memory"
 
 
 def test_the_dashboard_is_the_one_in_deploy_monitoring() -> None:

@@ -81,25 +81,32 @@ def gpu_group(
     *,
     min_size: int = 0,
     allocatable: dict[str, str] = ALLOCATABLE,
+    name: str = "gpu",
+    gpu_gib: int = 16,
+    labels: dict[str, str] | None = None,
 ) -> NodeGroup:
-    """A node group of one 16 GiB GPU per node; a new node's agent starts at once (it publishes
-    the GPU and renews its Lease)."""
+    """A node group of one GPU of `gpu_gib` per node (16 GiB); a new node's agent starts at once
+    (it publishes the GPU and renews its Lease)."""
     core, coordination = core_v1(kube_api), coordination_v1(kube_api)
 
     def agent_starts(node: str) -> None:
         annotations = {
-            "tritonshare.io/gpus": gpus_annotation([16 * GI], node),
-            "tritonshare.io/gpu-mem-total": str(16 * GI),
+            "tritonshare.io/gpus": gpus_annotation([gpu_gib * GI], node),
+            "tritonshare.io/gpu-mem-total": str(gpu_gib * GI),
         }
         core.patch_node(node, {"metadata": {"annotations": annotations}})
         coordination.create_namespaced_lease(SYSTEM, lease_obj(node, time.time(), 3600))
 
     template = node_obj(
-        "template", None, labels=GPU_LABELS, taints=[TAINT], allocatable=allocatable
+        "template",
+        None,
+        labels={**GPU_LABELS, **(labels or {})},
+        taints=[TAINT],
+        allocatable=allocatable,
     )
     # The node pod starts after the node registers: kube-scheduler binds a placeholder first.
     return NodeGroup(
-        "gpu", template, min_size=min_size, max_size=3, on_added=agent_starts, boot_seconds=1.0
+        name, template, min_size=min_size, max_size=3, on_added=agent_starts, boot_seconds=1.0
     )
 
 
@@ -397,6 +404,54 @@ async def test_a_model_bigger_than_any_gpu_adds_no_node_and_says_why(
         await eventually(lambda: autoscaler.syncs > passes + 20, what="more autoscaler passes")
         assert not placeholders(core) and group.added == [], "no node for a model none holds"
         assert not waiting_events(core, "huge")
+    api.close()  # type: ignore[no-untyped-call]
+
+
+async def test_a_models_placeholder_asks_for_a_node_group_of_gpus_large_enough(
+    kube_api: kubernetes.client.ApiClient,
+    apiserver: RunningApiServer,
+    make_binder: MakeBinder,
+    custom: Any,
+    core: Any,
+    scheduler: DefaultScheduler,
+) -> None:
+    """Two node groups labelled with their GPU's memory in MiB (tritonshare.io/gpu-memory), the
+    16 GiB one first for Cluster Autoscaler: a 40Gi model's placeholder fits only the 80 GiB
+    group's template, which grows, and the model is placed there; the 16 GiB group adds none."""
+    placeholder_class(kube_api)
+    label = "tritonshare.io/gpu-memory"
+    # The 16 GiB group's node, empty: the placeholder would fit it but for its GPU's size.
+    labels = {**GPU_LABELS, GROUP_LABEL: "a-t4", label: "16384"}
+    add_node(kube_api, "a-t4-0", [16 * GI], labels=labels, taints=[TAINT], allocatable=ALLOCATABLE)
+    small = gpu_group(kube_api, name="a-t4", labels={label: "16384"})
+    large = gpu_group(
+        kube_api,
+        name="b-a100",
+        gpu_gib=80,
+        labels={label: "81920"},
+        allocatable={**ALLOCATABLE, "tritonshare.io/gpu-mem": "80Gi"},
+    )
+    api = apiserver.api_client()
+    autoscaler = ClusterAutoscaler(
+        api, [small, large], period=0.1, scale_down_delay_after_add=600.0
+    )
+    await make_binder(node_autoscaling=True, node_group_gpu_mem=80 * GI)
+    with autoscaler:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, model("large", 1, "40Gi")
+        )
+        [placeholder] = await eventually(lambda: placeholders(core), what="a placeholder")
+        affinity = placeholder.spec.affinity.node_affinity
+        terms = affinity.required_during_scheduling_ignored_during_execution
+        assert [
+            (e.key, e.operator, e.values)
+            for t in terms.node_selector_terms
+            for e in t.match_expressions
+            if e.key == label
+        ] == [(label, "Gt", ["40959"]), (label, "DoesNotExist", None)]
+        obj = await eventually(lambda: placed(custom, "large", 1), what="the model placed")
+        assert [e["node"] for e in obj["status"]["placements"]] == ["b-a100-1"]
+        assert small.added == [] and large.added == ["b-a100-1"]
     api.close()  # type: ignore[no-untyped-call]
 
 

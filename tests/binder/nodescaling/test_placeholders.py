@@ -290,6 +290,43 @@ def test_a_placeholder_fits_only_a_node_without_models_its_models_accept() -> No
     assert next_name(group.key, [pod["metadata"]["name"]]).endswith("-1")
 
 
+def test_a_placeholder_asks_for_a_gpu_of_its_models_size_or_a_node_group_not_labelled() -> None:
+    """Karpenter's instance-gpu-memory (MiB per GPU): 40960 MiB needed, a T4's 16384 refused, an
+    A100 40GB's 40960 taken; a node without the label still taken (its group unlabelled)."""
+    label = "karpenter.k8s.aws/instance-gpu-memory"
+    selection = Selection(
+        terms=(
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+        )
+    )
+    pod = manifest(
+        Group("a", selection),
+        name="p",
+        namespace="tritonshare-system",
+        keys=KEYS,
+        image="pause",
+        node_selector=(("nvidia.com/gpu.present", "true"),),
+        waiting_for=["tritonmodel a/big"],
+        gpu_memory=(label, 40960),
+    )
+
+    def on(zone: str, mebibytes: int | None) -> str | None:
+        sized = {label: str(mebibytes)} if mebibytes is not None else {}
+        return unfit(pod, node("gpu", {**GPU_NODE, "zone": zone, **sized}), [])
+
+    refused = "node(s) didn't match Pod's node affinity/selector"
+    assert on("a", 16384) == refused and on("b", 40959) == refused
+    assert on("a", 40960) is None and on("b", 81920) is None
+    assert on("a", None) is None, "a node group without the label"
+    assert on("c", 81920) == refused, "the models' own terms still hold"
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    sized = [t["matchExpressions"][-1]["operator"] for t in terms["nodeSelectorTerms"]]
+    assert sized == ["Gt", "Gt", "DoesNotExist", "DoesNotExist"], "sized terms first"
+
+
 def test_guards_follow_the_serving_nodes_and_leave_an_operators_own() -> None:
     marker = guard_annotation(KEYS)
     nodes: dict[str, dict[str, str]] = {
