@@ -32,6 +32,7 @@ KUSTOMIZATIONS = (
     "overlays/production",
     "overlays/consolidation",
     "overlays/node-autoscaling",
+    "overlays/triton-pool",
 )
 
 Obj = dict[str, Any]

@@ -282,3 +282,21 @@ def test_a_pool_pins_its_own_triton_image() -> None:
             "tritonshare-node-l4": default_image,
             "tritonshare-node-plans": image,
         }
+
+
+def test_the_kustomize_pool_of_another_triton_release_keeps_the_base_pools_off_its_nodes() -> None:
+    """deploy/overlays/triton-pool: the pool's node pod runs its own Triton on the nodes labelled
+    for it, and no node pod of the base's pools (two pods asking for a node's GPUs) runs there."""
+    daemonsets = _daemonsets(render(require_executable("kubectl"), "overlays/triton-pool"))
+    plans = daemonsets.pop("tritonshare-node-plans")
+    spec = plans["spec"]["template"]["spec"]
+    assert _containers(plans)["triton"]["image"] == "nvcr.io/nvidia/tritonserver:24.09-py3"
+    assert spec["nodeSelector"] == {"tritonshare.io/triton-pool": "plans"}
+    assert "affinity" not in spec
+    assert plans["spec"]["selector"]["matchLabels"]["tritonshare.io/node-pool"] == "plans"
+    assert set(daemonsets) == {f"tritonshare-node{s}" for s in ("", "-2gpu", "-4gpu", "-8gpu")}
+    away = {"key": "tritonshare.io/triton-pool", "operator": "DoesNotExist"}
+    for daemonset in daemonsets.values():
+        image = _containers(daemonset)["triton"]["image"]
+        assert image == "nvcr.io/nvidia/tritonserver:24.10-py3"
+        assert all(away in term for term in _terms(daemonset)), name_of(daemonset)
