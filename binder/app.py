@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from binder.api.inbox import Inbox
+from binder.api.informer import Informer
 from binder.api.kube import Kube
 from binder.api.leader import LeaderElector
 from binder.api.listwatch import (
@@ -39,7 +40,6 @@ from binder.autoscaler.loop import Autoscaling
 from binder.autoscaler.targets import Index
 from binder.cluster.cache import ClusterCache
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.informer import Informer
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelsizes import Sizing
 from binder.errors import NotReadyError, SettingsError, http_status

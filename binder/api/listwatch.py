@@ -1,7 +1,7 @@
 """What the binder lists and watches: the collections (`Kind`s) and `ListWatch`, which reads them
 as raw API dicts (camelCase, no model deserialisation) over a common.kubeapi.session.Session.
 
-A list or a watch is tried once: their callers (the informers of binder.cluster.informer) own the
+A list or a watch is tried once: their callers (the informers of binder.api.informer) own the
 retry. Watches can be cut from another thread (`close_watches`), so shutdown never waits for a
 read timeout.
 """

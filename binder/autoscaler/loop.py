@@ -40,6 +40,7 @@ from typing import Any
 import aiohttp
 
 from binder.api.inbox import Inbox
+from binder.api.informer import Informer
 from binder.api.kube import Kube
 from binder.api.listwatch import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS
 from binder.autoscaler.kpa import Decider, Decision, Scaling
@@ -54,7 +55,6 @@ from binder.autoscaler.targets import (
     host_sources,
     model_target,
 )
-from binder.cluster.informer import Informer
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import event_object
 from common.contract import PROXY_AUTOSCALING_PATH, Keys

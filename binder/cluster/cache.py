@@ -1,6 +1,6 @@
 """The cluster cache: API objects folded into the ledger (binder.cluster.ledger), on the loop.
 
-The informers (binder.cluster.informer) hand every list and watch event to the event loop, where
+The informers (binder.api.informer) hand every list and watch event to the event loop, where
 `ClusterCache` applies pods, nodes, namespaces, PodDisruptionBudgets, ResourceQuotas and agent
 Leases to the ClusterState and the set of pending pods (TritonModels, their hosts and the
 PriorityClasses through its part binder.cluster.modelcache), and tells its listener what changed:

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from binder.api.inbox import Inbox
+from binder.api.informer import Informer
 from binder.api.kube import Kube
 from binder.api.listwatch import NODES, Kind
 from binder.cluster.cache import ClusterCache
 from binder.cluster.chargedpods import Unproven, sign
 from binder.cluster.clusterstate import ClusterState
-from binder.cluster.informer import Informer
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import model_from_api
 from binder.cluster.objects import ModelKey, PodInfo, pod_from_api
