@@ -144,10 +144,11 @@ loader drives its first load, and names the cause as a model pod's loader does."
 
 
 def pending(pod: PodInfo, wanted: Verdict, failure: LoadFailure | None = None) -> Verdict:
-    """What a replica's condition says before its host's loader first makes it READY: a
-    missing or unloaded model is on its way (no Event), or failing to load as its loader
-    reports (`failure`: Triton's refusal among them, which the loader reports a moment after
-    the agent sees it); a quarantine, a refusal or Triton down the agent knows says so."""
+    """What a replica's condition says before its host's loader first makes it READY (or once
+    its loader reports it cannot load its files, new ones among them): a missing or unloaded
+    model is on its way (no Event), or failing to load as its loader reports (`failure`:
+    Triton's refusal among them, which the loader reports a moment after the agent sees it); a
+    quarantine, a refusal or Triton down the agent knows says so."""
     if wanted.reason not in LOADERS_TO_SAY:
         return wanted
     if failure is not None:
@@ -380,9 +381,13 @@ class ModelConditions:
             wanted = verdict(pod.model_id, status, triton_live)
             if wanted is not None and pod.draining and wanted.status == "False":
                 wanted = drained(pod)
-            elif wanted is not None and pod.host and not pod.running and wanted.status == "False":
+            elif wanted is not None and pod.host and wanted.status == "False":
+                # Its loader's word while it has not made the replica READY, and whenever it
+                # reports a failure: a replica that served earlier files may be given new ones
+                # its loader cannot load (a roll), which is no missing model.
                 failure = self._load_failure(pod)
-                wanted = pending(pod, wanted, failure)
+                if not pod.running or failure is not None:
+                    wanted = pending(pod, wanted, failure)
             if wanted is not None and wanted.reason == CRASHED_REASON:
                 crashed.append(proven)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:

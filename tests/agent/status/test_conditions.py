@@ -343,6 +343,36 @@ async def test_a_replica_triton_refused_reads_its_loaders_reason_as_soon_as_repo
         await asyncio.wait_for(runner, 10)
 
 
+async def test_a_replica_given_files_it_cannot_load_reads_its_loaders_reason() -> None:
+    """A replica that served its earlier files (its condition True) and whose new files Triton
+    will not take (gone from Triton, its loader reporting why) reads the loader's reason, as a
+    first load's failure does, not ModelMissing: the binder tells a failed roll by it."""
+    writer, events = Writer(), Events()
+    states = {"m/0": ModelStatus("model_m", ModelState.ABSENT)}
+    reported: dict[str, LoadFailure] = {}
+    watcher = conditions(
+        {},
+        writer,
+        events,
+        Clock(),
+        status_of=lambda p: asyncio.sleep(0, states[p.pod.name]),
+        load_failure=lambda pod: reported.get(pod.uid),
+    )
+    replica = replace(
+        proven("m/0", loaded=("True", "ModelReady")).pod,
+        host="tritonshare-host-1",
+        host_uid="host-uid",
+    )
+    said = "1/model.onnx of model 'm' is not an ONNX model; install the file onnxruntime loads"
+    reported[replica.uid] = LoadFailure("ModelInvalid", said)
+    await watcher.sync([Proven(replica, 1024)], triton_live=True)
+    assert writer.written == [("tritonshare-host-1", "False", "ModelInvalid")]
+    # Without a report (the node pod was replaced: its loader installs it again), as before.
+    del reported[replica.uid]
+    await watcher.sync([Proven(replica, 1024)], triton_live=True)
+    assert writer.written[-1] == ("tritonshare-host-1", "False", "ModelMissing")
+
+
 async def test_each_write_says_the_status_it_replaces_so_its_transition_time_can_stay() -> None:
     writer, events = Writer(), Events()
     states = {"a": ModelStatus("model_a", ModelState.FAILED, reason="bad config")}
