@@ -104,6 +104,11 @@ def reading_of(model: Mapping[str, Any] | None, refusal: Refusal | None) -> Read
     observed = status.get("observedGeneration") == (model.get("metadata") or {}).get("generation")
     current = status.get("loadedStorageUri") == spec.get("storageUri")
     failed_load = loaded.get("status") == "False"
+    # A roll's new files that failed while the old ones serve: `Loaded` stays True (something
+    # serves), `failedStorageUri` names them and the replica of them says why.
+    failed_roll = bool(spec.get("storageUri")) and status.get("failedStorageUri") == spec.get(
+        "storageUri"
+    )
     failure = None
     if failed_load:
         failure = (
@@ -111,6 +116,21 @@ def reading_of(model: Mapping[str, Any] | None, refusal: Refusal | None) -> Read
             str(loaded.get("message") or loaded.get("reason") or "the model failed to load"),
             str(loaded.get("lastTransitionTime") or ""),
         )
+    elif failed_roll:
+        progressing = find(conditions, "Progressing") or {}
+        said = next(
+            (
+                str(p.get("message"))
+                for p in placements
+                if isinstance(p, dict)
+                and p.get("storageUri") == spec.get("storageUri")
+                and not p.get("ready")
+                and p.get("message")
+            ),
+            str(progressing.get("message") or "the new files failed to load"),
+        )
+        failure = (MODEL_LOAD_FAILED, said, str(progressing.get("lastTransitionTime") or ""))
+        failed_load = True
     elif placed.get("status") == "False":
         failure = (
             RUNTIME_UNHEALTHY,

@@ -79,6 +79,28 @@ def test_readings() -> None:
     assert (reading_of(rolling, None).active, reading_of(rolling, None).target) == (LOADED, LOADING)
 
 
+def test_new_files_that_fail_to_load_while_the_old_ones_serve_read_blocked() -> None:
+    """A roll whose new files fail to load (the TritonModel's `failedStorageUri` is its
+    `storageUri`; `Loaded` stays True, the old files serving): the active model stays Loaded, the
+    target reads FailedToLoad and the transition BlockedByFailedLoad, with the failing replica's
+    word, as ModelMesh says of a new version that fails."""
+    said = "ModelInvalid: the model host's loader cannot load replica m/0: not an ONNX model"
+    placements = [
+        {"replica": 0, "ready": False, "storageUri": URI, "message": said},
+        {"replica": 1, "ready": True, "storageUri": "s3://b/old"},
+    ]
+    blocked = model(
+        ("Loaded", "True", "ReplicasServing"), ("Ready", "True", "AllReplicasReady"),
+        ("Progressing", "False", "NewFilesNotServed"),
+        ready=1, loaded="s3://b/old", placements=placements,
+    )  # fmt: skip
+    blocked["status"]["failedStorageUri"] = URI
+    assert reading_of(blocked, None) == Reading(
+        BLOCKED, LOADED, FAILED, total=2, failed=1,
+        failure=("ModelLoadFailed", said, "2026-01-01T00:00:00Z"),
+    )  # fmt: skip
+
+
 def test_a_refusal_keeps_what_still_serves() -> None:
     refusal = Refusal("InvalidPredictorSpec", "bad")
     assert reading_of(None, refusal) == Reading(
