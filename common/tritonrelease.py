@@ -6,7 +6,9 @@ refuses a model whose IR version or `ai.onnx` opset is newer than the ONNX relea
 with; TensorRT deserializes only plans built by its own version; the Python backend's stub runs
 the container's Python. The agent checks a model against these before Triton loads it
 (`agent.installs.runtimefit`), the simulated node's backends refuse what they refuse, and
-docs/support.md lists them.
+docs/support.md lists them. A pool may run another release (the chart's `node.pools[].tritonImage`):
+each agent publishes its node's (`agent.status.tritonversion`, by `release_of_server`), and the
+binder places a model that needs a release only there (`binder.framework.tritonversion`).
 
 Data only: no I/O, no import of any part.
 """
