@@ -6,7 +6,8 @@ and the path of one `.onnx` file. The host's loader lays the file out as Triton'
 without a schema gets its inputs and outputs from the model (Triton's auto-complete: batches of
 up to 4), one with `schemaPath` takes the schema's (any batch, no batcher); each reads `Loaded`
 and answers through `modelmesh-serving:8033` with ONNX Runtime's own numbers. One whose file is
-missing reads `FailedToLoad` naming the storage key, the bucket and the path."""
+missing reads `FailedToLoad` naming the storage key, the bucket and the path; one of a format the
+node's Triton cannot serve (TensorFlow) reads `NoSupportingRuntime` within 10 s."""
 
 from __future__ import annotations
 
@@ -130,6 +131,12 @@ def _failed(custom: Any, name: str) -> dict[str, Any] | None:
     return failure
 
 
+def _refused(custom: Any, name: str) -> dict[str, Any] | None:
+    obj = custom.get_namespaced_custom_object(KSERVE, "v1beta1", NAMESPACE, ISVCS, name)
+    failure = ((obj.get("status") or {}).get("modelStatus") or {}).get("lastFailureInfo") or {}
+    return dict(failure) if failure.get("reason") == "NoSupportingRuntime" else None
+
+
 def _said(custom: Any, name: str) -> str:
     """The InferenceService's and its TritonModel's status, for a wait that timed out."""
     isvc = custom.get_namespaced_custom_object(KSERVE, "v1beta1", NAMESPACE, ISVCS, name)
@@ -195,6 +202,18 @@ def test_a_single_onnx_file_at_a_storage_key_and_path_answers_as_onnx_runtime(
             on_fail=lambda name=name: _said(custom, name) + cluster.log_tails(),  # type: ignore[misc]
         )
         assert status["url"] == f"grpc://modelmesh-serving.{NAMESPACE}:8033", status
+
+    # A format the node's Triton cannot serve: refused within 10 s, saying what to do.
+    tensorflow = _isvc("tf-mnist")
+    tensorflow["spec"]["predictor"]["model"]["modelFormat"] = {"name": "tensorflow"}
+    custom.create_namespaced_custom_object(KSERVE, "v1beta1", NAMESPACE, ISVCS, tensorflow)
+    refused = wait_until(
+        "tf-mnist NoSupportingRuntime",
+        partial(_refused, custom, "tf-mnist"),
+        10,
+        on_fail=cluster.log_tails,
+    )
+    assert "tf2onnx" in refused["message"], refused
 
     # A fetch that finds nothing says which storage key, bucket and path.
     failure = wait_until("missing FailedToLoad", partial(_failed, custom, "missing"), 60)
