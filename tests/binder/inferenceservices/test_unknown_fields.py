@@ -1,19 +1,24 @@
 """An InferenceService's unknown field, with tritonshare's KServe CRDs (deploy/kserve-crds) on the
 simulated API server, through the official client, as KServe's own CRDs have the API server
-treat it: `fieldValidation=Strict` (kubectl's default) refuses it in the server's words, naming
-it; without the parameter it is dropped with a Warning, as structural pruning drops it; every
-field KServe declares, ModelMesh's ignored ones among them, is kept as written."""
+treat it: `fieldValidation=Strict` (kubectl's default: `kubectl apply` fails) refuses it in the
+server's words, naming it; without the parameter it is dropped with a Warning, as structural
+pruning drops it; every field KServe declares, ModelMesh's ignored ones among them, is kept as
+written."""
 
 from __future__ import annotations
 
 import copy
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client import ApiException
 
 from tests.binder.inferenceservices import test_inferenceservices as isvcs
+from tests.conftest import require_executable
 
 apiserver = isvcs.apiserver
 custom = isvcs.custom
@@ -63,6 +68,26 @@ def test_strict_refuses_an_unknown_field_naming_it(custom: Any, where: str) -> N
     with pytest.raises(ApiException) as missing:
         custom.get_namespaced_custom_object(KSERVE, VERSION, isvcs.NS, PLURAL, "typo")
     assert missing.value.status == 404, "a refused create stores nothing"
+
+
+def test_kubectl_apply_refuses_it_as_it_does_with_kserves_crds(kubeconfig: Path) -> None:
+    """kubectl asks for Strict field validation by default (since 1.27)."""
+    manifest = kubeconfig.parent / "typo.yaml"
+    body = _typo("spec.predictor.model.stroageUri")
+    body["metadata"]["namespace"] = isvcs.NS
+    manifest.write_text(yaml.safe_dump(body))
+    kubectl = require_executable("kubectl")
+    applied = subprocess.run(
+        [kubectl, "--kubeconfig", str(kubeconfig), "apply", "-f", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert applied.returncode == 1, applied.stdout
+    assert (
+        'strict decoding error: unknown field "spec.predictor.model.stroageUri"' in applied.stderr
+    ), applied.stderr
 
 
 def test_without_strict_the_field_is_dropped_with_a_warning(custom: Any) -> None:
