@@ -1,4 +1,6 @@
-"""What `tritonshare explain` says of a TritonModel: each replica as the binder sees it.
+"""What `tritonshare explain` says of a TritonModel: each replica as the binder sees it, with the
+model host pod that serves it, and the model's GPU memory as its status.gpuMemory says it
+(declared, the first estimate, or measured: `binder.cluster.modelsizes`).
 
 A replica placed in the model's status is charged when its proof verifies (the binder's own cache
 decided that when the listing was folded, `binder.cluster.modelcache`), and is served or not as its
