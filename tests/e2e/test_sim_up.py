@@ -179,6 +179,33 @@ def test_the_quickstarts_steps_run_as_written(sim_up: SimUp) -> None:
     assert service["spec"]["clusterIP"].startswith("127.2.")
 
 
+def test_the_quickstarts_autoscaling_experiment_runs_as_written(
+    sim_up: SimUp, tmp_path: Path
+) -> None:
+    """Its block, after the first's: the Deployment scales to four Ready replicas under `hey`'s
+    load, every request answered 200, and back to one after it. The waits' timeouts are
+    longer here, so a loaded machine does not fail it; the figure is the docs'."""
+    require_executable("hey")
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    section = text.split("\n## On your machine\n", 1)[1]
+    block = section.split("```sh\n")[2].split("```", 1)[0]
+    assert "--timeout=30s" in block and "/tmp/hey" in block
+    for timeout in ("--timeout=30s", "--timeout=60s"):
+        block = block.replace(timeout, "--timeout=90s")
+    block = block.replace("/tmp/hey", str(tmp_path / "hey"))
+    service = sim_up.get("service", "add-one", "-n", "models")["spec"]["clusterIP"]
+    body = json.dumps(INFER, separators=(",", ":"))
+    script = "\n".join(["set -e", f"SERVICE={service}", f"BODY='{body}'", block])
+    done = subprocess.run(
+        ["bash", "-c", script], env=sim_up.env, capture_output=True, text=True, timeout=240
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert output.count("condition met") == 2, output
+    codes = (tmp_path / "hey").read_text().split("Status code distribution:", 1)[1]
+    assert [line.split()[0] for line in codes.strip().splitlines()] == ["[200]"], codes
+
+
 def test_the_short_form_is_completed_by_the_webhook_and_served(sim_up: SimUp) -> None:
     uri = next(
         line.split("=", 1)[1]
