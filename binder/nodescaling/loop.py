@@ -111,6 +111,8 @@ class Creation:
 
     body: JsonObject
     waiting: Sequence[Waiting]
+    gpu_memory: tuple[str, int] | None = None
+    """The node label and the MiB of GPU it asks for (None: no size)."""
 
 
 @dataclass(frozen=True)
@@ -309,19 +311,27 @@ class NodeScaling:
             name = next_name(group.key, taken)
             taken.add(name)
             mine = sorted((w for w in waiting if w.group == group), key=lambda w: w.what)
-            creations.append(Creation(self._manifest(group, name, mine), mine))
+            sized = self._sized(mine)
+            creations.append(Creation(self._manifest(group, name, mine, sized), mine, sized))
         told = {r.waiting.what: r.reason for r in decided.refused}
         refusals = [r for r in decided.refused if self._told.get(r.waiting.what) != r.reason]
         self._told = told
         guards = patches(self._annotations, self.serving_nodes(), self.config.keys)
         return decided, Writes(decided.delete, creations, refusals, guards)
 
-    def _manifest(self, group: Group, name: str, waiting: list[Waiting]) -> JsonObject:
+    def _sized(self, waiting: list[Waiting]) -> tuple[str, int] | None:
+        """The node label and the MiB of one GPU the placeholder asks for: the largest of the
+        models with the reserve kept free (None: no label set, or no size known)."""
         config = self.config
         largest = max((w.request for w in waiting), default=0)
-        # The GPU must hold the largest of the models with the reserve kept free, in whole MiB.
-        needed = -(-(largest + config.gpu_mem_reserve) // MIB)
-        sized = (config.gpu_memory_label, needed) if config.gpu_memory_label and largest else None
+        if not config.gpu_memory_label or not largest:
+            return None
+        return config.gpu_memory_label, -(-(largest + config.gpu_mem_reserve) // MIB)
+
+    def _manifest(
+        self, group: Group, name: str, waiting: list[Waiting], sized: tuple[str, int] | None
+    ) -> JsonObject:
+        config = self.config
         return manifest(
             group,
             name=name,
@@ -374,11 +384,16 @@ class NodeScaling:
             if not self._leading():
                 return
             name = creation.body["metadata"]["name"]
+            size = ""
+            if creation.gpu_memory is not None:
+                label, mebibytes = creation.gpu_memory
+                size = f" with a GPU of {mebibytes} MiB or more ({label}, or a node without it)"
             log.info(
-                "No node fits %s: placeholder pod %s/%s asks the node autoscaler for a node.",
+                "No node fits %s: placeholder pod %s/%s asks the node autoscaler for a node%s.",
                 ", ".join(w.what for w in creation.waiting),
                 namespace,
                 name,
+                size,
             )
             self._try(
                 f"create placeholder {namespace}/{name}",
@@ -394,7 +409,7 @@ class NodeScaling:
                         reporting_instance=self.config.identity,
                         reason=EVENT_REASON,
                         message=f"No node fits it: placeholder pod {namespace}/{name} asks the "
-                        "node autoscaler for a node.",
+                        f"node autoscaler for a node{size}.",
                         event_type="Normal",
                     ),
                     quiet=404,

@@ -186,7 +186,8 @@ async def test_a_replica_no_gpu_fits_gets_a_new_node_which_goes_once_empty(
         assert told[0].involved_object.kind == "TritonModel"
         assert told[0].message == (
             f"No node fits it: placeholder pod {SYSTEM}/{waiting.metadata.name} asks the node "
-            "autoscaler for a node."
+            "autoscaler for a node with a GPU of 12288 MiB or more (tritonshare.io/gpu-memory, "
+            "or a node without it)."
         )
         obj = await eventually(lambda: placed(custom, "resnet", 2), what="both replicas placed")
         assert group.added == ["gpu-1"]
