@@ -24,7 +24,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 class StateCollector(Collector):
     """Per-node and per-GPU capacity and allocated bytes, read from the state at scrape time."""
 
-    def __init__(self, state: ClusterState | None) -> None:
+    def __init__(self, state: ClusterState) -> None:
         self._state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -49,15 +49,14 @@ class StateCollector(Collector):
             "GPU memory requested by the pods assigned to a node.",
             labels=["node"],
         )
-        if state is not None:
-            for name, info in sorted(state.nodes.items()):
-                allocated = state.memory.allocated(name)
-                for gpu, used in zip(info.gpus, allocated, strict=False):
-                    labels = [name, str(gpu.index), gpu.uuid]
-                    gpu_capacity.add_metric(labels, state.memory.usable(gpu))
-                    gpu_allocated.add_metric(labels, used)
-                node_capacity.add_metric([name], sum(state.memory.usable(g) for g in info.gpus))
-                node_allocated.add_metric([name], sum(allocated))
+        for name, info in sorted(state.nodes.items()):
+            allocated = state.memory.allocated(name)
+            for gpu, used in zip(info.gpus, allocated, strict=False):
+                labels = [name, str(gpu.index), gpu.uuid]
+                gpu_capacity.add_metric(labels, state.memory.usable(gpu))
+                gpu_allocated.add_metric(labels, used)
+            node_capacity.add_metric([name], sum(state.memory.usable(g) for g in info.gpus))
+            node_allocated.add_metric([name], sum(allocated))
         yield from (gpu_capacity, gpu_allocated, node_capacity, node_allocated)
 
 
@@ -87,12 +86,12 @@ class Metrics:
     def __init__(
         self,
         *,
-        state: ClusterState | None,
+        state: ClusterState,
         unproven: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         """`state` (the cache's, read at scrape time) and `unproven` (the reasons of the unproven
-        pods) feed the gauges of GPU memory and unproven pods; without them (`state` None, the
-        default `unproven`) those are empty."""
+        pods) feed the gauges of GPU memory and unproven pods (an empty state, the default
+        `unproven`: none)."""
         self.registry = CollectorRegistry()
         self.attempts = Counter(
             "tritonshare_binder_schedule_attempts",

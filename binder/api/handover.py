@@ -30,12 +30,12 @@ _Job = tuple[Callable[[], None], Outcome]
 class Handover:
     """Jobs from the loop to at most `workers` runners on `executor`; outcomes back in order."""
 
-    def __init__(self, executor: Executor, workers: int, *, inbox: Inbox | None) -> None:
+    def __init__(self, executor: Executor, workers: int, *, inbox: Inbox) -> None:
         self._executor = executor
         self._workers = workers
         self.inbox = inbox
         """Where outcomes are handed back (one shared with other threads, so a burst costs the
-        loop one wake-up; None: its own, made on first use)."""
+        loop one wake-up)."""
         self._lock = threading.Lock()
         self._jobs: deque[_Job] = deque()
         """Jobs handed over, waiting for a runner."""
@@ -49,8 +49,6 @@ class Handover:
 
     def submit(self, work: Callable[[], None], outcome: Outcome) -> None:
         """Run `work` on a worker thread, then `outcome(its error or None)` on the loop."""
-        if self.inbox is None:
-            self.inbox = Inbox(asyncio.get_running_loop())
         self._idle.clear()
         self._outstanding += 1
         with self._lock:
@@ -91,7 +89,6 @@ class Handover:
                 work()
             except Exception as e:  # every outcome, even a bug's, is the loop's to judge
                 error = e
-            assert self.inbox is not None
             self.inbox.post(self._take_outcome, outcome, error)
 
     def _take_outcome(self, outcome: Outcome, error: Exception | None) -> None:

@@ -123,9 +123,9 @@ class Autoscaling:
         port: int,
         identity: str,
         verdicts: Verdicts,
+        on_load: Callable[[float, Readings], None],
         keys: Keys = DEFAULT_KEYS,
         monotonic: Callable[[], float] = time.monotonic,
-        on_load: Callable[[float, Readings], None] | None = None,
     ) -> None:
         self._kube = kube
         self._verdicts = verdicts
@@ -230,11 +230,11 @@ class Autoscaling:
         room = [
             (model.uid, model.namespace, list(host_sources(model, hosts.get(model.host_group, {}))))
             for model in list(self._ledger.models.values())
-            if self._on_load is not None and needs_room(model)
+            if needs_room(model)
         ]
         counts = await self._read_all(session, self._reads_for(scaled, room))
         now = self._monotonic()
-        if self._on_load is not None and self._leading.is_set():
+        if self._leading.is_set():
             self._on_load(now, _held(room, counts))
         for turn, (target, scaling) in enumerate(scaled):
             if turn % YIELD_EVERY == YIELD_EVERY - 1:

@@ -82,15 +82,15 @@ class PodController:
         consolidate_moves: int = 0,
         preemption: bool = True,
         scheduled_events_per_second: float = 0.0,
-        inbox: Inbox | None,
-        preempt_replica: Callable[[PodInfo, str, str], None] | None,
+        inbox: Inbox,
+        preempt_replica: Callable[[PodInfo, str, str], None],
     ) -> None:
         """`ledger` is the cache's (read here, changed there); `leading` is set while this
         replica leads (only the leader schedules and writes); `inbox` is where the writers hand
         outcomes back: the one the informers use, so the bind's answer and the watch event it
-        causes share a wake-up of the loop (None: one of its own, made on first use);
+        causes share a wake-up of the loop;
         `preempt_replica(victim, by, node)` drains a TritonModel replica a pod preempts (the
-        model controller's; None: replicas are never victims). `queue` is the binder's one
+        model controller's). `queue` is the binder's one
         queue, shared with the TritonModels: a cluster change retries both.
         `scheduled_events_per_second`: the most Scheduled Events a second
         (`binder.pods.scheduledevents`; 0: none)."""

@@ -62,12 +62,12 @@ class Preemptions:
         placement_keys: Callable[[], KeyRing],
         clock: Callable[[], float],
         enabled: bool,
-        preempt_replica: Callable[[PodInfo, str, str], None] | None,
+        preempt_replica: Callable[[PodInfo, str, str], None],
     ) -> None:
         """`writes` runs the API writes off the loop (the controller's, so they share its
         `bind_workers`), and `count` counts each; `enabled` is the binder's --preemption;
         `preempt_replica(victim, by, node)` drains a TritonModel replica a pod preempts (the
-        model controller's; None: replicas are never victims)."""
+        model controller's)."""
         self._kube = kube
         self._keys = keys
         self._policy = policy
@@ -193,8 +193,6 @@ class Preemptions:
         victims = outcome.victims
         replicas = [v for v in victims if v.host is not None]
         drain = self._preempt_replica
-        if replicas and drain is None:
-            return result
         with state.without([v.uid for v in victims]):
             gpu = choose_gpu(
                 state, outcome.node, pod.request, self._policy, on_demand=pod.on_demand
@@ -221,9 +219,8 @@ class Preemptions:
             extra=subject(pod=pod.key, node=outcome.node, model=pod.model_id),
         )
 
-        if drain is not None:
-            for victim in replicas:
-                drain(victim, f"pod {pod.uid}", outcome.node)
+        for victim in replicas:
+            drain(victim, f"pod {pod.uid}", outcome.node)
         drained = [v.key for v in replicas]
 
         def work() -> None:

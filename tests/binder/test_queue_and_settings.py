@@ -293,15 +293,15 @@ def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_c
         keys=Keys(),
         policy="binpack",
         queue=SchedulingQueue(clock=clock),
-        metrics=Metrics(state=None),
+        metrics=Metrics(state=ClusterState(reserve=0)),
         executor=cast(Any, None),
         bind_workers=1,
         identity="test",
         placement_keys=lambda: KeyRing(b"k" * 32),
         report_interval=10.0,
         monotonic=clock,
-        inbox=None,
-        preempt_replica=None,
+        inbox=cast(Any, None),
+        preempt_replica=lambda victim, by, node: None,
     )
     assert controller._should_report("p", "0/1 nodes: largest free block 2Gi")
     controller._reported["p"] = ("0/1 nodes: largest free block 2Gi", clock.now)

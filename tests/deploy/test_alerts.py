@@ -19,6 +19,7 @@ import yaml
 
 from agent.gpus.memory import MemoryLedger
 from agent.metrics import AgentMetrics
+from binder.cluster.clusterstate import ClusterState
 from binder.metrics import Metrics as BinderMetrics
 from proxy.gateway.callerbook import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
@@ -79,7 +80,7 @@ def exported_families() -> set[str]:
     proxy.residency(residency(Clock(), FakeAgent())[0])  # an on-demand model's families
     registries = [
         agent.registry,
-        BinderMetrics(state=None).registry,
+        BinderMetrics(state=ClusterState(reserve=0)).registry,
         proxy.registry,
         GatewayMetrics(
             CallerBook(Path("/nonexistent"), max_age=60),

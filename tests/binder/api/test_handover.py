@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from binder.api.handover import Handover
+from binder.api.inbox import Inbox
 from tests.binder.simcluster import eventually
 
 
@@ -34,7 +35,7 @@ async def test_at_most_workers_jobs_run_at_once_and_outcomes_come_back_on_the_lo
         outcomes.append((n, str(error) if error else None, threading.get_ident() == loop_thread))
 
     with ThreadPoolExecutor(8) as executor:
-        handover = Handover(executor, workers=2, inbox=None)
+        handover = Handover(executor, workers=2, inbox=Inbox(asyncio.get_running_loop()))
         for n in range(6):
             handover.submit(partial(job, n), partial(outcome, n))
         await eventually(lambda: running == 2, within=5, what="two jobs running")
@@ -57,7 +58,7 @@ async def test_drain_waits_for_running_jobs_then_abandons_the_rest() -> None:
         outcomes.append(n)
 
     with ThreadPoolExecutor(2) as executor:
-        handover = Handover(executor, workers=1, inbox=None)
+        handover = Handover(executor, workers=1, inbox=Inbox(asyncio.get_running_loop()))
         for n in range(3):
             handover.submit(partial(job, n), partial(took, n))
         await handover.drain(0.05)  # the first job is stuck: the others are abandoned

@@ -186,6 +186,7 @@ def test_another_namespace_s_host_naming_the_model_is_no_source_of_its_demand() 
         port=9002,
         identity="test",
         verdicts=lambda involved, conditions, verdict, generation: False,
+        on_load=lambda now, readings: None,
         keys=KEYS,
     )
     [target] = autoscaling.targets()
