@@ -39,6 +39,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
+from types import MappingProxyType
 from typing import Any
 
 from binder.api.kube import Kube
@@ -67,10 +68,10 @@ class LeaderElector:
         on_change: Callable[[bool], None] = lambda leading: None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        annotations: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] = MappingProxyType({}),
     ) -> None:
         self._kube = kube
-        self._annotations = dict(annotations or {})
+        self._annotations = dict(annotations)
         """Written on the Lease by the replica that holds it: what the leader decides with."""
         self.namespace = namespace
         self.name = name
