@@ -232,8 +232,10 @@ def test_each_documented_helm_value_exists_in_the_chart() -> None:
 
 # The docs bar: what a reader is handed stays short enough to read, and says nothing of how the
 # project is run. Raised from 150,000 when the KServe ModelMesh migration page and the backend
-# support matrix joined; a page that grows without a new capability is trimmed instead.
-DOCS_BUDGET_BYTES = 165_000
+# support matrix joined, and from 165,000 when learned GPU memory, a Triton release per pool,
+# ModelMesh's metric names and placeholders sized by GPU joined; a page that grows without a new
+# capability is trimmed instead.
+DOCS_BUDGET_BYTES = 170_000
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 _SECTION_REFERENCE = re.compile(r"docs/([a-z]+\.md)(?:,? \"([^\"]+)\"|#([a-z0-9-]+))")
 _ISSUE_NUMBER = re.compile(r"\bissues? #?\d+|\(#\d+\)|\bPR #?\d+", re.I)
