@@ -13,24 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from proxy.native import STAMP, compile_in
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "native-relay"
 SOURCE = Path("benchmarks") / "tcp_relay.py"
-STAMP = ".native-stamp"
-_SETUP = """
-import sys
-from setuptools import setup
-from mypyc.build import mypycify
-
-setup(name="tcp-relay-native", ext_modules=mypycify(sys.argv[1:], opt_level="3"),
-      script_args=["build_ext", "--inplace", "--build-temp", ".native-tmp"])
-"""
 _RUN = "import sys; from benchmarks.tcp_relay import main; sys.exit(main())"
 
 
@@ -53,25 +44,7 @@ def build(out: Path = OUT, root: Path = ROOT) -> bool:
     (work / SOURCE.parent).mkdir(parents=True)
     (work / SOURCE.parent / "__init__.py").write_text("")
     shutil.copy2(root / SOURCE, work / SOURCE)
-    (work / "mypy.ini").write_text("[mypy]\nignore_missing_imports = True\n")
-    env = {**os.environ, "PYTHONPATH": str(work), "MYPY_CACHE_DIR": str(work / ".mypy_cache")}
-    try:
-        subprocess.run(
-            [sys.executable, "-c", _SETUP, str(SOURCE)],
-            cwd=work,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-    except subprocess.CalledProcessError:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    for scratch in (".native-tmp", ".mypy_cache", "build"):
-        shutil.rmtree(work / scratch, ignore_errors=True)
-    (work / STAMP).write_text(stamp + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    work.rename(out)
+    compile_in(work, out, [str(SOURCE)], "[mypy]\nignore_missing_imports = True\n", stamp)
     return True
 
 

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,11 +187,20 @@ def build(out: Path = DEFAULT_OUT, root: Path = ROOT, force: bool = False) -> bo
     for relative in _sources(root):
         (work / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / relative, work / relative)
-    (work / "mypy.ini").write_text(_mypy_ini(root))
+    compile_in(work, out, COMPILED, _mypy_ini(root), stamp)
+    return True
+
+
+def compile_in(work: Path, out: Path, modules: Sequence[str], mypy_ini: str, stamp: str) -> None:
+    """Compile `modules` (paths under `work`, which holds a copy of their sources) with mypyc
+    in place under `mypy_ini`, then put `work` where `out` was, marked with `stamp` in `STAMP`.
+    Raises CalledProcessError (with mypyc's and the compiler's output) when the build fails:
+    `work` is removed and `out` left as it was."""
+    (work / "mypy.ini").write_text(mypy_ini)
     env = {**os.environ, "PYTHONPATH": str(work), "MYPY_CACHE_DIR": str(work / ".mypy_cache")}
     try:
         subprocess.run(
-            [sys.executable, "-c", _SETUP, *COMPILED],
+            [sys.executable, "-c", _SETUP, *modules],
             cwd=work, env=env, check=True, capture_output=True, text=True,
         )  # fmt: skip
     except subprocess.CalledProcessError:
@@ -201,7 +211,6 @@ def build(out: Path = DEFAULT_OUT, root: Path = ROOT, force: bool = False) -> bo
     (work / STAMP).write_text(stamp + "\n")
     shutil.rmtree(out, ignore_errors=True)
     work.rename(out)
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
