@@ -8,12 +8,12 @@ public id; the agent finds its name in Triton from the caller's pod (`agent.pods
 
 `Models` composes the parts, each handed the node as model operations see it (`agent.models.node`:
 Triton, its repository, the policy, the GPUs and what models are billed): each model's record and
-lock (`agent.models.records`); receiving and
-checking files (`agent.models.install`); each GPU's turns, admission and billing
-(`agent.models.gpuadmission`); what placements hold, and idle on-demand models put to sleep for a
-load that does not fit (`agent.models.gpuroom`); quarantined files (`agent.models.loadquarantine`);
-status (`agent.models.statuses`); loads (`agent.models.loads`). Which moves a model's life may make is `agent.phases`'; who may
-call, `agent.api.auth`'s; which models are wanted, `agent.models.reconcile`'s.
+lock (`agent.models.records`); receiving and checking files (`agent.models.install`); each GPU's
+turns, admission and billing (`agent.models.gpuadmission`); what placements hold, and idle on-demand
+models put to sleep for a load that does not fit (`agent.models.gpuroom`); quarantined files
+(`agent.models.loadquarantine`); status (`agent.models.statuses`); loads (`agent.models.loads`).
+Which moves a model's life may make is `agent.phases`'; who may call, `agent.api.auth`'s; which
+models are wanted, `agent.models.reconcile`'s.
 """
 
 from __future__ import annotations
