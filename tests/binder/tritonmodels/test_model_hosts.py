@@ -524,7 +524,10 @@ async def test_a_replica_whose_triton_restarts_stays_in_the_service_only_as_the_
     await eventually(lambda: labels() == {first: None, second: "true"}, what="back: first out")
     set_loaded(core, second, "False", "ModelFailed", "the backend refused the model")
     await eventually(lambda: labels() == {first: "true", second: None}, what="failed: out")
-    assert status(custom)["readyReplicas"] == 0, "neither counts as ready meanwhile"
+    # The status is written in its own turn, after the hosts' labels.
+    await eventually(
+        lambda: status(custom)["readyReplicas"] == 0, what="neither counts as ready meanwhile"
+    )
 
 
 async def test_replicas_of_a_model_spread_over_nodes_then_share_them(
