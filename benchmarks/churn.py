@@ -37,6 +37,9 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   next leader's autoscaler.
 - hang: a node pod's gateway, agent or Triton, in turn, stopped (SIGSTOP to its container's
   processes) for 20 s, then continued; a restart by its liveness probe meanwhile is expected.
+- oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
+  killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
+  `OOMKilled` and starts it again; that exit is expected.
 
 The simulated cluster restarts the node pods' containers (Triton's keeper, agent, gateway) as the
 kubelet restarts those of a `restartPolicy: Always` pod (`sim.node.nodepods`: at once, then with its
@@ -165,6 +168,7 @@ KINDS = (
     "crasher",
     "host-image",
     "hang",
+    "oom",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
 """The models under load, by namespace."""
@@ -182,6 +186,7 @@ LIMITS = {
     "crasher": 150.0,
     "host-image": 600.0,
     "hang": 120.0,
+    "oom": 150.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
 WARM_UP = 180.0
@@ -414,6 +419,7 @@ class Churn:
         self.releases = 0
         self.host_images = 0
         self.hangs = 0
+        self.ooms = 0
         self.slow_lazy = slow_lazy
         """Seconds `lazy`'s model takes per request (0: `MODEL_SECONDS`, as every model)."""
 
@@ -729,6 +735,63 @@ class Churn:
             return triton is not None and http_ok(f"http://{triton.http_url}/v2/health/ready")
 
         self._restarted(serving, f"the {process} of {node}")
+
+    def oom_target(self, node: str) -> tuple[str, str, str]:
+        """The pod the OOM change kills a container of, by turns a `team-a` model host and a
+        `team-b` model pod, on `node` if one runs there (else on the other node): its namespace,
+        name and first container."""
+        host = (TEAM_A, f"{KEYS.prefix}model-host=true")
+        pod = (TEAM_B, "app=pods")
+        choices = (host, pod) if self.ooms % 2 == 0 else (pod, host)
+        self.ooms += 1
+        for namespace, selector in choices:
+            listed = self.core.list_namespaced_pod(namespace, label_selector=selector).items
+            running = [
+                p
+                for p in listed
+                if not p.metadata.deletion_timestamp and p.status.phase == "Running"
+            ]
+            running.sort(key=lambda p: p.spec.node_name != node)
+            if running:
+                chosen = running[0]
+                return namespace, chosen.metadata.name, chosen.spec.containers[0].name
+        raise ClusterError("no running model host or model pod to OOM-kill")
+
+    def restarts_of(self, namespace: str, pod: str, container: str) -> tuple[int, bool]:
+        """The container's restart count and whether it is ready, as its pod's status says."""
+        status = self.core.read_namespaced_pod(pod, namespace).status
+        for c in status.container_statuses or []:
+            if c.name == container:
+                return int(c.restart_count or 0), bool(c.ready)
+        return 0, False
+
+    def do_oom(self, change: Change) -> None:
+        """A model host's or model pod's main container killed as the OOM killer does (SIGKILL
+        to its processes; the kubelet reports it `OOMKilled` and starts it again); the change
+        completes once the container runs ready again and its model is back at its replicas."""
+        namespace, pod, container = self.oom_target(change.node)
+        read = self.core.read_namespaced_pod(pod, namespace)
+        node = read.spec.node_name
+        change.node = node
+        change.process = f"{namespace}/{pod}/{container}"
+        before, _ = self.restarts_of(namespace, pod, container)
+        kubelet = self.cluster.kubelets.get(node)
+        runs = kubelet.containers(namespace, pod) if kubelet is not None else None
+        run = next((r for r in runs or [] if r.name == container), None)
+        if run is None:
+            raise ClusterError(f"the kubelet of {node} runs no container {change.process}")
+        change.moment = time.monotonic()
+        if not run.oom_kill():
+            raise ClusterError(f"{change.process} runs no process to OOM-kill")
+
+        def back() -> bool:
+            restarts, ready = self.restarts_of(namespace, pod, container)
+            return restarts > before and ready
+
+        wait_until(f"{change.process} restarted and ready", back, 90)
+        if namespace == TEAM_A:
+            self.wait_ready("steady", 2, 60)
+        change.note = f"{change.process} OOM-killed"
 
     def binder_lease(self) -> tuple[str, datetime.datetime | None]:
         """The binder leader lease's holder and last renewal."""

@@ -70,7 +70,8 @@ class Change:
     end: float = 0.0
     """The end of its window (completion plus the settling time)."""
     process: str = ""
-    """The node pod's container it aims at (`hang`), if any."""
+    """The node pod's container it aims at (`hang`), or the pod's container
+    (`namespace/pod/container`: `oom`), if any."""
     note: str = ""
 
     @property
@@ -97,7 +98,8 @@ def why_expected(e: Exit, changes: list[Change]) -> str:
     """Why a change expected this exit; empty when none did: the churn's own kills, a pod's
     containers ending as it is deleted, the crasher and the Triton it kills, a replaced node
     pod's processes stopped (not crashed) during that change, a hung container stopped or
-    killed by its liveness probe during its hang."""
+    killed by its liveness probe during its hang, the container the OOM change killed
+    (`OOMKilled`, during it)."""
     if e.cause.startswith(CHURN_CAUSES):
         return "the churn's own"
     if "(pod deleted)" in e.cause:
@@ -106,6 +108,14 @@ def why_expected(e: Exit, changes: list[Change]) -> str:
         e.name.startswith("triton/") and f"it last loaded {CRASHER}" in e.cause
     ):
         return "the crasher's"
+    for change in changes:
+        if (
+            change.kind == "oom"
+            and e.name == f"pod {change.process}"
+            and e.cause.startswith("OOMKilled")
+            and change.start <= e.at <= change.end
+        ):
+            return "OOM-killed by the churn"
     process, _, node = e.name.partition("/")
     for change in changes:
         if node != change.node or not change.start <= e.at <= change.end:

@@ -105,6 +105,9 @@ class ContainerRun:
     run_offsets: list[int] = field(default_factory=list)
     """Where each run's output starts in the log file (every run appends to it): the last is
     the current run's, the one before the previous run's (`kubectl logs --previous`)."""
+    oom_killed: bool = False
+    """The current run was killed as the kernel's OOM killer kills (`oom_kill`): its exit is
+    reported `OOMKilled`, as the kubelet reads it from the container runtime."""
 
     @property
     def name(self) -> str:
@@ -152,10 +155,14 @@ class ContainerRun:
         policy = self.spec.get("terminationMessagePolicy", "File")
         if not message.strip() and code != 0 and policy == "FallbackToLogsOnError":
             message = self.log_tail()
+        reason = "Completed" if code == 0 else "Error"
+        if self.oom_killed and code != 0:
+            reason = "OOMKilled"
+        self.oom_killed = False
         self.state = {
             "terminated": {
                 "exitCode": code,
-                "reason": "Completed" if code == 0 else "Error",
+                "reason": reason,
                 "message": message.strip()[-MAX_MESSAGE_BYTES:],
                 "startedAt": self.started_at,
                 "finishedAt": now_rfc3339(),
@@ -210,6 +217,15 @@ class ContainerRun:
             if outcome:
                 self.ready = outcome == "pass"
         return ""
+
+    def oom_kill(self) -> bool:
+        """Kill the container as the OOM killer does when it passes its memory limit: SIGKILL to
+        its processes, its exit reported `OOMKilled`. False when it runs no process."""
+        if not self.running():
+            return False
+        self.oom_killed = True
+        self.signal(signal.SIGKILL)
+        return True
 
     def signal(self, sig: signal.Signals) -> None:
         """Signal the container's whole process group."""

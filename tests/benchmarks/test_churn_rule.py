@@ -148,6 +148,24 @@ def test_a_hung_container_may_be_restarted_during_its_hang_and_no_other() -> Non
     assert why_expected(Exit(118, "gateway/gpu-b", "signal SIGKILL", "", ""), [hang]) == ""
 
 
+def test_the_oom_change_expects_its_own_container_oomkilled_during_it_and_no_other() -> None:
+    oom = Change("oom", "gpu-a", limit=150, start=10, moment=11, took=20, end=40)
+    oom.process = "team-b/pods-1/proxy"
+    killed = Exit(14.0, "pod team-b/pods-1/proxy", "exit code -9", "OOMKilled", "")
+    assert why_expected(killed, [oom]) == "OOM-killed by the churn"
+    other = Exit(14.0, "pod team-b/pods-2/proxy", "exit code -9", "OOMKilled", "")
+    crashed = Exit(14.0, "pod team-b/pods-1/proxy", "exit code 1", "Error", "")
+    later = Exit(41.0, "pod team-b/pods-1/proxy", "exit code -9", "OOMKilled", "")
+    for e in (other, crashed, later):
+        assert why_expected(e, [oom]) == ""
+
+
+def test_every_kind_is_in_the_default_schedule_with_a_limit() -> None:
+    plan = churn.schedule(list(churn.KINDS), seed=1, rounds=1)
+    assert sorted(c.kind for c in plan) == sorted(churn.KINDS)
+    assert all(c.limit == churn.LIMITS[c.kind] > 0 for c in plan)
+
+
 def test_in_flight_at_a_changes_moment_counts_the_requests_sent_and_not_yet_answered() -> None:
     timeline = [
         Request("steady", "rest", 0.0, 1.0, True),  # answered before the moment

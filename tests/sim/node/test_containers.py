@@ -5,16 +5,20 @@ its own period, never faster."""
 
 from __future__ import annotations
 
+import signal
 import socket
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sim.node.containers import ContainerRun, Probe, http_get
+from sim.node.podspec import Launch
 
 
 class Site:
@@ -142,3 +146,33 @@ def _answer_garbage(server: socket.socket) -> None:
     with connection:
         connection.recv(4096)
         connection.sendall(b"SSH-2.0-OpenSSH\r\n\r\n")
+
+
+def _sleeper(tmp_path: Path) -> ContainerRun:
+    """A started container whose process sleeps."""
+    run = ContainerRun({"name": "proxy"})
+    launch = Launch(
+        "proxy", (sys.executable, "-c", "import time; time.sleep(60)"), {}, tmp_path / "term"
+    )
+    run.start(launch, tmp_path / "proxy.log", tmp_path)
+    return run
+
+
+def _ended(run: ContainerRun) -> int:
+    assert run.process is not None
+    return run.process.wait(30)
+
+
+def test_an_oom_kill_is_reported_oomkilled_once(tmp_path: Path) -> None:
+    run = _sleeper(tmp_path)
+    assert run.oom_kill()
+    code = _ended(run)
+    run.exited(code)
+    assert code == -signal.SIGKILL
+    assert run.state["terminated"]["reason"] == "OOMKilled"
+    assert not run.oom_kill()  # no process left to kill
+    # The next run's exit is its own: a plain kill reads Error.
+    run.start(run.launch or pytest.fail("no launch"), tmp_path / "proxy.log", tmp_path)
+    run.signal(signal.SIGKILL)
+    run.exited(_ended(run))
+    assert run.state["terminated"]["reason"] == "Error"
