@@ -8,8 +8,10 @@ for each count in `--models`: that many TritonModels (add_one, Python backend) w
 zero by the built-in autoscaler and every replica unloaded (their model host kept, the models
 parked there), then sent one request each, all at once, through the host. Printed for each
 count: p50, p95 and max seconds from the requests' start to each model's first answer; what the
-node's agent measured meanwhile (its wakes, Triton's load calls, installs; the autoscaler's
-decision and the placement have no figure of their own); and the floor (`benchmarks.loadfloor`),
+node's agent measured meanwhile (its wakes, Triton's load calls, installs); for TritonModels, where
+the time went, phase by phase from the held request to the first answer (autoscaler decision,
+placement, install, queue for Triton's load, load, ready, answer: `benchmarks.wakephases`, from the
+processes' logs); and the floor (`benchmarks.loadfloor`),
 a Triton of the node's build and flags, in the same run, loading the same model files with the
 configs the product loaded them with, over gRPC as the agent does, `--parallel-loads` at a time
 and all at once, after a warm-up load, over `--rounds` rounds. The floor runs just before the
@@ -53,7 +55,7 @@ import kubernetes.client
 import numpy as np
 import tritonclient.http as httpclient
 
-from benchmarks import command_line, goals, loadfloor
+from benchmarks import command_line, goals, loadfloor, wakephases
 from benchmarks.loadfloor import Floor, FloorModel, percentile
 from common.contract import Keys
 from common.hosted import decode_parked, loaded_condition
@@ -97,6 +99,7 @@ class Wake:
     firsts: tuple[float, ...]
     floors: tuple[Floor, ...] = ()
     phases: str = ""
+    breakdown: tuple[str, ...] = ()
 
     @property
     def p95(self) -> float:
@@ -124,7 +127,7 @@ class Wake:
         ]
         if self.phases:
             said.append(f"  the agent meanwhile: {self.phases}")
-        return said
+        return [*said, *self.breakdown]
 
     def floor_lines(self) -> list[str]:
         return [f"  floor: {f.line()}" for f in self.floors]
@@ -411,13 +414,16 @@ def wake_tritonmodels(
     for name in leaving:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     before = _agent_metrics(cluster)
+    started = time.time()
     firsts = _all_at_once(names, lambda _: lambda: address)
     agent = phases(before, _agent_metrics(cluster))
+    logs = wakephases.read_logs(cluster.workdir, node)
+    spent = wakephases.breakdown(names, started, firsts, logs).lines()
     for name in names:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     wait_until(f"{count} TritonModels unloaded", lambda: in_triton(cluster) == 0, 600)
     kind = f"TritonModels ({len(leaving)} others unloading)" if leaving else "TritonModels"
-    return Wake(kind, count, firsts, floored, agent)
+    return Wake(kind, count, firsts, floored, agent, tuple(spent))
 
 
 def wake_pods(cluster: SimCluster, count: int, workdir: Path, rounds: int = 3) -> Wake:
