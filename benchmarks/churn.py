@@ -37,6 +37,8 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   next leader's autoscaler.
 - hang: a node pod's gateway, agent or Triton, in turn, stopped (SIGSTOP to its container's
   processes) for 20 s, then continued; a restart by its liveness probe meanwhile is expected.
+- slow-apiserver: the API server answers every call 2 s late for 30 s
+  (`RunningApiServer.slow`), as an overloaded one does.
 - oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
   killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
   `OOMKilled` and starts it again; that exit is expected.
@@ -150,6 +152,10 @@ starts it again (or gives up)."""
 
 OUTAGE = 20.0
 """Seconds the API server is down."""
+SLOW_CALLS = 2.0
+"""Seconds late the slow API server answers each call."""
+SLOW_FOR = 30.0
+"""Seconds the API server is slow."""
 HANG = 20.0
 """Seconds a hung process stays stopped."""
 HANGS = ("gateway", "agent", "triton")
@@ -169,6 +175,7 @@ KINDS = (
     "host-image",
     "hang",
     "oom",
+    "slow-apiserver",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
 """The models under load, by namespace."""
@@ -187,6 +194,7 @@ LIMITS = {
     "host-image": 600.0,
     "hang": 120.0,
     "oom": 150.0,
+    "slow-apiserver": 90.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
 WARM_UP = 180.0
@@ -739,7 +747,7 @@ class Churn:
     def oom_target(self, node: str) -> tuple[str, str, str]:
         """The pod the OOM change kills a container of, by turns a `team-a` model host and a
         `team-b` model pod, on `node` if one runs there (else on the other node): its namespace,
-        name and first container."""
+        name and its serving container (`proxy`)."""
         host = (TEAM_A, f"{KEYS.prefix}model-host=true")
         pod = (TEAM_B, "app=pods")
         choices = (host, pod) if self.ooms % 2 == 0 else (pod, host)
@@ -754,7 +762,8 @@ class Churn:
             running.sort(key=lambda p: p.spec.node_name != node)
             if running:
                 chosen = running[0]
-                return namespace, chosen.metadata.name, chosen.spec.containers[0].name
+                names = [c.name for c in chosen.spec.containers]
+                return namespace, chosen.metadata.name, "proxy" if "proxy" in names else names[0]
         raise ClusterError("no running model host or model pod to OOM-kill")
 
     def restarts_of(self, namespace: str, pod: str, container: str) -> tuple[int, bool]:
@@ -766,7 +775,7 @@ class Churn:
         return 0, False
 
     def do_oom(self, change: Change) -> None:
-        """A model host's or model pod's main container killed as the OOM killer does (SIGKILL
+        """A model host's or model pod's serving container killed as the OOM killer does (SIGKILL
         to its processes; the kubelet reports it `OOMKilled` and starts it again); the change
         completes once the container runs ready again and its model is back at its replicas."""
         namespace, pod, container = self.oom_target(change.node)
@@ -871,6 +880,18 @@ class Churn:
         self.cluster.apiserver.pause()
         time.sleep(OUTAGE)
         self.cluster.apiserver.resume()
+
+    def do_slow_apiserver(self, change: Change) -> None:
+        """The API server answers every call `SLOW_CALLS` late for `SLOW_FOR` seconds
+        (`RunningApiServer.slow`); complete once `steady` reads its replicas ready again."""
+        assert self.cluster.apiserver is not None
+        self.cluster.apiserver.slow(SLOW_CALLS)
+        try:
+            time.sleep(SLOW_FOR)
+        finally:
+            self.cluster.apiserver.slow(0)
+        self.wait_ready("steady", 2, 30)
+        change.note = f"every call {SLOW_CALLS:g} s late for {SLOW_FOR:g} s"
 
     def do_crasher(self, change: Change) -> None:
         model = self.workdir / "crasher"

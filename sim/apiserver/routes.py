@@ -89,6 +89,9 @@ class ApiServerCore:
     authority: TokenAuthority = field(init=False)
     audit: AuditLog = field(init=False)
     faults: Faults = field(default_factory=Faults)
+    delay_seconds: float = 0.0
+    """Seconds every resource request waits before it is served, as a slow (not absent) API
+    server answers late: 0 (off) unless a test sets it (`RunningApiServer.slow`)."""
     policies: Policies = field(init=False)
     disruption: DisruptionController = field(init=False)
     quotas: quota.QuotaController = field(init=False)
@@ -233,6 +236,8 @@ class Handlers:
                 fault = self.core.faults.take(
                     request.headers.get("User-Agent", ""), info.verb, info.resource_name
                 )
+            if info.is_resource_request and self.core.delay_seconds > 0:
+                await asyncio.sleep(self.core.delay_seconds)
             if fault is not None and fault.delay_seconds:
                 await asyncio.sleep(fault.delay_seconds)
             if fault is None or fault.committed:

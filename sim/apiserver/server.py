@@ -177,6 +177,14 @@ class RunningApiServer:
         """Arm `Fault`s here to answer chosen requests with 429, 500 or 503."""
         return self._core.faults
 
+    def slow(self, seconds: float) -> None:
+        """Answer every resource request `seconds` late from now on (a watch starts that late;
+        its events then flow at once), as an overloaded API server or a slow etcd does; 0 to
+        answer at once again (the default)."""
+        if seconds < 0:
+            raise ValueError(f"a delay of {seconds} s: give 0 or more seconds")
+        self._core.delay_seconds = seconds
+
     @property
     def paused(self) -> bool:
         return self._runner is None

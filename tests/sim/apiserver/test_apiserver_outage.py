@@ -5,6 +5,7 @@ or 5xx and change nothing; the audit log names each request's client connection.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 import kubernetes.client
@@ -77,3 +78,23 @@ def test_the_audit_log_names_the_client_connection(
     # The official client's pool reuses its connection for preloaded answers.
     assert len(peers) == 1
     assert next(iter(peers)).startswith("127.0.0.1:")
+
+
+def test_a_slow_server_answers_every_call_late_until_set_back(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
+) -> None:
+    core: Any = core_v1(kube_api)
+    started = time.monotonic()
+    core.list_node()
+    prompt = time.monotonic() - started
+    apiserver.slow(0.5)
+    started = time.monotonic()
+    core.create_node({"metadata": {"name": "late"}})
+    core.list_node()
+    assert time.monotonic() - started >= 1.0  # each of the two calls waited
+    apiserver.slow(0)
+    started = time.monotonic()
+    assert [n.metadata.name for n in core.list_node().items] == ["late"]
+    assert time.monotonic() - started < 0.5 + prompt
+    with pytest.raises(ValueError, match="0 or more"):
+        apiserver.slow(-1)
