@@ -39,6 +39,8 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   processes) for 20 s, then continued; a restart by its liveness probe meanwhile is expected.
 - slow-apiserver: the API server answers every call 2 s late for 30 s
   (`RunningApiServer.slow`), as an overloaded one does.
+- webhook-down: the webhook's process stopped for 20 s while `pods` is scaled 2 -> 3 (its new
+  pod refused meanwhile: `failurePolicy: Fail`), then started again; `pods` back at 2 after.
 - oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
   killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
   `OOMKilled` and starts it again; that exit is expected.
@@ -124,6 +126,7 @@ from benchmarks.churnrule import (
 )
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys
 from common.hosted import decode_parked, parked_models_annotation
+from sim import admission_webhook
 from sim.cluster import BinderHandle, NodeSpec, SimCluster
 from sim.crashers import load_killer
 from sim.demo.autoscale import slow_model
@@ -156,6 +159,8 @@ SLOW_CALLS = 2.0
 """Seconds late the slow API server answers each call."""
 SLOW_FOR = 30.0
 """Seconds the API server is slow."""
+WEBHOOK_DOWN = 20.0
+"""Seconds the webhook is stopped while `pods` is scaled up."""
 HANG = 20.0
 """Seconds a hung process stays stopped."""
 HANGS = ("gateway", "agent", "triton")
@@ -176,6 +181,7 @@ KINDS = (
     "hang",
     "oom",
     "slow-apiserver",
+    "webhook-down",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
 """The models under load, by namespace."""
@@ -195,6 +201,7 @@ LIMITS = {
     "hang": 120.0,
     "oom": 150.0,
     "slow-apiserver": 90.0,
+    "webhook-down": 240.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
 WARM_UP = 180.0
@@ -892,6 +899,41 @@ class Churn:
             self.cluster.apiserver.slow(0)
         self.wait_ready("steady", 2, 30)
         change.note = f"every call {SLOW_CALLS:g} s late for {SLOW_FOR:g} s"
+
+    def pods_at(self, replicas: int) -> bool:
+        """Whether the Deployment `pods` has `replicas` pods, each updated and available."""
+        d = self.apps.read_namespaced_deployment("pods", TEAM_B)
+        s = d.status
+        return bool(
+            s.observed_generation == d.metadata.generation
+            and (s.replicas, s.updated_replicas, s.available_replicas)
+            == (replicas, replicas, replicas)
+        )
+
+    def scale_pods(self, replicas: int) -> None:
+        self.apps.patch_namespaced_deployment("pods", TEAM_B, {"spec": {"replicas": replicas}})
+
+    def do_webhook_down(self, change: Change) -> None:
+        """The webhook's process stopped (SIGTERM) while `pods` is scaled 2 -> 3 (its new model
+        pod is refused while no webhook answers: `failurePolicy: Fail`), started again after
+        `WEBHOOK_DOWN` seconds; complete once the third pod is available and `pods` is back at 2."""
+        webhook = self.cluster.webhook
+        if webhook is None:
+            raise ClusterError("the cluster runs no webhook")
+        change.moment = time.monotonic()
+        code = webhook.process.stop()
+        self.kubelet.record(
+            webhook.process.name, code, webhook.process.log_tail(3), "SIGTERM by the churn"
+        )
+        try:
+            self.scale_pods(3)
+            time.sleep(WEBHOOK_DOWN)
+        finally:
+            webhook.process.start({**self.cluster.env, **admission_webhook.environment()})
+        wait_until("the third pod of pods available", partial(self.pods_at, 3), 120)
+        self.scale_pods(2)
+        wait_until("pods back at 2", partial(self.pods_at, 2), 90)
+        change.note = f"webhook stopped {WEBHOOK_DOWN:g} s while pods scaled 2 -> 3"
 
     def do_crasher(self, change: Change) -> None:
         model = self.workdir / "crasher"
