@@ -41,6 +41,9 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   (`RunningApiServer.slow`), as an overloaded one does.
 - webhook-down: the webhook's process stopped for 20 s while `pods` is scaled 2 -> 3 (its new
   pod refused meanwhile: `failurePolicy: Fail`), then started again; `pods` back at 2 after.
+- store-down: the model store answers every request 503 for 20 s (`ModelStore.refuse`) while
+  models wake: `zero` set to 0 under its load and `pods` scaled 2 -> 3 (its new pod fetches its
+  files then); `pods` back at 2 after.
 - oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
   killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
   `OOMKilled` and starts it again; that exit is expected.
@@ -161,6 +164,8 @@ SLOW_FOR = 30.0
 """Seconds the API server is slow."""
 WEBHOOK_DOWN = 20.0
 """Seconds the webhook is stopped while `pods` is scaled up."""
+STORE_DOWN = 20.0
+"""Seconds the model store refuses while models wake."""
 HANG = 20.0
 """Seconds a hung process stays stopped."""
 HANGS = ("gateway", "agent", "triton")
@@ -182,6 +187,7 @@ KINDS = (
     "oom",
     "slow-apiserver",
     "webhook-down",
+    "store-down",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
 """The models under load, by namespace."""
@@ -202,6 +208,7 @@ LIMITS = {
     "oom": 150.0,
     "slow-apiserver": 90.0,
     "webhook-down": 240.0,
+    "store-down": 270.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
 WARM_UP = 180.0
@@ -934,6 +941,25 @@ class Churn:
         self.scale_pods(2)
         wait_until("pods back at 2", partial(self.pods_at, 2), 90)
         change.note = f"webhook stopped {WEBHOOK_DOWN:g} s while pods scaled 2 -> 3"
+
+    def do_store_down(self, change: Change) -> None:
+        """The model store answers every request 503 (`ModelStore.refuse`) for `STORE_DOWN`
+        seconds while models wake: `zero` set to 0 under its load (woken by its autoscaler) and
+        `pods` scaled 2 -> 3 (its new pod's storage initializer fetches from the store); complete
+        once `zero` is served again, the third pod is available and `pods` is back at 2."""
+        self.store.refuse()
+        change.moment = time.monotonic()
+        try:
+            self.scale("zero", 0)
+            self.scale_pods(3)
+            time.sleep(STORE_DOWN)
+        finally:
+            self.store.refuse(False)
+        zero = self.watch_zero(change.moment, 90)
+        wait_until("the third pod of pods available", partial(self.pods_at, 3), 120)
+        self.scale_pods(2)
+        wait_until("pods back at 2", partial(self.pods_at, 2), 60)
+        change.note = f"store refused {STORE_DOWN:g} s; zero set to 0: {zero}"
 
     def do_crasher(self, change: Change) -> None:
         model = self.workdir / "crasher"

@@ -8,8 +8,9 @@ KServe's storage initializer unpacks into /mnt/models) as `<name>.tar.gz`, with 
 of the same model (same name, other files) at `v2/<name>.tar.gz`, as a rollout to new model files
 points the pod template at it. `protect(release, token)` makes a release private, as a bucket
 behind a credential: its files answer 401 without `Authorization: Bearer <token>`, and `seen`
-lists every request's (client address, path, whether it bore a token). It serves files and
-nothing else: no listing, no uploads.
+lists every request's (client address, path, whether it bore a token). `refuse()` answers every
+request 503 until `refuse(False)`, as a store that is down. It serves files and nothing else: no
+listing, no uploads.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class _Files(http.server.SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         bearer = self.headers.get("Authorization", "")
         self.store.seen.append((self.client_address[0], self.path, bool(bearer)))
+        if self.store.refusing:
+            self.send_error(503, "the model store is down")
+            return
         for release, token in self.store.tokens.items():
             if self.path.startswith(f"/triton/{release}/") and bearer != f"Bearer {token}":
                 self.send_error(401, "this release needs its credential")
@@ -56,6 +60,9 @@ class ModelStore:
         """Release -> the bearer token its files need (`protect`)."""
         self.seen: list[tuple[str, str, bool]] = []
         """Every request: (client address, path, whether it bore a token)."""
+        self.refusing = False
+        """Every request is answered 503 (`refuse`), as a store that is down behind its load
+        balancer."""
         files = type("Files", (_Files,), {"store": self})
         handler = functools.partial(files, directory=str(directory))
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -77,6 +84,10 @@ class ModelStore:
     def protect(self, release: str, token: str) -> None:
         """Serve `release`'s files only to requests bearing `token`."""
         self.tokens[release] = token
+
+    def refuse(self, refusing: bool = True) -> None:
+        """Answer every request 503 from now on (False: serve again)."""
+        self.refusing = refusing
 
     def publish(self, name: str, model: Path, release: str = "") -> str:
         """Pack the model directory `model` as `name` (under `release/` when given); its URL."""

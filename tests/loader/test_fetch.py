@@ -177,6 +177,20 @@ def test_what_cannot_be_downloaded_says_why(trusted: ModelStore, tmp_path: Path)
         fetch(f"{trusted.base_url}/triton/", tmp_path / "b", max_bytes=1 << 20)
 
 
+def test_a_store_that_is_down_answers_503_until_it_serves_again(
+    trusted: ModelStore, tmp_path: Path
+) -> None:
+    uri = trusted.publish("add_one", MODELS / "add_one")
+    trusted.refuse()
+    try:
+        with pytest.raises(FetchError, match="answered HTTP 503"):
+            fetch(uri, tmp_path / "down", max_bytes=1 << 20)
+    finally:
+        trusted.refuse(False)
+    fetch(uri, tmp_path / "up", max_bytes=1 << 20)
+    assert (tmp_path / "up" / "config.pbtxt").exists()
+
+
 class _Redirects(http.server.BaseHTTPRequestHandler):
     """Answers every path with a redirect to the `Location` the path names after /to/."""
 
