@@ -88,6 +88,8 @@ class Exit:
     last_lines: str
 
 
+STORAGE_INITIALIZER = "storage-initializer"
+"""A model pod's init container that fetches its files from the store."""
 CHURN_CAUSES = ("SIGKILL by the churn", "SIGTERM by the churn", "node pod replaced")
 NODE_POD_PROCESSES = ("agent", "gateway", "triton")
 STOPPED = ("signal SIGTERM", "signal SIGKILL", "exit code 0", "exit code 143", "exit code 137")
@@ -99,7 +101,8 @@ def why_expected(e: Exit, changes: list[Change]) -> str:
     containers ending as it is deleted, the crasher and the Triton it kills, a replaced node
     pod's processes stopped (not crashed) during that change, a hung container stopped or
     killed by its liveness probe during its hang, the container the OOM change killed
-    (`OOMKilled`, during it)."""
+    (`OOMKilled`, during it), a model pod's storage initializer failing while the store is
+    down (during that change; the kubelet starts it again)."""
     if e.cause.startswith(CHURN_CAUSES):
         return "the churn's own"
     if "(pod deleted)" in e.cause:
@@ -116,6 +119,13 @@ def why_expected(e: Exit, changes: list[Change]) -> str:
             and change.start <= e.at <= change.end
         ):
             return "OOM-killed by the churn"
+        if (
+            change.kind == "store-down"
+            and e.name.startswith("pod ")
+            and e.name.endswith(f"/{STORAGE_INITIALIZER}")
+            and change.start <= e.at <= change.end
+        ):
+            return "its fetch failed while the store was down"
     process, _, node = e.name.partition("/")
     for change in changes:
         if node != change.node or not change.start <= e.at <= change.end:

@@ -160,6 +160,19 @@ def test_the_oom_change_expects_its_own_container_oomkilled_during_it_and_no_oth
         assert why_expected(e, [oom]) == ""
 
 
+def test_the_store_down_change_expects_storage_initializers_to_fail_during_it_only() -> None:
+    down = Change("store-down", "gpu-a", limit=270, start=10, moment=10, took=60, end=80)
+    fetch = Exit(20.0, "pod team-b/pods-3/storage-initializer", "exit code 1", "Error", "")
+    assert why_expected(fetch, [down]) == "its fetch failed while the store was down"
+    assert why_expected(Exit(90.0, fetch.name, "exit code 1", "Error", ""), [down]) == ""
+    proxy = Exit(20.0, "pod team-b/pods-3/proxy", "exit code 1", "Error", "")
+    assert why_expected(proxy, [down]) == ""
+    other = Change("webhook-down", "gpu-a", limit=240, start=10, moment=10, took=60, end=80)
+    assert why_expected(fetch, [other]) == ""
+    stopped = Exit(10.5, "webhook", "signal SIGTERM", "SIGTERM by the churn", "")
+    assert why_expected(stopped, [other]) == "the churn's own"
+
+
 def test_every_kind_is_in_the_default_schedule_with_a_limit() -> None:
     plan = churn.schedule(list(churn.KINDS), seed=1, rounds=1)
     assert sorted(c.kind for c in plan) == sorted(churn.KINDS)
