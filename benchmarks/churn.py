@@ -44,6 +44,8 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
 - store-down: the model store answers every request 503 for 20 s (`ModelStore.refuse`) while
   models wake: `zero` set to 0 under its load and `pods` scaled 2 -> 3 (its new pod fetches its
   files then); `pods` back at 2 after.
+- spike: one model (each in turn) sent 10 times its closed-loop callers for 20 s
+  (`LoadProcess.spike`).
 - oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
   killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
   `OOMKilled` and starts it again; that exit is expected.
@@ -166,6 +168,10 @@ WEBHOOK_DOWN = 20.0
 """Seconds the webhook is stopped while `pods` is scaled up."""
 STORE_DOWN = 20.0
 """Seconds the model store refuses while models wake."""
+SPIKE = 10
+"""How many times its load a spike sends to one model."""
+SPIKE_FOR = 20.0
+"""Seconds a spike lasts."""
 HANG = 20.0
 """Seconds a hung process stays stopped."""
 HANGS = ("gateway", "agent", "triton")
@@ -188,6 +194,7 @@ KINDS = (
     "slow-apiserver",
     "webhook-down",
     "store-down",
+    "spike",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
 """The models under load, by namespace."""
@@ -209,6 +216,7 @@ LIMITS = {
     "slow-apiserver": 90.0,
     "webhook-down": 240.0,
     "store-down": 270.0,
+    "spike": 40.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
 WARM_UP = 180.0
@@ -442,6 +450,7 @@ class Churn:
         self.host_images = 0
         self.hangs = 0
         self.ooms = 0
+        self.spikes = 0
         self.slow_lazy = slow_lazy
         """Seconds `lazy`'s model takes per request (0: `MODEL_SECONDS`, as every model)."""
 
@@ -960,6 +969,19 @@ class Churn:
         self.scale_pods(2)
         wait_until("pods back at 2", partial(self.pods_at, 2), 60)
         change.note = f"store refused {STORE_DOWN:g} s; zero set to 0: {zero}"
+
+    def do_spike(self, change: Change) -> None:
+        """`SPIKE` times one model's closed-loop callers for `SPIKE_FOR` seconds
+        (`LoadProcess.spike`), each model in turn."""
+        if self.load is None:
+            raise ClusterError("no load to spike")
+        models = [m for ms in MODELS.values() for m in ms]
+        model = change.process = models[self.spikes % len(models)]
+        self.spikes += 1
+        change.moment = time.monotonic()
+        self.load.spike(model, SPIKE, SPIKE_FOR)
+        time.sleep(SPIKE_FOR)
+        change.note = f"{model} at {SPIKE}x its callers for {SPIKE_FOR:g} s"
 
     def do_crasher(self, change: Change) -> None:
         model = self.workdir / "crasher"

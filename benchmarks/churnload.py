@@ -21,6 +21,9 @@ A request fails on an answer other than 200 (gRPC: OK), a connection error, or n
 share no interpreter lock with the Services' relays (`sim.service.ServiceProxy`) nor with the
 churn itself, and its CPU is its own: `LoadCpu` says how much it took.
 
+`LoadProcess.spike(model, factor, seconds)` multiplies one model's closed-loop callers by
+`factor` for `seconds` (a load spike), their requests counted as the others'.
+
 `in_flight_at` is the accounting that shows each change was sampled: from the requests' start and
 end times, how many were in flight at a moment, per model. Pure.
 """
@@ -336,6 +339,27 @@ def poisson(
             senders.submit(send, rng.choice(targets), due)
 
 
+def spike(
+    target: Target,
+    ways: tuple[str, ...],
+    factor: int,
+    seconds: float,
+    log: list[Request],
+    halt: threading.Event,
+    callers: list[Caller],
+) -> None:
+    """`factor` times the closed-loop callers on `target` for `seconds` (or until `halt`): the
+    extra callers, `PER_WAY * (factor - 1)` of each way, are added to `callers` and stop after
+    their request in flight."""
+    done = threading.Event()
+    extra = [Caller(target, way, log, done) for way in ways for _ in range(PER_WAY * (factor - 1))]
+    callers.extend(extra)
+    for caller in extra:
+        caller.thread.start()
+    halt.wait(seconds)
+    done.set()
+
+
 def unanswered_path(out: Path) -> Path:
     return out.with_suffix(".unanswered")
 
@@ -347,10 +371,12 @@ def run_load(
     seed: int,
     answered: MpEvent,
     stop: MpEvent,
+    spikes: Any = None,
 ) -> None:
     """The load process: start every caller, set `answered` once each has had an answer (until
     then `unanswered_path(out)` names those that have not, each with its last answer), run until
-    `stop`, then write what it saw to `out` (`Load.dump`)."""
+    `stop`, then write what it saw to `out` (`Load.dump`). `spikes`: a queue of (model, factor,
+    seconds) asking for a spike of that model's load (`spike`)."""
     began = time.monotonic()
     log: list[Request] = []
     halt = threading.Event()
@@ -372,7 +398,23 @@ def run_load(
     ]
     for thread in open_loop:
         thread.start()
+    extra: list[Caller] = []
+    spiking: list[threading.Thread] = []
     while not stop.is_set():
+        while spikes is not None:
+            try:
+                model, factor, seconds = spikes.get_nowait()
+            except queue.Empty:
+                break
+            target = next(t for t in targets if t.model == model)
+            thread = threading.Thread(
+                target=spike,
+                args=(target, ways, factor, seconds, log, halt, extra),
+                name=f"churn-spike-{model}",
+                daemon=True,
+            )
+            thread.start()
+            spiking.append(thread)
         if not answered.is_set():
             waiting = [c for c in callers if not c.answered.is_set()]
             if not waiting:
@@ -388,6 +430,9 @@ def run_load(
                 unanswered_path(out).write_text("\n".join(said))
         stop.wait(0.5)
     halt.set()
+    for thread in spiking:
+        thread.join(5)
+    callers += extra
     for thread in [c.thread for c in callers] + open_loop:
         thread.join(DEADLINE + 5)
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -411,9 +456,10 @@ class LoadProcess:
         self._out = workdir / "churn-load.json"
         self.answered = context.Event()
         self._stop = context.Event()
+        self._spikes = context.Queue()
         self._process = context.Process(
             target=run_load,
-            args=(targets, ways, self._out, seed, self.answered, self._stop),
+            args=(targets, ways, self._out, seed, self.answered, self._stop, self._spikes),
             name="churn-load",
             daemon=True,
         )
@@ -428,6 +474,12 @@ class LoadProcess:
 
     def alive(self) -> bool:
         return self._process.is_alive()
+
+    def spike(self, model: str, factor: int, seconds: float) -> None:
+        """`factor` times `model`'s closed-loop callers for `seconds`, from now (`spike`)."""
+        if factor < 1 or seconds <= 0:
+            raise ValueError(f"a spike of {factor}x for {seconds} s: give 1x or more, over 0 s")
+        self._spikes.put((model, factor, seconds))
 
     def stop(self) -> Load:
         """Stop the callers (each finishes its request first) and read what they saw."""

@@ -3,10 +3,22 @@ in-flight accounting, on synthetic records: no cluster."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from benchmarks import churn
-from benchmarks.churnload import Load, LoadCpu, Request, in_flight_at
+from benchmarks.churnload import (
+    PER_WAY,
+    Caller,
+    Load,
+    LoadCpu,
+    Request,
+    Target,
+    in_flight_at,
+    spike,
+)
 from benchmarks.churnrule import (
     HOLD_BOUND,
     MIN_PER_MINUTE,
@@ -225,3 +237,18 @@ def test_the_report_exits_1_and_names_what_failed(capsys: pytest.CaptureFixture[
     assert "fails the rule: 1 failed requests (scaled 1)" in out
     assert "fails the rule: 1 unexpected process exits (gateway/gpu-b)" in out
     assert out.splitlines()[-1].endswith("-> FAIL")
+
+
+def test_a_spike_adds_its_callers_for_its_time_then_stops_them() -> None:
+    target = Target("steady", "team-a", "127.0.0.1")
+    log: list[Request] = []
+    extra: list[Caller] = []
+    began = time.monotonic()
+    spike(target, ("rest", "grpc"), 10, 0.5, log, threading.Event(), extra)
+    assert time.monotonic() - began >= 0.5
+    assert len(extra) == 2 * PER_WAY * 9
+    for caller in extra:
+        caller.thread.join(10)
+        assert not caller.thread.is_alive()
+    assert {r.model for r in log} == {"steady"}
+    assert {r.protocol for r in log} == {"rest", "grpc"}
