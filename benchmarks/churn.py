@@ -46,6 +46,8 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   files then); `pods` back at 2 after.
 - spike: one model (each in turn) sent 10 times its closed-loop callers for 20 s
   (`LoadProcess.spike`).
+- drain: `kubectl drain` of a GPU node (the real binary: evictions honouring the model hosts'
+  PodDisruptionBudget the binder keeps and one of `pods`, `minAvailable: 1`), then uncordoned.
 - oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
   killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
   `OOMKilled` and starts it again; that exit is expected.
@@ -94,6 +96,7 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -172,6 +175,8 @@ SPIKE = 10
 """How many times its load a spike sends to one model."""
 SPIKE_FOR = 20.0
 """Seconds a spike lasts."""
+DRAIN_TIMEOUT = 150
+"""Seconds `kubectl drain` may take (its `--timeout`)."""
 HANG = 20.0
 """Seconds a hung process stays stopped."""
 HANGS = ("gateway", "agent", "triton")
@@ -195,6 +200,7 @@ KINDS = (
     "webhook-down",
     "store-down",
     "spike",
+    "drain",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
 """The models under load, by namespace."""
@@ -217,6 +223,7 @@ LIMITS = {
     "webhook-down": 240.0,
     "store-down": 270.0,
     "spike": 40.0,
+    "drain": 330.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
 WARM_UP = 180.0
@@ -982,6 +989,56 @@ class Churn:
         self.load.spike(model, SPIKE, SPIKE_FOR)
         time.sleep(SPIKE_FOR)
         change.note = f"{model} at {SPIKE}x its callers for {SPIKE_FOR:g} s"
+
+    def pods_budget(self) -> None:
+        """A PodDisruptionBudget keeping one of `pods` available (as its team would write it);
+        the binder keeps the model hosts' own."""
+        policy = cast(Any, kubernetes.client.PolicyV1Api(self.cluster.kube))
+        budget = {
+            "metadata": {"name": "pods"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pods"}}},
+        }
+        with contextlib.suppress(kubernetes.client.ApiException):  # made by an earlier drain
+            policy.create_namespaced_pod_disruption_budget(TEAM_B, budget, _preload_content=False)
+
+    def do_drain(self, change: Change) -> None:
+        """`kubectl drain` of a GPU node (the real binary: cordon, then evictions through the
+        API server's eviction subresource, each honouring the PodDisruptionBudgets: the model
+        hosts' that the binder keeps, and `pods`'), then `kubectl uncordon`; complete once
+        every model is back at its replicas."""
+        self.pods_budget()
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            raise ClusterError("kubectl is not installed: the drain needs it")
+        base = [kubectl, f"--kubeconfig={self.cluster.kubeconfig}"]
+        change.moment = time.monotonic()
+        try:
+            drained = subprocess.run(
+                [
+                    *base,
+                    "drain",
+                    change.node,
+                    "--ignore-daemonsets",
+                    "--delete-emptydir-data",
+                    f"--timeout={DRAIN_TIMEOUT}s",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=DRAIN_TIMEOUT + 30,
+                check=False,
+            )
+        finally:
+            subprocess.run([*base, "uncordon", change.node], capture_output=True, check=False)
+        said = (drained.stdout + drained.stderr).splitlines()
+        evicted = sum(1 for line in said if line.endswith(" evicted"))
+        if drained.returncode != 0:
+            raise ClusterError(
+                f"kubectl drain {change.node} exited {drained.returncode}: " + " | ".join(said[-3:])
+            )
+        self.wait_ready("steady", 2, 90)
+        self.wait_ready("scaled", 1, 30)
+        wait_until("pods back at 2", partial(self.pods_at, 2), 60)
+        change.note = f"{evicted} pods evicted; the node uncordoned"
 
     def do_crasher(self, change: Change) -> None:
         model = self.workdir / "crasher"
