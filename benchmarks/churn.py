@@ -48,6 +48,10 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   (`LoadProcess.spike`).
 - drain: `kubectl drain` of a GPU node (the real binary: evictions honouring the model hosts'
   PodDisruptionBudget the binder keeps and one of `pods`, `minAvailable: 1`), then uncordoned.
+- two: two changes at once, one of a node's or a pod's process or the load (gateway, agent,
+  hang, oom, node-pod, spike) with one of the control plane, the store or the replicas
+  (apiserver, slow-apiserver, binder, scale, zero, webhook-down, store-down), drawn from
+  `--seed`; its limit the longer of theirs.
 - oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
   killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
   `OOMKilled` and starts it again; that exit is expected.
@@ -201,6 +205,7 @@ KINDS = (
     "store-down",
     "spike",
     "drain",
+    "two",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
 """The models under load, by namespace."""
@@ -226,6 +231,13 @@ LIMITS = {
     "drain": 330.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
+PAIRS = (
+    ("gateway", "agent", "hang", "oom", "node-pod", "spike"),
+    ("apiserver", "slow-apiserver", "binder", "scale", "zero", "webhook-down", "store-down"),
+)
+"""The kinds `two` applies at once: one of the first row (a node's or a pod's process, the load)
+with one of the second (the control plane, the store, a change of replicas); no two of one row,
+which act on the same things."""
 WARM_UP = 180.0
 """Seconds the load may take until each of its callers has had an answer; the requests sent
 until then are not counted."""
@@ -584,6 +596,37 @@ class Churn:
     def apply(self, change: Change) -> None:
         handler: Callable[[Change], None] = getattr(self, "do_" + change.kind.replace("-", "_"))
         handler(change)
+
+    def do_two(self, change: Change) -> None:
+        """Its two parts at once, each on a thread of its own; complete once both are, its moment
+        the earlier of theirs."""
+        errors: list[str] = []
+
+        def part(each: Change) -> None:
+            each.start = each.moment = change.start
+            try:
+                self.apply(each)
+                each.took = time.monotonic() - each.start
+            except (ClusterError, kubernetes.client.ApiException) as e:
+                each.note = f"did not complete: {str(e).splitlines()[0][:300]}"
+                errors.append(f"{each.kind}: {each.note}")
+
+        threads = [
+            threading.Thread(target=part, args=(p,), name=f"churn-{p.kind}") for p in change.parts
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        change.moment = min(p.moment for p in change.parts)
+        change.note = "; ".join(
+            f"{p.kind} (node {p.node}) "
+            + ("did not complete" if p.took is None else f"{p.took:.0f} s of {p.limit:.0f} s")
+            + (f": {p.note}" if p.note else "")
+            for p in change.parts
+        )
+        if errors or not all(p.completed for p in change.parts):
+            raise ClusterError("; ".join(errors) or "a part took longer than its limit")
 
     def do_scale(self, change: Change) -> None:
         self.scale("scaled", 3)
@@ -1078,8 +1121,18 @@ def schedule(kinds: list[str], seed: int, rounds: int) -> list[Change]:
     changes = []
     for _ in range(rounds):
         for kind in rng.sample(kinds, len(kinds)):
+            if kind == "two":
+                parts = [Change(k, rng.choice(NODES).name, LIMITS[k]) for k in pair(rng)]
+                limit = max(p.limit for p in parts)
+                changes.append(Change(kind, parts[0].node, limit, parts=parts))
+                continue
             changes.append(Change(kind, rng.choice(NODES).name, LIMITS[kind]))
     return changes
+
+
+def pair(rng: random.Random) -> tuple[str, str]:
+    """The two kinds a `two` change applies at once: one of each row of `PAIRS`."""
+    return rng.choice(PAIRS[0]), rng.choice(PAIRS[1])
 
 
 @dataclass
@@ -1367,6 +1420,8 @@ def apply_plan(churn: Churn, plan: list[Change], minutes: float, kinds: list[str
             change.note = f"did not complete: {str(e).splitlines()[0][:500]}"
         time.sleep(SETTLE)
         change.end = time.monotonic()
+        for part in change.parts:
+            part.end = change.end
         done.append(change)
         took = "did not complete" if change.took is None else f"{change.took:.0f} s"
         note = f"; {change.note}" if change.note else ""

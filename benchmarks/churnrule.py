@@ -69,6 +69,8 @@ class Change:
     """Seconds it took to complete; None: it did not complete."""
     end: float = 0.0
     """The end of its window (completion plus the settling time)."""
+    parts: list[Change] = field(default_factory=list)
+    """The changes applied at once (`two`), each with this one's window."""
     process: str = ""
     """The node pod's container it aims at (`hang`), or the pod's container
     (`namespace/pod/container`: `oom`), if any."""
@@ -102,7 +104,9 @@ def why_expected(e: Exit, changes: list[Change]) -> str:
     pod's processes stopped (not crashed) during that change, a hung container stopped or
     killed by its liveness probe during its hang, the container the OOM change killed
     (`OOMKilled`, during it), a model pod's storage initializer failing while the store is
-    down (during that change; the kubelet starts it again)."""
+    down (during that change; the kubelet starts it again). The parts of a change of several at
+    once (`two`) expect what each expects alone."""
+    changes = [p for c in changes for p in (c.parts or [c])]
     if e.cause.startswith(CHURN_CAUSES):
         return "the churn's own"
     if "(pod deleted)" in e.cause:

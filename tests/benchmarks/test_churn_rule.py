@@ -188,7 +188,29 @@ def test_the_store_down_change_expects_storage_initializers_to_fail_during_it_on
 def test_every_kind_is_in_the_default_schedule_with_a_limit() -> None:
     plan = churn.schedule(list(churn.KINDS), seed=1, rounds=1)
     assert sorted(c.kind for c in plan) == sorted(churn.KINDS)
-    assert all(c.limit == churn.LIMITS[c.kind] > 0 for c in plan)
+    single = [c for c in plan if c.kind != "two"]
+    assert all(c.limit == churn.LIMITS[c.kind] > 0 for c in single)
+
+
+def test_two_applies_one_change_of_each_row_at_once_within_the_longer_limit() -> None:
+    plan = churn.schedule(["two"], seed=3, rounds=20)
+    for change in plan:
+        first, second = change.parts
+        assert first.kind in churn.PAIRS[0] and second.kind in churn.PAIRS[1]
+        assert change.limit == max(first.limit, second.limit)
+    assert len({tuple(p.kind for p in c.parts) for c in plan}) > 5  # drawn, not fixed
+    assert churn.schedule(["two"], seed=3, rounds=20) == plan  # from the seed alone
+
+
+def test_the_parts_of_two_expect_what_each_expects_alone() -> None:
+    oom = Change("oom", "gpu-a", limit=150, start=10, took=5, end=40, process="team-b/p/proxy")
+    hang = Change("hang", "gpu-b", limit=120, start=10, took=25, end=40, process="agent")
+    two = Change("two", "gpu-a", limit=150, start=10, took=25, end=40, parts=[oom, hang])
+    killed = Exit(12.0, "pod team-b/p/proxy", "exit code -9", "OOMKilled", "")
+    probed = Exit(30.0, "agent/gpu-b", "signal SIGKILL", "the kubelet killed it: its liveness", "")
+    assert why_expected(killed, [two]) == "OOM-killed by the churn"
+    assert why_expected(probed, [two]) == "restarted as it hung"
+    assert why_expected(Exit(30.0, "agent/gpu-a", "signal SIGKILL", "", ""), [two]) == ""
 
 
 def test_in_flight_at_a_changes_moment_counts_the_requests_sent_and_not_yet_answered() -> None:
