@@ -37,6 +37,9 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   next leader's autoscaler.
 - hang: a node pod's gateway, agent or Triton, in turn, stopped (SIGSTOP to its container's
   processes) for 20 s, then continued; a restart by its liveness probe meanwhile is expected.
+- oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
+  killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
+  `OOMKilled` and starts it again; that exit is expected.
 - slow-apiserver: the API server answers every call 2 s late for 30 s
   (`RunningApiServer.slow`), as an overloaded one does.
 - webhook-down: the webhook's process stopped for 20 s while `pods` is scaled 2 -> 3 (its new
@@ -52,9 +55,10 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   hang, oom, node-pod, spike) with one of the control plane, the store or the replicas
   (apiserver, slow-apiserver, binder, scale, zero, webhook-down, store-down), drawn from
   `--seed`; its limit the longer of theirs.
-- oom: a model host's (`team-a`) or model pod's (`team-b`) container, in turn, killed as the OOM
-  killer does (SIGKILL to its processes, `ContainerRun.oom_kill`): the node's kubelet reports it
-  `OOMKilled` and starts it again; that exit is expected.
+
+A whole node lost at once is not among them: the simulated cluster keeps no node heartbeat (no
+Lease in `kube-node-lease`, a Ready condition written once) and runs no node lifecycle controller
+(NotReady, the `unreachable` NoExecute taint, evictions after the pods' tolerations).
 
 The simulated cluster restarts the node pods' containers (Triton's keeper, agent, gateway) as the
 kubelet restarts those of a `restartPolicy: Always` pod (`sim.node.nodepods`: at once, then with its
@@ -1443,8 +1447,9 @@ def main() -> None:
         "their Services while a schedule drawn from --seed changes the fleet for --minutes "
         "(scale, scale to zero, neighbours, a host's secret, a rollout, a node pod replaced, "
         "the agent, gateway and leader binder killed, an API server outage, a crasher, a "
-        "node pod's container hung), or "
-        "only the kinds --changes names.",
+        "node pod's container hung, a model pod's container OOM-killed, a slow API server, "
+        "the webhook and the model store down, a load spike, a node drained, two at once), "
+        "or only the kinds --changes names.",
     )
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of churn (10)")
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (1)")
