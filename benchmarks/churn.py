@@ -263,7 +263,7 @@ class Kubelet:
         self.exits: list[Exit] = []
         self.causes: dict[str, str] = {}
         """What the benchmark did to a process it killed, by its name."""
-        self._seen: set[tuple[str, int, str]] = set()
+        self._seen: set[tuple[str, str, str]] = set()
         self.list_failures = 0
         self._restarts: dict[str, tuple[int, float]] = {}
         """Each binder's restarts (the count is kept for the whole run: none runs the 10
@@ -420,8 +420,13 @@ class Kubelet:
                 ended = state.get("terminated")
                 if not ended:
                     continue
-                key = (f"{meta['namespace']}/{meta['name']}", 0, str(ended.get("finishedAt")))
-                key = (f"{key[0]}/{status['name']}", int(status.get("restartCount") or 0), key[2])
+                # One exit, whether read as the state or (once restarted) as the last state:
+                # the restart count has moved on by then, its run's start and end have not.
+                key = (
+                    f"{meta['namespace']}/{meta['name']}/{status['name']}",
+                    str(ended.get("startedAt")),
+                    str(ended.get("finishedAt")),
+                )
                 if key in self._seen:
                     continue
                 self._seen.add(key)

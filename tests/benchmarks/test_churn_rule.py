@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any, cast
 
 import pytest
 
@@ -274,3 +275,22 @@ def test_a_spike_adds_its_callers_for_its_time_then_stops_them() -> None:
         assert not caller.thread.is_alive()
     assert {r.model for r in log} == {"steady"}
     assert {r.protocol for r in log} == {"rest", "grpc"}
+
+
+def test_a_pod_containers_exit_is_recorded_once_as_state_then_as_last_state() -> None:
+    kubelet = churn.Kubelet(cast(Any, None), 0.0)
+    ended = {"exitCode": -9, "reason": "OOMKilled", "startedAt": "t0", "finishedAt": "t1"}
+
+    def pod(restarts: int, state: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+        status = {"name": "proxy", "restartCount": restarts, "state": state, "lastState": last}
+        return {
+            "metadata": {"namespace": "team-b", "name": "p"},
+            "spec": {"containers": [{"name": "proxy"}]},
+            "status": {"containerStatuses": [status]},
+        }
+
+    kubelet._pod_exits(pod(0, {"terminated": ended}, {}))
+    kubelet._pod_exits(pod(1, {"running": {}}, {"terminated": ended}))
+    again = {**ended, "startedAt": "t2", "finishedAt": "t3"}
+    kubelet._pod_exits(pod(2, {"running": {}}, {"terminated": again}))
+    assert [(e.name, e.cause) for e in kubelet.exits] == [("pod team-b/p/proxy", "OOMKilled")] * 2
