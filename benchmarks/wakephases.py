@@ -5,8 +5,8 @@ For each model woken at `started` (the requests' start, when the host's proxy ho
 first line after it of each step, in order:
 
 - decision: the autoscaler's `TritonModel <ns>/<model> scales from 0` (binder's log);
-- placement: the node's agent sees the replica on its host (`loaded-<model>_<n>=` condition
-  written, agent's log);
+- placement: the node's agent sees the replica on its host (`Model <model> of pod
+  <ns>/<model>/<n> is named`, agent's log);
 - install: the host's loader asks the agent to load the model (`Asking the agent to load`, the
   loader's log; its files are checked or installed before);
 - queue: Triton begins the load (`loading: <name>:<version>`, Triton's log): the agent's
@@ -37,7 +37,8 @@ _PYTHON_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 _TRITON_TIME = re.compile(r"^[IWE](\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+) ")
 _TRITON_NAME = re.compile(r"^(.+)-[0-9a-f]{24}$")
 _DECIDED = re.compile(r"TritonModel [^/\s]+/(\S+) scales from 0: ")
-_CONDITION = re.compile(r"/loaded-(\S+)_\d+=(True|False)")
+_PLACED = re.compile(r"Model (\S+) of pod [^/\s]+/\S+/\d+ is named ")
+_READY = re.compile(r"/loaded-(\S+)_\d+=True ")
 _ASKED = re.compile(r"Asking the agent to load model (\S+) into Triton\.")
 _TRITON_LOADING = re.compile(r'"loading: (\S+):\d+"')
 _TRITON_LOADED = re.compile(r"successfully loaded '([^']+)'")
@@ -115,11 +116,10 @@ def steps(
         if decided := _DECIDED.search(line):
             mark(decided.group(1), "decision", python_time(line))
     for line in agent:
-        if condition := _CONDITION.search(line):
-            at = python_time(line)
-            mark(condition.group(1), "placement", at)
-            if condition.group(2) == "True":
-                mark(condition.group(1), "ready", at)
+        if placed := _PLACED.search(line):
+            mark(placed.group(1), "placement", python_time(line))
+        elif ready := _READY.search(line):
+            mark(ready.group(1), "ready", python_time(line))
     for line in loader:
         if asked := _ASKED.search(line):
             mark(asked.group(1), "install", python_time(line))

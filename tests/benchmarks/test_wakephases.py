@@ -29,6 +29,7 @@ def _logs(model: str, offset: float) -> dict[str, list[str]]:
         ],
         "agent": [
             py(2 + offset, f"Pod models/h: tritonshare.io/loaded-{model}_1=False (ModelPending)"),
+            py(2 + offset, f"Model {model} of pod models/{model}/1 is named {model}-{HASH} in"),
             py(6 + offset, f"Pod models/h: tritonshare.io/loaded-{model}_1=True (Loaded)"),
         ],
         "loader": [py(3 + offset, f"Asking the agent to load model {model} into Triton.")],
