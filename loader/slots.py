@@ -5,7 +5,10 @@ a free slot, so that no model of the host holds up its others.
 take turns. Models retrying after a failure (a fetch past its deadline, a bucket over its
 bounds, a load refused) hold `parallel - 1` at most, so with two slots or more one is always
 left to the models that have not failed. A free slot goes to the longest waiting replica that
-may take it. Owns these rules only: no I/O, no clock.
+may take it, a model's first replica before the other replicas of models a slot already went to
+(until such a model has no replica holding or waiting): in a wake of many models at once, every
+model's first replica is loaded before any model's second, so each model's held requests wait
+for one load of each model only. Owns these rules only: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class Slots:
         self._held: dict[str, bool] = {}
         """model -> whether it holds its slot for a retry."""
         self._waiting: list[_Waiter] = []
+        self._begun: set[str] = set()
+        """Models a slot went to that have a replica holding or waiting since: their other
+        replicas wait behind other models' first ones."""
 
     @contextlib.asynccontextmanager
     async def hold(self, model: str, *, retrying: bool) -> AsyncIterator[None]:
@@ -46,6 +52,7 @@ class Slots:
         except asyncio.CancelledError:
             if waiter in self._waiting:
                 self._waiting.remove(waiter)
+                self._forget_if_idle(model)
             elif waiter.granted.done() and not waiter.granted.cancelled():
                 self._release(model)  # granted as it was cancelled
             raise
@@ -65,13 +72,22 @@ class Slots:
 
     def _release(self, model: str) -> None:
         del self._held[model]
+        self._forget_if_idle(model)
         self._grant()
 
+    def _forget_if_idle(self, model: str) -> None:
+        """`model` begins afresh once none of its replicas holds or waits for a slot."""
+        if model not in self._held and all(w.model != model for w in self._waiting):
+            self._begun.discard(model)
+
     def _grant(self) -> None:
-        for waiter in list(self._waiting):
-            if waiter.granted.done():  # cancelled while waiting
-                self._waiting.remove(waiter)
-            elif self._fits(waiter):
+        for waiter in [w for w in self._waiting if w.granted.done()]:  # cancelled while waiting
+            self._waiting.remove(waiter)
+            self._forget_if_idle(waiter.model)
+        # First replicas first, each kind in the order asked (the sort is stable).
+        for waiter in sorted(self._waiting, key=lambda w: w.model in self._begun):
+            if self._fits(waiter):
                 self._waiting.remove(waiter)
                 self._held[waiter.model] = waiter.retrying
+                self._begun.add(waiter.model)
                 waiter.granted.set_result(None)

@@ -58,3 +58,39 @@ async def test_a_replica_cancelled_while_waiting_takes_no_slot() -> None:
     assert slots.held() == {}
     async with slots.hold("c", retrying=True):
         assert slots.held() == {"c": True}, "one slot: a retry may take it"
+
+
+async def test_a_models_first_replica_passes_the_other_replicas_of_models_begun() -> None:
+    """A wake of many models at once: each model's first replica is loaded before the second
+    replicas of the models loaded first, so that every model's held requests are answered as
+    soon as the floor of loading each model once allows."""
+    slots = Slots(1)
+    names = ("a0", "a1", "b0", "b1", "c0")
+    release = {name: asyncio.Event() for name in names}
+    tasks = []
+    for name in names:
+        tasks.append(asyncio.create_task(_take(slots, name[0], False, release[name])))
+        await _settle()
+    order = []
+    for _ in names:
+        (model,) = slots.held()
+        order.append(model)
+        waiting = next(n for n in names if n[0] == model and not release[n].is_set())
+        release[waiting].set()
+        await _settle()
+    assert order == ["a", "b", "c", "a", "b"]
+    await asyncio.gather(*tasks)
+    assert slots.held() == {}
+    release_d = asyncio.Event()
+    task = asyncio.create_task(_take(slots, "d", False, release_d))
+    await _settle()
+    a_again = asyncio.create_task(_take(slots, "a", False, asyncio.Event()))
+    e_first = asyncio.create_task(_take(slots, "e", False, asyncio.Event()))
+    await _settle()
+    release_d.set()
+    await task
+    await _settle()
+    assert slots.held() == {"a": False}, "a, done before, begins afresh: the longest waiting"
+    for pending in (a_again, e_first):
+        pending.cancel()
+    await asyncio.gather(a_again, e_first, return_exceptions=True)
