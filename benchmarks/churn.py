@@ -616,8 +616,9 @@ class Churn:
             try:
                 self.apply(each)
                 each.took = time.monotonic() - each.start
-            except (ClusterError, kubernetes.client.ApiException) as e:
-                each.note = f"did not complete: {str(e).splitlines()[0][:300]}"
+            except Exception as e:  # any failure of a part is the change's, said beside it
+                first = (str(e).splitlines() or [type(e).__name__])[0][:300]
+                each.note = f"did not complete: {first}"
                 errors.append(f"{each.kind}: {each.note}")
 
         threads = [
@@ -635,7 +636,7 @@ class Churn:
             for p in change.parts
         )
         if errors or not all(p.completed for p in change.parts):
-            raise ClusterError("; ".join(errors) or "a part took longer than its limit")
+            raise ClusterError("; ".join(errors) or "a part took longer than its own limit")
 
     def do_scale(self, change: Change) -> None:
         self.scale("scaled", 3)
