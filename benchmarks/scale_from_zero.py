@@ -10,9 +10,9 @@ parked there), then sent one request each, all at once, through the host. Printe
 count: p50, p95 and max seconds from the requests' start to each model's first answer; what the
 node's agent measured meanwhile (its wakes, Triton's load calls, installs); for TritonModels, where
 the time went, phase by phase from the held request to the first answer (autoscaler decision,
-placement, install, queue for Triton's load, load, ready, answer: `benchmarks.wakephases`, from the
-processes' logs); and the floor (`benchmarks.loadfloor`),
-a Triton of the node's build and flags, in the same run, loading the same model files with the
+placement and the host's load slot, install, queue for Triton's load, load, ready, answer:
+`benchmarks.wakephases`, from the processes' logs); and the floor (`benchmarks.loadfloor`), a
+Triton of the node's build and flags, in the same run, loading the same model files with the
 configs the product loaded them with, over gRPC as the agent does, `--parallel-loads` at a time
 and all at once, after a warm-up load, over `--rounds` rounds. The floor runs just before the
 wake, when every model is parked and unloaded and the node is quiet (after it, the models'

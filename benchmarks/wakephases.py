@@ -5,10 +5,11 @@ For each model woken at `started` (the requests' start, when the host's proxy ho
 first line after it of each step, in order:
 
 - decision: the autoscaler's `TritonModel <ns>/<model> scales from 0` (binder's log);
-- placement: the node's agent sees the replica on its host (`Model <model> of pod
-  <ns>/<model>/<n> is named`, agent's log);
-- install: the host's loader asks the agent to load the model (`Asking the agent to load`, the
-  loader's log; its files are checked or installed before);
+- slot: the binder places the replica on the host, the host's loader takes one of its load
+  slots for it and begins to install its files: the agent hears of the replica (`Model <model>
+  of pod <ns>/<model>/<n> is named`, agent's log);
+- install: its files installed, the host's loader asks the agent to load it (`Asking the agent
+  to load`, the loader's log);
 - queue: Triton begins the load (`loading: <name>:<version>`, Triton's log): the agent's
   parallel-load slot and its LoadModel call;
 - load: Triton has loaded it (`successfully loaded`);
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.loadfloor import percentile
 
-PHASES = ("decision", "placement", "install", "queue", "load", "ready", "answer")
+PHASES = ("decision", "slot", "install", "queue", "load", "ready", "answer")
 """The phases of a wake, in order (see the module docstring)."""
 
 _PYTHON_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
@@ -117,7 +118,7 @@ def steps(
             mark(decided.group(1), "decision", python_time(line))
     for line in agent:
         if placed := _PLACED.search(line):
-            mark(placed.group(1), "placement", python_time(line))
+            mark(placed.group(1), "slot", python_time(line))
         elif ready := _READY.search(line):
             mark(ready.group(1), "ready", python_time(line))
     for line in loader:

@@ -45,7 +45,7 @@ def test_each_phase_is_the_time_from_the_step_before() -> None:
     spent = wakephases.breakdown(["zero-8-3"], STARTED, [7.5], logs).models["zero-8-3"]
     assert spent == {
         "decision": 1.0,
-        "placement": 1.0,
+        "slot": 1.0,
         "install": 1.0,
         "queue": 1.0,
         "load": 1.0,
