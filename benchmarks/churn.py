@@ -1018,13 +1018,17 @@ class Churn:
         once `zero` is served again, the third pod is available and `pods` is back at 2."""
         self.store.refuse()
         change.moment = time.monotonic()
+        # The store serves again after its outage's time, whether `zero` woke meanwhile or not.
+        back = threading.Timer(STORE_DOWN, self.store.refuse, args=(False,))
+        back.start()
         try:
             self.scale("zero", 0)
             self.scale_pods(3)
-            time.sleep(STORE_DOWN)
+            zero = self.watch_zero(change.moment, 90)
+            back.join()
         finally:
+            back.cancel()
             self.store.refuse(False)
-        zero = self.watch_zero(change.moment, 90)
         wait_until("the third pod of pods available", partial(self.pods_at, 3), 120)
         self.scale_pods(2)
         wait_until("pods back at 2", partial(self.pods_at, 2), 60)
