@@ -883,6 +883,8 @@ class Churn:
         wait_until(f"{change.process} restarted and ready", back, 90)
         if namespace == TEAM_A:
             self.wait_ready("steady", 2, 60)
+        else:
+            wait_until("pods at 2 available", partial(self.pods_at, 2), 60)
         change.note = f"{change.process} OOM-killed"
 
     def binder_lease(self) -> tuple[str, datetime.datetime | None]:
