@@ -51,7 +51,7 @@ from binder.metrics import Metrics
 from binder.nodescaling.loop import Config as NodeScalingConfig
 from binder.nodescaling.loop import NodeScaling
 from binder.pods.agentdown import AgentDown, Rules
-from binder.pods.controller import PodController
+from binder.pods.controller import EVENT_WRITERS, PodController
 from binder.reconciler import Reconciler
 from binder.settings import Settings
 from binder.tritonmodels.controller import EVENT_BACKOFF_MAX_SECONDS, TritonModelController
@@ -100,8 +100,9 @@ class Binder:
             event_backoff_max=min(EVENT_BACKOFF_MAX_SECONDS, settings.backoff_max_seconds),
             capped_by_default=False,
         )
+        # The bind workers, the Scheduled Events' writer and two for the rest (leases, models).
         self._executor = ThreadPoolExecutor(
-            max_workers=settings.bind_workers + 2, thread_name_prefix="binder-api"
+            max_workers=settings.bind_workers + EVENT_WRITERS + 2, thread_name_prefix="binder-api"
         )
         # One inbox for every thread that hands work to the loop (the watches, the writers): one
         # wake-up per burst.

@@ -12,8 +12,9 @@ lower priorities until it is placed, across a change of leader too (binder.pods.
 kept out only by split free memory may have smaller pods moved for it (binder.pods.roommaking).
 The cache's unproven pods are reported here too (binder.pods.unprovenreports).
 
-Owns the decisions and the API writes they cause, all run through one handover of at most
-`bind_workers` writers; reads the cluster only through the cache.
+Owns the decisions and the API writes they cause, run through one handover of at most
+`bind_workers` writers, the Scheduled Events through one of their own (EVENT_WRITERS); reads the
+cluster only through the cache.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 DECIDED_AHEAD = 2
 """Pods decided per bind worker whose writes may wait for a worker, so a worker that finishes
 takes the next at once. Writes in flight stay at most `bind_workers`."""
+EVENT_WRITERS = 1
+"""Threads writing the Scheduled Events, apart from the bind workers: an Event write never holds
+a binding up (one the API server is slow to take would hold a bind worker for its retries)."""
 
 REPORT_INTERVAL_SECONDS = 10.0
 """Shortest time between two FailedScheduling writes for one pod whose reason changed."""
@@ -143,9 +147,11 @@ class PodController:
             monotonic=monotonic,
             max_moves=consolidate_moves,
         )
+        self._event_writes = Handover(executor, EVENT_WRITERS, inbox=inbox)
+        """The Scheduled Events' writes, on threads of their own."""
         self._scheduled_events = ScheduledEvents(
             kube,
-            self._writes,
+            self._event_writes,
             per_second=scheduled_events_per_second,
             identity=identity,
             count=self._count,
@@ -429,4 +435,6 @@ class PodController:
     async def drain(self, grace_seconds: float) -> None:
         """Let in-flight API writes finish (bounded), then abandon what is left: a write already
         on a worker thread ends there, its outcome ignored; a waiting one is never sent."""
-        await self._writes.drain(grace_seconds)
+        await asyncio.gather(
+            self._writes.drain(grace_seconds), self._event_writes.drain(grace_seconds)
+        )

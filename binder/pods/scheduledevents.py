@@ -8,9 +8,11 @@ a queue that drops what it cannot send, at most --scheduled-events-per-second ar
 token bucket, a burst of twice as many): a pod bound while none is left gets no Event, counted in
 `tritonshare_binder_scheduled_events_skipped_total`. Pods created at a steady pace under that rate
 each get theirs. Recording is best effort: a failed write is logged, never retried, and never
-undoes or delays the binding (it runs after it, as its own write).
+undoes or delays the binding: it runs after it, as its own write, on a writer of its own (the
+controller's EVENT_WRITERS), so an Event the API server is slow to take holds no bind worker; while
+a burst's worth of Events still wait for that writer, a pod bound gets none (skipped too).
 
-Owns the decision (on the loop) and hands the write to the controller's writers.
+Owns the decision (on the loop) and hands the write to the writer it is given.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ class ScheduledEvents:
         skipped: Callable[[], None],
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`per_second`: the most a second (0: none); `count(call)` counts a write made;
-        `skipped()` counts a pod bound without its Event."""
+        """`per_second`: the most a second (0: none); `writes`: the Events' own writer (never the
+        bindings'); `count(call)` counts a write made; `skipped()` counts a pod bound without its
+        Event."""
         self._kube = kube
         self._writes = writes
         self._identity = identity
@@ -62,12 +65,15 @@ class ScheduledEvents:
         self._bucket = (
             TokenBucket(per_second, monotonic, burst=2 * per_second) if per_second else None
         )
+        self._most_waiting = max(1, int(2 * per_second))
+        """Events handed to the writer and not yet written, at most: a burst's worth."""
+        self._waiting = 0
 
     def bound(self, pod: PodInfo, node: str, gpu_index: int, gpu_uuid: str) -> None:
         """The pod is bound to `node`'s GPU: its Event, if the rate allows (on the loop)."""
         if self._bucket is None:
             return
-        if not self._bucket.take():
+        if self._waiting >= self._most_waiting or not self._bucket.take():
             self._skipped()
             return
         message = scheduled_message(pod.namespace, pod.name, node, gpu_index, gpu_uuid)
@@ -86,6 +92,7 @@ class ScheduledEvents:
             self._count("event")
 
         def recorded(error: Exception | None) -> None:
+            self._waiting -= 1
             if error is None or isinstance(error, NotFoundError):
                 return  # the pod's namespace is gone with it
             level = logging.WARNING if isinstance(error, ApiError | OSError) else logging.ERROR
@@ -99,3 +106,4 @@ class ScheduledEvents:
             )
 
         self._writes.submit(write, recorded)
+        self._waiting += 1
