@@ -49,5 +49,10 @@ def test_the_parts_dependencies_are_the_server_extra() -> None:
     assert base == {"kubernetes", "pyyaml", "numpy"}
     server = _names(PROJECT["optional-dependencies"]["server"])
     assert {"grpcio", "protobuf", "aiohttp", "tritonclient", "nvidia-ml-py"} <= server
-    assert "tritonshare[server]" in PROJECT["optional-dependencies"]["test"]
+    # The demo runs the parts; the tests run the demo's simulated cluster.
+    assert "tritonshare[server]" in PROJECT["optional-dependencies"]["demo"]
+    assert "tritonshare[demo]" in PROJECT["optional-dependencies"]["test"]
+    demo = _names(PROJECT["optional-dependencies"]["demo"])
+    assert {"nvidia-pytriton", "cel-python", "onnx", "onnxruntime"} <= demo
+    assert not demo & {"pytest", "mypy", "moto", "helm-python-sdk"}, "test tools stay in test"
     assert "pip install '.[server]'" in (ROOT / "Dockerfile").read_text()

@@ -24,11 +24,13 @@ PUBLIC = (
     "kserve/storage-initializer",
 )
 # The folders under base/ are the base's parts (the node DaemonSet and its per-GPU-count copies),
-# which only the base installs, with its images.
+# and those under an overlay its own (a pool's node DaemonSet), which only the base or the overlay
+# installs, with its images.
 EVERY_KUSTOMIZATION = sorted(
     str(k.parent.relative_to(DEPLOY))
     for k in DEPLOY.rglob("kustomization.yaml")
-    if k.parent.parent != DEPLOY / "base" and k.parent.parent.parent != DEPLOY / "base"
+    if k.parent.parent != DEPLOY / "base"
+    and k.parent.parent.parent not in (DEPLOY / "base", DEPLOY / "overlays")
 )
 GPU_ACCESS = ("devicePlugin", "dra", "env")
 
