@@ -98,6 +98,26 @@ def cluster(tmp_path: Path, triton_install: TritonInstall, s3: S3) -> Iterator[S
         yield running
 
 
+def set_up_namespace(core: Any, custom: Any, s3: S3) -> None:
+    """The namespace as ModelMesh's quickstart leaves it: a `storage-config` Secret whose key
+    `localMinIO` reaches the S3 bucket, and ModelMesh's own `triton-2.x` runtime."""
+    entry = {
+        "type": "s3",
+        "access_key_id": s3.key_id,
+        "secret_access_key": s3.secret,
+        "endpoint_url": s3.url,
+        "default_bucket": BUCKET,
+        "region": "us-east-1",
+    }
+    core.create_namespaced_secret(
+        NAMESPACE,
+        {"metadata": {"name": "storage-config"}, "stringData": {"localMinIO": json.dumps(entry)}},
+    )
+    custom.create_namespaced_custom_object(
+        KSERVE, "v1alpha1", NAMESPACE, "servingruntimes", TRITON_2X
+    )
+
+
 def _isvc(name: str, **storage: str) -> dict[str, Any]:
     model = {
         "modelFormat": {"name": "onnx"},
@@ -172,21 +192,7 @@ def test_a_single_onnx_file_at_a_storage_key_and_path_answers_as_onnx_runtime(
     mnist = _mnist()
     s3.put(BUCKET, "onnx/mnist.onnx", mnist)
     s3.put(BUCKET, "onnx/schema.json", json.dumps(SCHEMA).encode())
-    entry = {
-        "type": "s3",
-        "access_key_id": s3.key_id,
-        "secret_access_key": s3.secret,
-        "endpoint_url": s3.url,
-        "default_bucket": BUCKET,
-        "region": "us-east-1",
-    }
-    core.create_namespaced_secret(
-        NAMESPACE,
-        {"metadata": {"name": "storage-config"}, "stringData": {"localMinIO": json.dumps(entry)}},
-    )
-    custom.create_namespaced_custom_object(
-        KSERVE, "v1alpha1", NAMESPACE, "servingruntimes", TRITON_2X
-    )
+    set_up_namespace(core, custom, s3)
     missing = _isvc("missing", path="onnx/missing.onnx")
     for body in (
         _isvc("example-onnx-mnist"),

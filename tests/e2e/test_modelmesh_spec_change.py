@@ -9,7 +9,6 @@ the active model `Loaded` and the target one `FailedToLoad`, as ModelMesh writes
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from tritonclient.utils import InferenceServerException
 from sim.cluster import SimCluster
 from sim.processes import wait_until
 from sim.service import ServiceProxy
-from tests.binder.inferenceservices.test_inferenceservices import TRITON_2X
 from tests.buckets import S3
 from tests.e2e import test_modelmesh_onnx as onnx_e2e
 
@@ -146,21 +144,7 @@ def test_a_spec_change_never_leaves_the_name_unanswered(cluster: SimCluster, s3:
     s3.put(BUCKET, "onnx/mnist.onnx", files["v1"])
     s3.put(BUCKET, "onnx/mnist-v2.onnx", files["v2"])
     s3.put(BUCKET, "onnx/mnist-broken.onnx", b"not an ONNX model")
-    entry = {
-        "type": "s3",
-        "access_key_id": s3.key_id,
-        "secret_access_key": s3.secret,
-        "endpoint_url": s3.url,
-        "default_bucket": BUCKET,
-        "region": "us-east-1",
-    }
-    core.create_namespaced_secret(
-        NAMESPACE,
-        {"metadata": {"name": "storage-config"}, "stringData": {"localMinIO": json.dumps(entry)}},
-    )
-    custom.create_namespaced_custom_object(
-        KSERVE, "v1alpha1", NAMESPACE, "servingruntimes", TRITON_2X
-    )
+    onnx_e2e.set_up_namespace(core, custom, s3)
     custom.create_namespaced_custom_object(
         KSERVE, "v1beta1", NAMESPACE, ISVCS, onnx_e2e._isvc(NAME)
     )
