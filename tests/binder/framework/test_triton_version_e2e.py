@@ -14,7 +14,14 @@ import pytest
 from tests.binder.objects import GI, KEYS
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, scheduled_condition
 from tests.binder.tritonmodels import test_tritonmodels
-from tests.binder.tritonmodels.test_tritonmodels import GROUP, PLURAL, VERSION, model, placed, read
+from tests.binder.tritonmodels.test_tritonmodels import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    model,
+    not_placed,
+    placed,
+)
 
 apiserver = test_tritonmodels.apiserver
 custom = test_tritonmodels.custom
@@ -57,14 +64,7 @@ async def test_a_tritonmodel_that_needs_a_release_no_node_runs_says_which_they_r
     body["spec"]["tritonVersion"] = "25.01"
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
 
-    def refused() -> dict[str, Any] | None:
-        status = read(custom, "newer").get("status") or {}
-        for condition in status.get("conditions") or []:
-            if condition["type"] == "Placed" and condition["status"] == "False":
-                return dict(condition)
-        return None
-
-    condition = await eventually(refused, what="Placed=False")
+    condition = await eventually(lambda: not_placed(custom, "newer"), what="Placed=False")
     assert condition["reason"] == "Unschedulable"
     assert condition["message"] == f"replica 0: {REFUSED}"
     [event] = await eventually(lambda: failed_scheduling(core, "newer"), what="the Event")

@@ -88,6 +88,15 @@ def read(custom: Any, name: str) -> dict[str, Any]:
     return found
 
 
+def not_placed(custom: Any, name: str) -> dict[str, Any] | None:
+    """The model's `Placed` condition while it reads False, else None."""
+    status = read(custom, name).get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition["type"] == "Placed" and condition["status"] == "False":
+            return dict(condition)
+    return None
+
+
 def placed(custom: Any, name: str, replicas: int) -> dict[str, Any] | None:
     """The model once its status shows `replicas` placed for its current generation."""
     obj = read(custom, name)
@@ -377,14 +386,7 @@ async def test_a_model_whose_files_no_host_can_fetch_is_not_placed_and_says_why(
     body["metadata"]["annotations"] = {"tritonshare.io/s3-usehttps": "no"}
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
 
-    def refused() -> dict[str, Any] | None:
-        status = read(custom, "in-s3").get("status") or {}
-        for condition in status.get("conditions") or []:
-            if condition["type"] == "Placed" and condition["status"] == "False":
-                return dict(condition)
-        return None
-
-    condition = await eventually(refused, what="Placed=False")
+    condition = await eventually(lambda: not_placed(custom, "in-s3"), what="Placed=False")
     assert condition["reason"] == "UnsupportedStorage"
     assert condition["message"] == (
         "tritonmodel \"in-s3\" replica 0: annotation tritonshare.io/s3-usehttps='no' must be "

@@ -43,19 +43,6 @@ def make_deployment(name: str, replicas: int, node: str, **spec: Any) -> Obj:
 
 
 @pytest.fixture
-def manager(apiserver: RunningApiServer) -> Iterator[ControllerManager]:
-    api = apiserver.api_client()
-    running = ControllerManager(api, clock=apiserver.clock.now)
-    running.start()
-    try:
-        assert running.wait_synced(10)
-        yield running
-    finally:
-        running.stop()
-        api.close()  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture
 def hollow(apiserver: RunningApiServer) -> Iterator[None]:
     """Node `auto`, whose pods a hollow kubelet makes Ready at once and removes once deleted."""
     api = apiserver.api_client()

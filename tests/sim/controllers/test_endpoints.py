@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
-import pytest
 
 from sim.apiserver import RunningApiServer
 from sim.controllers.manager import ControllerManager
@@ -22,19 +20,6 @@ from tests.conftest import require_executable
 from tests.fixtures_sim import core_v1
 
 NS = "default"
-
-
-@pytest.fixture
-def manager(apiserver: RunningApiServer) -> Iterator[ControllerManager]:
-    api = apiserver.api_client()
-    running = ControllerManager(api, clock=apiserver.clock.now)
-    running.start()
-    try:
-        assert running.wait_synced(10)
-        yield running
-    finally:
-        running.stop()
-        api.close()  # type: ignore[no-untyped-call]
 
 
 def until(what: str, check: Any) -> None:
