@@ -148,12 +148,16 @@ class StreamGate:
         """`stream` counts against `model`'s limiter and metrics from now, unless it holds or
         waits for a slot already (whose limiter must get it back)."""
         if stream.limited == NO_SLOT and not stream.slots:
-            served = self._served.get(model)
-            if served is not None and served.replicas is not None:
-                served = served.replicas.pick()  # one of several replicas: named once picked
-            stream.served = served
-            if served is not None and served.resend and not stream.streaming:
-                stream.kept = bytearray()  # sent again if the connection goes under it
+            self._pick(stream, self._served.get(model))
+
+    def _pick(self, stream: Stream, served: Served | None) -> None:
+        """`stream` counts against `served` (the table's entry of its model), or one of its
+        replicas, from now."""
+        if served is not None and served.replicas is not None:
+            served = served.replicas.pick()  # one of several replicas: named once picked
+        stream.served = served
+        if served is not None and served.resend and not stream.streaming:
+            stream.kept = bytearray()  # sent again if the connection goes under it
 
     def admit(self, stream: Stream) -> bool:
         """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
@@ -185,23 +189,46 @@ class StreamGate:
                 limiter.release()
 
     def take(self, stream: Stream) -> bool:
-        """A slot for the next request message of a stream: one it holds and no message uses
-        (kept from its last message until its answers left, or one its waiter got), or a free
-        one; else queue for one (False): the message waits in the stream's buffer. A slot kept
-        from an earlier message is not reused by a probationer's stream, nor while the pod is
-        held or quarantined: it goes back and the message takes one through the limiter, which
-        holds, refuses or queues it for its lane's turn as it does a unary request."""
+        """A slot for the next request message of a stream, on `admission`'s verdict as for a
+        unary call (an inference call: a slot first, unless the pod is quarantined): one it
+        holds and no message uses (kept from its last message until its answers left, or one
+        its waiter got), or a free one; else queue for one (False): the message waits in the
+        stream's buffer. A slot kept from an earlier message is not reused by a probationer's
+        stream, nor while the pod is held: it goes back and the message takes one through the
+        limiter, which holds or queues it for its lane's turn as it does a unary request.
+        Quarantined (False), the stream gives back the slots no message uses and the message
+        is refused in the stream (`_refuse_message`); the stream goes on."""
         tracker = stream.finals
         assert tracker is not None
+        served = stream.served
+        limiter = self._limiter if served is None else served.limiter
+        verdict = admission.admit(
+            False,  # readiness
+            False,  # model_ready
+            True,  # limited: a stream's request message is an inference call
+            served is not None and served.entry.parked,
+            limiter,
+            self._state,
+        )
+        if verdict == admission.QUARANTINED:
+            if stream.limited == HOLDS_SLOT:
+                stream.limited = NO_SLOT
+                limiter.release()
+            while stream.slots > tracker.pending:
+                stream.slots -= 1
+                limiter.release()
+            refusal = limiter.refusal
+            assert refusal is not None
+            stream.limited = WAITING  # the buffer waits until the message is refused
+            stream.waiter = self.context.spawn(self._refuse_message(stream, refusal))
+            return False
         if stream.limited == HOLDS_SLOT:  # taken through the limiter for this message
             stream.limited = NO_SLOT
             stream.slots += 1
             if tracker.pending < stream.slots:
                 return True
         elif tracker.pending < stream.slots:
-            served = stream.served
-            limiter = self._limiter if served is None else served.limiter
-            if limiter.probation is None and limiter.refusal is None and not limiter.holding:
+            if limiter.probation is None and not limiter.holding:
                 return True
             stream.slots -= 1
             limiter.release()
@@ -304,14 +331,7 @@ class StreamGate:
         try:
             await limiter.acquire()
         except refusals.ProxyError as e:
-            served = stream.served
-            (self._metrics if served is None else served.metrics).rejected(type(e).__name__)
-            stream.waiter = None
-            stream.limited = NO_SLOT
-            if stream.streaming and len(stream.buf) >= 5 and self.streams.get(stream.sid) is stream:
-                self.hooks.refuse_head(stream, e)  # that message only: the stream goes on
-                return
-            self.refuse_error(stream, e)
+            self._refused(stream, e)
             return
         stream.waiter = None
         if self.streams.get(stream.sid) is not stream:  # the tenant left while it waited
@@ -320,6 +340,23 @@ class StreamGate:
             return
         stream.limited = HOLDS_SLOT
         self.hooks.relay_buffered(stream)
+
+    async def _refuse_message(self, stream: Stream, error: refusals.ProxyError) -> None:
+        """Refuse the stream message at the head of its buffer with `error` (the pod's
+        quarantine, `take`), on the next turn as a refusal of the limiter's comes."""
+        self._refused(stream, error)
+
+    def _refused(self, stream: Stream, error: refusals.ProxyError) -> None:
+        """The message that waited for a slot was refused with `error`: a stream's in the
+        stream, that message only; a unary call's as the call's answer."""
+        served = stream.served
+        (self._metrics if served is None else served.metrics).rejected(type(error).__name__)
+        stream.waiter = None
+        stream.limited = NO_SLOT
+        if stream.streaming and len(stream.buf) >= 5 and self.streams.get(stream.sid) is stream:
+            self.hooks.refuse_head(stream, error)  # that message only: the stream goes on
+            return
+        self.refuse_error(stream, error)
 
     def inject(self, stream: Stream, response: bytes) -> None:
         """Send the tenant an in-stream response of the relay's own (Triton never sees it),
@@ -406,27 +443,31 @@ class StreamGate:
             self.refuse(stream, decision.code, decision.details, response, retry_after)
             return False
         limiter = self._limiter
-        quarantine = limiter.refusal
-        if quarantine is not None:
-            # A pod the node quarantined: `admission`'s first rule, taken before a model is
-            # picked, so that the refusal counts in the listener's metrics.
-            self.refuse_error(stream, quarantine)
-            return False
-        request = decision.request
-        if decision.model:  # the model's own limiter and metrics: one look-up
-            self.serve(stream, decision.model)
-            picked = stream.served
-            if picked is not None and picked.spread:
-                request = router.renamed_to(request, picked.public, picked.private)
-        now_served = stream.served
+        model = decision.model
+        # The model's own limiter and metrics: one look-up (its entry, whichever replica).
+        entry = self._served.get(model) if model else None
         verdict = admission.admit(
             decision.readiness,
             decision.route == "ModelReady",
             decision.limited,
-            now_served is not None and now_served.entry.parked,
-            limiter,  # its refusal taken above
+            entry is not None and entry.entry.parked,
+            limiter,
             self._state,
         )
+        if verdict == admission.QUARANTINED:
+            # Refused before a model is picked, so that the refusal counts in the listener's
+            # metrics.
+            quarantine = limiter.refusal
+            assert quarantine is not None
+            self.refuse_error(stream, quarantine)
+            return False
+        request = decision.request
+        if model:
+            if stream.limited == NO_SLOT and not stream.slots:
+                self._pick(stream, entry)
+            picked = stream.served
+            if picked is not None and picked.spread:
+                request = router.renamed_to(request, picked.public, picked.private)
         if verdict > admission.SLOT_FIRST:  # answered here: ready, or not
             # Not ready: DRAINING, STOPPING (the node gateway's: the pod leaves its Service while
             # its node pod stops) or PARKED (`routing.parked_message`).

@@ -189,8 +189,15 @@ class GrpcProxy:
     ) -> AsyncIterator[bytes]:
         started = time.perf_counter()
         code = "OK"
+        limiter = self._limiter
+        # The stream is one inference call (one slot for its life): a slot first, unless the
+        # pod is quarantined (`admission`'s first rule).
+        verdict = admission.admit(False, False, True, False, limiter, self._state)
         try:
-            await self._limiter.acquire()
+            if verdict == admission.QUARANTINED:
+                assert limiter.refusal is not None
+                raise limiter.refusal
+            await limiter.acquire()
         except refusals.ProxyError as e:
             self._metrics.rejected(type(e).__name__)
             self._metrics.observe("grpc", "ModelStreamInfer", refusals.grpc_code(e).name, 0.0)

@@ -4,9 +4,11 @@ After the router's allow/deny decision (`policy.routing`) and before a byte reac
 relay asks `admit` what becomes of the call: relayed now, relayed once its model's limiter gives
 a slot, refused with the pod's quarantine, or answered here about readiness (the proxy draining,
 the node pod stopping, every model asleep or parked, the model parked at zero). The REST relay
-asks per request head (`http1.gate`), the gRPC relay per unary call's message (`grpc.gate`) and
-at a ServerReady call's headers (`grpc.relay`), grpc.aio per call (`grpc.grpcio`); each renders
-the verdict in its own protocol (docs/proxy.md's table).
+asks per request head (`http1.gate`), the gRPC relay per unary call's message and per request
+message of a stream (`grpc.gate`: a quarantined stream's message is refused in the stream, which
+goes on) and at a ServerReady call's headers (`grpc.relay`), grpc.aio per call (`grpc.grpcio`);
+each renders the verdict in its own protocol (docs/proxy.md's table). Quarantine is its first
+rule: no relay checks it before asking.
 
 What it must not do: read anything but its arguments, take a slot or write anything.
 """
