@@ -69,6 +69,7 @@ from common.podresources import CPU, MEMORY
 from sim import admission_webhook
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
+from sim.controllers.nodelifecycle import GRACE_SECONDS as NODE_MONITOR_GRACE
 from sim.gpu.spec import parse_spec
 from sim.gpustack import (
     NVIDIA_GPU,
@@ -89,6 +90,7 @@ from sim.node.cpushares import (
     container_millicpu,
     pod_millicpu,
 )
+from sim.node.heartbeat import RENEW_SECONDS
 from sim.node.kubelet import HollowKubelet, Kubelet
 from sim.node.mirrorpods import Mirror, MirrorPods
 from sim.node.nodepods import ContainerExit, NodePodKubelet, Running
@@ -344,10 +346,22 @@ class SimCluster:
         keep_pod_logs: bool = False,
         crds: Sequence[Path] = (),
         mirror_pods: bool = False,
+        node_monitor_grace: float = NODE_MONITOR_GRACE,
+        node_heartbeat_seconds: float = RENEW_SECONDS,
+        default_unreachable_toleration: int = 300,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         """`mirror_pods`: list the node pods, binders and webhook it runs as pods of the system
-        namespace (`sim.node.mirrorpods`; `make sim-up` does)."""
+        namespace (`sim.node.mirrorpods`; `make sim-up` does). Every node's kubelet renews its
+        node's Lease every `node_heartbeat_seconds`; the controller manager's node lifecycle
+        controller takes a node silent for `node_monitor_grace` seconds for unreachable and
+        evicts its pods after their tolerations (the API server's default for the unreachable
+        taint: `default_unreachable_toleration` seconds)."""
+        self.node_monitor_grace = node_monitor_grace
+        self.node_heartbeat_seconds = node_heartbeat_seconds
+        self.default_unreachable_toleration = default_unreachable_toleration
+        self.lost: set[str] = set()
+        """The nodes lost (`lose_node`) and not restored."""
         if len({n.name for n in nodes}) != len(nodes):
             raise ValueError("two simulated nodes have the same name: give each its own")
         self.workdir = workdir
@@ -538,7 +552,12 @@ class SimCluster:
                     NODE_POD_GROUP + self._suffix(node), pod_millicpu(node_pod_template())
                 )
         write_placement_keys(self.placement_key_dir)
-        self.apiserver = start_in_thread(settings=ApiServerSettings(crds=(CHART_CRDS, *self.crds)))
+        self.apiserver = start_in_thread(
+            settings=ApiServerSettings(
+                crds=(CHART_CRDS, *self.crds),
+                default_unreachable_toleration_seconds=self.default_unreachable_toleration,
+            )
+        )
         self.apiserver.write_kubeconfig(self.kubeconfig)
         self.kube = self.apiserver.api_client()
         self.kube.user_agent = USER_AGENT
@@ -616,7 +635,9 @@ class SimCluster:
         assert self.apiserver is not None
         api = self.apiserver.api_client()
         self._kubelet_clients.append(api)
-        self.controllers = ControllerManager(api, clock=self.apiserver.clock.now)
+        self.controllers = ControllerManager(
+            api, clock=self.apiserver.clock.now, node_monitor_grace=self.node_monitor_grace
+        )
         self.controllers.start()
         if not self.controllers.wait_synced(30):
             raise ClusterError("the controller manager did not list the cluster within 30 s")
@@ -1058,34 +1079,18 @@ class SimCluster:
 
     def _start_kubelets(self) -> None:
         assert self.apiserver is not None
-        env = dict(self.env)
-        if self.webhook is not None:
-            # The pods trust the sim's certificate (the model store's), as pods of a cluster
-            # with a private CA do.
-            env["SSL_CERT_FILE"] = str(self.webhook.ca)
         for node in self.real_nodes:
-            api = self.apiserver.api_client()
-            self._kubelet_clients.append(api)
-            kubelet = Kubelet(
-                api,
-                node.name,
-                self.workdir / f"kubelet{self._suffix(node)}",
-                host_ip=self.node_addresses[node.name],
-                base_env=env,
-                # The proxy's --source-address: the pod's connections leave from its own IP.
-                source_address_variables=(SOURCE_ADDRESS_VARIABLE,),
-                masquerade=self.masquerade,
-                cpu=self.cpu,
-                addresses=self.pod_addresses,
-                kept_logs=self.pod_logs if self.keep_pod_logs else None,
-            )
-            kubelet.start()
-            self.kubelets[node.name] = kubelet
+            self._start_kubelet(node)
         hollow = [n.name for n in self.nodes if not n.real]
         if hollow:
             api = self.apiserver.api_client()
             self._kubelet_clients.append(api)
-            self.hollow = HollowKubelet(api, hollow)
+            self.hollow = HollowKubelet(
+                api,
+                hollow,
+                heartbeat_seconds=self.node_heartbeat_seconds,
+                clock=self.apiserver.clock.now,
+            )
             self.hollow.start()
         self.say(
             f"The kubelet of {', '.join(self.kubelets) or 'no node'} runs its pods as processes; "
@@ -1097,6 +1102,80 @@ class SimCluster:
             "The node pods' containers are started again when they exit or fail their liveness "
             "probe, as the kubelet does."
         )
+
+    def _start_kubelet(self, node: NodeSpec) -> None:
+        assert self.apiserver is not None
+        env = dict(self.env)
+        if self.webhook is not None:
+            # The pods trust the sim's certificate (the model store's), as pods of a cluster
+            # with a private CA do.
+            env["SSL_CERT_FILE"] = str(self.webhook.ca)
+        api = self.apiserver.api_client()
+        self._kubelet_clients.append(api)
+        kubelet = Kubelet(
+            api,
+            node.name,
+            self.workdir / f"kubelet{self._suffix(node)}",
+            host_ip=self.node_addresses[node.name],
+            base_env=env,
+            # The proxy's --source-address: the pod's connections leave from its own IP.
+            source_address_variables=(SOURCE_ADDRESS_VARIABLE,),
+            masquerade=self.masquerade,
+            cpu=self.cpu,
+            addresses=self.pod_addresses,
+            kept_logs=self.pod_logs if self.keep_pod_logs else None,
+            heartbeat_seconds=self.node_heartbeat_seconds,
+            clock=self.apiserver.clock.now,
+        )
+        kubelet.start()
+        self.kubelets[node.name] = kubelet
+
+    def lose_node(self, node: str) -> float:
+        """Lose a real node whole, as a power or network failure does: its Triton, agent,
+        gateway and every pod's processes SIGKILLed at once, its kubelet gone (no more heartbeat
+        or status: the node lifecycle controller finds it after its grace). Nothing of it is
+        started again until `restore_node`. Returns the monotonic time of the loss."""
+        real = self._real(node, "lose")
+        for container in ("triton", "agent", "gateway"):
+            self.node_pod_kubelet.leave_down(real.name, container)
+        kubelet = self.kubelets.pop(real.name)
+        agent, gateway = self.agents[real.name], self.gateways[real.name]
+        triton = self.tritons[real.name]
+        processes = [agent.process.process, gateway.process.process, triton.process]
+        for process in processes:
+            if process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+        lost = time.monotonic()
+        kubelet.lose()
+        triton.discard()
+        for handle in (agent.process, gateway.process):
+            self.exit_codes[handle.name] = handle.stop(grace=0)
+        self.lost.add(real.name)
+        self.say(f"Node {real.name} is lost: every process of it killed, its kubelet silent.")
+        return lost
+
+    def restore_node(self, node: str) -> float:
+        """Boot a lost node again: a new node pod (Triton with an empty repository, gateway,
+        agent) and its kubelet, whose heartbeat makes it Ready again (the node lifecycle
+        controller then lifts its taints) and which finishes the deletion of its evicted pods.
+        Returns the monotonic time at which its agent runs again."""
+        if node not in self.lost:
+            raise ClusterError(f"node {node} is not lost: nothing to restore")
+        real = next(n for n in self.real_nodes if n.name == node)
+        with self.node_pod_kubelet.paused(node):
+            triton = self.tritons.pop(node)
+            shutil.rmtree(triton.model_repository.parent, ignore_errors=True)
+            self.gateways.pop(node, None)
+            shutil.rmtree(self.workdir / "nodes" / node / "gateway", ignore_errors=True)
+            self._start_triton(real, f"tritonserver-{secrets.token_hex(3)}")
+            self._start_gateway(real)
+            self._start_agent(real)
+            self._wait_agents([node])
+        self._start_kubelet(real)
+        self.lost.discard(node)
+        self.say(f"Node {node} is back with an empty repository.")
+        return time.monotonic()
 
     def container_run(self, node: str, container: str) -> Running | None:
         """The current run of `node`'s node pod's `container` (`triton`, `agent`, `gateway`), for

@@ -61,6 +61,9 @@ JsonObject = dict[str, Any]
 
 _NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 DEFAULT_GRACE_SECONDS = 30
+DEFAULT_TOLERATION_SECONDS = (300, 300)
+"""kube-apiserver's --default-not-ready-toleration-seconds and
+--default-unreachable-toleration-seconds."""
 PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
 
 
@@ -106,6 +109,34 @@ class DeleteResult:
     """False when the object stays (graceful pod deletion, finalizers)."""
 
 
+def _default_tolerations(spec: JsonObject, seconds: tuple[int, int]) -> None:
+    """The DefaultTolerationSeconds admission plugin: a pod tolerating no NoExecute taint of
+    `node.kubernetes.io/not-ready` (or `unreachable`) gets one for `seconds`."""
+    tolerations = spec.get("tolerations")
+    if tolerations is None:
+        tolerations = []
+    if not isinstance(tolerations, list):
+        return  # validation refuses it
+    for key, after in zip(
+        ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"), seconds, strict=True
+    ):
+        if not any(
+            isinstance(t, dict)
+            and t.get("key") == key
+            and t.get("effect") in (None, "", "NoExecute")
+            for t in tolerations
+        ):
+            tolerations.append(
+                {
+                    "key": key,
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": after,
+                }
+            )
+    spec["tolerations"] = tolerations
+
+
 def _kind_group(resource: Resource) -> tuple[str, str]:
     return resource.kind, resource.group
 
@@ -128,6 +159,9 @@ class Registry:
         self.catalog = catalog or Catalog()
         self._terminating: dict[tuple[str, str], tuple[str, float]] = {}
         """Pods deleted gracefully: (namespace, name) -> (uid, when their grace period ends)."""
+        self.default_toleration_seconds = DEFAULT_TOLERATION_SECONDS
+        """The DefaultTolerationSeconds admission plugin's tolerationSeconds of the not-ready and
+        unreachable NoExecute taints, added to a pod that tolerates neither already."""
 
     # helpers
 
@@ -286,6 +320,7 @@ class Registry:
                 spec.setdefault("priority", 0)
                 spec.setdefault("enableServiceLinks", True)
                 spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+                _default_tolerations(spec, self.default_toleration_seconds)
             obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj)}
         elif resource is NODES:
             obj.setdefault("spec", {})

@@ -101,6 +101,10 @@ class ApiServerCore:
         self.catalog = Catalog()
         self.store.observe(customresources.Definitions(self.catalog, self.store))
         self.registry = Registry(self.store, self.clock, self.catalog)
+        self.registry.default_toleration_seconds = (
+            self.settings.default_not_ready_toleration_seconds,
+            self.settings.default_unreachable_toleration_seconds,
+        )
         self.disruption = DisruptionController(self.store, self.clock)
         self.quotas = quota.QuotaController(self.store)
         self.authority = TokenAuthority(self.store, self.clock)

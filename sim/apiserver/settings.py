@@ -87,6 +87,20 @@ class ApiServerSettings:
     )
     """CRD manifests (files, or folders of `.yaml` files) created at start, so their custom
     resources are served at once. Default: none (CRDs can still be created through the API)."""
+    default_not_ready_toleration_seconds: int = setting(
+        "default-not-ready-toleration-seconds",
+        "tolerationSeconds of the not-ready:NoExecute toleration added to every pod without one",
+        whole(minimum=0),
+        default="300",
+    )
+    """As kube-apiserver's (the DefaultTolerationSeconds admission plugin). Default 300 s."""
+    default_unreachable_toleration_seconds: int = setting(
+        "default-unreachable-toleration-seconds",
+        "tolerationSeconds of the unreachable:NoExecute toleration added to every pod without one",
+        whole(minimum=0),
+        default="300",
+    )
+    """As kube-apiserver's: how long a pod stays bound to a node lost. Default 300 s."""
     log_level: str = log_level_flag()
     """Log level name. Default INFO."""
     log_format: LogFormat = log_format_flag()

@@ -1,7 +1,8 @@
 """The simulated kube-controller-manager: the Deployment and ReplicaSet controllers, the Endpoints
 and EndpointSlice controllers (`sim.controllers.endpoints`: each Service's, kept from the pods it
 selects) and the garbage collector of their objects, as one API client of the simulated API
-server.
+server; given a node monitor grace, also the node lifecycle controller
+(`sim.controllers.nodelifecycle`).
 
 Like the real one it acts only through the API (the official client): it lists and watches
 Deployments, ReplicaSets and pods into a cache, syncs one object at a time from a queue, and
@@ -38,7 +39,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sim.apiserver.clock import rfc3339
-from sim.controllers import deployment, replicaset
+from sim.controllers import deployment, nodelifecycle, replicaset
 from sim.controllers.endpointswriter import EndpointsWriter
 from sim.controllers.podtemplate import controller_uid
 from sim.watching import watch_events
@@ -141,9 +142,23 @@ class ControllerManager:
     """Start with start(), stop with stop(); or use as a context manager."""
 
     def __init__(
-        self, api_client: client.ApiClient, *, clock: Callable[[], float] = time.time
+        self,
+        api_client: client.ApiClient,
+        *,
+        clock: Callable[[], float] = time.time,
+        node_monitor_grace: float | None = None,
+        node_monitor_period: float = nodelifecycle.PERIOD_SECONDS,
     ) -> None:
+        """With `node_monitor_grace` (--node-monitor-grace-period), it also runs the node
+        lifecycle controller and its taint eviction (`sim.controllers.nodelifecycle`)."""
         api_client.user_agent = USER_AGENT
+        self.node_lifecycle = (
+            None
+            if node_monitor_grace is None
+            else nodelifecycle.NodeLifecycleController(
+                api_client, grace=node_monitor_grace, period=node_monitor_period, stamp=clock
+            )
+        )
         self.apps = cast(Any, client.AppsV1Api(api_client))
         self.core = cast(Any, client.CoreV1Api(api_client))
         self.extensions = cast(Any, client.ApiextensionsV1Api(api_client))
@@ -181,9 +196,13 @@ class ControllerManager:
             threads = list(self._threads)
         for thread in threads:
             thread.start()
+        if self.node_lifecycle is not None:
+            self.node_lifecycle.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.node_lifecycle is not None:
+            self.node_lifecycle.stop()
         with self._lock:
             self._lock.notify_all()
             threads = list(self._threads)

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +30,7 @@ from sim.node.admission import NodeAdmission, rejected_status
 from sim.node.containers import ContainerRun, now_rfc3339
 from sim.node.cpushares import CpuGroups
 from sim.node.events import EventRecorder
+from sim.node.heartbeat import NodeHeartbeat
 from sim.node.logserver import LogServer
 from sim.node.podspec import Obj
 from sim.node.podworker import NodeRuntime, PodWorker, pod_key, read_json
@@ -143,7 +144,9 @@ class Kubelet(_PodWatcher):
     Kubelets of several nodes share one `addresses`, so that their pods' IPs differ, as the
     cluster's network hands them out. With `masquerade`, the variables name the node's address:
     the pods' connections leave from it, as under a CNI that masquerades node-local traffic.
-    With `kept_logs`, a stopped pod's container logs are moved there instead of removed."""
+    With `kept_logs`, a stopped pod's container logs are moved there instead of removed.
+    With `heartbeat_seconds`, it renews its node's Lease and Ready condition that often
+    (`sim.node.heartbeat`; `clock` stamps them), until it stops."""
 
     def __init__(
         self,
@@ -162,9 +165,18 @@ class Kubelet(_PodWatcher):
         addresses: PodAddresses | None = None,
         masquerade: bool = False,
         kept_logs: Path | None = None,
+        heartbeat_seconds: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         api_client.user_agent = USER_AGENT
         super().__init__(api_client, f"spec.nodeName={node_name}", f"kubelet-{node_name}")
+        self.heartbeat = (
+            None
+            if heartbeat_seconds is None
+            else NodeHeartbeat(
+                api_client, [node_name], renew_seconds=heartbeat_seconds, clock=clock
+            )
+        )
         self.node_name = node_name
         self.workdir = workdir
         self.runtime = NodeRuntime(
@@ -246,6 +258,8 @@ class Kubelet(_PodWatcher):
         )
         self._serve_logs()
         super().start()
+        if self.heartbeat is not None:
+            self.heartbeat.start()
 
     def _serve_logs(self) -> None:
         """Serve the pods' logs on the node's address, and publish the port on the Node as a
@@ -282,6 +296,8 @@ class Kubelet(_PodWatcher):
         grace (a proxy's drain and unload would only delay the end of every test and demo run;
         nothing outlives the simulation for them to hand over to). Graceful termination is what
         deleting a pod through the API shows."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self.stop_watching()
         if self.logs is not None:
             self.logs.stop()
@@ -291,6 +307,18 @@ class Kubelet(_PodWatcher):
             worker.abandon(grace)
         for worker in workers:
             worker.join(grace + 15)
+
+    def lose(self) -> None:
+        """The node is lost with its kubelet: every pod's processes SIGKILLed at once, no more
+        heartbeats or API calls (the pods stay bound to the node in the API)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        self._stop.set()  # no new pod started meanwhile
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            worker.abandon(0.0)
+        self.stop(0.0)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every pod worker has finished (its pod deleted); True if they all did."""
@@ -323,10 +351,24 @@ class Kubelet(_PodWatcher):
 class HollowKubelet(_PodWatcher):
     """Marks the pods of simulated nodes Running and Ready, and removes them once deleted."""
 
-    def __init__(self, api_client: client.ApiClient, node_names: Iterable[str]) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        node_names: Iterable[str],
+        *,
+        heartbeat_seconds: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         api_client.user_agent = USER_AGENT
         super().__init__(api_client, "", "hollow-kubelet")
         self.node_names = frozenset(node_names)
+        self.heartbeat = (
+            None
+            if heartbeat_seconds is None
+            else NodeHeartbeat(
+                api_client, sorted(self.node_names), renew_seconds=heartbeat_seconds, clock=clock
+            )
+        )
         self.admission = {name: NodeAdmission() for name in self.node_names}
 
     def sync(self, pods: list[Obj]) -> None:
@@ -403,7 +445,14 @@ class HollowKubelet(_PodWatcher):
             _preload_content=False,
         )
 
+    def start(self) -> None:
+        super().start()
+        if self.heartbeat is not None:
+            self.heartbeat.start()
+
     def stop(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self.stop_watching()
 
     def __enter__(self) -> HollowKubelet:
