@@ -30,7 +30,8 @@ A model host's replica (`agent.pods.modelpods`) is a pod here: its condition is 
 a missing, unloaded or failed model reads ModelPending, or, while the host's loader reports it
 cannot load it (`agent.pods.loadfailures`), the loader's reason (FetchFailed, ModelInvalid...) with
 its message and an Event: the loader names the cause as a model pod's loader does, Triton's refusal
-included, so the agent's own ModelFailed waits for its word; the pass runs at once when a
+included, so the agent's own ModelFailed waits for its word; so does one Triton has loaded
+(`unlisted`: its loader lists it only once it made it READY); the pass runs at once when a
 host's report changes. Once a draining replica is not served it reads ModelDrained (no Event).
 While the node pod stops (`stopping`), every host replica reads NodePodStopping (no Event), as
 does each model pod the stop takes out of its Service (`leaving`).
@@ -163,6 +164,19 @@ def pending(pod: PodInfo, wanted: Verdict, failure: LoadFailure | None = None) -
         PENDING_REASON,
         f"model {pod.model_id} is not loaded yet: the model host's loader installs and loads "
         f"replica {pod.name}",
+    )
+
+
+def unlisted(pod: PodInfo, failure: LoadFailure) -> Verdict:
+    """A replica Triton has loaded that its host's loader reports it cannot load (a load the
+    loader gave up on ended anyway, and fetching its files again fails): the loader lists a
+    replica only once it has made it READY, so the host's proxy does not serve it. It reads
+    the loader's failure, so that the binder keeps the host out of the model's Service."""
+    return Verdict(
+        "False",
+        failure.reason,
+        f"model {pod.model_id} is loaded but not served: the model host's loader cannot load "
+        f"replica {pod.name}: {failure.message}",
     )
 
 
@@ -381,13 +395,16 @@ class ModelConditions:
             wanted = verdict(pod.model_id, status, triton_live)
             if wanted is not None and pod.draining and wanted.status == "False":
                 wanted = drained(pod)
-            elif wanted is not None and pod.host and wanted.status == "False":
+            elif wanted is not None and pod.host:
                 # Its loader's word while it has not made the replica READY, and whenever it
                 # reports a failure: a replica that served earlier files may be given new ones
-                # its loader cannot load (a roll), which is no missing model.
+                # its loader cannot load (a roll), which is no missing model; one Triton has
+                # loaded is not served while its loader cannot load it.
                 failure = self._load_failure(pod)
-                if not pod.running or failure is not None:
+                if wanted.status == "False" and (not pod.running or failure is not None):
                     wanted = pending(pod, wanted, failure)
+                elif wanted.status == "True" and failure is not None:
+                    wanted = unlisted(pod, failure)
             if wanted is not None and wanted.reason == CRASHED_REASON:
                 crashed.append(proven)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:

@@ -507,6 +507,49 @@ async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
     )
 
 
+async def test_a_replica_triton_has_loaded_reads_false_while_its_loader_reports_a_failure(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    running: RunningAgent,
+    tmp_path: Path,
+) -> None:
+    """A replica Triton has loaded (a load its loader gave up on that ended anyway) whose host's
+    loader reports it cannot load it (its files could not be fetched again: the store is down)
+    is not in the host's models file, so its host's proxy answers "no longer served on this
+    host": its condition reads the loader's failure, not ModelReady, so that the binder keeps
+    the host out of the model's Service; once the loader reports no failure it reads True."""
+    core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
+    one = replica("team-a", "one", running.mock.gpus[0].uuid)
+    make_host(kube_api, "team-a", [one], pod_ip=ADDRESS)
+    token = apiserver.mint_token("team-a", HOST)
+    stub = running.stub
+    source = copy_model("add_one", tmp_path / "one", as_name="one")
+    await install_dir(stub, token, source, "one")
+    status = await stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="one"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    loaded_one = loaded_condition(Keys(), "one", 0)
+
+    def reads(reason: str) -> bool:
+        found = condition_of(kube_api, "team-a", loaded_one)
+        return found is not None and found[1] == reason
+
+    await eventually(lambda: reads("ModelReady"), what="the loaded replica ready")
+    down = "https://store/one.tgz answered HTTP 503 the model store is down"
+    await stub.ListHosted(
+        agent_pb2.ListHostedRequest(failures=[failure("one", "FetchFailed", down)]),
+        metadata=bearer(token),
+    )
+    await eventually(lambda: reads("FetchFailed"), what="the loader's failure on the replica")
+    said = condition_of(kube_api, "team-a", loaded_one)
+    assert said is not None and said[0] == "False" and "HTTP 503" in said[2], said
+    assert "replica one/0" in said[2], said
+
+    await stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
+    await eventually(lambda: reads("ModelReady"), what="ready again once the loader has it")
+
+
 async def test_a_hosts_replicas_stay_listed_while_triton_is_down(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
