@@ -56,9 +56,13 @@ Poisson caller per namespace; `zero`'s callers never pause. Meanwhile a schedule
   (apiserver, slow-apiserver, binder, scale, zero, webhook-down, store-down), drawn from
   `--seed`; its limit the longer of theirs.
 
-A whole node lost at once is not among them: the simulated cluster keeps no node heartbeat (no
-Lease in `kube-node-lease`, a Ready condition written once) and runs no node lifecycle controller
-(NotReady, the `unreachable` NoExecute taint, evictions after the pods' tolerations).
+- node-lost: a GPU node lost whole (`SimCluster.lose_node`): its Triton, agent, gateway and
+  every pod's processes SIGKILLed at once, its kubelet silent; the node lifecycle controller
+  marks it Ready=Unknown after `NODE_GRACE` s (kube's --node-monitor-grace-period is 40-50 s:
+  shortened so a change fits a minute), taints it `unreachable` and evicts its pods after their
+  default toleration (`UNREACHABLE_TOLERATION` s here, kube's 300 s); complete once its pods are
+  evicted and every model is back at its replicas on the other node; then the node boots again
+  (`restore_node`) and is Ready and untainted. Its processes' exits are expected.
 
 The simulated cluster restarts the node pods' containers (Triton's keeper, agent, gateway) as the
 kubelet restarts those of a `restartPolicy: Always` pod (`sim.node.nodepods`: at once, then with its
@@ -187,6 +191,12 @@ DRAIN_TIMEOUT = 150
 """Seconds `kubectl drain` may take (its `--timeout`)."""
 HANG = 20.0
 """Seconds a hung process stays stopped."""
+NODE_GRACE = 10.0
+"""The node lifecycle controller's --node-monitor-grace-period in the churn's cluster."""
+NODE_HEARTBEAT = 2.0
+"""Seconds between a kubelet's renewals of its node's Lease in the churn's cluster."""
+UNREACHABLE_TOLERATION = 10
+"""The API server's --default-unreachable-toleration-seconds in the churn's cluster."""
 HANGS = ("gateway", "agent", "triton")
 """The node pod's containers the hang change stops, in turn."""
 KINDS = (
@@ -209,6 +219,7 @@ KINDS = (
     "store-down",
     "spike",
     "drain",
+    "node-lost",
     "two",
 )
 MODELS = {TEAM_A: ("steady", "lazy", "scaled", "zero"), TEAM_B: ("pods",)}
@@ -233,6 +244,7 @@ LIMITS = {
     "store-down": 270.0,
     "spike": 40.0,
     "drain": 330.0,
+    "node-lost": 360.0,
 }
 """Seconds each kind of change is stated to complete in (the sum of its own waits' limits)."""
 PAIRS = (
@@ -1099,6 +1111,58 @@ class Churn:
         wait_until("pods back at 2", partial(self.pods_at, 2), 60)
         change.note = f"{evicted} pods evicted; the node uncordoned"
 
+    def node_pods(self, node: str) -> list[Any]:
+        """The pods of the churn's namespaces bound to `node` and not being deleted."""
+        return [
+            p
+            for namespace in MODELS
+            for p in self.core.list_namespaced_pod(
+                namespace, field_selector=f"spec.nodeName={node}"
+            ).items
+            if p.metadata.deletion_timestamp is None
+        ]
+
+    def node_state(self, node: str) -> tuple[str, set[str]]:
+        """The node's Ready status and its taints' keys."""
+        read = self.core.read_node(node)
+        ready = next((c.status for c in read.status.conditions or [] if c.type == "Ready"), "")
+        return str(ready), {t.key for t in read.spec.taints or []}
+
+    def do_node_lost(self, change: Change) -> None:
+        """A GPU node lost whole; complete once its pods are evicted, every model is back at its
+        replicas elsewhere, and the node, booted again, is Ready and untainted."""
+        node, unreachable = change.node, "node.kubernetes.io/unreachable"
+        bound = len(self.node_pods(node))
+        change.moment = self.cluster.lose_node(node)
+        for process in ("agent", "gateway", "triton"):
+            name = f"{process}/{node}"
+            self.kubelet.record(name, -9, "", "SIGKILL by the churn (node lost)")
+
+        def judged(ready: str, tainted: bool) -> bool:
+            status, taints = self.node_state(node)
+            return status == ready and (unreachable in taints) == tainted
+
+        wait_until(
+            "the lost node Unknown and tainted", partial(judged, "Unknown", True), NODE_GRACE + 30
+        )
+        unknown = time.monotonic() - change.moment
+        wait_until(
+            "the lost node's pods evicted",
+            lambda: not self.node_pods(node),
+            UNREACHABLE_TOLERATION + 30,
+        )
+        evicted = time.monotonic() - change.moment
+        self.wait_ready("steady", 2, 120)
+        self.wait_ready("scaled", 1, 60)
+        wait_until("pods back at 2", partial(self.pods_at, 2), 90)
+        served = time.monotonic() - change.moment
+        self.cluster.restore_node(node)
+        wait_until("the node Ready and untainted", partial(judged, "True", False), 60)
+        change.note = (
+            f"{bound} pods on it; Unknown after {unknown:.0f} s, its pods evicted after "
+            f"{evicted:.0f} s, every model back at its replicas after {served:.0f} s; booted again"
+        )
+
     def do_crasher(self, change: Change) -> None:
         model = self.workdir / "crasher"
         if not model.exists():
@@ -1376,6 +1440,9 @@ def run(
             webhook=True,
             tenant_code_namespaces=(TEAM_A, TEAM_B, CRASH),
             keep_pod_logs=keep is not None,
+            node_monitor_grace=NODE_GRACE,
+            node_heartbeat_seconds=NODE_HEARTBEAT,
+            default_unreachable_toleration=UNREACHABLE_TOLERATION,
         ) as cluster,
     ):
         if cluster.missing or cluster.kube is None:
@@ -1460,7 +1527,8 @@ def main() -> None:
         "(scale, scale to zero, neighbours, a host's secret, a rollout, a node pod replaced, "
         "the agent, gateway and leader binder killed, an API server outage, a crasher, a "
         "node pod's container hung, a model pod's container OOM-killed, a slow API server, "
-        "the webhook and the model store down, a load spike, a node drained, two at once), "
+        "the webhook and the model store down, a load spike, a node drained, a node lost, two "
+        "at once), "
         "or only the kinds --changes names.",
     )
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of churn (10)")
