@@ -5,7 +5,8 @@ Leases in `kube-node-lease` and the pods, through the API:
 
 - a node's heartbeat is its Lease's `renewTime` and its Ready condition's `lastHeartbeatTime`;
   when either changes, the controller notes its own time (upstream's probe timestamp, so no two
-  clocks are compared). A node whose heartbeat has not changed for `grace` seconds (its
+  clocks are compared; after a pass missed, as while the API server is away, every node's
+  afresh). A node whose heartbeat has not changed for `grace` seconds (its
   --node-monitor-grace-period: 40 s before 1.32, 50 s since) gets every condition `Unknown`
   (`NodeStatusUnknown`, "Kubelet stopped posting node status."), and its pods Ready=False
   (upstream's MarkPodsNotReady: the endpoints drop them);
@@ -101,6 +102,9 @@ class NodeLifecycleController:
         self._probes: dict[str, tuple[tuple[str, str], float]] = {}
         """node -> (its heartbeat as last read, when this controller saw it change)."""
         self._tainted_since: dict[str, float] = {}
+        self._last_pass: float | None = None
+        """When the last pass read the nodes: after a gap (the API server away or slow), every
+        heartbeat counts as seen afresh, so a kubelet gets a whole grace to reach it again."""
         """pod uid -> when this controller first saw it on a node with NoExecute taints."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-lifecycle", daemon=True)
@@ -133,6 +137,9 @@ class NodeLifecycleController:
         }
         pods = self._list(self.core.list_pod_for_all_namespaces)
         now = self.clock()
+        if self._last_pass is not None and now - self._last_pass > 2 * self.period + 1:
+            self._probes = {name: (beat, now) for name, (beat, _) in self._probes.items()}
+        self._last_pass = now
         for node in nodes:
             name = node["metadata"]["name"]
             conditions = node.get("status", {}).get("conditions") or []

@@ -227,3 +227,29 @@ def test_a_pod_not_tolerating_a_no_execute_taint_goes_at_once() -> None:
     assert eviction_delay(tolerating, [taint, other]) == 0
     assert eviction_delay({"spec": {"tolerations": [{"operator": "Exists"}]}}, [taint]) is None
     assert eviction_delay({"spec": {}}, [taint]) == 0
+
+
+def test_an_api_server_outage_longer_than_the_grace_marks_no_node_unknown(
+    apiserver: RunningApiServer, api: kubernetes.client.ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = apiserver.api_client()
+    controller = NodeLifecycleController(client, grace=2.5, period=0.2)
+    hollow = HollowKubelet(apiserver.api_client(), [NODE], heartbeat_seconds=1.0)
+    with hollow:
+        wait_for("the node Ready", lambda: ready(api) == "True")
+        controller.start()
+        try:
+            time.sleep(1.0)  # a few passes see the node beat
+            apiserver.pause()  # neither the kubelet nor the controller reach it meanwhile
+            time.sleep(4)
+            apiserver.resume()
+            # Both find it again; the kubelet has a whole grace to beat before it is judged.
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                assert ready(api) == "True"
+                time.sleep(0.05)
+            assert "stopped posting" not in caplog.text
+            assert (UNREACHABLE, "NoExecute") not in taints(api)
+        finally:
+            controller.stop()
+            client.close()  # type: ignore[no-untyped-call]
