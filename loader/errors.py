@@ -51,6 +51,11 @@ class FetchError(InvalidModelError):
     """A model host cannot fetch a replica's files from its storage URI (loader/fetch.py)."""
 
 
+class StoreUnavailableError(FetchError):
+    """The store did not serve the files now (it answered 429 or 5xx, or could not be reached):
+    it may serve them a moment later, so a host tries again within seconds, not minutes."""
+
+
 class RefusedError(LoaderError):
     """The agent refused the caller: the token is invalid, or the pod may not load this model."""
 

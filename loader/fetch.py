@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from loader.archives import is_archive, shown_bytes, unpack
 from loader.credentials import BUCKET_SCHEMES, BucketAccess
 from loader.deadline import DEFAULT_FETCH_SECONDS, Deadline
-from loader.errors import FetchError
+from loader.errors import FetchError, StoreUnavailableError
 
 NETWORK_SCHEMES = ("http", "https")
 SCHEMES = (*BUCKET_SCHEMES, *NETWORK_SCHEMES)
@@ -161,10 +161,14 @@ def _download(
                 out.write(chunk)
     except urllib.error.HTTPError as e:
         e.close()  # its connection, at once rather than when collected
-        raise FetchError(f"{uri} answered HTTP {e.code} {e.reason}") from e
+        kind = StoreUnavailableError if e.code == 429 or e.code >= 500 else FetchError
+        raise kind(f"{uri} answered HTTP {e.code} {e.reason}") from e
     except (urllib.error.URLError, OSError) as e:
         reason = e.reason if isinstance(e, urllib.error.URLError) else e
-        raise FetchError(f"{uri} could not be downloaded: {reason}") from e
+        # Not reached, reset or too slow: the store; any other OSError is this pod's disk.
+        unreachable = isinstance(e, urllib.error.URLError | ConnectionError | TimeoutError)
+        kind = StoreUnavailableError if unreachable else FetchError
+        raise kind(f"{uri} could not be downloaded: {reason}") from e
     return target
 
 

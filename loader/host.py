@@ -11,8 +11,9 @@ model may share the host, each with its own files, GPU and private name in Trito
   the replica's model, each call naming the replica's ordinal; at most `parallel` at once, in
   the host's slots (loader/slots.py: a model holds one at most, models retrying after a failure
   `parallel - 1` at most). A fetch ends at its deadline (`HostTiming.fetch_seconds`), its slot
-  free at once. A failure is logged with its reason and retried with backoff; it never stops the
-  others. Each ListHosted reports the replicas failing now, with a reason named after the cause
+  free at once. A failure is logged with its reason and retried with backoff (at most 60 s
+  apart, 5 s while its store does not serve the files); it never stops the others. Each
+  ListHosted reports the replicas failing now, with a reason named after the cause
   (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
   replica's loaded condition, so the TritonModel says why.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
@@ -76,6 +77,7 @@ from loader.errors import (
     LoaderError,
     ModelRejectedError,
     RefusedError,
+    StoreUnavailableError,
     TimedOutError,
     TransientError,
     TritonRejectedError,
@@ -91,6 +93,9 @@ log = logging.getLogger(__name__)
 
 # A replica that keeps failing is tried again at most this far apart.
 _RETRY_MAX_SECONDS = 60.0
+# ... and at most this far apart while its store does not serve its files (429, 5xx, not
+# reached): a wake or a stand-in waiting on the store loads within seconds of its return.
+_STORE_RETRY_MAX_SECONDS = 5.0
 
 
 class HostAgent(Agent, Protocol):
@@ -197,6 +202,7 @@ class Host:
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         self._retry = Backoff(timing.load.backoff.initial, _RETRY_MAX_SECONDS)
+        self._store_retry = Backoff(timing.load.backoff.initial, _STORE_RETRY_MAX_SECONDS)
         self._tracked: dict[tuple[str, int | None], _Tracked] = {}
         self._written: bytes | None = None
         self._parked: tuple[tuple[str, int], ...] = ()
@@ -430,7 +436,7 @@ class Host:
             log.info("Stopped loading model %s: it is no longer wanted as it was.", model)
             return
         except (LoaderError, TransientError) as e:
-            self._failed(tracked, str(e), _cause(e))
+            self._failed(tracked, str(e), _cause(e), store=isinstance(e, StoreUnavailableError))
             return
         except Exception as e:
             log.exception("Loading model %s failed unexpectedly.", model)
@@ -455,10 +461,12 @@ class Host:
         loading = Loading(agent, checked, manifest, self._timing.load, clock=self._clock)
         return await loading.run()
 
-    def _failed(self, tracked: _Tracked, reason: str, cause: str) -> None:
+    def _failed(self, tracked: _Tracked, reason: str, cause: str, *, store: bool = False) -> None:
+        """Count a failure and set when to try again (sooner when `store`: the store did not
+        serve the files now, `StoreUnavailableError`)."""
         tracked.failures += 1
         tracked.cause = cause
-        delay = self._retry.delay(tracked.failures, self._rng)
+        delay = (self._store_retry if store else self._retry).delay(tracked.failures, self._rng)
         tracked.retry_at = self._clock() + delay
         tracked.ready = tracked.published = False
         tracked.reason = reason

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import sys
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -288,6 +290,8 @@ async def following(
     secret_dir: Path | None = None,
     load_seconds: float = 30.0,
     fetch_seconds: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
 ) -> AsyncIterator[Host]:
     client = AgentClient(
         address, tmp_path / "token", chunk_bytes=1 << 20, reconnect_max_seconds=1.0
@@ -314,6 +318,8 @@ async def following(
         proxy_holds=proxy_holds,
         fetcher=fetcher,
         secret_dir=secret_dir or tmp_path / "no-secrets",
+        clock=clock,
+        rng=rng,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(host.run(stop))
@@ -599,6 +605,49 @@ async def test_a_failing_replica_does_not_hold_up_another(
         servicer.rejects.clear()
         await until(lambda: ready(tmp_path) == ["add_one", "identity"], "identity listed")
         await until(lambda: set(servicer.reported) == {"absent"}, "identity's failure cleared")
+
+
+def _fetched(fetcher: Counted, times: int) -> bool:
+    return len(fetcher.calls) >= times
+
+
+class Longest(random.Random):
+    """Jitter that always draws the longest delay its back-off allows."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+async def test_a_replica_whose_store_is_down_is_tried_again_within_seconds_of_its_return(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """A store that answers 503 (down for a while, or overloaded) serves the files a moment
+    later: the replica's fetch is tried again at most 5 s apart, not up to a minute apart as
+    for a model the store does not have, so that a wake or a stand-in waiting on the store
+    loads within seconds of its return. Time runs ahead on the loader's clock while the store
+    is down, so that ten failures take a moment."""
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    fetcher = Counted()
+    ahead = [0.0]
+    models.refuse()
+    async with following(
+        address,
+        tmp_path,
+        fetcher=fetcher,
+        clock=lambda: time.monotonic() + ahead[0],
+        rng=Longest(),
+    ):
+        for attempt in range(1, 11):
+            await until(partial(_fetched, fetcher, attempt), f"fetch {attempt}")
+            ahead[0] += 60.0  # the back-off of the failure before has passed
+        await until(lambda: "add_one" in servicer.reported, "the failure reported")
+        reason, message = servicer.reported["add_one"]
+        assert reason == "FetchFailed" and "HTTP 503" in message, servicer.reported
+        await asyncio.sleep(0.5)  # the tenth failure is counted, its next try set
+        models.refuse(False)
+        ahead[0] += 5.5
+        await until(lambda: ready(tmp_path) == ["add_one"], "loaded once the store serves", 5.0)
 
 
 def _unnamed(directory: Path) -> Path:
