@@ -32,6 +32,7 @@ from typing import Any
 from benchmarks import command_line
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import PodInfo, node_from_api, pod_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import SCAN_BUDGET, Placement, Unschedulable, place
 from common.contract import RESIDENCY_ON_DEMAND, Keys
 
@@ -182,7 +183,7 @@ def build(
     nodes: int, gpus: int, placed: int, seed: int, on_demand: float = 0.0, overcommit: str = ""
 ) -> tuple[ClusterState, list[dict[str, Any]], list[PodInfo]]:
     rng = random.Random(seed)
-    state = ClusterState(reserve=GI // 2)
+    state = ClusterState(rules=NODE_RULES, reserve=GI // 2)
     node_objs = [make_node(i, gpus, rng, overcommit) for i in range(nodes)]
     for obj in node_objs:
         state.set_node(node_from_api(obj, KEYS))

@@ -97,6 +97,7 @@ from binder.cluster.modelviews import as_replica
 from binder.cluster.objects import Constraints, NodeInfo, PodInfo, constraints_from_spec
 from binder.framework.consolidation import Cooldowns, plan
 from binder.framework.fit import fit_mask
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import MAX_SCORE, Placement, place
 
 GI = 1024**3
@@ -223,7 +224,7 @@ def mean_bytes(rng: random.Random, samples: int = 20000) -> float:
 
 
 def fresh_state(cluster: Cluster) -> ClusterState:
-    state = ClusterState(reserve=RESERVE)
+    state = ClusterState(rules=NODE_RULES, reserve=RESERVE)
     for node in cluster.nodes:
         state.set_node(node)
         state.set_lease(node.name, NOW + 3600)

@@ -41,6 +41,7 @@ from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, as_replica, model_from_api
 from binder.cluster.objects import PodInfo
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import Placement, place
 from binder.framework.queue import SchedulingQueue
 from binder.tritonmodels.controller import EVENT_BACKOFF_MAX_SECONDS, RETRY_SECONDS
@@ -82,7 +83,7 @@ def replicas(args: argparse.Namespace) -> list[PodInfo]:
 
 def cluster(args: argparse.Namespace) -> ClusterState:
     shape: shapes.NodeShape = args.node_shape
-    state = ClusterState(reserve=RESERVE)
+    state = ClusterState(rules=NODE_RULES, reserve=RESERVE)
     for i in range(args.nodes):
         name = f"node-{i:05d}"
         state.set_node(shape.node(name))

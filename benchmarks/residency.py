@@ -64,6 +64,7 @@ from benchmarks import results as results_page
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.modelviews import as_replica
 from binder.cluster.objects import PodInfo
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import Placement, place
 
 GI = 1 << 30
@@ -136,7 +137,7 @@ class Packed:
 
 def pack(models: list[Model], factor: float, shape: shapes.NodeShape, as_: str) -> Packed:
     """Each model's GPU, on nodes of `shape` added while a model fits nowhere."""
-    state = ClusterState(reserve=RESERVE)
+    state = ClusterState(rules=NODE_RULES, reserve=RESERVE)
     where: dict[str, str] = {}
     refused: Counter[str] = Counter()
     requests = shapes.model_pod_requests()

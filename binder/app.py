@@ -43,6 +43,7 @@ from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelsizes import Sizing
 from binder.errors import NotReadyError, SettingsError, http_status
+from binder.framework.noderules import NODE_RULES
 from binder.framework.queue import SchedulingQueue
 from binder.framework.quota import check_for
 from binder.inferenceservices.controller import Config as InferenceServiceConfig
@@ -90,7 +91,7 @@ class Binder:
             retry_while=leading.is_set,
         )
         # Kept by the cache, read by the controller and the metrics.
-        self.ledger = Ledger(ClusterState(reserve=settings.gpu_mem_reserve))
+        self.ledger = Ledger(ClusterState(rules=NODE_RULES, reserve=settings.gpu_mem_reserve))
         self.metrics = Metrics(state=self.ledger.state, unproven=self.ledger.unproven_reasons)
         # Pods and TritonModels wait in one queue, in turns by namespace; a model backs off
         # as kube-scheduler's pods do (capped), a pod is retried at any helpful change.

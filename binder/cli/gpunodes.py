@@ -4,8 +4,8 @@ daemons tritonshare's GPU-node policy judges.
 A node has GPUs by any of: GPU feature discovery's nvidia.com/gpu.present, allocatable
 nvidia.com/gpu (a device plugin runs there), the clouds' accelerator labels (GKE, EKS, AKS) or
 Karpenter's GPU count. The node pod's selection and fit follow kube-scheduler's own rules
-(`binder.cluster.rules`) and requests (`common.podresources`). The policy is judged by the API
-server itself: `daemonset_pod` builds the pod the DaemonSet controller would create, which
+(`binder.framework.noderules`) and requests (`common.podresources`). The policy is judged by the
+API server itself: `daemonset_pod` builds the pod the DaemonSet controller would create, which
 `binder.cli.preflight` dry-runs. Pure: no I/O.
 """
 
@@ -29,7 +29,7 @@ from binder.cli.checks import (
     name_of,
 )
 from binder.cluster.objects import constraints_from_spec, node_from_api
-from binder.cluster.rules import REASON_DEDICATED, REASON_NOT_DEDICATED, kubernetes_reasons
+from binder.framework.noderules import REASON_DEDICATED, REASON_NOT_DEDICATED, kubernetes_reasons
 from common.contract import GPU_NODE_TAINT_EFFECT, Keys
 from common.podresources import CPU, MEMORY, node_allocatable, pod_requests
 from common.quantity import QuantityError, format_bytes

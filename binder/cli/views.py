@@ -45,6 +45,7 @@ from binder.cluster.chargedpods import Unproven
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import PodInfo, pod_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import Placement, explain, place
 from binder.framework.quota import Usage
 from common.contract import Keys
@@ -119,7 +120,7 @@ def fold(
     allowed tenant code are those the binder's leader publishes."""
     cache = ClusterCache(
         keys,
-        Ledger(ClusterState(reserve=reserve)),
+        Ledger(ClusterState(rules=NODE_RULES, reserve=reserve)),
         scheduler_name=scheduler,
         listener=_Quiet(),
         placement_keys=None if ring is None else lambda: ring,

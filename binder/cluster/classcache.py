@@ -1,8 +1,9 @@
 """The constraint classes the cluster state keeps, each with its free-memory indexes.
 
-Per pod constraints: Kubernetes' rules evaluated over every node (binder.cluster.classes) and, per
-residency class, its feasible nodes by free memory (binder.cluster.index), fed by a log of the
-node indices whose free memory or capacity changed. A node joining, leaving, or changing its
+Per pod constraints: Kubernetes' rules evaluated over every node (binder.cluster.classes, asking
+the rules the cache is built with: binder.framework.noderules) and, per residency class, its
+feasible nodes by free memory (binder.cluster.index), fed by a log of the node indices whose free
+memory or capacity changed. A node joining, leaving, or changing its
 labels, taints or cordon is evaluated alone, in every class and index, not every node again. The
 cluster state (binder.cluster.clusterstate) owns the node rows and passes in the memory views
 (binder.cluster.memoryviews) the indexes read; pure bookkeeping: no I/O, no clock.
@@ -12,7 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from binder.cluster.classes import ConstraintClass, evaluate, reevaluate, shifted, without
+from binder.cluster.classes import (
+    ConstraintClass,
+    NodeRules,
+    evaluate,
+    reevaluate,
+    shifted,
+    without,
+)
 from binder.cluster.index import FreeIndex
 from binder.cluster.memoryviews import MemoryView
 from binder.cluster.objects import Constraints, NodeInfo
@@ -29,7 +37,9 @@ CHANGE_LOG_LIMIT = 1 << 16
 class ClassCache:
     """Constraint classes and their free-memory indexes, kept node by node."""
 
-    def __init__(self) -> None:
+    def __init__(self, rules: NodeRules) -> None:
+        self._rules = rules
+        """What a class is evaluated by."""
         self.classes: dict[Constraints, ConstraintClass] = {}
         self.indexes: dict[Constraints, FreeIndex] = {}
         self.od_indexes: dict[Constraints, FreeIndex] = {}
@@ -44,7 +54,7 @@ class ClassCache:
         cached = self.classes.get(constraints)
         if cached is not None:
             return cached
-        result = evaluate(constraints, nodes())
+        result = evaluate(self._rules, constraints, nodes())
         if len(self.classes) > CLASS_LIMIT:
             self.forget()
         self.classes[constraints] = result
@@ -79,7 +89,7 @@ class ClassCache:
         """Node `i`'s labels, taints or cordon changed: evaluate Kubernetes' rules again for
         that node only, in every class and its indexes."""
         for constraints, cls in list(self.classes.items()):
-            self.classes[constraints], scoring = reevaluate(cls, constraints, i, node)
+            self.classes[constraints], scoring = reevaluate(self._rules, cls, constraints, i, node)
             for on_demand in (False, True):
                 index = self.indexes_of(on_demand).get(constraints)
                 if index is not None:

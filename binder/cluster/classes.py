@@ -5,7 +5,10 @@ node joins or leaves (the other nodes' indices shift; their rules are not evalua
 
 Pods of one Deployment share their constraints, so they share one evaluation: a decision only
 reads which nodes pass, their preferred-affinity sums and untolerated PreferNoSchedule counts,
-and why each other node fails. Pure functions of the constraints and the nodes; no I/O, no clock.
+and why each other node fails. The rules themselves are kube-scheduler's and live with its other
+plugins (binder.framework.noderules): this module asks them through `NodeRules` and keeps their
+answers in node order, so the cluster's picture caches what the framework decides and never
+decides it. Pure functions of the constraints, the nodes and the rules; no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -13,19 +16,30 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from binder.cluster.objects import Constraints, NodeInfo
-from binder.cluster.rules import (
-    first_kubernetes_reason,
-    prefer_no_schedule_count,
-    preferred_affinity_score,
-    preferred_terms_error,
-)
 
 IntArray = npt.NDArray[np.int64]
+
+
+class NodeRules(Protocol):
+    """Kubernetes' node rules, as a class asks them (binder.framework.noderules answers)."""
+
+    def reason(self, constraints: Constraints, node: NodeInfo) -> str:
+        """The reason kube-scheduler reports for the node, "" when it passes every rule."""
+        ...
+
+    def scores(self, constraints: Constraints, node: NodeInfo) -> tuple[int, int]:
+        """A passing node's raw preferred-affinity sum and untolerated PreferNoSchedule count."""
+        ...
+
+    def preferred_error(self, constraints: Constraints) -> str:
+        """NodeAffinity PreScore's error for the preferred terms, "" when they parse."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -47,27 +61,30 @@ class ConstraintClass:
     fails the attempt with it when two or more nodes are feasible."""
 
 
-def evaluate(constraints: Constraints, nodes: Sequence[NodeInfo]) -> ConstraintClass:
+def evaluate(
+    rules: NodeRules, constraints: Constraints, nodes: Sequence[NodeInfo]
+) -> ConstraintClass:
     """The class of `constraints` over `nodes` (indexed by their position)."""
     passing: list[int] = []
     affinity: list[int] = []
     prefer: list[int] = []
     rejected: dict[int, str] = {}
     for i, node in enumerate(nodes):
-        reason = first_kubernetes_reason(constraints, node)
+        reason = rules.reason(constraints, node)
         if reason:
             rejected[i] = reason
             continue
         passing.append(i)
-        affinity.append(preferred_affinity_score(constraints, node))
-        prefer.append(prefer_no_schedule_count(node, constraints.tolerations))
+        node_affinity, node_prefer = rules.scores(constraints, node)
+        affinity.append(node_affinity)
+        prefer.append(node_prefer)
     return ConstraintClass(
         np.array(passing, np.int64),
         np.array(affinity, np.int64),
         np.array(prefer, np.int64),
         rejected,
         dict(Counter(rejected.values())),
-        preferred_terms_error(constraints),
+        rules.preferred_error(constraints),
     )
 
 
@@ -105,12 +122,12 @@ def without(cls: ConstraintClass, i: int) -> ConstraintClass:
 
 
 def reevaluate(
-    cls: ConstraintClass, constraints: Constraints, i: int, node: NodeInfo
+    rules: NodeRules, cls: ConstraintClass, constraints: Constraints, i: int, node: NodeInfo
 ) -> tuple[ConstraintClass, tuple[int, int] | None]:
     """The class with node `i` (now `node`, or a node that just joined at `i`) evaluated again,
     and that node's (affinity, PreferNoSchedule count) when it passes, None when a rule rejects
     it."""
-    reason = first_kubernetes_reason(constraints, node)
+    reason = rules.reason(constraints, node)
     cls = without(cls, i)
     nodes, affinity, prefer = cls.nodes, cls.affinity, cls.prefer_no_schedule
     position = int(np.searchsorted(nodes, i))
@@ -121,10 +138,7 @@ def reevaluate(
         rejected[i] = reason
         counts[reason] += 1
     else:
-        scoring = (
-            preferred_affinity_score(constraints, node),
-            prefer_no_schedule_count(node, constraints.tolerations),
-        )
+        scoring = rules.scores(constraints, node)
         nodes = np.insert(nodes, position, i)
         affinity = np.insert(affinity, position, scoring[0])
         prefer = np.insert(prefer, position, scoring[1])

@@ -7,7 +7,8 @@ of placement verifies) is decided before they reach it (`binder.cluster.cache`).
 accounts and the per-node rows in node name order, and composes what follows them: the sums per
 GPU (binder.cluster.gpumemory), the tallies by priority, namespace and model
 (binder.cluster.tallies), the memory views of both residency classes (binder.cluster.memoryviews),
-the constraint classes with their free-memory indexes (binder.cluster.classcache) and the other
+the constraint classes with their free-memory indexes (binder.cluster.classcache: the verdicts of
+the node rules it is built with, kube-scheduler's in binder.framework.noderules) and the other
 filters' columns (binder.cluster.filtercolumns). So a decision reads a few bucket heads, or at
 worst a few vector operations, instead of a scan of every pod of every node. Fed by the cache,
 read by placement. No I/O, no clock: lease liveness is judged against a time passed in.
@@ -23,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from binder.cluster.classcache import ClassCache
-from binder.cluster.classes import ConstraintClass
+from binder.cluster.classes import ConstraintClass, NodeRules
 from binder.cluster.filtercolumns import FilterColumns
 from binder.cluster.gpumemory import Account, GpuMemory
 from binder.cluster.gpusizes import GpuSizes
@@ -42,7 +43,7 @@ FloatArray = npt.NDArray[np.float64]
 class ClusterState:
     """Nodes, leases and the GPU memory ledger, with vectorised per-node views for placement."""
 
-    def __init__(self, *, reserve: int = 0) -> None:
+    def __init__(self, *, rules: NodeRules, reserve: int = 0) -> None:
         self.nodes: dict[str, NodeInfo] = {}
         self.leases: dict[str, float] = {}
         self._accounts: dict[str, Account] = {}
@@ -65,7 +66,7 @@ class ClusterState:
         """Moves whenever a node joins, leaves, or changes labels, taints or cordon."""
         self.filters = FilterColumns(self)
         """Per node, the columns of the filters beside GPU memory."""
-        self._class_cache = ClassCache()
+        self._class_cache = ClassCache(rules)
         self._dirty = True
         self.names: list[str] = []
         self.index: dict[str, int] = {}

@@ -1,8 +1,9 @@
 """Per-node columns for the filters beside GPU memory, cached until the nodes change.
 
-PodTopologySpread and inter-pod affinity read each node's topology domain per label key and
-which nodes a spread constraint counts; NodeResourcesFit reads each node's room (allocatable
-minus the requests of its pods). Each column is indexed by the cluster state's node order
+PodTopologySpread and inter-pod affinity read each node's topology domain per label key;
+NodeResourcesFit reads each node's room (allocatable minus the requests of its pods). Facts of
+the nodes and their pods only: no rule is judged here (the filters that read the columns are
+kube-scheduler's, in binder.framework). Each column is indexed by the cluster state's node order
 (binder.cluster.clusterstate, which owns it and the rows it reads) and kept until a node joins,
 leaves or changes; the room follows the nodes whose pods changed. Pure: no I/O, no clock.
 """
@@ -15,9 +16,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from binder.cluster.objects import Constraints, NodeInfo
+from binder.cluster.objects import NodeInfo
 from binder.cluster.podindex import PodIndex
-from binder.cluster.rules import first_untolerated_taint, matches_required_affinity
 
 IntArray = npt.NDArray[np.int64]
 
@@ -51,12 +51,11 @@ class NodeRows(Protocol):
 
 
 class FilterColumns:
-    """Topology domains, PodTopologySpread's eligible nodes and NodeResourcesFit's room."""
+    """Topology domains and NodeResourcesFit's room."""
 
     def __init__(self, rows: NodeRows) -> None:
         self._rows = rows
         self._domains: dict[str, tuple[int, IntArray, list[str]]] = {}
-        self._eligible: dict[tuple[Constraints, bool, bool], tuple[int, npt.NDArray[np.bool_]]] = {}
         self._room: ResourceRoom | None = None
         self._room_version = -1
         """The `nodes_version` `_room` was built at (rebuilt when nodes join or leave)."""
@@ -119,28 +118,3 @@ class FilterColumns:
             self._domains.clear()
         self._domains[key] = (rows.nodes_version, column, values)
         return column, values
-
-    def eligible(
-        self, constraints: Constraints, honor_affinity: bool, honor_taints: bool
-    ) -> npt.NDArray[np.bool_]:
-        """Per node, whether PodTopologySpread counts it for a pod of these constraints: its
-        nodeSelector and required node affinity match (when `honor_affinity`) and its
-        NoSchedule/NoExecute taints are tolerated (when `honor_taints`)."""
-        rows = self._rows
-        rows.arrays()
-        key = (constraints, honor_affinity, honor_taints)
-        cached = self._eligible.get(key)
-        if cached is not None and cached[0] == rows.nodes_version:
-            return cached[1]
-        mask = np.ones(len(rows.names), np.bool_)
-        if honor_affinity or honor_taints:
-            tolerations = constraints.tolerations
-            for i, name in enumerate(rows.names):
-                node = rows.nodes[name]
-                affinity_ok = not honor_affinity or matches_required_affinity(constraints, node)
-                taints_ok = not honor_taints or first_untolerated_taint(node, tolerations) is None
-                mask[i] = affinity_ok and taints_ok
-        if len(self._eligible) > 1024:
-            self._eligible.clear()
-        self._eligible[key] = (rows.nodes_version, mask)
-        return mask

@@ -1,11 +1,12 @@
 """Placement: which node and which GPU a pod goes to, or why it cannot go anywhere.
 
-Filters, in kube-scheduler's order and then ours: Kubernetes' rules (binder.cluster.rules), the node
-publishes GPUs, its agent is alive, the model is not already on the node, and the request fits in
-one healthy GPU's free memory. Scores add as kube-scheduler's plugins do: NodeAffinity (weight 2)
-and TaintToleration (weight 3), each normalised to 0..100 over the feasible nodes, plus our GPU
-memory score (weight 1, 0..100). Among the nodes Kubernetes' scores rate best, one a pod of the
-same revision (namespace, model id, revision) left comes first: its agent may have kept the files.
+Filters, in kube-scheduler's order and then ours: Kubernetes' rules (binder.framework.noderules),
+the node publishes GPUs, its agent is alive, the model is not already on the node, and the request
+fits in one healthy GPU's free memory. Scores add as kube-scheduler's plugins do: NodeAffinity
+(weight 2) and TaintToleration (weight 3), each normalised to 0..100 over the feasible nodes, plus
+our GPU memory score (weight 1, 0..100). Among the nodes Kubernetes' scores rate best, one a pod
+of the same revision (namespace, model id, revision) left comes first: its agent may have kept the
+files.
 
 `binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use,
 on the fewest GPUs (`pack_score` gives the order): a used GPU, the tightest, before an empty one.
@@ -71,9 +72,9 @@ from binder.cluster.gpusizes import GpuSizes
 from binder.cluster.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.cluster.memoryviews import MemoryView
 from binder.cluster.objects import Gpu, PodInfo, constraints_from_spec, node_from_api
-from binder.cluster.rules import kubernetes_reasons
 from binder.framework.filters import PodFilters, pod_filters
 from binder.framework.interpod import REASON_AFFINITY as REASON_AFFINITY_RULES
+from binder.framework.noderules import kubernetes_reasons
 from binder.framework.spread import REASON_MISSING_LABEL
 from common.contract import SPREAD_GPU, SPREAD_NONE, Keys
 from common.quantity import format_bytes

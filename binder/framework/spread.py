@@ -29,8 +29,9 @@ other workloads' pods, or an owner whose selector is narrower than its pods' lab
 differently upstream, and a pod selected by a Service but controlled by nothing gets no defaults.
 
 What depends only on the nodes (domain ids, the masks of counted nodes, the nodes missing a key)
-is kept per state until `nodes_version` moves; pods are read through the state's label groups,
-never one by one. Pure: reads the state, no I/O, no clock.
+is kept per state until `nodes_version` moves; a node's inclusion is NodeAffinity's and
+TaintToleration's verdict (binder.framework.noderules); pods are read through the state's label
+groups, never one by one. Pure: reads the state, no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from binder.cluster.podterms import (
     LabelSelector,
     SpreadConstraint,
 )
+from binder.framework.noderules import first_untolerated_taint, matches_required_affinity
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -144,6 +146,7 @@ class _NodeViews:
     version: tuple[int, int]
     keys: dict[tuple[str, ...], BoolArray] = field(default_factory=dict)
     plans: dict[tuple[SpreadConstraints, Constraints], _FilterPlan] = field(default_factory=dict)
+    included: dict[tuple[Constraints, bool, bool], BoolArray] = field(default_factory=dict)
     with_empty: dict[str, tuple[IntArray, int]] = field(default_factory=dict)
 
 
@@ -154,7 +157,12 @@ def _views(state: ClusterState) -> _NodeViews:
     state.arrays()
     version = (state.nodes_version, len(state.names))
     views = _VIEWS.get(state)
-    if views is None or views.version != version or len(views.plans) > 256:
+    if (
+        views is None
+        or views.version != version
+        or len(views.plans) > 256
+        or len(views.included) > 1024
+    ):
         views = _VIEWS[state] = _NodeViews(version)
     return views
 
@@ -169,10 +177,28 @@ def _has_keys(state: ClusterState, views: _NodeViews, keys: tuple[str, ...]) -> 
     return mask
 
 
-def _included(state: ClusterState, constraints: Constraints, c: SpreadConstraint) -> BoolArray:
-    return state.filters.eligible(
-        constraints, c.node_affinity_policy == HONOR, c.node_taints_policy == HONOR
-    )
+def _included(
+    state: ClusterState, views: _NodeViews, constraints: Constraints, c: SpreadConstraint
+) -> BoolArray:
+    """Per node, whether the constraint counts it for a pod of these constraints: its
+    nodeSelector and required node affinity match (`nodeAffinityPolicy` Honor) and its
+    NoSchedule/NoExecute taints are tolerated (`nodeTaintsPolicy` Honor)."""
+    honor_affinity = c.node_affinity_policy == HONOR
+    honor_taints = c.node_taints_policy == HONOR
+    key = (constraints, honor_affinity, honor_taints)
+    mask = views.included.get(key)
+    if mask is not None:
+        return mask
+    mask = np.ones(len(state.names), np.bool_)
+    if honor_affinity or honor_taints:
+        tolerations = constraints.tolerations
+        for i, name in enumerate(state.names):
+            node = state.nodes[name]
+            affinity_ok = not honor_affinity or matches_required_affinity(constraints, node)
+            taints_ok = not honor_taints or first_untolerated_taint(node, tolerations) is None
+            mask[i] = affinity_ok and taints_ok
+    views.included[key] = mask
+    return mask
 
 
 def _filter_plan(state: ClusterState, pod: PodInfo, hard: SpreadConstraints) -> _FilterPlan:
@@ -186,7 +212,7 @@ def _filter_plan(state: ClusterState, pod: PodInfo, hard: SpreadConstraints) -> 
     missing_any = np.zeros(len(state.names), np.bool_)
     for c in hard:
         ids, values = state.filters.topology_domains(c.topology_key)
-        counted = all_keys & _included(state, pod.constraints, c)
+        counted = all_keys & _included(state, views, pod.constraints, c)
         present = np.zeros(len(values), np.bool_)
         present[ids[counted]] = True
         missing = ids < 0
@@ -343,7 +369,7 @@ def spread_scores(state: ClusterState, pod: PodInfo, candidates: IntArray) -> Fl
             size = int(np.count_nonzero(present))
             if matched is not None:
                 at, counts = matched
-                counted = _included(state, pod.constraints, c)
+                counted = _included(state, views, pod.constraints, c)
                 if require_all:
                     counted = counted & all_keys
                 keep = counted[at]

@@ -11,10 +11,12 @@ stops at the first refusal, the rest only counted (`Missing`). A replica that fi
 preempt lower-priority pods and replicas (`binder.framework.replicapreemption`); one preempted
 drains as one scaled away does. A new spec.storageUri rolls a step per turn
 (`binder.tritonmodels.rolling`). A model whose only served host is replaced wants one replica more,
-a stand-in on no node of that host (`binder.tritonmodels.hostreplace`). A model at zero replicas is
-parked on a host of its namespace (`binder.autoscaler.parkedmodels`). What lets a turn place
-(`Admission`: the model's problems, the quotas' room) is read once at its start. Changes the
-ledger's charges, drains and parkings only; the controller writes what it decides.
+a stand-in on no node of that host (`binder.tritonmodels.hostreplace`). A replica on a lost node
+(tainted `unreachable` or `not-ready` NoExecute, its host evicted) is placed again elsewhere. A
+model at zero replicas is parked on a host of its namespace (`binder.autoscaler.parkedmodels`).
+What lets a turn place (`Admission`: the model's problems, the quotas' room) is read once at its
+start. Changes the ledger's charges, drains and parkings only; the controller writes what it
+decides.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ from common.proofs import KeyRing
 
 log = logging.getLogger(__name__)
 
+LOST_NODE_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
+"""The NoExecute taints kube's node lifecycle controller puts on a node whose kubelet is silent
+(Ready Unknown) or reports it not ready."""
 PLACEMENTS_PER_TURN = 100
 """The most replicas one model's turn places; a model wanting more has another turn after the
 other namespaces' (replicas may share nodes, so a scaled model is bounded by GPU memory, not by
@@ -563,14 +568,39 @@ class ReplicaPlacer:
         return replica.bound(decision.node, decision.gpu.uuid, proof)
 
     def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
-        """The model's charged replicas that are not draining, by ordinal."""
+        """The model's charged replicas that are not draining, by ordinal. One on a lost node
+        (`_lost`) is freed, to be placed again elsewhere."""
         state = self._ledger.state
         live = {}
         for rid in self._ledger.replica_uids(model.uid):
             charged = state.charged_pod(rid)
+            if charged is not None and self._lost(model, charged.node_name):
+                log.warning(
+                    "Replica %s of TritonModel %s: node %s is lost (unreachable or not ready)"
+                    " and its host evicted: placed again elsewhere.",
+                    rid.rpartition("/")[2],
+                    model.key,
+                    charged.node_name,
+                )
+                self._free(rid)
+                continue
             if charged is not None and not self._book.draining(rid):
                 live[int(rid.rpartition("/")[2])] = charged
         return live
+
+    def _lost(self, model: ModelInfo, node: str) -> bool:
+        """Whether `node` is lost to the model's replicas: tainted NoExecute `unreachable` or
+        `not-ready` (kube's node lifecycle controller: its kubelet silent past its grace) and
+        the namespace's host there evicted or gone. Its kubelet gone, an evicted host stays
+        Terminating until the node comes back, as a ReplicaSet's pod does; as a ReplicaSet,
+        the model replaces it elsewhere (the taint keeps placements off the node)."""
+        info = self._ledger.state.nodes.get(node)
+        if info is None or not any(
+            t.effect == "NoExecute" and t.key in LOST_NODE_TAINTS for t in info.taints
+        ):
+            return False
+        host = self._ledger.hosts.get(model.host_group, {}).get(node)
+        return host is None or bool((host.get("metadata") or {}).get("deletionTimestamp"))
 
     def _leave(self, model: ModelInfo, replica: PodInfo) -> None:
         """`replica` leaves: one loaded on its host drains first (out of the Service, listed as

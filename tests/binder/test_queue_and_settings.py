@@ -13,6 +13,7 @@ import pytest
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.errors import SettingsError
+from binder.framework.noderules import NODE_RULES
 from binder.framework.queue import SchedulingQueue
 from binder.metrics import Metrics
 from binder.pods.controller import PodController
@@ -288,12 +289,12 @@ def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_c
     clock = FakeClock()
     controller = PodController(
         cast(Any, None),
-        Ledger(ClusterState(reserve=0)),
+        Ledger(ClusterState(rules=NODE_RULES, reserve=0)),
         leading=asyncio.Event(),
         keys=Keys(),
         policy="binpack",
         queue=SchedulingQueue(clock=clock),
-        metrics=Metrics(state=ClusterState(reserve=0)),
+        metrics=Metrics(state=ClusterState(rules=NODE_RULES, reserve=0)),
         executor=cast(Any, None),
         bind_workers=1,
         identity="test",

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes.client
 
 from binder.cli.main import main as cli
-from binder.cluster.rules import REASON_DEDICATED, REASON_NOT_DEDICATED
+from binder.framework.noderules import REASON_DEDICATED, REASON_NOT_DEDICATED
 from tests.binder.objects import GI, KEYS, pod_obj
 from tests.binder.simcluster import MakeBinder, add_node, eventually
 

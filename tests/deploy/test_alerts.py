@@ -20,6 +20,7 @@ import yaml
 from agent.gpus.memory import MemoryLedger
 from agent.metrics import AgentMetrics
 from binder.cluster.clusterstate import ClusterState
+from binder.framework.noderules import NODE_RULES
 from binder.metrics import Metrics as BinderMetrics
 from proxy.gateway.callerbook import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
@@ -80,7 +81,7 @@ def exported_families() -> set[str]:
     proxy.residency(residency(Clock(), FakeAgent())[0])  # an on-demand model's families
     registries = [
         agent.registry,
-        BinderMetrics(state=ClusterState(reserve=0)).registry,
+        BinderMetrics(state=ClusterState(rules=NODE_RULES, reserve=0)).registry,
         proxy.registry,
         GatewayMetrics(
             CallerBook(Path("/nonexistent"), max_age=60),

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from binder.cluster.objects import constraints_from_spec, node_from_api
-from binder.cluster.rules import first_untolerated_taint, matches_required_affinity
+from binder.framework.noderules import first_untolerated_taint, matches_required_affinity
 from common.contract import Keys
 from sim.node.admission import NodeAdmission
 from tests.conftest import require_executable

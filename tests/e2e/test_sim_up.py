@@ -122,18 +122,16 @@ def _logs_of(sim: SimUp, namespace: str, selector: str) -> str:
     return "\n" + "\n".join(said)
 
 
+def _is_ready(pod: dict[str, Any]) -> bool:
+    conditions = pod["status"].get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 def _ready_pod(sim: SimUp, namespace: str, selector: str) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while True:
         pods = sim.get("pods", "-n", namespace, "-l", selector)["items"]
-        ready = [
-            p
-            for p in pods
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in p["status"].get("conditions") or []
-            )
-        ]
+        ready = [p for p in pods if _is_ready(p)]
         if ready:
             return dict(ready[0])
         assert time.monotonic() < deadline, f"no Ready pod in {namespace}: {json.dumps(pods)}"
@@ -320,6 +318,67 @@ def test_preflight_finds_the_cluster_installed_as_deploy_base_installs_it(sim_up
     two = next(d for d in daemonsets if d["metadata"]["name"] == "tritonshare-node-2gpu")
     triton = two["spec"]["template"]["spec"]["containers"][0]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+
+def _upgrade_node_block() -> str:
+    """docs/upgrade.md's node step (2.), as written."""
+    text = (ROOT / "docs" / "upgrade.md").read_text()
+    section = text.split("\n**2. The node pods**", 1)[1]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_upgrade_runbooks_node_step_runs_as_written(sim_up: SimUp) -> None:
+    """docs/upgrade.md's step 2 on sim-up's node, with a TritonModel there (its `kubectl wait tm`
+    needs one): the node pod is replaced under a new name and Ready again, the TritonModel Ready,
+    the node's model pods the same pods (not recreated) and Ready again."""
+    block = _upgrade_node_block()
+    assert block.startswith("NODE=gpu-node-0\n"), block  # sim-up's node: it runs as written
+    uri = next(x for x in sim_up.output.splitlines() if x.startswith("export MODEL_URI="))
+    model = (
+        "apiVersion: tritonshare.io/v1alpha1\nkind: TritonModel\n"
+        "metadata: {name: add-one, namespace: upgrade}\n"
+        "spec: {storageUri: $MODEL_URI, modelName: add_one, gpuMemory: 1Gi}\n"
+    )
+    setup = "\n".join(
+        [
+            "set -e",
+            uri,
+            "kubectl create namespace upgrade",
+            f"kubectl apply -f - <<EOF\n{model}EOF",
+            "kubectl wait tm -n upgrade add-one --for=condition=Ready --timeout=120s",
+        ]
+    )
+    sim_up.run("bash", "-c", setup)
+    # The TritonModel's Service has its endpoints, as kubectl lists them on a cluster.
+    listed = sim_up.run(sim_up.kubectl, "get", "endpoints,endpointslices", "-n", "upgrade")
+    assert "endpoints/add-one" in listed and "endpointslice.discovery.k8s.io/add-one-" in listed
+    selector = "app.kubernetes.io/name=tritonshare-node"
+    before = sim_up.get("pods", "-n", "tritonshare-system", "-l", selector)["items"]
+    assert [p["spec"]["nodeName"] for p in before] == ["gpu-node-0"], before
+    on_node = {
+        (p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"]["uid"]
+        for p in sim_up.get("pods", "-A", "--field-selector", "spec.nodeName=gpu-node-0")["items"]
+        if p["metadata"]["namespace"] != "tritonshare-system" and _is_ready(p)
+    }
+    assert on_node, "no Ready model pod on the node: nothing to bring back"
+    done = subprocess.run(
+        ["bash", "-c", "set -e\n" + block],
+        env=sim_up.env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert f'pod "{before[0]["metadata"]["name"]}" deleted' in output, output
+    assert "condition met" in output and "gpu-node-0" in output, output
+    after = sim_up.get("pods", "-n", "tritonshare-system", "-l", selector)["items"]
+    assert [p["metadata"]["name"] for p in after] != [before[0]["metadata"]["name"]], after
+    # The model pods are not recreated: the same pods, Ready once their proxies reinstalled.
+    for (namespace, name), uid in on_node.items():
+        run = ["pod", name, "-n", namespace]
+        sim_up.run(sim_up.kubectl, "wait", *run, "--for=condition=Ready", "--timeout=100s")
+        assert sim_up.get(*run)["metadata"]["uid"] == uid, name
 
 
 def test_sim_down_stops_every_process_and_removes_its_files(sim_up: SimUp) -> None:

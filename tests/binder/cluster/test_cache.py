@@ -21,6 +21,7 @@ from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import model_from_api
 from binder.cluster.objects import ModelKey, PodInfo, pod_from_api
+from binder.framework.noderules import NODE_RULES
 from common.hosted import host_label, host_name
 from common.kubeapi.errors import GoneError
 from common.kubeapi.session import JsonObject, RetryPolicy
@@ -58,7 +59,7 @@ def make_cache() -> tuple[ClusterCache, Recorder]:
     recorder = Recorder()
     cache = ClusterCache(
         KEYS,
-        Ledger(ClusterState(reserve=0)),
+        Ledger(ClusterState(rules=NODE_RULES, reserve=0)),
         scheduler_name="tritonshare",
         listener=recorder,
         placement_keys=lambda: TEST_RING,
@@ -245,7 +246,7 @@ def rotating_cache() -> tuple[ClusterCache, Recorder, list[KeyRing]]:
     rings: list[KeyRing] = [CountingRing(OLD_KEY)]
     cache = ClusterCache(
         KEYS,
-        Ledger(ClusterState(reserve=0)),
+        Ledger(ClusterState(rules=NODE_RULES, reserve=0)),
         scheduler_name="tritonshare",
         listener=recorder,
         placement_keys=lambda: rings[-1],
@@ -330,7 +331,7 @@ def test_without_a_key_ring_a_proofs_form_is_all_that_is_checked() -> None:
     are seen as such; a well-formed one is taken at its word (the binder verifies it)."""
     cache = ClusterCache(
         KEYS,
-        Ledger(ClusterState(reserve=0)),
+        Ledger(ClusterState(rules=NODE_RULES, reserve=0)),
         scheduler_name="tritonshare",
         listener=Recorder(),
         placement_keys=None,

@@ -22,6 +22,7 @@ from binder.cluster.residencyfit import (
     on_demand_free,
     wake_room,
 )
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import POLICIES, Placement, Policy, Unschedulable, explain, place
 from common.contract import RESIDENCY_ON_DEMAND
 from common.tritonname import private_triton_name
@@ -226,7 +227,7 @@ def test_the_index_and_the_scan_agree_with_both_classes(seed: int, policy: Polic
     pods: the three ways to a decision agree, and on every GPU the always-resident holdings plus the
     largest on-demand one stay within its memory whatever was placed."""
     rng = random.Random(seed)
-    state = ClusterState(reserve=GI // 2)
+    state = ClusterState(rules=NODE_RULES, reserve=GI // 2)
     nodes: dict[str, dict[str, Any]] = {}
 
     def join(name: str) -> None:

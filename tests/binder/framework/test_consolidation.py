@@ -9,6 +9,7 @@ from typing import Any
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import PodInfo, lease_expiry, node_from_api, pod_from_api
 from binder.framework.consolidation import Cooldowns, fragmented, plan
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import Unschedulable, place
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
 
@@ -19,7 +20,7 @@ OWNED = [
 
 
 def cluster(*nodes: dict[str, Any]) -> ClusterState:
-    state = ClusterState()
+    state = ClusterState(rules=NODE_RULES)
     for obj in nodes:
         info = node_from_api(obj, KEYS)
         state.set_node(info)

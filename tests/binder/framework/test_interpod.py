@@ -22,6 +22,7 @@ from binder.framework.interpod import (
     affinity_filter,
     affinity_scores,
 )
+from binder.framework.noderules import NODE_RULES
 from tests.binder.objects import KEYS, pod_obj
 
 AFF, ANTI, EXIST = REASON_AFFINITY, REASON_ANTI_AFFINITY, REASON_EXISTING_ANTI_AFFINITY
@@ -93,7 +94,7 @@ def pod(
 
 
 def cluster(nodes: dict[str, dict[str, str]], pods: list[PodInfo] = ()) -> ClusterState:  # type: ignore[assignment]
-    state = ClusterState()
+    state = ClusterState(rules=NODE_RULES)
     for name, labels in nodes.items():
         state.set_node(NodeInfo(name, labels))
     for p in pods:

@@ -9,6 +9,7 @@ import pytest
 
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import effective_request, lease_expiry, node_from_api, pod_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import (
     BY_REQUEST_KEPT,
     Placement,
@@ -25,7 +26,7 @@ NOW = 1_000_000.0
 
 
 def cluster(*nodes: dict[str, Any], reserve: int = 0, alive: bool = True) -> ClusterState:
-    state = ClusterState(reserve=reserve)
+    state = ClusterState(rules=NODE_RULES, reserve=reserve)
     for obj in nodes:
         info = node_from_api(obj, KEYS)
         state.set_node(info)

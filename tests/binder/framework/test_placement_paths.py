@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-import binder.cluster.classes
-import binder.cluster.rules
+from binder.cluster.classes import NodeRules
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.index import FreeIndex, SortedKeys
-from binder.cluster.objects import PodInfo, node_from_api, pod_from_api
+from binder.cluster.objects import Constraints, NodeInfo, PodInfo, node_from_api, pod_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import POLICIES, Placement, Policy, place
 from tests.binder.objects import GI, KEYS, node_obj, pod_obj
 
@@ -86,7 +86,7 @@ def relabel(rng: random.Random, node: dict[str, Any]) -> None:
 
 def assert_classes_fresh(state: ClusterState) -> None:
     """Every cached class, kept up to date node by node, equals one evaluated from scratch."""
-    fresh = ClusterState(reserve=state.memory.reserve)
+    fresh = ClusterState(rules=NODE_RULES, reserve=state.memory.reserve)
     for info in state.nodes.values():
         fresh.set_node(info)
     for constraints, kept in list(state._class_cache.classes.items()):
@@ -201,8 +201,10 @@ def decide(state: ClusterState, pod: PodInfo, policy: Policy) -> Placement | obj
     return scanned
 
 
-def build(rng: random.Random, count: int) -> tuple[ClusterState, dict[str, dict[str, Any]]]:
-    state = ClusterState(reserve=GI // 2)
+def build(
+    rng: random.Random, count: int, rules: NodeRules = NODE_RULES
+) -> tuple[ClusterState, dict[str, dict[str, Any]]]:
+    state = ClusterState(rules=rules, reserve=GI // 2)
     nodes = {}
     for n in range(count):
         name = f"node-{n:03d}"
@@ -310,7 +312,7 @@ def test_sorted_keys_behave_as_one_sorted_list(seed: int, monkeypatch: pytest.Mo
 
 def test_ties_are_broken_alike_on_a_cluster_of_identical_nodes() -> None:
     """Many equal nodes: the index must collect the whole tie, in node order, as the scan does."""
-    state = ClusterState()
+    state = ClusterState(rules=NODE_RULES)
     for n in range(50):
         state.set_node(node_from_api(node_obj(f"n{n:02d}", [16 * GI, 16 * GI]), KEYS))
         state.set_lease(f"n{n:02d}", NOW + 60)
@@ -326,26 +328,36 @@ def test_ties_are_broken_alike_on_a_cluster_of_identical_nodes() -> None:
     assert len(chosen) == 50  # spread visited every node, so ties were many and broken apart
 
 
-def test_a_node_joining_or_leaving_evaluates_the_rules_of_that_node_only(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+class CountingRules:
+    """Kubernetes' node rules, noting each node a class asks them of."""
+
+    def __init__(self) -> None:
+        self.evaluated: list[str] = []
+
+    def reason(self, constraints: Constraints, node: NodeInfo) -> str:
+        self.evaluated.append(node.name)
+        return NODE_RULES.reason(constraints, node)
+
+    def scores(self, constraints: Constraints, node: NodeInfo) -> tuple[int, int]:
+        return NODE_RULES.scores(constraints, node)
+
+    def preferred_error(self, constraints: Constraints) -> str:
+        return NODE_RULES.preferred_error(constraints)
+
+
+def test_a_node_joining_or_leaving_evaluates_the_rules_of_that_node_only() -> None:
     """Before, a join or a leave threw every class away, and the next decision of each class
     evaluated Kubernetes' rules over every node again (a tenth of a second at 5,000 nodes)."""
     rng = random.Random(7)
-    state, _ = build(rng, 40)
+    rules = CountingRules()
+    state, _ = build(rng, 40, rules)
     pods = [random_pod(rng, f"pod-{p}") for p in range(30)]
     for pod in pods:
         place(state, pod, now=NOW)
     classes = len(state._class_cache.classes)
     assert classes > 3
-    evaluated: list[str] = []
-    real = binder.cluster.rules.first_kubernetes_reason
-
-    def counting(constraints: Any, node: Any) -> str:
-        evaluated.append(node.name)
-        return real(constraints, node)
-
-    monkeypatch.setattr(binder.cluster.classes, "first_kubernetes_reason", counting)
+    evaluated = rules.evaluated
+    evaluated.clear()
     name = "node-010-joined"
     state.set_lease(name, NOW + 60)
     state.set_node(node_from_api(random_node(rng, name), KEYS))

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import PodInfo, node_from_api, pod_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import Placement, Unschedulable, node_fits, place
 from tests.binder.objects import GI, KEYS, node_obj, pod_obj
 
@@ -28,7 +29,9 @@ ZONES = ["a", "b"]
 
 @dataclass
 class World:
-    state: ClusterState = field(default_factory=lambda: ClusterState(reserve=RESERVE))
+    state: ClusterState = field(
+        default_factory=lambda: ClusterState(rules=NODE_RULES, reserve=RESERVE)
+    )
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     bound: dict[str, tuple[dict[str, Any], str, str]] = field(default_factory=dict)
@@ -150,7 +153,7 @@ def test_invariants_hold_at_every_step(ops: list[tuple[Any, ...]]) -> None:
 
 
 def test_the_state_matches_a_fresh_recount_after_churn() -> None:
-    state = ClusterState()
+    state = ClusterState(rules=NODE_RULES)
     for i in range(4):
         state.set_node(node_from_api(node_obj(f"n{i}", [16 * GI, 16 * GI]), KEYS))
         state.set_lease(f"n{i}", NOW + 60)
@@ -163,7 +166,7 @@ def test_the_state_matches_a_fresh_recount_after_churn() -> None:
             pods.append(pod)
     for pod in pods[::2]:
         state.remove_pod(pod.uid)
-    fresh = ClusterState()
+    fresh = ClusterState(rules=NODE_RULES)
     for info in state.nodes.values():
         fresh.set_node(info)
     for pod in state.assigned_pods():

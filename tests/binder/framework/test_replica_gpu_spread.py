@@ -10,6 +10,7 @@ from typing import Any
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.modelviews import ModelInfo, model_from_api
 from binder.cluster.objects import PodInfo, pod_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import Placement, Unschedulable, place
 from tests.binder.framework.test_placement import NOW, bind, cluster
 from tests.binder.objects import GI, KEYS, node_obj, pod_obj
@@ -131,4 +132,4 @@ def test_spread_never_breaks_node_affinity_or_pod_anti_affinity() -> None:
 def test_an_unknown_spread_is_the_pods_problem() -> None:
     pod = pod_from_api(pod_obj("p", annotations={KEYS.replica_spread: "Zone"}), KEYS)
     assert "is not a replica spread" in pod.problem
-    assert isinstance(place(ClusterState(), pod, now=NOW), Unschedulable)
+    assert isinstance(place(ClusterState(rules=NODE_RULES), pod, now=NOW), Unschedulable)

@@ -22,6 +22,7 @@ from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, model_from_api
 from binder.cluster.objects import node_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import Unschedulable, place
 from binder.framework.replicapreemption import ReplicaPreemption, held_uid
 from common.proofs import KeyRing
@@ -71,7 +72,7 @@ def tritonmodel(name: str, memory: str = "2Gi") -> ModelInfo:
 
 def test_a_new_leader_holds_only_rooms_the_binder_signed_for_that_replica_node_and_gpu() -> None:
     ring = KeyRing(b"k" * 32)
-    state = ClusterState()
+    state = ClusterState(rules=NODE_RULES)
     state.set_node(node_from_api(node_obj("a", [16 * GI, 16 * GI], healthy=[True, False]), KEYS))
     ledger = Ledger(state)
     gpu, sick = (g.uuid for g in state.nodes["a"].gpus)

@@ -12,6 +12,7 @@ import pytest
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import PodInfo, node_from_api, pod_from_api
 from binder.cluster.podterms import HOSTNAME_KEY, ZONE_KEY
+from binder.framework.noderules import NODE_RULES
 from binder.framework.spread import (
     DEFAULT_CONSTRAINTS,
     REASON_MISSING_LABEL,
@@ -42,7 +43,7 @@ def node(
 
 
 def cluster(*nodes: dict[str, Any]) -> ClusterState:
-    state = ClusterState()
+    state = ClusterState(rules=NODE_RULES)
     for obj in nodes:
         state.set_node(node_from_api(obj, KEYS))
     state.arrays()

@@ -12,6 +12,7 @@ from typing import Any, cast
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.modelviews import ModelInfo, model_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.tritonmodels.hostreplace import HostReplacements, Replicas, Where
 from binder.tritonmodels.placer import listed_parked
 from binder.tritonmodels.replicabook import ReplicaBook
@@ -213,7 +214,7 @@ def test_a_new_leader_finds_the_parks_its_hosts_name_before_it_writes_or_replace
     """What the last leader parked is in its hosts' annotations: the new one parks the same
     models there before its first host write, which would otherwise drop the annotation (and
     replace the host under a parked model's held requests)."""
-    ledger = Ledger(ClusterState())
+    ledger = Ledger(ClusterState(rules=NODE_RULES))
     zero, private, plain = _autoscaled("zero"), _autoscaled("private", "creds"), _autoscaled("x")
     plain = replace(plain, autoscaling=None)
     for found in (zero, private, plain):

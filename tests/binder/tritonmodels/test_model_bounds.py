@@ -21,6 +21,7 @@ from binder.api.kube import Kube
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.ledger import Ledger
 from binder.cluster.objects import lease_expiry, node_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.tritonmodels.placer import PLACEMENTS_PER_TURN
 from binder.tritonmodels.status import StatusWriter, Write
 from common.kubeapi.errors import ApiError
@@ -178,7 +179,7 @@ async def test_a_namespace_of_unplaceable_models_delays_another_by_a_turn(
 def test_a_model_of_a_billion_replicas_costs_what_its_placed_ones_do() -> None:
     """A CRD without the maximum (an older one, or edited) must not let a scale bomb in: the
     reconcile places what fits (a GPU each), counts the rest, and lists none of them."""
-    state = ClusterState(reserve=0)
+    state = ClusterState(rules=NODE_RULES, reserve=0)
     for i in range(3):
         state.set_node(node_from_api(node_obj(f"n{i}", [16 * GI]), KEYS))
         state.set_lease(f"n{i}", lease_expiry(lease_obj(f"n{i}", time.time())))
@@ -322,7 +323,7 @@ async def test_a_failed_status_write_repeats_only_an_event_not_written() -> None
 def test_a_model_of_many_small_replicas_places_a_bounded_number_per_turn() -> None:
     """Replicas may share nodes, so a scaled model is bounded by GPU memory: each of its turns
     places at most PLACEMENTS_PER_TURN, and another namespace's model has its turn between."""
-    state = ClusterState(reserve=0)
+    state = ClusterState(rules=NODE_RULES, reserve=0)
     state.set_node(node_from_api(node_obj("n0", [1024 * GI]), KEYS))
     state.set_lease("n0", lease_expiry(lease_obj("n0", time.time())))
     ledger = Ledger(state)

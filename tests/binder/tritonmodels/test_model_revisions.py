@@ -11,6 +11,7 @@ from typing import Any
 
 from binder.cluster.clusterstate import ClusterState
 from binder.cluster.objects import node_from_api, pod_from_api
+from binder.framework.noderules import NODE_RULES
 from binder.framework.placement import Placement, explain, place
 from common.contract import POC_PREFIX, Keys
 from tests.binder.framework.test_placement import NOW, bind, cluster, placed
@@ -97,7 +98,7 @@ def test_a_statefulsets_controller_revision_hash_is_a_revision_too() -> None:
 
 def test_the_proof_of_concepts_annotation_names_spread_replicas_too() -> None:
     poc = Keys(POC_PREFIX)
-    state = ClusterState()
+    state = ClusterState(rules=NODE_RULES)
     for node in ("n1", "n2"):
         gpus = f'[{{"uuid": "GPU-{node}", "index": 0, "product": "t4", "memory": {16 * GI}}}]'
         meta = {"name": node, "annotations": {poc.gpus: gpus}}

@@ -8,7 +8,13 @@ term matches nothing, `matchFields` only knows `metadata.name`, a toleration wit
 `Exists` tolerates every taint, an empty toleration effect matches every effect, `Gt`/`Lt`
 compare 64-bit integers only (Go's ParseInt), a preferred term that does not parse is an error of
 NodeAffinity's PreScore (not a score of 0), and PreferNoSchedule taints only lower a node's score.
-Pure: no I/O, no clock, no GPU knowledge.
+
+Every kube-scheduler rule the binder applies lives in binder.framework: these node rules here, the
+rules that look at other pods beside them (fit, interpod, spread) and our own (tritonversion).
+The cluster state keeps these rules' verdicts per set of pod constraints, node by node
+(binder.cluster.classes' `ConstraintClass`), and re-evaluates a node when it changes: it is built
+with `NODE_RULES`, which answers its `NodeRules` questions, so the cluster caches what this
+module decides and never decides it. Pure: no I/O, no clock, no GPU knowledge.
 """
 
 from __future__ import annotations
@@ -306,3 +312,25 @@ def tenant_code_reason(constraints: Constraints, node: NodeInfo) -> str:
     if node.tenant_code and not constraints.tenant_code:
         return REASON_DEDICATED
     return ""
+
+
+class KubernetesNodeRules:
+    """The node rules as the cluster state's constraint classes ask them
+    (`binder.cluster.classes.NodeRules`): the reason a node fails, the scores of one that passes,
+    and NodeAffinity PreScore's error."""
+
+    def reason(self, constraints: Constraints, node: NodeInfo) -> str:
+        return first_kubernetes_reason(constraints, node)
+
+    def scores(self, constraints: Constraints, node: NodeInfo) -> tuple[int, int]:
+        return (
+            preferred_affinity_score(constraints, node),
+            prefer_no_schedule_count(node, constraints.tolerations),
+        )
+
+    def preferred_error(self, constraints: Constraints) -> str:
+        return preferred_terms_error(constraints)
+
+
+NODE_RULES = KubernetesNodeRules()
+"""The rules every cluster state is built with."""
