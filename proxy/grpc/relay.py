@@ -84,11 +84,7 @@ class H2Connection(Connection):
 
     def finish(self, stream: Stream, code: str) -> None:
         self.gate.finish(stream, code)
-        served = stream.served
-        if (served is not None and served.entry.leaving) or self.relay.closing:
-            # Its model leaves the host, or the pod its Service: the client opens a new
-            # connection (through its Service, which no longer routes here) for its next call.
-            self.go_away()
+        self._send_back(stream)
 
     def refuse(
         self,
@@ -99,6 +95,15 @@ class H2Connection(Connection):
         unanswered: bool = False,
     ) -> None:
         self.gate.refuse(stream, code, details, response, 0, unanswered)
+        self._send_back(stream)
+
+    def _send_back(self, stream: Stream) -> None:
+        """After a call's end, answered or refused (Triton unreachable as the node pod stops):
+        its model leaves the host, or the pod its Service, so the client opens a new connection
+        (through its Service, which no longer routes here) for its next call."""
+        served = stream.served
+        if (served is not None and served.entry.leaving) or self.relay.closing:
+            self.go_away()
 
     def answered(self, stream: Stream, requests: int) -> None:
         self.gate.answered(stream, requests)

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from sim.triton import TritonServer
+from sim.triton import TritonServer, free_port
 from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy
 
 pytestmark = pytest.mark.triton
@@ -206,3 +206,67 @@ def test_a_grpc_call_for_a_model_gone_from_the_host_is_told_to_retry(
         assert "no longer served on this host" in str(error), str(error)
     finally:
         client.close()
+
+
+def test_a_leaving_model_s_grpc_call_refused_for_an_unreachable_triton_is_sent_goaway(
+    served_triton: TritonServer, tmp_path: Path
+) -> None:
+    """While the node pod stops, its host lists every model `leaving` and its gateway and Triton
+    go: a call the host cannot send (Triton unreachable) is answered UNAVAILABLE, and its
+    connection gets GOAWAY as after an answered call, so that the client's channel reconnects
+    through the model's Service (to a stand-in that serves it) rather than failing each call on
+    this host until the node pod is back. A model not leaving keeps its connection."""
+    table = tmp_path / "models.json"
+    write_table(table, {"add_one"})
+    settings = proxy_settings(
+        served_triton,
+        model_id="",
+        models_file=table,
+        models_check_seconds=0.05,
+        triton_grpc_url=f"127.0.0.1:{free_port()}",  # nothing listens: Triton is gone
+        connect_retry_seconds=0.2,
+    )
+    with running_proxy(settings) as host:
+        for model, leaves in (("identity", False), ("add_one", True)):
+            assert _left_its_connection(host.grpc_url, model) == leaves, model
+
+
+def _left_its_connection(address: str, model: str) -> bool:
+    """Whether a channel whose call for `model` is refused UNAVAILABLE (Triton unreachable)
+    leaves READY within 3 s of the refusal (its connection got GOAWAY)."""
+    channel = grpc.insecure_channel(address)
+    states: list[grpc.ChannelConnectivity] = []
+    changed = threading.Event()
+
+    def seen(state: grpc.ChannelConnectivity) -> None:
+        states.append(state)
+        changed.set()
+
+    before = set(threading.enumerate())
+    channel.subscribe(seen)
+    pollers = set(threading.enumerate()) - before  # grpc's connectivity poller
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(service_pb2.ModelInferRequest(model_name=model), timeout=10)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "unreachable" in (error.value.details() or ""), error.value.details()
+        deadline = time.monotonic() + 10
+        while grpc.ChannelConnectivity.READY not in states:
+            assert time.monotonic() < deadline, f"the channel never read READY: {states}"
+            changed.clear()
+            changed.wait(0.05)
+        ready_at = states.index(grpc.ChannelConnectivity.READY)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            if any(state != grpc.ChannelConnectivity.READY for state in states[ready_at:]):
+                return True
+            changed.clear()
+            changed.wait(0.05)
+        return False
+    finally:
+        channel.unsubscribe(seen)
+        # As above: the poller must see the unsubscription before the channel closes.
+        for poller in pollers:
+            poller.join(5)
+        channel.close()
