@@ -31,7 +31,7 @@ a missing, unloaded or failed model reads ModelPending, or, while the host's loa
 cannot load it (`agent.pods.loadfailures`), the loader's reason (FetchFailed, ModelInvalid...) with
 its message and an Event: the loader names the cause as a model pod's loader does, Triton's refusal
 included, so the agent's own ModelFailed waits for its word; so does one Triton has loaded
-(`unlisted`: its loader lists it only once it made it READY); the pass runs at once when a
+(`failing`: its loader lists it only once it made it READY); the pass runs at once when a
 host's report changes. Once a draining replica is not served it reads ModelDrained (no Event).
 While the node pod stops (`stopping`), every host replica reads NodePodStopping (no Event), as
 does each model pod the stop takes out of its Service (`leaving`).
@@ -153,12 +153,7 @@ def pending(pod: PodInfo, wanted: Verdict, failure: LoadFailure | None = None) -
     if wanted.reason not in LOADERS_TO_SAY:
         return wanted
     if failure is not None:
-        return Verdict(
-            "False",
-            failure.reason,
-            f"model {pod.model_id} is not loaded: the model host's loader cannot load replica "
-            f"{pod.name}: {failure.message}",
-        )
+        return failing(pod, failure)
     return Verdict(
         "False",
         PENDING_REASON,
@@ -167,16 +162,17 @@ def pending(pod: PodInfo, wanted: Verdict, failure: LoadFailure | None = None) -
     )
 
 
-def unlisted(pod: PodInfo, failure: LoadFailure) -> Verdict:
-    """A replica Triton has loaded that its host's loader reports it cannot load (a load the
-    loader gave up on ended anyway, and fetching its files again fails): the loader lists a
-    replica only once it has made it READY, so the host's proxy does not serve it. It reads
-    the loader's failure, so that the binder keeps the host out of the model's Service."""
+def failing(pod: PodInfo, failure: LoadFailure) -> Verdict:
+    """A replica its host's loader reports it cannot load, Triton's READY among them (a load
+    the loader gave up on ended anyway, and fetching its files again fails): the loader lists a
+    replica only once it has made it READY, so the host's proxy does not serve it. The same
+    words either way, so that a retry that ends READY a moment before its loader lists it
+    rewrites nothing."""
     return Verdict(
         "False",
         failure.reason,
-        f"model {pod.model_id} is loaded but not served: the model host's loader cannot load "
-        f"replica {pod.name}: {failure.message}",
+        f"model {pod.model_id} is not loaded: the model host's loader cannot load replica "
+        f"{pod.name}: {failure.message}",
     )
 
 
@@ -404,7 +400,7 @@ class ModelConditions:
                 if wanted.status == "False" and (not pod.running or failure is not None):
                     wanted = pending(pod, wanted, failure)
                 elif wanted.status == "True" and failure is not None:
-                    wanted = unlisted(pod, failure)
+                    wanted = failing(pod, failure)
             if wanted is not None and wanted.reason == CRASHED_REASON:
                 crashed.append(proven)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:
