@@ -11,24 +11,30 @@ PYTEST_WORKERS ?= 3
 
 .PHONY: demo sim-up sim-down test lint types imports unit proto proto-check native clean venv
 
-# Said before it is done, and pip kept quiet. `make demo` installs only what the demo runs
-# (the `demo` extra); `make test` adds the test tools (the `test` extra, which includes it).
+# Said before it is done, and the installers kept quiet. `make demo` installs only what the demo
+# runs (the `demo` extra); `make test` adds the test tools (the `test` extra, which includes it).
+# uv (from PyPI, into the venv) installs them: it downloads in parallel, and resolves without
+# the backtracking pip from PyPI does here through every boto3 release (docs/results.md, the demo).
+# It reads PyPI (or UV_INDEX_URL), not pip's configuration. Where uv cannot be installed or fails,
+# pip installs as before; the venv keeps its pip either way.
 define install
 	@test -x $(PY) || { echo "Creating the virtual environment $(VENV) with $(PYTHON)."; $(PYTHON) -m venv $(VENV); }
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[$(1)]'
+	@{ $(PY) -m uv --version >/dev/null 2>&1 || $(PY) -m pip install --quiet --disable-pip-version-check uv; } \
+	  && $(PY) -m uv pip install --quiet --python $(PY) -e '.[$(1)]' \
+	  || { echo "uv could not install it; pip does (slower)."; \
+	       $(PY) -m pip install --quiet --upgrade pip && $(PY) -m pip install --quiet -e '.[$(1)]'; }
 	@echo "Installed; $(VENV) is reused until pyproject.toml changes."
 endef
 
 $(DEMO_STAMP): pyproject.toml
-	@echo "Installing tritonshare and what its demo runs into $(VENV) (about 700 MB: a real Triton"
-	@echo "server (nvidia-pytriton), ONNX Runtime, gRPC, Kubernetes; about 5 minutes the first time)."
+	@echo "Installing tritonshare and what its demo runs into $(VENV) (about 630 MB: a real Triton"
+	@echo "server (nvidia-pytriton), ONNX Runtime, gRPC, Kubernetes; under a minute with uv)."
 	$(call install,demo)
 	@touch $@
 
 $(STAMP): pyproject.toml
-	@echo "Installing tritonshare, its demo and its test tools into $(VENV) (about 1.4 GB: the demo's"
-	@echo "700 MB and Helm's SDK, schema validators, S3 and GCS API servers, linters; 5 to 10 minutes)."
+	@echo "Installing tritonshare, its demo and its test tools into $(VENV) (about 1.2 GB: the demo's"
+	@echo "630 MB and Helm's SDK, schema validators, S3 and GCS API servers, linters; a few minutes)."
 	$(call install,test)
 	@touch $@ $(DEMO_STAMP)
 

@@ -386,7 +386,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "python -m benchmarks.held_bytes": ("benchmarks/held_bytes.py", "proxy"),
     "bash tests/gpu/run_on_gpu.sh": ("tests/gpu", "agent/gpus"),
     "python -m sim.demo --real-gpu": ("sim/demo", "agent"),
-    "make demo": ("sim/demo", *_SERVING),
+    "make demo": ("sim/demo", "Makefile", *_SERVING),
 }
 """A results.md row's command (the start of the first one in its command cell, or a block's;
 the longest that matches wins) -> the paths whose last change its figure must not be older than: the

@@ -56,3 +56,23 @@ def test_the_parts_dependencies_are_the_server_extra() -> None:
     assert {"nvidia-pytriton", "cel-python", "onnx", "onnxruntime"} <= demo
     assert not demo & {"pytest", "mypy", "moto", "helm-python-sdk"}, "test tools stay in test"
     assert "pip install '.[server]'" in (ROOT / "Dockerfile").read_text()
+
+
+def test_make_installs_with_uv_and_falls_back_to_pip() -> None:
+    """`make demo` and `make test` install their extra with uv, installed into the venv (minutes
+    less than pip from PyPI: docs/results.md), and with pip where uv cannot be had or fails."""
+    for target, extra in (("demo", "demo"), ("venv", "test")):
+        done = subprocess.run(
+            ["make", "-n", "-B", target, "VENV=/nowhere/venv"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        python = "/nowhere/venv/bin/python"
+        uv = f"{python} -m uv pip install --quiet --python {python} -e '.[{extra}]'"
+        pip = f"{python} -m pip install --quiet -e '.[{extra}]'"
+        assert f"{python} -m pip install --quiet --disable-pip-version-check uv" in done.stdout
+        assert f"&& {uv} || {{" in done.stdout, done.stdout
+        assert pip in done.stdout.split(uv, 1)[1], done.stdout
