@@ -157,13 +157,11 @@ def _views(state: ClusterState) -> _NodeViews:
     state.arrays()
     version = (state.nodes_version, len(state.names))
     views = _VIEWS.get(state)
-    if (
-        views is None
-        or views.version != version
-        or len(views.plans) > 256
-        or len(views.included) > 1024
-    ):
+    if views is None or views.version != version:
         views = _VIEWS[state] = _NodeViews(version)
+    elif len(views.plans) > 256:
+        # Plans are many (one per selector); the inclusion masks (a few) are kept.
+        views = _VIEWS[state] = _NodeViews(version, included=views.included)
     return views
 
 
@@ -197,6 +195,8 @@ def _included(
             affinity_ok = not honor_affinity or matches_required_affinity(constraints, node)
             taints_ok = not honor_taints or first_untolerated_taint(node, tolerations) is None
             mask[i] = affinity_ok and taints_ok
+    if len(views.included) > 1024:
+        views.included.clear()
     views.included[key] = mask
     return mask
 
