@@ -39,6 +39,7 @@ from binder.tritonmodels.hostpod import host_spec, template_hash
 from binder.tritonmodels.hostreplace import HostReplacements, Replicas, Where
 from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.rolling import Loaded
+from binder.tritonmodels.serving import node_lost
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     HostedError,
@@ -284,11 +285,15 @@ class HostWriter:
 
     def _listed(self, there_now: Mapping[Where, JsonObject]) -> dict[str, Where]:
         """Replica uid -> the host that lists it now (one being deleted too, until it is
-        gone: the agent acts for its replicas while its proxy drains)."""
+        gone: the agent acts for its replicas while its proxy drains; but not one evicted from
+        a lost node, `node_lost`: nothing acts there, and it is gone only once the node is
+        back)."""
         listed: dict[str, Where] = {}
         key = hosted_models_annotation(self._keys)
         for where, host in there_now.items():
             meta = host.get("metadata") or {}
+            if meta.get("deletionTimestamp") and node_lost(self._ledger, where[0]):
+                continue
             try:
                 entries = decode_hosted(str((meta.get("annotations") or {}).get(key) or ""))
             except HostedError:

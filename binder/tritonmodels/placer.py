@@ -41,7 +41,7 @@ from binder.framework.quota import EXCEEDED_QUOTA, QuotaCheck, replica_quota
 from binder.framework.replicapreemption import ReplicaPreemption
 from binder.tritonmodels.replicabook import ReplicaBook
 from binder.tritonmodels.rolling import UNSUPPORTED_STORAGE, Roll, Rollout
-from binder.tritonmodels.serving import Serving
+from binder.tritonmodels.serving import Serving, node_lost
 from common.contract import Keys
 from common.hosted import (
     HostedError,
@@ -54,9 +54,6 @@ from common.proofs import KeyRing
 
 log = logging.getLogger(__name__)
 
-LOST_NODE_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
-"""The NoExecute taints kube's node lifecycle controller puts on a node whose kubelet is silent
-(Ready Unknown) or reports it not ready."""
 PLACEMENTS_PER_TURN = 100
 """The most replicas one model's turn places; a model wanting more has another turn after the
 other namespaces' (replicas may share nodes, so a scaled model is bounded by GPU memory, not by
@@ -594,10 +591,7 @@ class ReplicaPlacer:
         the namespace's host there evicted or gone. Its kubelet gone, an evicted host stays
         Terminating until the node comes back, as a ReplicaSet's pod does; as a ReplicaSet,
         the model replaces it elsewhere (the taint keeps placements off the node)."""
-        info = self._ledger.state.nodes.get(node)
-        if info is None or not any(
-            t.effect == "NoExecute" and t.key in LOST_NODE_TAINTS for t in info.taints
-        ):
+        if not node_lost(self._ledger, node):
             return False
         host = self._ledger.hosts.get(model.host_group, {}).get(node)
         return host is None or bool((host.get("metadata") or {}).get("deletionTimestamp"))

@@ -29,6 +29,20 @@ HOST_REFUSED = "FailedCreate"
 the model's replicas (a quota on pods, CPU or memory, a LimitRange, a policy)."""
 
 
+LOST_NODE_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
+"""The NoExecute taints kube's node lifecycle controller puts on a node whose kubelet is silent
+(Ready Unknown) or reports it not ready."""
+
+
+def node_lost(ledger: Ledger, node: str) -> bool:
+    """Whether `node` is lost: tainted NoExecute `unreachable` or `not-ready` (its kubelet
+    silent, or not ready, past kube's grace): nothing of it acts until it is back."""
+    info = ledger.state.nodes.get(node)
+    return info is not None and any(
+        t.effect == "NoExecute" and t.key in LOST_NODE_TAINTS for t in info.taints
+    )
+
+
 def ordinal_of(replica: PodInfo) -> int:
     """The ordinal of a replica, from its uid (`<model uid>/<ordinal>`)."""
     return int(replica.uid.rpartition("/")[2])

@@ -112,6 +112,11 @@ def test_a_lost_nodes_replica_is_placed_and_served_on_the_other_node(cluster: Si
             _ready_replicas(custom) == 1 and [h for h in _hosts(core) if h.spec.node_name == other]
         ),
         150,
+        # What the model's status says, and what its hosts list.
+        lambda: (
+            str(custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, MODEL))
+            + str([p.metadata.annotations for p in core.list_namespaced_pod(NAMESPACE).items])
+        ),
     )
     assert not [h for h in _hosts(core) if h.spec.node_name == lost]
     assert _infer(moved[0].status.pod_ip) == [[2.0, 3.0, 4.0]]

@@ -184,7 +184,13 @@ async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
     assert spec["automountServiceAccountToken"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
     taint = KEYS.gpu_node_toleration()["key"]
-    assert {t["key"] for t in spec["tolerations"]} == {"nvidia.com/gpu", taint}
+    # The GPU nodes' taints, and those the API server adds to every pod (DefaultTolerationSeconds).
+    assert {t["key"] for t in spec["tolerations"]} == {
+        "nvidia.com/gpu",
+        taint,
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    }
     for container in (loader, proxy):
         assert container["securityContext"] == {
             "allowPrivilegeEscalation": False,
@@ -225,7 +231,9 @@ async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
     )
     assert volumes["agent-token"] in model_pod["volumes"]
     assert spec["securityContext"] == model_pod["securityContext"]
-    assert spec["tolerations"] == model_pod["tolerations"]
+    defaults = {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+    tolerations = [t for t in spec["tolerations"] if t["key"] not in defaults]
+    assert tolerations == model_pod["tolerations"]
 
 
 async def test_the_serves_label_and_ready_replicas_follow_the_loaded_condition(
