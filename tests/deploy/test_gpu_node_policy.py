@@ -226,10 +226,14 @@ def test_only_model_pods_placed_by_the_binder_tolerate_the_taint(cluster: Cluste
     pending = copy.deepcopy(plain)
     pending["metadata"]["name"] = "pending"
     del pending["spec"]["tolerations"]
-    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, pending)
+    created = cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, pending)
+    # Added to those it has (the API server's defaults): a pending pod's tolerations only grow.
+    tolerations = [*cluster.tenant.api_client.sanitize_for_serialization(
+        created.spec.tolerations
+    ), dict(TOLERATION)]  # fmt: skip
     with pytest.raises(kubernetes.client.ApiException) as raised:
         cluster.tenant.patch_namespaced_pod(
-            "pending", TENANT_NAMESPACE, {"spec": {"tolerations": [dict(TOLERATION)]}}
+            "pending", TENANT_NAMESPACE, {"spec": {"tolerations": tolerations}}
         )
     assert NOT_A_MODEL_POD in status_of(raised.value)["message"]
 
