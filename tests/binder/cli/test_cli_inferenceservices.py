@@ -56,6 +56,8 @@ async def test_explain_shows_its_tritonmodel_placement_and_measured_size(
         ),
         what="Loading",
     )
+    # The binder places the replica before it creates its model host pod.
+    await eventually(lambda: isvcs._has_host(core, entry["host"]), what="the host pod")
     code, text = _cli(kubeconfig, placement_keys, "explain", f"isvc/{NAME}", "-n", NS)
     assert code == 0, text
     index = next(
@@ -83,7 +85,6 @@ async def test_explain_shows_its_tritonmodel_placement_and_measured_size(
     core.patch_node(
         entry["node"], {"metadata": {"annotations": {Keys().gpu_usage: json.dumps(usage)}}}
     )
-    await eventually(lambda: isvcs._has_host(core, host), what="the host pod")
     isvcs.set_loaded(core, host, NAME)
     await eventually(
         lambda: (
