@@ -15,12 +15,14 @@ PYTEST_WORKERS ?= 3
 # runs (the `demo` extra); `make test` adds the test tools (the `test` extra, which includes it).
 # uv (from PyPI, into the venv) installs them: it downloads in parallel, and resolves without
 # the backtracking pip from PyPI does here through every boto3 release (docs/results.md, the demo).
-# It reads PyPI (or UV_INDEX_URL), not pip's configuration. Where uv cannot be installed or fails,
-# pip installs as before; the venv keeps its pip either way.
+# It compiles the bytecode as pip does, so that no process compiles a package's sources at its
+# start (where PYTHONDONTWRITEBYTECODE is set, each one would). It reads PyPI (or UV_INDEX_URL),
+# not pip's configuration. Where uv cannot be installed or fails, pip installs as before; the
+# venv keeps its pip either way.
 define install
 	@test -x $(PY) || { echo "Creating the virtual environment $(VENV) with $(PYTHON)."; $(PYTHON) -m venv $(VENV); }
 	@{ $(PY) -m uv --version >/dev/null 2>&1 || $(PY) -m pip install --quiet --disable-pip-version-check uv; } \
-	  && $(PY) -m uv pip install --quiet --python $(PY) -e '.[$(1)]' \
+	  && $(PY) -m uv pip install --quiet --compile-bytecode --python $(PY) -e '.[$(1)]' \
 	  || { echo "uv could not install it; pip does (slower)."; \
 	       $(PY) -m pip install --quiet --upgrade pip && $(PY) -m pip install --quiet -e '.[$(1)]'; }
 	@echo "Installed; $(VENV) is reused until pyproject.toml changes."
@@ -67,7 +69,7 @@ imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 unit: $(STAMP)
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 ## make proto: regenerate protos/agent_pb2*.py from protos/agent.proto (the result is committed).
 proto: $(STAMP)
