@@ -71,7 +71,10 @@ def test_make_installs_with_uv_and_falls_back_to_pip() -> None:
         )
         assert done.returncode == 0, done.stderr
         python = "/nowhere/venv/bin/python"
-        uv = f"{python} -m uv pip install --quiet --python {python} -e '.[{extra}]'"
+        uv = (
+            f"{python} -m uv pip install --quiet --compile-bytecode --python {python} "
+            f"-e '.[{extra}]'"
+        )
         pip = f"{python} -m pip install --quiet -e '.[{extra}]'"
         assert f"{python} -m pip install --quiet --disable-pip-version-check uv" in done.stdout
         assert f"&& {uv} || {{" in done.stdout, done.stdout
