@@ -435,6 +435,44 @@ SERVICE_ACCOUNTS = Resource(
     subresources=frozenset({"token"}),
 )
 
+# Stored as written, never enforced (the server authorizes every caller): what `kubectl apply -k`
+# of a manifest with roles, such as deploy/kserve-crds, creates beside its other kinds.
+CLUSTER_ROLES = Resource(
+    group="rbac.authorization.k8s.io",
+    version="v1",
+    plural="clusterroles",
+    kind="ClusterRole",
+    namespaced=False,
+    field_labels=_META,
+)
+
+CLUSTER_ROLE_BINDINGS = Resource(
+    group="rbac.authorization.k8s.io",
+    version="v1",
+    plural="clusterrolebindings",
+    kind="ClusterRoleBinding",
+    namespaced=False,
+    field_labels=_META,
+)
+
+ROLES = Resource(
+    group="rbac.authorization.k8s.io",
+    version="v1",
+    plural="roles",
+    kind="Role",
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+)
+
+ROLE_BINDINGS = Resource(
+    group="rbac.authorization.k8s.io",
+    version="v1",
+    plural="rolebindings",
+    kind="RoleBinding",
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+)
+
 STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
@@ -460,6 +498,10 @@ STORED: tuple[Resource, ...] = (
     NETWORK_POLICIES,
     SERVICE_ACCOUNTS,
     RESOURCE_QUOTAS,
+    CLUSTER_ROLES,
+    CLUSTER_ROLE_BINDINGS,
+    ROLES,
+    ROLE_BINDINGS,
 )
 
 # Served but never stored: TokenReview and Binding.

@@ -21,7 +21,7 @@ import pytest
 
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from tests.conftest import require_executable
-from tests.deploy.rendering import CHART
+from tests.deploy.rendering import CHART, DEPLOY
 from tests.fixtures_sim import core_v1
 
 
@@ -299,3 +299,27 @@ def test_kubectl_explain_prints_the_tritonmodel_spec_fields(kubeconfig: Path) ->
         check=True,
     ).stdout
     assert "metadata\t<ObjectMeta>" in top and "spec\t<Object> -required-" in top
+
+
+def test_kubectl_apply_k_deploy_kserve_crds_creates_the_crds_and_their_roles(
+    tmp_path: Path,
+) -> None:
+    """docs/modelmesh.md's step for a cluster without KServe, run twice as a user may: the
+    roles are stored (never enforced), so kubectl finds their kind and exits 0."""
+    server: RunningApiServer = start_in_thread(settings=ApiServerSettings(crds=(CHART / "crds",)))
+    try:
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        created = _kubectl(kubeconfig, "apply", "-k", str(DEPLOY / "kserve-crds"))
+        assert ["clusterrole.rbac.authorization.k8s.io/tritonshare-kserve-edit", "created"] in (
+            created
+        )
+        again = _kubectl(kubeconfig, "apply", "-k", str(DEPLOY / "kserve-crds"))
+        assert {said[-1] for said in again} == {"unchanged"}, again
+        roles = _kubectl(kubeconfig, "get", "clusterroles", "-o", "name")
+        assert [r[0] for r in roles] == [
+            "clusterrole.rbac.authorization.k8s.io/tritonshare-kserve-edit",
+            "clusterrole.rbac.authorization.k8s.io/tritonshare-kserve-view",
+        ]
+        assert _kubectl(kubeconfig, "get", "inferenceservices", "-A", "-o", "name") == []
+    finally:
+        server.stop()
