@@ -322,9 +322,10 @@ class HostedReplica:
     model_id: str = ""
     """The model id its clients send (spec.modelName, which the proof binds); "" reads as
     `model`, the TritonModel's name."""
-    idempotent: bool = False
-    """The TritonModel's spec.idempotent: its calls may run twice, so the host's proxy sends
-    again one lost with the node gateway's process."""
+    idempotent: bool | None = None
+    """The TritonModel's spec.idempotent: true, its calls may run twice, so the host's proxy sends
+    again one lost with the node gateway's process; false, never; None (unset): as the model's
+    config in Triton says (`common.modelconfig.calls_may_run_twice`)."""
 
     def __post_init__(self) -> None:
         if not self.model_id:
@@ -353,8 +354,8 @@ class HostedReplica:
             out["maxConcurrency"] = self.concurrency
         if self.idle_seconds:
             out["idleSeconds"] = self.idle_seconds
-        if self.idempotent:
-            out["idempotent"] = True
+        if self.idempotent is not None:
+            out["idempotent"] = self.idempotent
         if self.draining:
             out["draining"] = True
         if self.storage_secret:
@@ -396,11 +397,11 @@ def decode_hosted(value: str) -> list[HostedReplica]:
     return replicas
 
 
-def serving_fields(entry: Mapping[str, object]) -> tuple[int, int, str, bool]:
+def serving_fields(entry: Mapping[str, object]) -> tuple[int, int, str, bool | None]:
     """A model's `maxConcurrency` and `idleSeconds` (whole numbers of 0 or more; 0: the proxy's
-    flag), `residency` (a class) and `idempotent` (true or false), as both lists of a host give
-    them (this annotation's entries, and the models file its loader writes for its proxy:
-    proxy/table.py); ValueError saying which is wrong."""
+    flag), `residency` (a class) and `idempotent` (true, false, or None: unset), as both lists of
+    a host give them (this annotation's entries, and the models file its loader writes for its
+    proxy: proxy/table.py); ValueError saying which is wrong."""
     numbers = []
     for key in ("maxConcurrency", "idleSeconds"):
         value = entry.get(key, 0)
@@ -410,8 +411,8 @@ def serving_fields(entry: Mapping[str, object]) -> tuple[int, int, str, bool]:
     residency = entry.get("residency", RESIDENCY_ALWAYS)
     if not isinstance(residency, str) or residency not in RESIDENCIES:
         raise ValueError(f"`residency` {residency!r} is not one of {', '.join(RESIDENCIES)}")
-    idempotent = entry.get("idempotent", False)
-    if not isinstance(idempotent, bool):
+    idempotent = entry.get("idempotent")
+    if idempotent is not None and not isinstance(idempotent, bool):
         raise ValueError(f"`idempotent` {idempotent!r} is not true or false")
     return numbers[0], numbers[1], residency, idempotent
 

@@ -49,3 +49,19 @@ def parse_model_config(text: str, model_id: str, source: str = "config.pbtxt") -
 def model_config_text(config: ModelConfig) -> str:
     """`config` as config.pbtxt text (protobuf's text format)."""
     return str(text_format.MessageToString(config))
+
+
+def calls_may_run_twice(config: dict[str, Any]) -> bool:
+    """Whether a call of the model whose config is `config` (Triton's JSON, as
+    `GET /v2/models/NAME/config` answers it) may be sent again after it was lost in flight,
+    when the model says neither way (`idempotent` unset): not with a sequence batcher (each call
+    changes its sequence's state), not decoupled (some of its answers may have reached the
+    client), not an ensemble (its steps' configs are not in its own)."""
+    policy = config.get("model_transaction_policy")
+    decoupled = isinstance(policy, dict) and policy.get("decoupled") is True
+    return not (
+        decoupled
+        or config.get("sequence_batching") is not None
+        or config.get("ensemble_scheduling") is not None
+        or config.get("platform") == "ensemble"
+    )

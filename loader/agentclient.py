@@ -120,8 +120,9 @@ class Hosted:
     """The Secret whose credential the files are fetched with ("": none)."""
     storage_options: tuple[tuple[str, str], ...] = ()
     """The s3-* settings of an s3:// storage URI (`common.storage.S3_OPTIONS`)."""
-    idempotent: bool = False
-    """Its calls may run twice: the host's proxy sends again one lost with the node gateway."""
+    idempotent: bool | None = None
+    """Its calls may run twice (true), never (false), or as its config in Triton says (None):
+    the host's proxy sends again one lost with the node gateway."""
 
     @classmethod
     def from_proto(cls, replica: agent_pb2.HostedReplica) -> Hosted:
@@ -136,7 +137,7 @@ class Hosted:
             idle_seconds=replica.idle_seconds,
             storage_secret=replica.storage_secret,
             storage_options=tuple(sorted(replica.storage_options.items())),
-            idempotent=replica.idempotent,
+            idempotent=replica.idempotent if replica.HasField("idempotent") else None,
             status=ModelStatus(
                 model_id=status.model_id or replica.model_id,
                 state=status.state,

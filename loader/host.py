@@ -644,6 +644,6 @@ def _entry(replica: Hosted) -> dict[str, object]:
         entry["residency"] = RESIDENCY_ON_DEMAND
     if replica.idle_seconds:
         entry["idleSeconds"] = replica.idle_seconds
-    if replica.idempotent:
-        entry["idempotent"] = True
+    if replica.idempotent is not None:
+        entry["idempotent"] = replica.idempotent
     return entry

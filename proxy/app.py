@@ -27,6 +27,7 @@ import logging
 from common.contract import PROXY_AUTOSCALING_PATH, RESIDENCY_ON_DEMAND
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
+from common.modelconfig import calls_may_run_twice
 from proxy.agentclient import AgentCalls, AgentClient
 from proxy.callerkey import CallerKeyKeeper
 from proxy.grpc.grpcio import GrpcProxy
@@ -75,7 +76,6 @@ class Proxy:
                     idempotent=settings.idempotent,
                 ),
             )
-            own.resend = settings.idempotent
             self.table = ModelTable.of_one(own)
         else:
             self.table = ModelTable(
@@ -198,6 +198,7 @@ class Proxy:
         self._watch_task: asyncio.Task[None] | None = None
         self._idle_task: asyncio.Task[None] | None = None
         self._table_task: asyncio.Task[None] | None = None
+        self._learn_task: asyncio.Task[None] | None = None
 
     def limits(self, entry: Entry) -> tuple[int, int]:
         """A host model's (concurrency limit, queue limit): its `maxConcurrency`, else
@@ -221,7 +222,6 @@ class Proxy:
         model_id = entry.model
         metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
         served = Served(model_id, limiter, metrics, entry)
-        served.resend = entry.idempotent
         if entry.parked:
             self.park(served)
         elif entry.residency == RESIDENCY_ON_DEMAND:
@@ -307,7 +307,7 @@ class Proxy:
         an on-demand one takes its new idle time; an idempotent one is sent again; a leaving
         one's idle streams end."""
         entry = served.entry
-        served.resend = entry.idempotent
+        served.judge()
         if entry.leaving:
             self.end_unserved()
         if entry.parked != self.parking.asleep(served.model_id):
@@ -438,6 +438,12 @@ class Proxy:
                 self.settings.idle_seconds,
                 self.settings.wake_timeout_seconds,
             )
+        self._learn_task = lifecycle.spawn(
+            "the models' config reads",
+            self.learn_resends(lifecycle.stop_event, self.settings.model_check_seconds),
+            consequence="a model that sets no idempotent has no lost call sent again",
+            vital=False,
+        )
         if self.reinstaller is None and self.settings.models_file is None:
             # Without a reinstall watch (no --model-dir), its look alone: whether the node
             # gateway says the node pod stops and takes this pod out of its Service.
@@ -461,6 +467,31 @@ class Proxy:
                 self.settings.model_check_seconds,
                 self.settings.model_dir,
             )
+
+    async def learn_resends(self, stopping: asyncio.Event, period: float) -> None:
+        """Read, until read, the config in Triton of each model that says neither way whether
+        its calls may run twice (`Entry.idempotent` unset), and send again a lost call of it
+        from then on if the config allows (`calls_may_run_twice`). A model not loaded now
+        (asleep, parked, loading) is asked again every `period` seconds."""
+        while not stopping.is_set():
+            for served in list(self.table.models.values()):
+                if served.entry.idempotent is not None or served.learned is not None:
+                    continue
+                config = await self.own_model.config(served.model_id)
+                if config is None:
+                    continue
+                served.learned = calls_may_run_twice(config)
+                served.judge()
+                log.info(
+                    "Model %s %s (its config in Triton; the model sets no idempotent).",
+                    served.model_id,
+                    "has a call lost in flight sent again"
+                    if served.learned
+                    else "is stateful or streams (a sequence batcher, decoupled or an "
+                    "ensemble): a call lost in flight fails",
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), period)
 
     def node_stop(self, why: str) -> None:
         """The node gateway says the node pod stops and takes this pod out of its Service
@@ -498,7 +529,7 @@ class Proxy:
         seen the stop event)."""
         if self.loader is not None:
             await self.loader.stop(grace=5.0)
-        for task in (self._watch_task, self._idle_task, self._table_task):
+        for task in (self._watch_task, self._idle_task, self._table_task, self._learn_task):
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task  # a failure was logged where it failed

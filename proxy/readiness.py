@@ -101,6 +101,24 @@ class OwnModel:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
+    async def config(self, model_id: str) -> dict[str, Any] | None:
+        """`model_id`'s config as Triton has it loaded (its JSON); None when Triton does not
+        answer one (the model not loaded, Triton or the node gateway away)."""
+        if self._session is None:
+            return None
+        try:
+            async with self._session.get(f"{self._models}{model_id}/config") as response:
+                said = await response.read()
+                if response.status != 200:
+                    return None
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        try:
+            config = json.loads(said)
+        except ValueError:
+            return None
+        return config if isinstance(config, dict) else None
+
 
 async def _node_stop(response: aiohttp.ClientResponse) -> str:
     """Why the gateway's answer says the pod leaves its Service as its node pod stops; '' when

@@ -338,17 +338,19 @@ class Settings:
     --idle-seconds with no inference request held, the proxy asks the agent to unload it (files
     kept), and the next request loads it again while it waits (proxy/residency.py). The agent
     refuses the idle unload of a pod its proof of placement says is `always`."""
-    idempotent: bool = setting(
+    idempotent: bool | None = setting(
         "idempotent",
-        "true or false: the model's calls may run twice (no sequence batcher, no side effects)",
+        "true or false: the model's calls may run twice (no sequence batcher, no side effects); "
+        "unset: as its config in Triton says",
         boolean,
-        default="false",
+        default=None,
     )
     """true: a call of the model lost before its answer began, with this pod's connection to the
     node gateway (the gateway's process restarting) or with the gateway's to Triton (Triton
     exiting), is sent again by this proxy, up to `table.RESENDS` times, if at most
-    `table.RESEND_BYTES`. false (default): it fails (502, UNAVAILABLE), since Triton may have
-    run it."""
+    `table.RESEND_BYTES`. false: it fails (502, UNAVAILABLE), since Triton may have run it.
+    Unset (default): true once the model's config in Triton has no sequence batcher and is not
+    decoupled nor an ensemble (`common.modelconfig.calls_may_run_twice`), false until then."""
     idle_seconds: float = setting(
         "idle-seconds",
         "seconds with no inference request before an on-demand model is unloaded",

@@ -71,9 +71,10 @@ class Entry:
     """Leaving the host (its Service no longer routes here): still served, and each connection
     a request of it comes on is closed after that request's answer (REST: `Connection: close`;
     gRPC: GOAWAY), so that its clients reconnect through the Service."""
-    idempotent: bool = False
+    idempotent: bool | None = None
     """Its calls may run twice (no sequence batcher, no side effects): one lost before its
-    answer began is sent again (`Served.resend`)."""
+    answer began is sent again (`Served.resend`); false: never; None: as its config says
+    (`Served.learned`)."""
 
 
 LEFT_SECONDS: Final = 60.0
@@ -96,6 +97,7 @@ class Served:
     __slots__ = (
         "draining_since",
         "entry",
+        "learned",
         "limiter",
         "metrics",
         "model_id",
@@ -138,12 +140,23 @@ class Served:
         """A call of it lost before its answer began, with the connection to the node gateway
         or (the gateway says so) with the gateway's to Triton, goes again, up to RESENDS times
         (`Entry.idempotent`; set by a pod's proxy only: the gateway keeps no copy of a call)."""
+        self.learned: bool | None = None
+        """Whether its config in Triton lets its calls run twice (`calls_may_run_twice`), once
+        read (`app.ProxyApp.learn_resends`); what `resend` follows when `Entry.idempotent` is
+        unset."""
+        self.judge()
         self.spread = False
         """One of a model's replicas (`Replicas`): the relays map its private name once it is
         picked; the routers name its public id."""
         self.route: tuple[str, int, int] | None = None
         """A model of the namespace served elsewhere (`proxy.mesh`): its Service's address, REST
         and gRPC ports, where the router's ports relay its requests; None: served here."""
+
+    def judge(self) -> None:
+        """Set `resend` from its entry's `idempotent`, or when unset from `learned` (false
+        while its config is not read)."""
+        declared = self.entry.idempotent
+        self.resend = declared if declared is not None else self.learned is True
 
 
 class Replicas:

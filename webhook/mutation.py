@@ -12,7 +12,7 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
     tritonshare.io/storage-secret: s3-creds                # optional: common.storage
     tritonshare.io/residency: on-demand                    # optional: `always` (the default)
     tritonshare.io/idle-seconds: "600"                     # optional, on-demand: idle time
-    tritonshare.io/idempotent: "true"                      # optional: calls may run twice
+    tritonshare.io/idempotent: "false"                     # optional: as its config says
 
 and `complete()` adds what deploy/example writes by hand: the scheduler name, the storage
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
@@ -79,8 +79,9 @@ class ModelRequest:
     residency: str = RESIDENCY_ALWAYS
     idle_seconds: float = 0.0
     """With residency on-demand: the proxy's --idle-seconds, the floor applied."""
-    idempotent: bool = False
-    """The proxy's --idempotent: a call lost with the gateway's or Triton's exit is sent again."""
+    idempotent: bool | None = None
+    """The proxy's --idempotent: a call lost with the gateway's or Triton's exit is sent again
+    (true) or not (false); None: as the model's config in Triton says."""
 
 
 def wants_completion(pod: Pod, settings: Settings) -> bool:
@@ -217,16 +218,19 @@ def read_request(pod: Pod, settings: Settings) -> ModelRequest:
     )
 
 
-def read_idempotent(annotations: dict[str, Any], settings: Settings) -> bool:
-    """The pod's `<prefix>idempotent` ("true" or "false"; false without one); AnnotationError
-    for any other value."""
+def read_idempotent(annotations: dict[str, Any], settings: Settings) -> bool | None:
+    """The pod's `<prefix>idempotent` ("true" or "false"; None without one: as the model's
+    config says); AnnotationError for any other value."""
     key = settings.keys.idempotent
-    text = str(annotations.get(key, "false")).strip().lower()
+    if key not in annotations:
+        return None
+    text = str(annotations[key]).strip().lower()
     if text not in ("true", "false"):
         raise AnnotationError(
             f"annotation {key}={text[:64]!r} is neither true nor false; write {key}: "
-            f'"true" when the model\'s calls may run twice (no sequence batcher, no side '
-            f"effects), else leave it out"
+            f'"false" when a call of the model must never run twice (side effects), "true" '
+            f"when it may though its config has a sequence batcher or is decoupled, else "
+            f"leave it out"
         )
     return text == "true"
 
@@ -329,8 +333,8 @@ def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
         args.append(f"--container-concurrency={request.concurrency}")
     if request.residency == RESIDENCY_ON_DEMAND:
         args += [f"--residency={RESIDENCY_ON_DEMAND}", f"--idle-seconds={request.idle_seconds:g}"]
-    if request.idempotent:
-        args.append("--idempotent=true")
+    if request.idempotent is not None:
+        args.append(f"--idempotent={str(request.idempotent).lower()}")
     return modelpod.proxy(
         settings.image,
         args,

@@ -90,9 +90,9 @@ class ModelInfo:
     """spec.minAvailable: the ready replicas an eviction of its hosts must leave (0: none)."""
     idle_seconds: int = 0
     """spec.idleSeconds (0: none given)."""
-    idempotent: bool = False
-    """spec.idempotent: its calls may run twice, so its host's proxy sends again one lost with
-    the node gateway's process."""
+    idempotent: bool | None = None
+    """spec.idempotent: true, its calls may run twice, so its host's proxy sends again one lost
+    with the node gateway's process; false, never; None (unset): as its config says."""
     priority_class: str = ""
     """spec.priorityClassName ("" for the cluster's default); the template's priority and
     preemption policy are resolved from it (`binder.cluster.priorities`)."""
@@ -237,7 +237,7 @@ def model_from_api(
         concurrency=_whole(spec.get("maxConcurrency")),
         min_available=_whole(spec.get("minAvailable")),
         idle_seconds=_whole(spec.get("idleSeconds")),
-        idempotent=spec.get("idempotent") is True,
+        idempotent=spec["idempotent"] if isinstance(spec.get("idempotent"), bool) else None,
         priority_class=str(spec.get("priorityClassName") or ""),
         autoscaling=spec["autoscaling"] if isinstance(spec.get("autoscaling"), Mapping) else None,
         size_source=booked.source,

@@ -60,7 +60,7 @@ other namespaces' (replicas may share nodes, so a scaled model is bounded by GPU
 the node count: a turn's cost stays bounded whatever spec.replicas says)."""
 
 
-Hosted = frozenset[tuple[int, str, bool, str, str, int, bool]]
+Hosted = frozenset[tuple[int, str, bool, str, str, int, bool | None]]
 """A model's charged replicas as its hosts serve them: (ordinal, node, draining, files, storage
 Secret: which of the node's hosts, minAvailable: their budget, idempotent: what their proxy does
 with a lost call); ordinal -1: parked on that node's host at zero replicas."""

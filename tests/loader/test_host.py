@@ -84,7 +84,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         max_concurrency: int = 0,
         idle_seconds: int = 0,
         residency: str = "always",
-        idempotent: bool = False,
+        idempotent: bool | None = None,
     ) -> None:
         self.replicas[model] = agent_pb2.HostedReplica(
             model_id=model,

@@ -30,7 +30,7 @@ from tests.conftest import copy_model
 from tests.proxy.served import ServedInThread
 
 PROXY_MODELS = Path(__file__).parent / "models"
-SERVED_MODELS = ("add_one", "identity", "text_stream", "sleepy")
+SERVED_MODELS = ("add_one", "identity", "text_stream", "sleepy", "sleepy_sequence")
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +43,11 @@ def served_triton(
     copy_model("identity", repository)
     for name in ("text_stream", "sleepy"):
         shutil.copytree(PROXY_MODELS / name, repository / name)
+    # sleepy with a sequence batcher: stateful, its calls never sent again unless marked so.
+    stateful = repository / "sleepy_sequence"
+    shutil.copytree(PROXY_MODELS / "sleepy", stateful)
+    config = (stateful / "config.pbtxt").read_text().replace('"sleepy"', '"sleepy_sequence"')
+    (stateful / "config.pbtxt").write_text(config + "sequence_batching { }\n")
     server = TritonServer(repository)
     server.start()
     try:

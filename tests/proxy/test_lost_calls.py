@@ -1,10 +1,12 @@
 """A call lost with the proxy's connection to the node gateway, its answer not begun. The
 gateway's process ending closes that connection under the calls in flight while its keeper goes
 on listening; Triton may have run them. A model marked idempotent (`--idempotent`, a host's
-`idempotent` line) has such a call sent again, so its client sees its answer: REST sent again by
-the proxy, gRPC refused with REFUSED_STREAM, which gRPC clients send again themselves. Any other
-model's call fails as before (502, UNAVAILABLE), once. Against the real Triton behind a
-forwarder standing in for the gateway, with http.client and tritonclient as the tenants."""
+`idempotent` line), or marked neither way with a config in Triton that allows it (no sequence
+batcher, not decoupled), has such a call sent again, so its client sees its answer: REST sent
+again by the proxy, gRPC refused with REFUSED_STREAM, which gRPC clients send again themselves.
+A model marked not idempotent, or a stateful one, has its call fail (502, UNAVAILABLE), once.
+Against the real Triton behind a forwarder standing in for the gateway, with http.client and
+tritonclient as the tenants."""
 
 from __future__ import annotations
 
@@ -47,18 +49,32 @@ def gateway(served_triton: TritonServer) -> Iterator[tuple[Forwarder, Forwarder]
 
 
 def proxy(
-    served_triton: TritonServer, gateway: tuple[Forwarder, Forwarder], idempotent: bool
+    served_triton: TritonServer,
+    gateway: tuple[Forwarder, Forwarder],
+    idempotent: bool | None,
+    model_id: str = "sleepy",
 ) -> RunningProxy:
     rest, rpc = gateway
     return RunningProxy(
         proxy_settings(
             served_triton,
-            model_id="sleepy",
+            model_id=model_id,
             triton_http_url=f"127.0.0.1:{rest.server_address[1]}",
             triton_grpc_url=f"127.0.0.1:{rpc.server_address[1]}",
             idempotent=idempotent,
         )
     )
+
+
+def learned(running: RunningProxy, model_id: str = "sleepy") -> bool:
+    """Whether the proxy's read of the model's config in Triton lets its calls run twice,
+    polled until it has read it."""
+    served = running.app.table.models[model_id]
+    deadline = time.monotonic() + 30
+    while served.learned is None:
+        assert time.monotonic() < deadline, "the proxy never read the model's config"
+        time.sleep(0.02)
+    return served.learned
 
 
 def resent(running: RunningProxy) -> dict[str, float]:
@@ -120,13 +136,15 @@ def cut_in_flight(
 
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
-@pytest.mark.parametrize("idempotent", [True, False])
-def test_a_call_lost_with_the_gateway_is_answered_if_its_model_is_idempotent_else_fails_once(
+@pytest.mark.parametrize("idempotent", [True, None, False])
+def test_a_call_lost_with_the_gateway_is_answered_unless_its_model_opts_out_else_fails_once(
     served_triton: TritonServer,
     gateway: tuple[Forwarder, Forwarder],
     protocol: str,
-    idempotent: bool,
+    idempotent: bool | None,
 ) -> None:
+    """Marked idempotent, or marked neither way (sleepy has no sequence batcher): sent again;
+    marked not idempotent: fails."""
     running = proxy(served_triton, gateway, idempotent=idempotent)
     forwarder, call, address = (
         (gateway[0], rest_call, running.http_url)
@@ -134,8 +152,10 @@ def test_a_call_lost_with_the_gateway_is_answered_if_its_model_is_idempotent_els
         else (gateway[1], grpc_call, running.grpc_url)
     )
     try:
+        if idempotent is None:
+            assert learned(running), "sleepy's config allows its calls to run twice"
         outcome = cut_in_flight(call, address, forwarder)
-        if idempotent:
+        if idempotent is not False:
             assert outcome in ("200", "OK"), outcome
             assert forwarder.sent == 1, "sent again once, on a new connection"
             assert resent(running) == {"http" if protocol == "rest" else "grpc": 1.0}
@@ -203,5 +223,19 @@ def test_a_rest_request_whose_body_came_in_pieces_is_sent_again_whole(
             answer = client.recv(65536)
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
         assert resent(running) == {"http": 1.0}
+    finally:
+        running.stop()
+
+
+def test_a_model_with_a_sequence_batcher_marked_neither_way_is_never_sent_again(
+    served_triton: TritonServer, gateway: tuple[Forwarder, Forwarder]
+) -> None:
+    """A stateful model (each call changes its sequence's state) is not sent again unless it
+    is marked idempotent: the proxy reads its config in Triton and keeps no call of it."""
+    name = "sleepy_sequence"  # tests/proxy/conftest.py's served_triton
+    running = proxy(served_triton, gateway, idempotent=None, model_id=name)
+    try:
+        assert not learned(running, name)
+        assert running.app.table.models[name].resend is False
     finally:
         running.stop()

@@ -338,10 +338,11 @@ def test_an_idle_time_that_is_no_number_of_seconds_is_refused(value: str) -> Non
         complete(pod(**GS, **annotations), SETTINGS)
 
 
-@pytest.mark.parametrize(("value", "idempotent"), [(None, False), ("false", False), ("true", True)])
+@pytest.mark.parametrize(("value", "idempotent"), [(None, None), ("false", False), ("true", True)])
 def test_an_idempotent_pod_s_proxy_sends_a_lost_call_again(
-    value: str | None, idempotent: bool
+    value: str | None, idempotent: bool | None
 ) -> None:
+    """Without the annotation the proxy is told neither way: it goes by the model's config."""
     annotations = {} if value is None else {"tritonshare.io/idempotent": value}
     [proxy] = complete(pod(**GS, **annotations), SETTINGS)["spec"]["containers"]
     assert parse_proxy_settings(_args(proxy), {}).idempotent is idempotent
@@ -349,7 +350,7 @@ def test_an_idempotent_pod_s_proxy_sends_a_lost_call_again(
 
 def test_an_idempotent_annotation_that_is_no_boolean_is_refused() -> None:
     annotations = {"tritonshare.io/idempotent": "maybe"}
-    with pytest.raises(AnnotationError, match=r'tritonshare\.io/idempotent: "true" when'):
+    with pytest.raises(AnnotationError, match=r'tritonshare\.io/idempotent: "false" when'):
         complete(pod(**GS, **annotations), SETTINGS)
 
 
