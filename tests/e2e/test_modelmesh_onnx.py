@@ -98,9 +98,10 @@ def cluster(tmp_path: Path, triton_install: TritonInstall, s3: S3) -> Iterator[S
         yield running
 
 
-def set_up_namespace(core: Any, custom: Any, s3: S3) -> None:
+def set_up_namespace(core: Any, custom: Any, s3: S3, cluster_runtime: bool = False) -> None:
     """The namespace as ModelMesh's quickstart leaves it: a `storage-config` Secret whose key
-    `localMinIO` reaches the S3 bucket, and ModelMesh's own `triton-2.x` runtime."""
+    `localMinIO` reaches the S3 bucket, and ModelMesh's own `triton-2.x` runtime (a
+    ClusterServingRuntime with `cluster_runtime`, as ModelMesh's installer applies it)."""
     entry = {
         "type": "s3",
         "access_key_id": s3.key_id,
@@ -113,6 +114,10 @@ def set_up_namespace(core: Any, custom: Any, s3: S3) -> None:
         NAMESPACE,
         {"metadata": {"name": "storage-config"}, "stringData": {"localMinIO": json.dumps(entry)}},
     )
+    if cluster_runtime:
+        runtime = {**TRITON_2X, "kind": "ClusterServingRuntime"}
+        custom.create_cluster_custom_object(KSERVE, "v1alpha1", "clusterservingruntimes", runtime)
+        return
     custom.create_namespaced_custom_object(
         KSERVE, "v1alpha1", NAMESPACE, "servingruntimes", TRITON_2X
     )

@@ -2,8 +2,9 @@
 cluster is ready with `export KUBECONFIG=...` last; plain `kubectl apply -k deploy/example` gets
 a Ready model pod answering through its Service's address; a Deployment in the short form is
 completed by the webhook and served, sim-up's convolutional ONNX model too; `tritonshare status`
-shows them; `tritonshare preflight` fails nothing; `python -m sim.up stop` ends every process and
-removes the directory. One cluster for the module."""
+shows them; `tritonshare preflight` fails nothing; ModelMesh's example-onnx-mnist is served once
+KServe's CRDs are applied; `python -m sim.up stop` ends every process and removes the directory.
+One cluster for the module."""
 
 from __future__ import annotations
 
@@ -16,18 +17,26 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import kubernetes.client
+import kubernetes.config
 import numpy as np
 import onnxruntime
 import psutil
 import pytest
 import tritonclient.http as httpclient
+from numpy.typing import NDArray
+from tritonclient.utils import InferenceServerException
 
 from sim.onnxmodels import CONV_IMAGE, CONV_INPUT, CONV_NAME, CONV_OUTPUT, write_conv_model
+from sim.processes import wait_until
 from sim.triton import TritonInstall
+from tests.buckets import s3_server
 from tests.conftest import require_executable
+from tests.e2e import test_modelmesh_onnx as mm
 
 ROOT = Path(__file__).resolve().parents[2]
 INFER = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
@@ -379,6 +388,74 @@ def test_the_upgrade_runbooks_node_step_runs_as_written(sim_up: SimUp) -> None:
         run = ["pod", name, "-n", namespace]
         sim_up.run(sim_up.kubectl, "wait", *run, "--for=condition=Ready", "--timeout=100s")
         assert sim_up.get(*run)["metadata"]["uid"] == uid, name
+
+
+def test_modelmeshs_example_onnx_mnist_is_served_once_kserves_crds_are_applied(
+    sim_up: SimUp,
+) -> None:
+    """docs/modelmesh.md on sim-up, as a ModelMesh user moving over: the binders ran without
+    KServe's CRDs (they find them later, no restart); `kubectl apply -k deploy/kserve-crds`,
+    a namespace labelled `modelmesh-enabled`, a `storage-config` Secret for a real S3 API
+    server, ModelMesh's `triton-2.x` ClusterServingRuntime and its example-onnx-mnist read
+    `Ready` and `Loaded`, answering ONNX Runtime's numbers through `modelmesh-serving` (its
+    ClusterIP): KServe v2 gRPC on 8033, REST on 8008."""
+    name, namespace = "example-onnx-mnist", mm.NAMESPACE
+    assert sim_up.get("crd")["items"] and not any(
+        c["spec"]["group"] == mm.KSERVE for c in sim_up.get("crd")["items"]
+    ), "sim-up serves KServe's kinds before they are applied"
+    sim_up.run(sim_up.kubectl, "apply", "-k", str(ROOT / "deploy" / "kserve-crds"))
+    labels = "modelmesh-enabled=true"
+    sim_up.run(sim_up.kubectl, "create", "namespace", namespace)
+    sim_up.run(sim_up.kubectl, "label", "namespace", namespace, labels)
+    config = sim_up.env["KUBECONFIG"]
+    api = kubernetes.config.new_client_from_config(config)  # type: ignore[no-untyped-call]
+    core = cast(Any, kubernetes.client.CoreV1Api(api))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(api))
+    mnist = mm._mnist()
+
+    def said() -> str:
+        logs = sorted((sim_up.directory / "logs").glob("binder*.log"))
+        tails = ["\n".join(p.read_text().splitlines()[-30:]) for p in logs]
+        return mm._said(custom, name) + "\n".join(tails)
+
+    try:
+        with s3_server(mm.BUCKET) as s3:
+            s3.put(mm.BUCKET, "onnx/mnist.onnx", mnist)
+            mm.set_up_namespace(core, custom, s3, cluster_runtime=True)
+            custom.create_namespaced_custom_object(
+                mm.KSERVE, "v1beta1", namespace, mm.ISVCS, mm._isvc(name)
+            )
+            # The binders look for the kinds again every 30 s; then a first load on a busy node.
+            status = wait_until(f"{name} Loaded", partial(mm._loaded, custom, name), 300, said)
+            assert status["url"] == f"grpc://modelmesh-serving.{namespace}:8033", status
+            ready = {c["type"]: c["status"] for c in status["conditions"]}
+            assert ready["Ready"] == "True", status
+
+            session = onnxruntime.InferenceSession(mnist, providers=["CPUExecutionProvider"])
+            images = np.random.default_rng(3).random((2, 1, 28, 28), dtype=np.float32)
+            expected = np.asarray(session.run([mm.OUTPUT], {mm.INPUT: images})[0])
+            address = sim_up.get("service", "modelmesh-serving", "-n", namespace)["spec"]
+            ip = address["clusterIP"]
+            assert {p["port"] for p in address["ports"]} >= {8033, 8008}, address
+
+            def over_grpc() -> list[NDArray[Any]] | None:
+                try:
+                    return [mm._infer(f"{ip}:8033", name, images)]
+                except InferenceServerException:
+                    return None  # the host has not read its routes yet
+
+            [answer] = wait_until(f"{name} over gRPC", over_grpc, 60, said)
+            np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-6)
+            rest = httpclient.InferenceServerClient(f"{ip}:8008")
+            try:
+                tensor = httpclient.InferInput(mm.INPUT, list(images.shape), "FP32")
+                tensor.set_data_from_numpy(images)
+                over_rest = rest.infer(name, [tensor]).as_numpy(mm.OUTPUT)
+            finally:
+                rest.close()
+            np.testing.assert_allclose(over_rest, expected, rtol=1e-5, atol=1e-6)
+    finally:
+        api.close()
 
 
 def test_sim_down_stops_every_process_and_removes_its_files(sim_up: SimUp) -> None:
