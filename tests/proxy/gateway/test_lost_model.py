@@ -5,7 +5,8 @@ A Triton started again has none of the node's models until the agent loads them,
 request `unknown model` (404 / NOT_FOUND). The gateway's sentinel sees a death at once, but only
 on its turn on the event loop: a request whose turn comes first reaches the new Triton. The
 gateway then answers it as unanswered (Triton did not run it) and holds its model's requests until
-it is READY; an idempotent model's proxy sends it again, so its client is answered once the model
+it is READY; an idempotent model's proxy (marked so, or marked neither way with a config that
+allows it) sends it again, so its client is answered once the model
 is back. Here the sentinel's connection is kept from being read (its turn never comes) while
 Triton is killed and started again; the test loads the model a moment later, as the agent would.
 With Triton the same, an answer that it lacks a model, or a version, passes on as Triton said it.
@@ -93,13 +94,14 @@ class Host:
 
 
 def host(
-    triton: TritonServer, model_repository: Path, tmp_path: Path, idempotent: bool
+    triton: TritonServer, model_repository: Path, tmp_path: Path, idempotent: bool | None
 ) -> Iterator[Host]:
     copy_model("add_one", model_repository, as_name=PRIVATE)
     _load(triton, PRIVATE)
     table, models = tmp_path / "callers.json", tmp_path / "hosted-models"
     publish(table, ROW)
-    models.write_text(json.dumps([{"model": "a", "idempotent": idempotent}]))
+    said = {} if idempotent is None else {"idempotent": idempotent}
+    models.write_text(json.dumps([{"model": "a", **said}]))
     with running_gateway(gateway_settings(triton, table, table_max_age_seconds=3600)) as gateway:
         settings = proxy_settings(
             triton,
@@ -116,9 +118,16 @@ def host(
             yield running
 
 
-@pytest.fixture
-def idempotent_host(triton: TritonServer, model_repository: Path, tmp_path: Path) -> Iterator[Host]:
-    yield from host(triton, model_repository, tmp_path, idempotent=True)
+@pytest.fixture(params=[True, None], ids=["marked", "unmarked"])
+def idempotent_host(
+    request: pytest.FixtureRequest, triton: TritonServer, model_repository: Path, tmp_path: Path
+) -> Iterator[Host]:
+    """Marked idempotent, or marked neither way: add_one has no sequence batcher, so its
+    proxy sends a lost call again once it has read its config in Triton."""
+    for running in host(triton, model_repository, tmp_path, idempotent=request.param):
+        table = running.proxy.app.table
+        until(lambda: table.models["a"].resend, "the proxy's read of model a's config")  # noqa: B023
+        yield running
 
 
 @pytest.fixture
