@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from google.protobuf import json_format
 
-from common.modelconfig import ModelConfigError, parse_model_config
+from common.modelconfig import ModelConfigError, calls_may_run_twice, parse_model_config
 from tests.conftest import MODELS_DIR
 
 ADD_ONE = (MODELS_DIR / "add_one" / "config.pbtxt").read_text()
@@ -39,3 +40,25 @@ def test_a_syntax_error_names_the_source_and_the_line() -> None:
     assert e.value.advised(wrong_name="rename it", invalid="fix it").endswith("; fix it")
     with pytest.raises(ModelConfigError, match="batch_size"):
         parse_model_config("batch_size: 4\n", "m")
+
+
+@pytest.mark.parametrize(
+    ("extra", "twice"),
+    [
+        ("", True),
+        ("model_transaction_policy { decoupled: false }", True),
+        ("sequence_batching { }", False),
+        ("sequence_batching { oldest { max_candidate_sequences: 4 } }", False),
+        ("model_transaction_policy { decoupled: true }", False),
+        ('platform: "ensemble" ensemble_scheduling { step [ ] }', False),
+    ],
+)
+def test_a_model_whose_config_is_stateful_or_streams_never_has_a_call_run_twice(
+    extra: str, twice: bool
+) -> None:
+    """As Triton answers `GET /v2/models/NAME/config`: its fields by their proto names."""
+    text = f'name: "m" backend: "python" max_batch_size: 0 {extra}'
+    config = json_format.MessageToDict(
+        parse_model_config(text, "m"), preserving_proto_field_name=True
+    )
+    assert calls_may_run_twice(config) is twice
