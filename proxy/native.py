@@ -45,6 +45,7 @@ COMPILED = (
     "proxy/http1/__init__.py",
     "proxy/http1/answers.py",
     "proxy/http1/connection.py",
+    "proxy/http1/cycle.py",
     "proxy/http1/exchange.py",
     "proxy/http1/framing.py",
     "proxy/http1/gate.py",

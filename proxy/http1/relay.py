@@ -4,14 +4,14 @@ Built on the exchange with Triton (`exchange.Exchange`: the request sent, its bo
 response passed through), itself on the tenant's socket (`connection.Connection`: reading,
 refusals, what the gateway asks).
 
-Reads each request head (parsed strictly by `framing`, decided by `policy.routing`, both through the
-listener's cache of prepared heads; a connection also remembers its last head as prepared, since
-keep-alive clients repeat theirs), has `gate.admit` say what becomes of it, and acts on that: an
-answer here (its body, if any, read and dropped), a refusal, or the exchange with Triton, once
-the model's limiter gives a slot and the pool a connection (waiting for them with reading
-paused). Triton's answer to a health or readiness call, which has no body, is held and given the
-Open Inference Protocol's JSON body (`HealthBody`); those the proxy answers itself (draining,
-asleep, parked) have a JSON body too.
+Feeds what the tenant sent to its request cycle (`cycle.RequestCycle`: pure, it parses each
+request head, routes it and has `gate.admit` say what becomes of it) and does what the cycle
+says, the I/O around it: the head's timer while a head comes in pieces, an answer here (its body,
+if any, read and dropped), a refusal, or the exchange with Triton, once the model's limiter gives
+a slot and the pool a connection (waiting for them with reading paused). Triton's answer to a
+health or readiness call, which has no body, is held and given the Open Inference Protocol's JSON
+body (`HealthBody`); those the proxy answers itself (draining, asleep, parked) have a JSON body
+too.
 
 A client that disconnects mid-request aborts its upstream connection, so Triton sees the
 cancellation. What it must not do: decide isolation itself, or buffer whole bodies.
@@ -25,15 +25,22 @@ from typing import Any, Final
 
 from common.lifecycle import spawn
 from proxy.http1.answers import with_health_body
-from proxy.http1.connection import AWAIT, BODY, CLOSED, IDLE, PENDING, Listener, Prepared
+from proxy.http1.connection import AWAIT, BODY, CLOSED, IDLE, PENDING, Listener
+from proxy.http1.cycle import (
+    ANSWER,
+    NEED_DATA,
+    REFUSE_CLOSE,
+    RELAY,
+    UNREADABLE,
+    RequestCycle,
+)
 from proxy.http1.exchange import AnswerFilter, Exchange
-from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead
-from proxy.http1.gate import HEALTH, SLOT_FIRST, admit
+from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming
+from proxy.http1.gate import HEALTH, SLOT_FIRST
 from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
-from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body, health_body
+from proxy.policy.routing import Answer, error_body, health_body
 from proxy.reconnect import connect_retrying
-from proxy.table import Served
 
 LOCAL_ANSWERS_PER_TURN: Final = 16
 """Pipelined requests a connection answers itself (refusals, errors) in one event-loop turn; the
@@ -42,12 +49,6 @@ the loop for long, and each turn is charged to the pod's share of the gateway's 
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static, where an
 imported name is a look-up in the module's dict at each of a request's two calls."""
-_MODELS_PATH: Final = b" /v2/models/"
-"""What precedes the model's name in the request line of a per-model route (`_renamed_head`)."""
-_KNOWN_HEAD_BYTES: Final = 4096
-"""The largest request head a connection remembers as its last one (as the listener's cache)."""
-_NOTHING_KNOWN: Final[Prepared] = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
-"""Stands for the last head until there is one (never read: `_known` is empty until then)."""
 
 
 class ClientConnection(Exchange):
@@ -55,15 +56,7 @@ class ClientConnection(Exchange):
 
     def __init__(self, relay: Listener) -> None:
         super().__init__(relay)
-        # The last request head read on this connection, with its blank line, as prepared:
-        # keep-alive clients send the same head again and again.
-        self._known = b""
-        self._known_prepared = _NOTHING_KNOWN
-        self._known_verbatim = False
-        # What `gate.admit` reads of the listener for every request, bound once (as
-        # `Connection`'s parts of it): --max-body, and the proxy's state (draining, asleep).
-        self._max_body = relay.max_body
-        self._proxy_state = relay.state
+        self._cycle = RequestCycle(relay)  # what becomes of each request: pure, no I/O
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._relay.connections.discard(self)
@@ -110,6 +103,7 @@ class ClientConnection(Exchange):
 
     def _next_request(self) -> None:
         relay = self._relay
+        cycle = self._cycle
         answered = 0
         while self._state == IDLE and self._buffer:
             if self._write_blocked or answered == LOCAL_ANSWERS_PER_TURN:
@@ -119,98 +113,45 @@ class ClientConnection(Exchange):
                     self._later()
                 return
             buffer = self._buffer
-            known = self._known
-            if known and buffer.startswith(known):
-                # The same head as this connection's last request (the same bytes up to and
-                # including the blank line, so its end is found at the same place): as prepared.
-                head_end = len(known) - 4
-                prepared = self._known_prepared
-                verbatim = self._known_verbatim
-                if self._head_timer is not None:  # only for a head that came in pieces
-                    self._stop_head_timer()
-                self._started = _clock()
-            else:
-                head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
-                if head_end < 0:
-                    if len(buffer) > MAX_HEAD_BYTES:
-                        self._refuse(
-                            refusals.HeadTooLargeError(
-                                "the request head is over 64 KiB; send smaller headers"
-                            )
-                        )
-                    elif self._head_timer is None:
-                        self._head_timer = asyncio.get_running_loop().call_later(
-                            relay.settings.head_timeout_seconds, self._head_timed_out
-                        )
-                    return
-                if self._head_timer is not None:
-                    self._stop_head_timer()
-                self._started = _clock()
-                self._route = "unreadable"
-                try:
-                    prepared = relay.prepare(buffer[:head_end])
-                except refusals.ProxyError as e:
-                    self._refuse(e)
-                    return
-                verbatim = False
-                # Only a forward: an answer (a model not in the table) may change as the host's
-                # table does, and a forward whose model leaves it is decided again below.
-                if head_end <= _KNOWN_HEAD_BYTES and isinstance(prepared[1], Forward):
-                    self._known = buffer[: head_end + 4]
-                    self._known_prepared = prepared
-                    # Re-serializing gave the same bytes (as with clients that send the framing
-                    # header last): the head can go to Triton as received, without a copy.
-                    self._known_verbatim = prepared[2] == self._known
-            head, decision, self._upstream_head = prepared
-            body = head_end + 4
+            started = _clock()
+            event = cycle.next_request(buffer)
+            if event == NEED_DATA:
+                if self._head_timer is None:
+                    self._head_timer = asyncio.get_running_loop().call_later(
+                        relay.settings.head_timeout_seconds, self._head_timed_out
+                    )
+                return
+            if self._head_timer is not None:  # only for a head that came in pieces
+                self._stop_head_timer()
+            if event <= UNREADABLE:
+                if event == UNREADABLE:
+                    self._started = started
+                    self._route = cycle.route
+                error = cycle.error
+                assert error is not None
+                self._refuse(error)
+                return
+            self._started = started
+            head = cycle.head
             self._head = head
             self._keep_alive = head.keep_alive and not relay.closing
             self._request_done = self._response_done = False
             self._remaining = head.content_length or 0
             self._chunked = ChunkedFraming() if head.chunked else None
-            self._route = decision.route
-            # Below, `self._buffer` keeps what follows the head whenever the request does not go
-            # to Triton at once: `_send` takes the buffer as it is.
-            if isinstance(decision, Answer):  # the router's own: a model not in the table
-                self._metrics = relay.metrics
-                self._buffer = buffer[body:]
-                self._answer_here(decision)
-                answered += 1
-                continue
-            # The model's own limiter and metrics: one look-up, whatever the table's size.
-            served = relay.models.get(decision.model) if decision.model else None
-            if served is not None and served.replicas is not None and served.draining_since is None:
-                # One of several replicas (the node gateway's host), named once picked.
-                served = served.replicas.pick()
-                self._upstream_head = _renamed_head(self._upstream_head, served)
-                verbatim = False
-            self._served = served
-            # A model of the namespace served elsewhere (the router's port): to its Service.
-            route = served.route if served is not None else None
-            self._pool = relay.pool if route is None else relay.pool_for(route)
-            if served is not None and served.draining_since is None:
-                self._limiter = served.limiter
-                self._metrics = served.metrics
-            elif decision.model:
-                # Its model left the table since this head was prepared: as for any other name.
-                gone = relay.router.decide(head.method, head.target)
-                if isinstance(gone, Answer):
-                    self._metrics = relay.metrics
-                    self._buffer = buffer[body:]
-                    self._answer_here(gone)
-                    answered += 1
-                    continue
-            else:
-                self._limiter = relay.limiter
-                self._metrics = relay.metrics
-            # What becomes of it: to Triton (a slot first, or as a health call), an answer here,
-            # or a refusal.
-            verdict = admit(
-                head, decision, served, self._limiter, self._max_body, self._proxy_state
-            )
-            if isinstance(verdict, int):
+            self._route = cycle.route
+            body = cycle.body
+            if event == RELAY:
+                served = cycle.served
+                self._served = served
+                self._upstream_head = cycle.upstream_head
+                # A model of the namespace served elsewhere (the router's port): to its Service.
+                route = served.route if served is not None else None
+                self._pool = relay.pool if route is None else relay.pool_for(route)
+                limiter = self._limiter = cycle.limiter
+                self._metrics = cycle.metrics
+                verdict = cycle.verdict
                 if verdict == SLOT_FIRST:
-                    if not self._limiter.try_acquire():
+                    if not limiter.try_acquire():
                         self._buffer = buffer[body:]
                         self._wait(self._acquire_then_send())
                         return
@@ -218,24 +159,26 @@ class ClientConnection(Exchange):
                 upstream = self._pool.take()
                 if upstream is None:
                     self._buffer = buffer[body:]
-                    self._wait(self._connect_then_send(decision if verdict == HEALTH else None))
+                    self._wait(self._connect_then_send(verdict == HEALTH))
                     return
-                self._send(upstream, buffer, body, verbatim)
+                self._send(upstream, buffer, body, cycle.verbatim)
                 if verdict == HEALTH:
-                    self._give_health_body(upstream, decision)
+                    self._give_health_body(upstream)
                 return  # the request is on its way: the state is no longer IDLE
-            if isinstance(verdict, Answer):
-                self._buffer = buffer[body:]
-                self._answer_here(verdict)
-                answered += 1
-                continue
-            error, close = verdict
-            if close:
+            self._metrics = cycle.metrics
+            if event == REFUSE_CLOSE:
+                error = cycle.error
+                assert error is not None
                 self._refuse(error)
                 return
-            # Answered before the body is read (then read and dropped).
+            # Answered here: its body, if any, read and dropped.
             self._buffer = buffer[body:]
-            self._answer_refusal(error)
+            if event == ANSWER:
+                self._answer_here(cycle.answer)
+            else:
+                error = cycle.error
+                assert error is not None
+                self._answer_refusal(error)
             answered += 1
         if self._reading_paused and self._state == IDLE and not self._write_blocked:
             self.resume_reading()  # what was pipelined past PIPELINE_LIMIT has been answered
@@ -246,10 +189,11 @@ class ClientConnection(Exchange):
             self._keep_alive = False
         self._answer_locally(answer.status, answer.content_type, answer.body, answer.retry_after)
 
-    def _give_health_body(self, upstream: Upstream, decision: Forward) -> None:
+    def _give_health_body(self, upstream: Upstream) -> None:
         """Have Triton's answer to the health call just sent on `upstream` reach the tenant
         through a `HealthBody`."""
         head = self._head
+        decision = self._cycle.health
         if self._upstream is upstream and head is not None and head.method == "GET":
             upstream.client = HealthBody(
                 self,
@@ -295,7 +239,7 @@ class ClientConnection(Exchange):
             return None
         return upstream
 
-    async def _connect_then_send(self, health: Forward | None = None) -> None:
+    async def _connect_then_send(self, health: bool = False) -> None:
         upstream = await self._connected()
         if isinstance(upstream, str):
             self._release_slot()
@@ -305,8 +249,8 @@ class ClientConnection(Exchange):
         if upstream is None:
             return
         self._send(upstream, self._buffer, 0)
-        if health is not None:
-            self._give_health_body(upstream, health)
+        if health:
+            self._give_health_body(upstream)
 
     def _send_again(self, request: bytes) -> None:
         self._wait(self._connect_then_resend(request))
@@ -379,12 +323,3 @@ class HealthBody(AnswerFilter):
         if held is not None:
             data = with_health_body(held + data, self._ready, self._not_ready)
         self._client.response_complete(upstream, data, reusable)
-
-
-def _renamed_head(head: bytes, served: Served) -> bytes:
-    """`head`, whose request line names `served`'s public model id after /v2/models/ (as the
-    router forwards a path of a replica mapped once picked), naming its private name instead."""
-    if not served.private:
-        return head
-    start = head.index(_MODELS_PATH) + len(_MODELS_PATH)
-    return head[:start] + served.private + head[start + len(served.public) :]
