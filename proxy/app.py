@@ -42,9 +42,13 @@ from proxy.readiness import ASLEEP, PARKED, OwnModel, Readiness
 from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_flags
 from proxy.residency import IdlePolicy, Residencies, Residency
 from proxy.settings import Settings
-from proxy.table import Entry, ModelTable, Served
+from proxy.table import ConfigReads, Entry, ModelTable, Served
 
 log = logging.getLogger(__name__)
+
+LEARN_BACKOFF_ROUNDS = 32
+"""The most `model_check_seconds` rounds between two reads of a sleeping model's config
+(`ProxyApp.learn_resends`): about a minute at the default 2 s."""
 
 
 class Proxy:
@@ -472,14 +476,22 @@ class Proxy:
         """Read, until read, the config in Triton of each model that says neither way whether
         its calls may run twice (`Entry.idempotent` unset), and send again a lost call of it
         from then on if the config allows (`calls_may_run_twice`). A model not loaded now
-        (asleep, parked, loading) is asked again every `period` seconds."""
+        (asleep, parked, loading) is asked again as `ConfigReads` says: at once after a request
+        of it has gone to Triton, otherwise after twice as many `period`s as the last time."""
+        reads = ConfigReads(LEARN_BACKOFF_ROUNDS)
         while not stopping.is_set():
-            for served in list(self.table.models.values()):
+            models = self.table.models
+            reads.keep(set(models))
+            for served in list(models.values()):
                 if served.entry.idempotent is not None or served.learned is not None:
+                    continue
+                if not reads.due(served):
                     continue
                 config = await self.own_model.config(served.model_id)
                 if config is None:
+                    reads.missed(served)
                     continue
+                reads.read(served)
                 served.learned = calls_may_run_twice(config)
                 served.judge()
                 log.info(

@@ -189,6 +189,54 @@ class Replicas:
         return members[chosen]
 
 
+class ConfigReads:
+    """When to read again the config in Triton of a model whose calls say neither way whether
+    they may run twice (`Served.learned` unset): Triton has no config for a model not loaded
+    (asleep, parked, loading), so each miss doubles the rounds skipped before the next read, up
+    to `most_rounds`, and a request of it that has gone to Triton since (`Limiter.last`) makes
+    it due at once: a woken model is read on the next round, a sleeping one about once a
+    minute, not each round."""
+
+    __slots__ = ("_misses", "most_rounds")
+
+    def __init__(self, most_rounds: int) -> None:
+        self.most_rounds = most_rounds
+        self._misses: dict[str, tuple[Served, int, int, float]] = {}
+        """Model id -> (its entry read, rounds left to skip, rounds to skip after the next
+        miss, its limiter's last slot at the miss)."""
+
+    def due(self, served: Served) -> bool:
+        """Whether to read `served`'s config this round (one call a round for each model)."""
+        missed = self._misses.get(served.model_id)
+        if missed is None or missed[0] is not served:
+            return True
+        _, skip, after, last = missed
+        if skip <= 0 or served.limiter.last != last:
+            return True
+        self._misses[served.model_id] = (served, skip - 1, after, last)
+        return False
+
+    def missed(self, served: Served) -> None:
+        """Triton had no config for `served` this round."""
+        missed = self._misses.get(served.model_id)
+        after = missed[2] if missed is not None and missed[0] is served else 1
+        self._misses[served.model_id] = (
+            served,
+            after,
+            min(2 * after, self.most_rounds),
+            served.limiter.last,
+        )
+
+    def read(self, served: Served) -> None:
+        """`served`'s config was read: nothing more to schedule for it."""
+        self._misses.pop(served.model_id, None)
+
+    def keep(self, model_ids: set[str]) -> None:
+        """Forget the models no longer in the table."""
+        for gone in self._misses.keys() - model_ids:
+            del self._misses[gone]
+
+
 def read_models(path: Path) -> list[Entry]:
     """The entries of the models file at `path`, in its order, each model once (the first)."""
     data = read_file(
