@@ -511,10 +511,17 @@ def _resendable(stream: Stream) -> bool:
     """Whether a call lost with the gateway's or Triton's exit is sent again: a unary call of a
     model that runs its calls twice safely (`Served.resend`: a pod's proxy, its upstream the
     node gateway), kept whole (`Stream.kept`: its tenant ended it, so no credit the tenant is
-    given again lets it send more), whose answer had not begun. Triton may have run it, which
-    such a model allows. A call still to send needs nothing kept (`Stream.detach`); a stream's
-    messages, or a begun answer, are never sent twice."""
-    return stream.kept is not None and not stream.responded and peer_ended(stream.tenant)
+    given again lets it send more), whose bytes went (`Stream.up_sent`) and whose answer had
+    not begun. Triton may have run it, which such a model allows. A call still to send (held
+    for its model's wake or a slot) goes the way of every other call still to send
+    (`Replies.triton_unavailable`: on a new connection once its message may go), its copy still
+    empty; a stream's messages, or a begun answer, are never sent twice."""
+    return (
+        stream.kept is not None
+        and stream.up_sent
+        and not stream.responded
+        and peer_ended(stream.tenant)
+    )
 
 
 def _send_again(stream: Stream, channel: TritonChannel) -> None:

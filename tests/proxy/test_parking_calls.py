@@ -35,9 +35,12 @@ pytestmark = pytest.mark.triton
 DATA = np.arange(4, dtype=np.float32).reshape(1, 4)
 
 
-def _write(path: Path, parked: bool) -> None:
-    """The models file as the host's loader writes it: add_one parked, or served."""
+def _write(path: Path, parked: bool, idempotent: bool | None = None) -> None:
+    """The models file as the host's loader writes it: add_one parked, or served; its calls
+    declared safe to run twice, or not, or (None) as its config in Triton says."""
     entry: dict[str, object] = {"model": "add_one", "maxConcurrency": 2}
+    if idempotent is not None:
+        entry["idempotent"] = idempotent
     if parked:
         entry["parked"] = True
     partial = path.with_suffix(".new")
@@ -235,14 +238,17 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
+@pytest.mark.parametrize("idempotent", [None, True, False])
 async def test_a_held_grpc_call_outlives_the_gateway_closing_its_host_s_connection(
-    served_triton: TritonServer, tmp_path: Path
+    served_triton: TritonServer, tmp_path: Path, idempotent: bool | None
 ) -> None:
     """The gRPC relay opens a call at Triton on its headers, before its message names the
     model; the gateway closes the host's connection while the model is parked: the held call
-    goes on a new connection once the model is served, not answered UNAVAILABLE."""
+    goes on a new connection once the model is served, not answered UNAVAILABLE. A model whose
+    calls may be sent again (declared, or by its config) too: nothing of a held call went, so
+    there is nothing to send again but the call itself."""
     table = tmp_path / "models.json"
-    _write(table, parked=True)
+    _write(table, parked=True, idempotent=idempotent)
     gateway = Gateway(served_triton.grpc_url)
     async with gateway as address:
         settings = proxy_settings(
@@ -268,7 +274,7 @@ async def test_a_held_grpc_call_outlives_the_gateway_closing_its_host_s_connecti
                 await wait_until(lambda: not relay.channels, "the relay saw its connection go")
                 assert not any(call.done() for call in calls)
                 gateway.admits = True  # a replica is proven here, then served
-                _write(table, parked=False)
+                _write(table, parked=False, idempotent=idempotent)
                 infer, name, streamed = await asyncio.wait_for(asyncio.gather(*calls), 30)
             assert infer == streamed == (DATA + 1).reshape(-1).tolist() and name == "add_one"
 
