@@ -102,10 +102,10 @@ class NodeLifecycleController:
         self._probes: dict[str, tuple[tuple[str, str], float]] = {}
         """node -> (its heartbeat as last read, when this controller saw it change)."""
         self._tainted_since: dict[str, float] = {}
+        """pod uid -> when this controller first saw it on a node with NoExecute taints."""
         self._last_pass: float | None = None
         """When the last pass read the nodes: after a gap (the API server away or slow), every
         heartbeat counts as seen afresh, so a kubelet gets a whole grace to reach it again."""
-        """pod uid -> when this controller first saw it on a node with NoExecute taints."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-lifecycle", daemon=True)
 
