@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import kubernetes.client
@@ -507,17 +508,14 @@ async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
     )
 
 
-async def test_a_replica_triton_has_loaded_reads_false_while_its_loader_reports_a_failure(
+async def _host_with_one_loaded(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     running: RunningAgent,
     tmp_path: Path,
-) -> None:
-    """A replica Triton has loaded (a load its loader gave up on that ended anyway) whose host's
-    loader reports it cannot load it (its files could not be fetched again: the store is down)
-    is not in the host's models file, so its host's proxy answers "no longer served on this
-    host": its condition reads the loader's failure, not ModelReady, so that the binder keeps
-    the host out of the model's Service; once the loader reports no failure it reads True."""
+) -> tuple[Any, str]:
+    """A model host in team-a with replica one/0 installed and loaded READY: the agent's stub
+    and the host's token."""
     core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
     one = replica("team-a", "one", running.mock.gpus[0].uuid)
     make_host(kube_api, "team-a", [one], pod_ip=ADDRESS)
@@ -529,6 +527,21 @@ async def test_a_replica_triton_has_loaded_reads_false_while_its_loader_reports_
         agent_pb2.LoadModelRequest(model_id="one"), metadata=bearer(token)
     )
     assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    return stub, token
+
+
+async def test_a_replica_triton_has_loaded_reads_false_while_its_loader_reports_a_failure(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    running: RunningAgent,
+    tmp_path: Path,
+) -> None:
+    """A replica Triton has loaded (a load its loader gave up on that ended anyway) whose host's
+    loader reports it cannot load it (its files could not be fetched again: the store is down)
+    is not in the host's models file, so its host's proxy answers "no longer served on this
+    host": its condition reads the loader's failure, not ModelReady, so that the binder keeps
+    the host out of the model's Service; once the loader reports no failure it reads True."""
+    stub, token = await _host_with_one_loaded(apiserver, kube_api, running, tmp_path)
     loaded_one = loaded_condition(Keys(), "one", 0)
 
     def reads(reason: str) -> bool:
@@ -563,17 +576,7 @@ async def test_a_hosts_replicas_stay_listed_while_triton_is_down(
     having left the host: it would unlist them, its proxy answering 404 for each, and unload
     them. The agent counts the exit."""
     running = await start_custom_agent(gateway_table=tmp_path / "callers.json")
-    core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
-    one = replica("team-a", "one", running.mock.gpus[0].uuid)
-    make_host(kube_api, "team-a", [one], pod_ip=ADDRESS)
-    token = apiserver.mint_token("team-a", HOST)
-    stub = running.stub
-    source = copy_model("add_one", tmp_path / "one", as_name="one")
-    await install_dir(stub, token, source, "one")
-    status = await stub.LoadModel(
-        agent_pb2.LoadModelRequest(model_id="one"), metadata=bearer(token)
-    )
-    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    stub, token = await _host_with_one_loaded(apiserver, kube_api, running, tmp_path)
 
     exits = running.agent.metrics.registry
     assert exits.get_sample_value("tritonshare_agent_triton_exits_total") == 0
