@@ -7,6 +7,7 @@ Triton, with http.client and grpcio as the tenants."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -135,8 +136,13 @@ def test_a_model_gone_from_the_host_closes_the_connection_it_came_on(
         connection.close()
 
 
-def test_a_leaving_model_s_grpc_clients_are_sent_goaway(host: RunningProxy, table: Path) -> None:
-    channel = grpc.insecure_channel(host.grpc_url)
+@contextlib.contextmanager
+def _watched(
+    address: str,
+) -> Iterator[tuple[grpc.Channel, list[grpc.ChannelConnectivity], threading.Event]]:
+    """A channel to `address`, the connectivity states grpc's poller thread told of it (after
+    the fact), and an event set at each."""
+    channel = grpc.insecure_channel(address)
     states: list[grpc.ChannelConnectivity] = []
     changed = threading.Event()
 
@@ -147,30 +153,8 @@ def test_a_leaving_model_s_grpc_clients_are_sent_goaway(host: RunningProxy, tabl
     before = set(threading.enumerate())
     channel.subscribe(seen)
     pollers = set(threading.enumerate()) - before  # grpc's connectivity poller
-    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
-    tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
-    request = service_pb2.ModelInferRequest(model_name="add_one", inputs=[tensor._get_tensor()])
-    request.raw_input_contents.append(tensor._get_content())
     try:
-        stub.ModelInfer(request, timeout=10)
-        # grpc's poller thread tells the subscriber of each state after the fact: wait for READY.
-        deadline = time.monotonic() + 10
-        while not states or states[-1] != grpc.ChannelConnectivity.READY:
-            assert time.monotonic() < deadline, f"the channel never read READY: {states}"
-            changed.clear()
-            changed.wait(0.05)
-        mark = len(states)
-        write_table(table, {"add_one"})
-        deadline = time.monotonic() + 10
-        # Each call answered; once the proxy has its new table, the connection gets GOAWAY
-        # after the answer and the channel leaves READY (to reconnect for the next call).
-        while all(state == grpc.ChannelConnectivity.READY for state in states[mark:]):
-            assert time.monotonic() < deadline, f"the channel stayed on its connection: {states}"
-            changed.clear()
-            stub.ModelInfer(request, timeout=10)
-            changed.wait(0.05)
-        stub.ModelInfer(request, timeout=10)  # on a new connection
+        yield channel, states, changed
     finally:
         channel.unsubscribe(seen)
         # The poller sees the unsubscription within 0.2 s; a channel closed under it makes it
@@ -178,6 +162,42 @@ def test_a_leaving_model_s_grpc_clients_are_sent_goaway(host: RunningProxy, tabl
         for poller in pollers:
             poller.join(5)
         channel.close()
+
+
+def test_a_leaving_model_s_grpc_clients_are_sent_goaway(host: RunningProxy, table: Path) -> None:
+    with _watched(host.grpc_url) as (channel, states, changed):
+        _goaway_after_answers(channel, states, changed, table)
+
+
+def _goaway_after_answers(
+    channel: grpc.Channel,
+    states: list[grpc.ChannelConnectivity],
+    changed: threading.Event,
+    table: Path,
+) -> None:
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+    request = service_pb2.ModelInferRequest(model_name="add_one", inputs=[tensor._get_tensor()])
+    request.raw_input_contents.append(tensor._get_content())
+    stub.ModelInfer(request, timeout=10)
+    # grpc's poller thread tells the subscriber of each state after the fact: wait for READY.
+    deadline = time.monotonic() + 10
+    while not states or states[-1] != grpc.ChannelConnectivity.READY:
+        assert time.monotonic() < deadline, f"the channel never read READY: {states}"
+        changed.clear()
+        changed.wait(0.05)
+    mark = len(states)
+    write_table(table, {"add_one"})
+    deadline = time.monotonic() + 10
+    # Each call answered; once the proxy has its new table, the connection gets GOAWAY
+    # after the answer and the channel leaves READY (to reconnect for the next call).
+    while all(state == grpc.ChannelConnectivity.READY for state in states[mark:]):
+        assert time.monotonic() < deadline, f"the channel stayed on its connection: {states}"
+        changed.clear()
+        stub.ModelInfer(request, timeout=10)
+        changed.wait(0.05)
+    stub.ModelInfer(request, timeout=10)  # on a new connection
 
 
 def test_a_grpc_call_for_a_model_gone_from_the_host_is_told_to_retry(
@@ -234,19 +254,8 @@ def test_a_leaving_model_s_grpc_call_refused_for_an_unreachable_triton_is_sent_g
 def _left_its_connection(address: str, model: str) -> bool:
     """Whether a channel whose call for `model` is refused UNAVAILABLE (Triton unreachable)
     leaves READY within 3 s of the refusal (its connection got GOAWAY)."""
-    channel = grpc.insecure_channel(address)
-    states: list[grpc.ChannelConnectivity] = []
-    changed = threading.Event()
-
-    def seen(state: grpc.ChannelConnectivity) -> None:
-        states.append(state)
-        changed.set()
-
-    before = set(threading.enumerate())
-    channel.subscribe(seen)
-    pollers = set(threading.enumerate()) - before  # grpc's connectivity poller
-    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    try:
+    with _watched(address) as (channel, states, changed):
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as error:
             stub.ModelInfer(service_pb2.ModelInferRequest(model_name=model), timeout=10)
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -264,9 +273,3 @@ def _left_its_connection(address: str, model: str) -> bool:
             changed.clear()
             changed.wait(0.05)
         return False
-    finally:
-        channel.unsubscribe(seen)
-        # As above: the poller must see the unsubscription before the channel closes.
-        for poller in pollers:
-            poller.join(5)
-        channel.close()
